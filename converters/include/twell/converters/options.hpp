@@ -1,0 +1,29 @@
+// Options and report shared by every conversion, on both backends.
+#pragma once
+
+#include <cstdint>
+
+#include <twell/memory.hpp>
+
+namespace twell {
+
+// What a conversion into TwELL (or ELL of fixed width) does with a (row, tile) that has more
+// nonzeros than its slots: throw (naming the first overflowed row and tile), route the row to
+// the hybrid's dense block (to_hybrid does this always), or drop the surplus, counted.
+enum class OverflowPolicy : std::uint8_t { error, hybrid, drop };
+
+struct ConvertReport {
+  std::int64_t nnz = 0;            // values in the result
+  std::int64_t dropped = 0;        // values removed by OverflowPolicy::drop
+  std::int64_t overflow_rows = 0;  // rows placed in a hybrid's dense block
+};
+
+struct ConvertOptions {
+  float threshold = 0.0f;  // |v| <= threshold counts as zero; 0 keeps every nonzero (and NaN)
+  OverflowPolicy overflow = OverflowPolicy::error;
+  std::int64_t ell_width = -1;  // ELL width; -1: the longest row
+  Stream stream{};              // cuda backend: where the work is queued
+  ConvertReport* report = nullptr;
+};
+
+}  // namespace twell

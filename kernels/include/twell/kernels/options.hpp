@@ -1,0 +1,36 @@
+// Options shared by the sparse-dense kernels of both backends.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <twell/memory.hpp>
+
+namespace twell {
+
+// op(A) of a product: A as stored, or its transpose.
+enum class Op : std::uint8_t { none, transpose };
+
+// Activation applied by gemm_to_sparse before sparsification; entries with |act(v)| <= threshold
+// are not stored. relu with threshold 0 is plain ReLU.
+enum class Activation : std::uint8_t { relu, silu, gelu };
+struct ActivationSpec {
+  Activation kind = Activation::relu;
+  float threshold = 0.0f;
+};
+
+// Normalisation Z of the L1 term lambda * sum(|h|) / Z of the FFN training loss.
+enum class L1Normalization : std::uint8_t { per_token /* Z = M */, per_entry /* Z = M * N */ };
+
+// Filled by a kernel when asked: which implementation path ran (for tests and benchmarks).
+struct KernelReport {
+  std::string path;
+};
+
+struct KernelOptions {
+  Stream stream{};
+  KernelReport* report = nullptr;
+  bool allow_nondeterministic = false;  // opt-in to faster paths that use float atomics
+};
+
+}  // namespace twell

@@ -1,0 +1,59 @@
+// twell::Error and the helpers every function uses to name what is wrong with its input.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace twell {
+
+enum class ErrorCode : std::uint8_t {
+  invalid_argument,  // out-of-range parameter (layout, option, index)
+  shape_mismatch,    // operand shapes that do not fit together
+  dtype_mismatch,    // operands of different value types, or a file of another type
+  space_mismatch,    // host and device operands mixed in one call
+  misaligned,        // pointer or leading dimension without the alignment a kernel needs
+  malformed,         // a matrix that breaks its format's invariants
+  overflow,          // a (row, tile) with more nonzeros than its slots, under the error policy
+  cuda,              // a CUDA runtime, cuBLAS or cuSPARSE call failed
+  io,                // a file that cannot be read or written, or is truncated/corrupt
+  unsupported,       // a valid request this build or device cannot serve
+  no_device,         // device memory or a GPU kernel requested in a build or machine without one
+};
+
+std::string_view to_string(ErrorCode code);
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  ErrorCode code() const noexcept { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+namespace detail {
+template <class... Args>
+std::string concat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+}  // namespace detail
+
+// Throws Error(code, "where: what..."), e.g. fail(ErrorCode::shape_mismatch, "twell::spmm",
+// "B has ", b.rows, " rows but op(A) has ", k, " columns").
+template <class... Args>
+[[noreturn]] void fail(ErrorCode code, std::string_view where, Args&&... what) {
+  throw Error(code, detail::concat(where, ": ", std::forward<Args>(what)...));
+}
+
+template <class... Args>
+void require(bool condition, ErrorCode code, std::string_view where, Args&&... what) {
+  if (!condition) fail(code, where, std::forward<Args>(what)...);
+}
+
+}  // namespace twell

@@ -1,0 +1,101 @@
+// Owning, move-only buffers in host or device memory, and the copies between them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include <twell/error.hpp>
+#include <twell/types.hpp>
+
+namespace twell {
+
+// An explicit CUDA stream (cudaStream_t, kept opaque so public headers need no CUDA).
+// The default, null, is the legacy default stream.
+struct Stream {
+  void* handle = nullptr;
+};
+
+// True when this build has the cuda backend and a device is visible.
+bool cuda_available();
+
+namespace detail {
+void* allocate_bytes(std::size_t bytes, MemorySpace space);
+void free_bytes(void* p, MemorySpace space) noexcept;
+// Copies between any two spaces; synchronous with respect to the host.
+void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes);
+void zero_bytes(void* p, MemorySpace space, std::size_t bytes);
+}  // namespace detail
+
+// A zero-filled array of n trivially copyable elements in one memory space.
+// Host memory is 64-byte aligned; device memory comes from cudaMalloc (256-byte aligned).
+template <class T>
+class Buffer {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  Buffer() = default;
+  explicit Buffer(std::size_t n, MemorySpace space = MemorySpace::host) : size_(n), space_(space) {
+    if (n == 0) return;
+    data_ = static_cast<T*>(detail::allocate_bytes(n * sizeof(T), space));
+    detail::zero_bytes(data_, space, n * sizeof(T));
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), space_(o.space_) {}
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      space_ = o.space_;
+    }
+    return *this;
+  }
+  ~Buffer() { release(); }
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t bytes() const noexcept { return size_ * sizeof(T); }
+  bool empty() const noexcept { return size_ == 0; }
+  MemorySpace space() const noexcept { return space_; }
+
+  // Host-only element access; the span throws nothing, so check space() first.
+  std::span<T> host_span() {
+    require(space_ == MemorySpace::host, ErrorCode::space_mismatch, "twell::Buffer::host_span",
+            "buffer lives in device memory");
+    return {data_, size_};
+  }
+  std::span<const T> host_span() const {
+    require(space_ == MemorySpace::host, ErrorCode::space_mismatch, "twell::Buffer::host_span",
+            "buffer lives in device memory");
+    return {data_, size_};
+  }
+
+  // A copy of this buffer in the given space (same space: a deep copy).
+  Buffer copy_to(MemorySpace space) const {
+    Buffer out;
+    out.space_ = space;
+    out.size_ = size_;
+    if (size_ != 0) {
+      out.data_ = static_cast<T*>(detail::allocate_bytes(bytes(), space));
+      detail::copy_bytes(out.data_, space, data_, space_, bytes());
+    }
+    return out;
+  }
+
+ private:
+  void release() noexcept {
+    if (data_ != nullptr) detail::free_bytes(data_, space_);
+    data_ = nullptr;
+  }
+
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+  MemorySpace space_ = MemorySpace::host;
+};
+
+}  // namespace twell

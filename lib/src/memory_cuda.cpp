@@ -1,0 +1,54 @@
+// Memory layer of a build with the cuda backend.
+#include <cstdlib>
+#include <cstring>
+
+#include <cuda_runtime.h>
+
+#include <twell/memory.hpp>
+
+#include "cuda_check.hpp"
+
+namespace twell {
+
+namespace detail {
+void* allocate_host_bytes(std::size_t bytes);
+
+void* allocate_bytes(std::size_t bytes, MemorySpace space) {
+  if (space == MemorySpace::host) return allocate_host_bytes(bytes);
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, bytes), "twell::Buffer (cudaMalloc)");
+  return p;
+}
+
+void free_bytes(void* p, MemorySpace space) noexcept {
+  if (space == MemorySpace::host) {
+    std::free(p);
+  } else {
+    cudaFree(p);  // a failure here cannot be reported from a destructor
+  }
+}
+
+void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_space == MemorySpace::host && src_space == MemorySpace::host) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "twell::copy (cudaMemcpy)");
+}
+
+void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
+  if (space == MemorySpace::host) {
+    std::memset(p, 0, bytes);
+  } else {
+    check_cuda(cudaMemset(p, 0, bytes), "twell::Buffer (cudaMemset)");
+  }
+}
+}  // namespace detail
+
+bool cuda_available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+}  // namespace twell

@@ -1,0 +1,38 @@
+// Memory layer of a build without the cuda backend: host memory only.
+#include <cstdlib>
+#include <cstring>
+
+#include <twell/memory.hpp>
+
+namespace twell {
+
+namespace detail {
+void* allocate_host_bytes(std::size_t bytes);
+
+namespace {
+[[noreturn]] void no_device(const char* where) {
+  fail(ErrorCode::no_device, where, "device memory requested, but twell was built without the cuda backend");
+}
+}  // namespace
+
+void* allocate_bytes(std::size_t bytes, MemorySpace space) {
+  if (space == MemorySpace::device) no_device("twell::Buffer");
+  return allocate_host_bytes(bytes);
+}
+
+void free_bytes(void* p, MemorySpace) noexcept { std::free(p); }
+
+void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
+  if (dst_space == MemorySpace::device || src_space == MemorySpace::device) no_device("twell::copy");
+  if (bytes != 0) std::memcpy(dst, src, bytes);
+}
+
+void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
+  if (space == MemorySpace::device) no_device("twell::Buffer");
+  std::memset(p, 0, bytes);
+}
+}  // namespace detail
+
+bool cuda_available() { return false; }
+
+}  // namespace twell
