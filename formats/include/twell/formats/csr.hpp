@@ -28,11 +28,8 @@ class CsrMatrix {
  public:
   CsrMatrix() = default;
   CsrMatrix(std::int64_t rows, std::int64_t cols, std::int64_t nnz, MemorySpace space = MemorySpace::host)
-      : rows_(rows), cols_(cols), row_ptr_(static_cast<std::size_t>(rows) + 1, space),
-        col_idx_(static_cast<std::size_t>(nnz), space), values_(static_cast<std::size_t>(nnz), space) {
-    require(rows >= 0 && cols >= 0 && nnz >= 0, ErrorCode::invalid_argument, "twell::CsrMatrix", "shape ", rows,
-            " x ", cols, " with nnz ", nnz, " is negative");
-  }
+      : rows_(checked(rows, cols, nnz)), cols_(cols), row_ptr_(static_cast<std::size_t>(rows) + 1, space),
+        col_idx_(static_cast<std::size_t>(nnz), space), values_(static_cast<std::size_t>(nnz), space) {}
 
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }
@@ -60,6 +57,13 @@ class CsrMatrix {
   }
 
  private:
+  // Runs before any buffer is sized, so a negative count never reaches an allocation.
+  static std::int64_t checked(std::int64_t rows, std::int64_t cols, std::int64_t nnz) {
+    require(rows >= 0 && cols >= 0 && nnz >= 0, ErrorCode::invalid_argument, "twell::CsrMatrix", "shape ", rows,
+            " x ", cols, " with nnz ", nnz, " is negative");
+    return rows;
+  }
+
   std::int64_t rows_ = 0;
   std::int64_t cols_ = 0;
   Buffer<std::int64_t> row_ptr_{1};

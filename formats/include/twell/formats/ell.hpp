@@ -29,11 +29,8 @@ class EllMatrix {
  public:
   EllMatrix() = default;
   EllMatrix(std::int64_t rows, std::int64_t cols, std::int64_t width, MemorySpace space = MemorySpace::host)
-      : rows_(rows), cols_(cols), width_(width), row_count_(static_cast<std::size_t>(rows), space),
-        col_idx_(static_cast<std::size_t>(rows * width), space), values_(static_cast<std::size_t>(rows * width), space) {
-    require(rows >= 0 && cols >= 0 && width >= 0, ErrorCode::invalid_argument, "twell::EllMatrix", "shape ", rows,
-            " x ", cols, " with width ", width, " is negative");
-  }
+      : rows_(checked(rows, cols, width)), cols_(cols), width_(width), row_count_(static_cast<std::size_t>(rows), space),
+        col_idx_(static_cast<std::size_t>(rows * width), space), values_(static_cast<std::size_t>(rows * width), space) {}
 
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }
@@ -62,6 +59,13 @@ class EllMatrix {
   }
 
  private:
+  // Runs before any buffer is sized, so a negative count never reaches an allocation.
+  static std::int64_t checked(std::int64_t rows, std::int64_t cols, std::int64_t width) {
+    require(rows >= 0 && cols >= 0 && width >= 0, ErrorCode::invalid_argument, "twell::EllMatrix", "shape ", rows,
+            " x ", cols, " with width ", width, " is negative");
+    return rows;
+  }
+
   std::int64_t rows_ = 0;
   std::int64_t cols_ = 0;
   std::int64_t width_ = 0;

@@ -1,0 +1,17 @@
+#include "packing.hpp"
+
+namespace twell::reference {
+
+template <Value T>
+TwellMatrix<T> dense_to_twell(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options) {
+  constexpr const char* kWhere = "twell::reference::dense_to_twell";
+  packing::check_source(src, options, kWhere);
+  const packing::DenseSource<T> source{src, options.threshold};
+  return packing::build_twell<T>(source, layout, options, kWhere);
+}
+
+#define TWELL_INSTANTIATE(T) template TwellMatrix<T> dense_to_twell<T>(DenseView<const T>, TwellLayout, const ConvertOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::reference

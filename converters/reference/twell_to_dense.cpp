@@ -1,0 +1,17 @@
+#include "packing.hpp"
+
+namespace twell::reference {
+
+template <Value T>
+DenseMatrix<T> twell_to_dense(TwellView<const T> src, const ConvertOptions& options) {
+  constexpr const char* kWhere = "twell::reference::twell_to_dense";
+  packing::check_source(src, options, kWhere);
+  const packing::TwellSource<T> source{src, options.threshold};
+  return packing::build_dense<T>(source, options);
+}
+
+#define TWELL_INSTANTIATE(T) template DenseMatrix<T> twell_to_dense<T>(TwellView<const T>, const ConvertOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::reference

@@ -1,0 +1,583 @@
+// Reference converters and the public conversion API: property tests on random matrices of
+// every dtype, shape and density (round trips, commutation, threshold, overflow policies,
+// reports), an Eigen cross-check of CSR, the global16 import/export, and every error path.
+#include <doctest/doctest.h>
+
+#include <Eigen/SparseCore>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <twell/converters/backends.hpp>
+#include <twell/twell.hpp>
+
+#include "random.hpp"
+
+using namespace twell;
+using testing::bitwise_equal;
+using testing::fresh_seed;
+using testing::random_sparse_dense;
+
+namespace {
+
+template <class F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("no twell::Error thrown");
+  return Error(ErrorCode::unsupported, "");
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+template <class T>
+std::uint32_t bits(T v) {
+  if constexpr (sizeof(T) == 2) {
+    return v.bits;
+  } else {
+    std::uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u;
+  }
+}
+
+// The dense matrix a conversion must reproduce: non-stored values become +0.
+template <class T>
+DenseMatrix<T> canonical(DenseView<const T> d, float threshold = 0.0f) {
+  DenseMatrix<T> out(d.rows, d.cols);
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t j = 0; j < d.cols; ++j)
+      if (is_stored(d.at(i, j), threshold)) out.view().at(i, j) = d.at(i, j);
+  return out;
+}
+
+template <class T>
+std::int64_t count_stored(DenseView<const T> d, float threshold = 0.0f) {
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t j = 0; j < d.cols; ++j) n += is_stored(d.at(i, j), threshold) ? 1 : 0;
+  return n;
+}
+
+struct TileCount {
+  std::int64_t row = -1, tile = -1, count = 0;
+};
+
+// Nonzeros of (row, tile) computed column by column, independently of TwellLayout.
+template <class T>
+std::int64_t tile_count(DenseView<const T> d, std::int64_t i, std::int64_t t, std::int32_t tile) {
+  std::int64_t n = 0;
+  for (std::int64_t j = t * tile; j < std::min<std::int64_t>(d.cols, (t + 1) * tile); ++j) n += is_stored(d.at(i, j));
+  return n;
+}
+
+template <class T>
+TileCount first_overflow(DenseView<const T> d, TwellLayout l) {
+  const std::int64_t tiles = (d.cols + l.tile - 1) / l.tile;
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t t = 0; t < tiles; ++t)
+      if (const auto n = tile_count(d, i, t, l.tile); n > l.tile / l.compression - 1) return {i, t, n};
+  return {};
+}
+
+// Keeps the first S-1 nonzeros of each (row, tile); returns how many it removed.
+template <class T>
+std::int64_t drop_beyond_capacity(DenseMatrix<T>& d, TwellLayout l) {
+  std::int64_t dropped = 0;
+  const std::int64_t capacity = l.tile / l.compression - 1;
+  for (std::int64_t i = 0; i < d.rows(); ++i)
+    for (std::int64_t t0 = 0; t0 < d.cols(); t0 += l.tile) {
+      std::int64_t seen = 0;
+      for (std::int64_t j = t0; j < std::min(d.cols(), t0 + l.tile); ++j)
+        if (is_stored(d.view().at(i, j)) && ++seen > capacity) {
+          d.view().at(i, j) = T{};
+          ++dropped;
+        }
+    }
+  return dropped;
+}
+
+template <class T>
+std::vector<std::int32_t> overflowing_rows(DenseView<const T> d, TwellLayout l) {
+  std::vector<std::int32_t> rows;
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t t = 0; t * l.tile < d.cols; ++t)
+      if (tile_count(d, i, t, l.tile) > l.tile / l.compression - 1) {
+        rows.push_back(static_cast<std::int32_t>(i));
+        break;
+      }
+  return rows;
+}
+
+template <class U>
+bool same_buffer(const Buffer<U>& a, const Buffer<U>& b) {
+  return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+}
+
+template <class T>
+bool same(const DenseMatrix<T>& a, const DenseMatrix<T>& b) {
+  return bitwise_equal<T>(a.view(), b.view());
+}
+template <class T>
+bool same(const CsrMatrix<T>& a, const CsrMatrix<T>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && same_buffer(a.row_ptr(), b.row_ptr()) &&
+         same_buffer(a.col_idx(), b.col_idx()) && same_buffer(a.values(), b.values());
+}
+template <class T>
+bool same(const EllMatrix<T>& a, const EllMatrix<T>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && a.width() == b.width() &&
+         same_buffer(a.row_count(), b.row_count()) && same_buffer(a.col_idx(), b.col_idx()) &&
+         same_buffer(a.values(), b.values());
+}
+template <class T>
+bool same(const TwellMatrix<T>& a, const TwellMatrix<T>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && a.layout() == b.layout() &&
+         same_buffer(a.packed(), b.packed()) && same_buffer(a.value_plane(), b.value_plane());
+}
+template <class T>
+bool same(const HybridMatrix<T>& a, const HybridMatrix<T>& b) {
+  return same(a.twell(), b.twell()) && same(a.overflow(), b.overflow()) &&
+         same_buffer(a.row_to_overflow(), b.row_to_overflow()) && same_buffer(a.overflow_to_row(), b.overflow_to_row());
+}
+
+enum Fmt { kDense, kCsr, kEll, kTwell, kHybrid };
+const char* const kFmtName[] = {"dense", "csr", "ell", "twell", "hybrid"};
+
+template <class T>
+using Any = std::variant<DenseMatrix<T>, CsrMatrix<T>, EllMatrix<T>, TwellMatrix<T>, HybridMatrix<T>>;
+
+template <class T, class Src>
+Any<T> convert(const Src& src, int fmt, TwellLayout l, const ConvertOptions& o = {}) {
+  switch (fmt) {
+    case kDense: return to_dense(src, o);
+    case kCsr: return to_csr(src, o);
+    case kEll: return to_ell(src, o);
+    case kTwell: return to_twell(src, l, o);
+    default: return to_hybrid(src, l, o);
+  }
+}
+
+template <class T>
+Any<T> convert_any(const Any<T>& src, int fmt, TwellLayout l, const ConvertOptions& o = {}) {
+  return std::visit([&](const auto& m) { return convert<T>(m, fmt, l, o); }, src);
+}
+
+template <class T>
+bool same_any(const Any<T>& a, const Any<T>& b) {
+  if (a.index() != b.index()) return false;
+  return std::visit(
+      [&](const auto& x) {
+        using M = std::remove_cvref_t<decltype(x)>;
+        return same(x, std::get<M>(b));
+      },
+      a);
+}
+
+template <class T>
+DenseMatrix<T> densify(const Any<T>& m) {
+  return std::visit([](const auto& x) { return to_dense(x); }, m);
+}
+
+template <class T>
+void validate_any(const Any<T>& m) {
+  std::visit([](const auto& x) { validate(x); }, m);
+}
+
+const TwellLayout kLayouts[] = {{8, 2}, {16, 4}, {32, 4}, {64, 8}, {128, 16}, {256, 8}, {256, 32}, {512, 2}};
+
+struct Shape {
+  std::int64_t rows, cols;
+};
+
+std::vector<Shape> shapes(std::mt19937_64& rng) {
+  std::vector<Shape> s = {{1, 1}, {1, 7}, {2, 300}, {5, 257}, {33, 1}, {0, 5}, {4, 0}};
+  for (int k = 0; k < 4; ++k) s.push_back({1 + static_cast<std::int64_t>(rng() % 64), 1 + static_cast<std::int64_t>(rng() % 700)});
+  s.push_back({300, 1000});
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("Dense -> X -> Dense is the identity (up to -0.0 -> +0) for every format", T, bf16, fp16, float) {
+  std::mt19937_64 rng(fresh_seed());
+  for (const Shape shape : shapes(rng)) {
+    for (const double density : {0.0, 0.005, 0.05, 0.5, 1.0}) {
+      const std::uint64_t seed = fresh_seed();
+      const TwellLayout layout = kLayouts[rng() % std::size(kLayouts)];
+      CAPTURE(shape.rows);
+      CAPTURE(shape.cols);
+      CAPTURE(density);
+      CAPTURE(seed);
+      CAPTURE(layout.tile);
+      CAPTURE(layout.compression);
+      const auto d = random_sparse_dense<T>(
+          shape.rows, shape.cols, {.density = density, .specials = true, .empty_row_share = 0.1, .full_row_share = 0.05},
+          seed);
+      const auto expected = canonical<T>(d.view());
+      const std::int64_t nnz = count_stored<T>(d.view());
+      const TileCount overflow = first_overflow<T>(d.view(), layout);
+      for (int fmt = kDense; fmt <= kHybrid; ++fmt) {
+        CAPTURE(std::string(kFmtName[fmt]));
+        ConvertReport report;
+        if (fmt == kTwell && overflow.row >= 0) {
+          const Error e = error_of([&] { (void)to_twell(d, layout); });
+          CHECK(e.code() == ErrorCode::overflow);
+          CHECK(contains(e.what(), "row " + std::to_string(overflow.row) + ", tile " + std::to_string(overflow.tile)));
+          CHECK(contains(e.what(), "holds " + std::to_string(overflow.count) + " nonzeros"));
+          continue;
+        }
+        const Any<T> x = convert<T>(d, fmt, layout, {.report = &report});
+        validate_any(x);
+        CHECK(report.nnz == nnz);
+        CHECK(report.dropped == 0);
+        CHECK(same(densify(x), expected));
+        if (fmt == kHybrid) {
+          const auto& h = std::get<HybridMatrix<T>>(x);
+          const auto rows = overflowing_rows<T>(d.view(), layout);
+          CHECK(report.overflow_rows == static_cast<std::int64_t>(rows.size()));
+          REQUIRE(h.overflow_rows() == static_cast<std::int64_t>(rows.size()));
+          CHECK(std::equal(rows.begin(), rows.end(), h.overflow_to_row().data()));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("large ragged shapes round-trip through CSR and Hybrid", T, bf16, fp16, float) {
+  std::mt19937_64 rng(fresh_seed());
+  for (const Shape shape : {Shape{2000, 37}, Shape{37, 2000}, Shape{1999, 1531}}) {
+    const double density = shape.rows * shape.cols > 1000000 ? (rng() % 2 ? 0.005 : 0.2) : 0.5;
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(shape.rows);
+    CAPTURE(shape.cols);
+    CAPTURE(seed);
+    const auto d = random_sparse_dense<T>(shape.rows, shape.cols, {.density = density, .specials = true}, seed);
+    const auto expected = canonical<T>(d.view());
+    CHECK(same(to_dense(to_csr(d)), expected));
+    const auto h = to_hybrid(d, TwellLayout{256, 16});
+    validate(h);
+    CHECK(same(to_dense(h), expected));
+    CHECK(same(to_csr(h), to_csr(d)));
+  }
+}
+
+TEST_CASE_TEMPLATE("conversions commute: A -> B -> C equals A -> C", T, bf16, fp16, float) {
+  std::mt19937_64 rng(fresh_seed());
+  for (int trial = 0; trial < 3; ++trial) {
+    const std::int64_t rows = 1 + static_cast<std::int64_t>(rng() % 90);
+    const std::int64_t cols = 1 + static_cast<std::int64_t>(rng() % 600);
+    const double density = trial == 0 ? 0.02 : (trial == 1 ? 0.1 : 0.6);
+    const TwellLayout layout = kLayouts[rng() % std::size(kLayouts)];
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(rows);
+    CAPTURE(cols);
+    CAPTURE(density);
+    CAPTURE(seed);
+    CAPTURE(layout.tile);
+    CAPTURE(layout.compression);
+    const auto d = random_sparse_dense<T>(rows, cols, {.density = density, .specials = true, .full_row_share = 0.05}, seed);
+    const bool twell_fits = first_overflow<T>(d.view(), layout).row < 0;
+    std::vector<Any<T>> direct;
+    for (int a = kDense; a <= kHybrid; ++a)
+      direct.push_back(a == kTwell && !twell_fits ? Any<T>{} : convert<T>(d, a, layout));
+    for (int a = kDense; a <= kHybrid; ++a)
+      for (int b = kDense; b <= kHybrid; ++b)
+        for (int c = kDense; c <= kHybrid; ++c) {
+          if (!twell_fits && (a == kTwell || b == kTwell || c == kTwell)) continue;
+          CAPTURE(std::string(kFmtName[a]));
+          CAPTURE(std::string(kFmtName[b]));
+          CAPTURE(std::string(kFmtName[c]));
+          const Any<T> via_b = convert_any<T>(convert_any<T>(direct[static_cast<std::size_t>(a)], b, layout), c, layout);
+          const Any<T> a_to_c = convert_any<T>(direct[static_cast<std::size_t>(a)], c, layout);
+          CHECK(same_any(via_b, a_to_c));
+          CHECK(same_any(a_to_c, direct[static_cast<std::size_t>(c)]));
+        }
+  }
+}
+
+TEST_CASE_TEMPLATE("same-format conversion: deep copy, or re-layout / re-width", T, bf16, fp16, float) {
+  const auto d = random_sparse_dense<T>(70, 333, {.density = 0.08, .specials = true}, fresh_seed());
+  const auto csr = to_csr(d);
+  const auto csr2 = to_csr(csr);
+  CHECK(same(csr, csr2));
+  CHECK(csr2.values().data() != csr.values().data());
+  const auto ell = to_ell(d);
+  CHECK(same(to_ell(ell), to_ell(d, {.ell_width = ell.width()})));
+  CHECK(same(to_ell(ell, {.ell_width = ell.width() + 5}), to_ell(d, {.ell_width = ell.width() + 5})));
+  const auto h = to_hybrid(d, TwellLayout{32, 8});
+  CHECK(same(to_hybrid(h, TwellLayout{32, 8}), h));
+  CHECK(same(to_hybrid(h, TwellLayout{128, 2}), to_hybrid(d, TwellLayout{128, 2})));
+  const auto tw = to_twell(d, TwellLayout{64, 2});
+  CHECK(same(to_twell(tw, TwellLayout{64, 2}), tw));
+  CHECK(same(to_twell(tw, TwellLayout{256, 2}), to_twell(d, TwellLayout{256, 2})));
+  CHECK(same(to_twell(h, TwellLayout{64, 2}), tw));
+  CHECK(same(to_hybrid(tw, TwellLayout{8, 4}), to_hybrid(d, TwellLayout{8, 4})));
+  // Dense -> dense: -0.0 comes out as +0 (canonical), a canonical source is copied as it is.
+  const auto dd = to_dense(d);
+  CHECK(same(dd, canonical<T>(d.view())));
+  CHECK(same(to_dense(dd), dd));
+  CHECK(to_dense(dd).values().data() != dd.values().data());
+  // A mutable view converts too.
+  auto mutable_copy = to_dense(d);
+  CHECK(same(to_csr(mutable_copy.view()), csr));
+}
+
+TEST_CASE_TEMPLATE("threshold: |v| <= t is not stored, through every path", T, bf16, fp16, float) {
+  const float t = 0.5f;
+  const auto d = random_sparse_dense<T>(40, 300, {.density = 0.3, .specials = true}, fresh_seed());
+  const auto expected = canonical<T>(d.view(), t);
+  const std::int64_t nnz = count_stored<T>(d.view(), t);
+  const TwellLayout layout{32, 2};
+  REQUIRE(first_overflow<T>(expected.view(), layout).row < 0);
+  for (int a = kDense; a <= kHybrid; ++a) {
+    const Any<T> src = convert<T>(d, a == kTwell ? kHybrid : a, TwellLayout{8, 2});
+    for (int b = kDense; b <= kHybrid; ++b) {
+      CAPTURE(std::string(kFmtName[a]));
+      CAPTURE(std::string(kFmtName[b]));
+      ConvertReport report;
+      const Any<T> x = convert_any<T>(src, b, layout, {.threshold = t, .report = &report});
+      validate_any(x);
+      CHECK(same(densify(x), expected));
+      CHECK(report.nnz == nnz);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("TwELL overflow policies: error names the first overflow, drop keeps S-1, hybrid is refused", T,
+                   bf16, fp16, float) {
+  std::mt19937_64 rng(fresh_seed());
+  for (const TwellLayout layout : {TwellLayout{8, 2}, TwellLayout{64, 8}, TwellLayout{256, 32}}) {
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(layout.tile);
+    CAPTURE(layout.compression);
+    CAPTURE(seed);
+    const std::int64_t cols = layout.tile * 3 + 5;
+    const auto d = random_sparse_dense<T>(50, cols, {.density = 0.12, .full_row_share = 0.1}, seed);
+    const TileCount first = first_overflow<T>(d.view(), layout);
+    REQUIRE(first.row >= 0);
+    auto kept = canonical<T>(d.view());
+    const std::int64_t dropped = drop_beyond_capacity(kept, layout);
+    for (int a = kDense; a <= kHybrid; ++a) {
+      CAPTURE(std::string(kFmtName[a]));
+      const Any<T> src = convert<T>(d, a == kTwell ? kHybrid : a, layout);
+      const Error e = error_of([&] { (void)convert_any<T>(src, kTwell, layout); });
+      CHECK(e.code() == ErrorCode::overflow);
+      CHECK(contains(e.what(), "row " + std::to_string(first.row) + ", tile " + std::to_string(first.tile)));
+      CHECK(contains(e.what(), "holds " + std::to_string(first.count) + " nonzeros"));
+      CHECK(contains(e.what(), "capacity S-1 = " + std::to_string(layout.capacity())));
+
+      ConvertReport report;
+      const Any<T> x = convert_any<T>(src, kTwell, layout, {.overflow = OverflowPolicy::drop, .report = &report});
+      validate_any(x);
+      CHECK(same(densify(x), kept));
+      CHECK(report.dropped == dropped);
+      CHECK(report.nnz == count_stored<T>(d.view()) - dropped);
+
+      const Error h = error_of([&] { (void)convert_any<T>(src, kTwell, layout, {.overflow = OverflowPolicy::hybrid}); });
+      CHECK(h.code() == ErrorCode::invalid_argument);
+      CHECK(contains(h.what(), "to_hybrid"));
+    }
+  }
+  // The reference converters refuse the hybrid policy themselves too.
+  const auto d = random_sparse_dense<T>(3, 10, {}, fresh_seed());
+  CHECK(error_of([&] { (void)reference::dense_to_twell<T>(d.view(), {}, {.overflow = OverflowPolicy::hybrid}); }).code() ==
+        ErrorCode::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("ELL width: -1 is the longest row, a smaller width follows the overflow policy", T, bf16, fp16,
+                   float) {
+  const auto d = random_sparse_dense<T>(60, 200, {.density = 0.1, .full_row_share = 0.05}, fresh_seed());
+  const auto canon = canonical<T>(d.view());
+  std::int64_t longest = 0;
+  std::vector<std::int64_t> per_row;
+  for (std::int64_t i = 0; i < d.rows(); ++i) {
+    std::int64_t n = 0;
+    for (std::int64_t j = 0; j < d.cols(); ++j) n += is_stored(d.view().at(i, j));
+    per_row.push_back(n);
+    longest = std::max(longest, n);
+  }
+  const auto ell = to_ell(d);
+  CHECK(ell.width() == longest);
+  const auto wide = to_ell(d, {.ell_width = longest + 3});
+  CHECK(wide.width() == longest + 3);
+  validate(wide);
+  CHECK(same(to_dense(wide), canon));
+
+  const std::int64_t width = longest / 2;
+  std::int64_t first_row = -1, dropped = 0;
+  auto kept = canonical<T>(d.view());
+  for (std::int64_t i = 0; i < d.rows(); ++i) {
+    if (per_row[static_cast<std::size_t>(i)] > width && first_row < 0) first_row = i;
+    std::int64_t seen = 0;
+    for (std::int64_t j = 0; j < d.cols(); ++j)
+      if (is_stored(kept.view().at(i, j)) && ++seen > width) {
+        kept.view().at(i, j) = T{};
+        ++dropped;
+      }
+  }
+  for (int a = kDense; a <= kHybrid; ++a) {
+    CAPTURE(std::string(kFmtName[a]));
+    const Any<T> src = convert<T>(d, a == kTwell ? kHybrid : a, TwellLayout{8, 2});
+    const Error e = error_of([&] { (void)convert_any<T>(src, kEll, {}, {.ell_width = width}); });
+    CHECK(e.code() == ErrorCode::overflow);
+    CHECK(contains(e.what(), "row " + std::to_string(first_row) + " holds " +
+                                 std::to_string(per_row[static_cast<std::size_t>(first_row)]) + " nonzeros"));
+    ConvertReport report;
+    const Any<T> x = convert_any<T>(src, kEll, {}, {.overflow = OverflowPolicy::drop, .ell_width = width, .report = &report});
+    validate_any(x);
+    CHECK(std::get<EllMatrix<T>>(x).width() == width);
+    CHECK(same(densify(x), kept));
+    CHECK(report.dropped == dropped);
+    CHECK(error_of([&] { (void)convert_any<T>(src, kEll, {}, {.overflow = OverflowPolicy::hybrid, .ell_width = width}); })
+              .code() == ErrorCode::invalid_argument);
+    CHECK(error_of([&] { (void)convert_any<T>(src, kEll, {}, {.ell_width = -2}); }).code() ==
+          ErrorCode::invalid_argument);
+  }
+}
+
+TEST_CASE_TEMPLATE("CSR equals Eigen::SparseMatrix<float, RowMajor> built from the same dense data", T, bf16, fp16,
+                   float) {
+  std::mt19937_64 rng(fresh_seed());
+  for (const double density : {0.0, 0.005, 0.05, 0.5, 1.0}) {
+    for (const float threshold : {0.0f, 0.7f}) {
+      const std::int64_t rows = 1 + static_cast<std::int64_t>(rng() % 200);
+      const std::int64_t cols = 1 + static_cast<std::int64_t>(rng() % 900);
+      const std::uint64_t seed = fresh_seed();
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(density);
+      CAPTURE(threshold);
+      CAPTURE(seed);
+      const auto d = random_sparse_dense<T>(rows, cols, {.density = density, .specials = true}, seed);
+      Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> e(rows, cols);
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = 0; j < cols; ++j) e(i, j) = to_float(d.view().at(i, j));
+      // sparseView drops |v| <= reference * epsilon: with epsilon 1 that is the threshold rule.
+      Eigen::SparseMatrix<float, Eigen::RowMajor> s = e.sparseView(threshold, 1.0f);
+      s.makeCompressed();
+      const auto csr = to_csr(d, {.threshold = threshold});
+      REQUIRE(csr.nnz() == s.nonZeros());
+      for (std::int64_t i = 0; i <= rows; ++i) REQUIRE(csr.row_ptr().data()[i] == s.outerIndexPtr()[i]);
+      for (std::int64_t k = 0; k < csr.nnz(); ++k) {
+        REQUIRE(csr.col_idx().data()[k] == s.innerIndexPtr()[k]);
+        REQUIRE(bits(to_float(csr.values().data()[k])) == bits(s.valuePtr()[k]));
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("explicit zeros in a source (sddmm output) are accepted and not copied", T, bf16, fp16, float) {
+  CsrMatrix<T> csr(2, 5, 3);
+  const std::int64_t row_ptr[] = {0, 2, 3};
+  const std::int32_t col_idx[] = {1, 3, 0};
+  std::copy(std::begin(row_ptr), std::end(row_ptr), csr.row_ptr().data());
+  std::copy(std::begin(col_idx), std::end(col_idx), csr.col_idx().data());
+  csr.values().data()[0] = from_float<T>(1.5f);
+  csr.values().data()[1] = from_float<T>(-0.0f);
+  csr.values().data()[2] = from_float<T>(0.0f);
+  CHECK_THROWS_AS(validate(csr), Error);
+  CHECK_NOTHROW(validate(csr, {.allow_explicit_zeros = true}));
+  ConvertReport report;
+  const auto clean = to_csr(csr, {.report = &report});
+  validate(clean);
+  CHECK(clean.nnz() == 1);
+  CHECK(report.nnz == 1);
+  const auto tw = to_twell(csr, TwellLayout{8, 2});
+  validate(tw);
+  CHECK(tw.packed().data()[0] == 1u);
+}
+
+TEST_CASE("global16 import/export: the paper's layout, bit-exact both ways") {
+  std::mt19937_64 rng(fresh_seed());
+  for (const TwellLayout layout : {TwellLayout{256, 8}, TwellLayout{128, 4}, TwellLayout{64, 2}}) {
+    const std::int64_t cols = 1 + static_cast<std::int64_t>(rng() % 5000);
+    const auto d = random_sparse_dense<bf16>(40, cols, {.density = 0.02, .specials = true}, fresh_seed());
+    CAPTURE(cols);
+    const auto tw = to_twell(d, layout, {.overflow = OverflowPolicy::drop});
+    const Buffer<std::uint32_t> g = export_global16(tw.view());
+    REQUIRE(g.size() == tw.packed().size());
+    for (std::int64_t i = 0; i < tw.rows(); ++i)
+      for (std::int64_t t = 0; t < layout.tiles(cols); ++t) {
+        const std::int64_t o = i * layout.packed_width(cols) + t * layout.slots();
+        const std::uint32_t count = tw.packed().data()[o];
+        REQUIRE(g.data()[o] == count);
+        for (std::int32_t s = 1; s < layout.slots(); ++s) {
+          const std::uint32_t w = tw.packed().data()[o + s];
+          const std::uint32_t expected = s <= static_cast<std::int32_t>(count)
+                                             ? (w & 0xffff0000u) | static_cast<std::uint32_t>(t * layout.tile + (w & 0xffffu))
+                                             : 0u;
+          REQUIRE(g.data()[o + s] == expected);
+        }
+      }
+    const auto back = import_global16<bf16>(tw.rows(), cols, layout, g.host_span());
+    CHECK(same(back, tw));
+  }
+  const auto f16 = to_twell(random_sparse_dense<fp16>(7, 900, {.density = 0.01}, fresh_seed()), TwellLayout{});
+  const auto g16 = export_global16(f16.view());
+  CHECK(same(import_global16<fp16>(7, 900, TwellLayout{}, g16.host_span()), f16));
+
+  // Error paths.
+  const auto wide = to_twell(DenseMatrix<bf16>(1, 65537), TwellLayout{});
+  CHECK(error_of([&] { (void)export_global16(wide.view()); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)import_global16<bf16>(1, 65537, TwellLayout{}, wide.packed().host_span()); }).code() ==
+        ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)import_global16<fp16>(7, 900, TwellLayout{}, std::span(g16.data(), g16.size() - 1)); })
+            .code() == ErrorCode::shape_mismatch);
+  CHECK(error_of([&] { (void)import_global16<fp16>(7, 900, TwellLayout{12, 2}, g16.host_span()); }).code() ==
+        ErrorCode::invalid_argument);
+  std::vector<std::uint32_t> bad(g16.data(), g16.data() + g16.size());
+  const TwellLayout l{};
+  // Tile 1 of row 0 with one entry whose global column lies in tile 0.
+  const std::int64_t o = l.slots();
+  std::fill(bad.begin() + o, bad.begin() + o + l.slots(), 0u);
+  bad[static_cast<std::size_t>(o)] = 1;
+  bad[static_cast<std::size_t>(o) + 1] = TwellLayout::pack(0x3f80, 5);
+  const Error e = error_of([&] { (void)import_global16<fp16>(7, 900, l, bad); });
+  CHECK(e.code() == ErrorCode::malformed);
+  CHECK(contains(e.what(), "row 0, tile 1, slot 1: global column 5"));
+  bad[static_cast<std::size_t>(o) + 1] = TwellLayout::pack(0x3f80, 256 + 5);
+  CHECK_NOTHROW((void)import_global16<fp16>(7, 900, l, bad));
+  bad[static_cast<std::size_t>(o)] = static_cast<std::uint32_t>(l.capacity() + 1);
+  CHECK(contains(error_of([&] { (void)import_global16<fp16>(7, 900, l, bad); }).what(), "count 32 exceeds"));
+  bad[static_cast<std::size_t>(o)] = 1;
+  bad[static_cast<std::size_t>(o) + 2] = 0xdead;
+  const Error unused = error_of([&] { (void)import_global16<fp16>(7, 900, l, bad); });
+  CHECK(unused.code() == ErrorCode::malformed);
+  CHECK(contains(unused.what(), "unused slot"));
+}
+
+TEST_CASE_TEMPLATE("bad input: every error path throws twell::Error with the right code", T, bf16, fp16, float) {
+  const auto d = random_sparse_dense<T>(6, 40, {.density = 0.3}, fresh_seed());
+  const auto csr = to_csr(d);
+  CHECK(error_of([&] { (void)to_csr(d, {.threshold = -1.0f}); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_hybrid(csr, {}, {.threshold = std::nanf("")}); }).code() ==
+        ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_twell(csr, TwellLayout{256, 3}); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_hybrid(d, TwellLayout{8, 8}); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_ell(d, {.ell_width = -7}); }).code() == ErrorCode::invalid_argument);
+
+  // A corrupted source is malformed, named by the converter that refused it.
+  CsrMatrix<T> broken = to_csr(d);
+  broken.col_idx().data()[0] = 1000;
+  const Error e = error_of([&] { (void)to_dense(broken); });
+  CHECK(e.code() == ErrorCode::malformed);
+  CHECK(contains(e.what(), "twell::reference::csr_to_dense"));
+  CHECK(contains(e.what(), "col_idx[0] = 1000"));
+  const DenseView<const T> negative{d.view().data, 3, 4, 2, MemorySpace::host};
+  CHECK(error_of([&] { (void)to_csr(negative); }).code() == ErrorCode::malformed);
+
+  // The reference backend reads host memory only.
+  DenseView<const T> on_device = d.view();
+  on_device.space = MemorySpace::device;
+  CHECK(error_of([&] { (void)reference::dense_to_csr<T>(on_device); }).code() == ErrorCode::space_mismatch);
+  if (!cuda_available()) {
+    CHECK(error_of([&] { (void)to_twell(on_device); }).code() == ErrorCode::no_device);
+    CHECK(error_of([&] { (void)to_ell(on_device); }).code() == ErrorCode::no_device);
+  }
+}
