@@ -1,0 +1,134 @@
+// Internal helpers of the reference kernels: argument checks, dense fp32 staging through Eigen,
+// and the activations. Not installed.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <Eigen/Dense>
+
+#include <twell/error.hpp>
+#include <twell/formats/dense.hpp>
+#include <twell/formats/layout.hpp>
+#include <twell/kernels/options.hpp>
+#include <twell/types.hpp>
+
+namespace twell::reference::detail {
+
+using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+inline std::string shape(std::int64_t rows, std::int64_t cols) {
+  return std::to_string(rows) + " x " + std::to_string(cols);
+}
+
+inline void require_host(MemorySpace space, const char* where, const char* name) {
+  require(space == MemorySpace::host, ErrorCode::space_mismatch, where, name,
+          " lives in device memory; the reference backend takes host operands only");
+}
+
+template <class T>
+void check_dense(DenseView<T> v, const char* where, const char* name) {
+  require_host(v.space, where, name);
+  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has negative shape ",
+          shape(v.rows, v.cols));
+  require(v.rows == 0 || v.ld >= v.cols, ErrorCode::invalid_argument, where, name, " has leading dimension ", v.ld,
+          " below its ", v.cols, " columns");
+  require(v.rows == 0 || v.cols == 0 || v.data != nullptr, ErrorCode::invalid_argument, where, name,
+          " is null with shape ", shape(v.rows, v.cols));
+}
+
+// Throws shape_mismatch naming both operands unless rows/cols match the expectation.
+inline void require_shape(std::int64_t rows, std::int64_t cols, std::int64_t want_rows, std::int64_t want_cols,
+                          const char* where, const char* name, const char* because) {
+  require(rows == want_rows && cols == want_cols, ErrorCode::shape_mismatch, where, name, " is ", shape(rows, cols),
+          " but ", because, " needs ", shape(want_rows, want_cols));
+}
+
+inline void report_path(const KernelOptions& options, const char* path) {
+  if (options.report != nullptr) options.report->path = path;
+}
+
+template <class V>
+std::int64_t rows_of(const V& v) {
+  if constexpr (requires { v.twell; }) {
+    return v.rows();
+  } else {
+    return v.rows;
+  }
+}
+template <class V>
+std::int64_t cols_of(const V& v) {
+  if constexpr (requires { v.twell; }) {
+    return v.cols();
+  } else {
+    return v.cols;
+  }
+}
+
+template <class T>
+MatrixF to_matrix(DenseView<const T> v) {
+  MatrixF m(v.rows, v.cols);
+  for (std::int64_t i = 0; i < v.rows; ++i)
+    for (std::int64_t j = 0; j < v.cols; ++j) m(i, j) = to_float(v.at(i, j));
+  return m;
+}
+
+// The single rounding of an fp32 result into storage type T.
+template <class T>
+void store_matrix(const MatrixF& m, DenseView<T> out) {
+  for (std::int64_t i = 0; i < out.rows; ++i)
+    for (std::int64_t j = 0; j < out.cols; ++j) out.at(i, j) = from_float<T>(m(i, j));
+}
+
+template <class T>
+DenseMatrix<T> to_dense_matrix(const MatrixF& m) {
+  DenseMatrix<T> out(m.rows(), m.cols());
+  store_matrix(m, out.view());
+  return out;
+}
+
+// GELU is the exact (erf) form, not the tanh approximation. NaN propagates through all three.
+inline float activate(Activation kind, float v) {
+  switch (kind) {
+    case Activation::relu:
+      return v < 0.0f ? 0.0f : v;
+    case Activation::silu:
+      return v / (1.0f + std::exp(-v));
+    case Activation::gelu:
+      return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+  }
+  return v;
+}
+
+// d act / d v. ReLU's derivative is only ever needed inside the pattern (v > 0), where it is 1.
+inline float activate_derivative(Activation kind, float v) {
+  switch (kind) {
+    case Activation::relu:
+      return v > 0.0f ? 1.0f : 0.0f;
+    case Activation::silu: {
+      const float s = 1.0f / (1.0f + std::exp(-v));
+      return s * (1.0f + v * (1.0f - s));
+    }
+    case Activation::gelu: {
+      const float pdf = 0.39894228040143268f * std::exp(-0.5f * v * v);
+      return 0.5f * (1.0f + std::erf(v * 0.70710678118654752f)) + v * pdf;
+    }
+  }
+  return 1.0f;
+}
+
+// act(v) with the sparsifying threshold: |act(v)| <= threshold becomes +0 (NaN survives).
+inline float activate_thresholded(const ActivationSpec& act, float v) {
+  const float a = activate(act.kind, v);
+  return std::fabs(a) <= act.threshold ? 0.0f : a;
+}
+
+inline void check_activation(const ActivationSpec& act, const char* where) {
+  require(act.kind == Activation::relu || act.kind == Activation::silu || act.kind == Activation::gelu,
+          ErrorCode::invalid_argument, where, "activation kind ", static_cast<int>(act.kind), " is unknown");
+  require(act.threshold >= 0.0f, ErrorCode::invalid_argument, where, "activation threshold ", act.threshold,
+          " must be a non-negative number");
+}
+
+}  // namespace twell::reference::detail

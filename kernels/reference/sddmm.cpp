@@ -1,0 +1,76 @@
+// Reference sddmm: out = alpha * (A op(B)) + beta * out at the stored entries of a pattern.
+#include <twell/instantiate.hpp>
+#include <twell/kernels/backends.hpp>
+
+#include "visit.hpp"
+
+namespace twell::reference {
+namespace {
+
+template <class T, class Pattern, class Out>
+void sddmm_impl(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pattern, Out out, float alpha, float beta,
+                const KernelOptions& options, const char* path) {
+  constexpr const char* where = "twell::reference::sddmm";
+  detail::check_dense(a, where, "A");
+  detail::check_dense(b, where, "B");
+  detail::check_view(pattern, where, "pattern");
+  detail::check_view(out, where, "out");
+  require(op_b == Op::none || op_b == Op::transpose, ErrorCode::invalid_argument, where, "op_b ",
+          static_cast<int>(op_b), " is unknown");
+  const std::int64_t m = detail::rows_of(pattern), n = detail::cols_of(pattern);
+  const bool transposed = op_b == Op::transpose;
+  const std::int64_t bk = transposed ? b.cols : b.rows, bn = transposed ? b.rows : b.cols;
+  require(a.rows == m && bn == n && a.cols == bk, ErrorCode::shape_mismatch, where, "A is ",
+          detail::shape(a.rows, a.cols), " and op(B) is ", detail::shape(bk, bn), " but the pattern is ",
+          detail::shape(m, n));
+  // beta reads the old values of out at the pattern's places, so out must have that structure.
+  if (beta != 0.0f) detail::require_same_structure(pattern, Out(out), where, "pattern", "out (beta != 0)");
+
+  const detail::MatrixF af = detail::to_matrix(a);
+  // Rows of bt are the columns of op(B), so each sampled entry is one contiguous dot product.
+  detail::MatrixF bt = detail::to_matrix(b);
+  if (!transposed) bt.transposeInPlace();
+  detail::write_on_pattern(pattern, out, where, [&](const detail::Entry& e) {
+    float v = alpha * af.row(e.row).dot(bt.row(e.col));
+    if (beta != 0.0f) v += beta * detail::load(out, e);
+    return v;
+  });
+  detail::report_path(options, path);
+}
+
+}  // namespace
+
+template <Value T>
+void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<const T> pattern, CsrView<T> out, float alpha,
+           float beta, const KernelOptions& options) {
+  sddmm_impl(a, op_b, b, pattern, out, alpha, beta, options, "reference/sddmm/csr");
+}
+template <Value T>
+void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, EllView<const T> pattern, EllView<T> out, float alpha,
+           float beta, const KernelOptions& options) {
+  sddmm_impl(a, op_b, b, pattern, out, alpha, beta, options, "reference/sddmm/ell");
+}
+template <Value T>
+void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, TwellView<const T> pattern, TwellView<T> out,
+           float alpha, float beta, const KernelOptions& options) {
+  sddmm_impl(a, op_b, b, pattern, out, alpha, beta, options, "reference/sddmm/twell");
+}
+template <Value T>
+void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const T> pattern, HybridView<T> out,
+           float alpha, float beta, const KernelOptions& options) {
+  sddmm_impl(a, op_b, b, pattern, out, alpha, beta, options, "reference/sddmm/hybrid");
+}
+
+#define TWELL_INSTANTIATE(T)                                                                                           \
+  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, CsrView<const T>, CsrView<T>, float, float,       \
+                         const KernelOptions&);                                                                        \
+  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, EllView<const T>, EllView<T>, float, float,       \
+                         const KernelOptions&);                                                                        \
+  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, TwellView<const T>, TwellView<T>, float, float,   \
+                         const KernelOptions&);                                                                        \
+  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, HybridView<const T>, HybridView<T>, float, float, \
+                         const KernelOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::reference

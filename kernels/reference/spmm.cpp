@@ -1,0 +1,74 @@
+// Reference spmm: C = alpha * op(A) * B + beta * C for every sparse format, one walker each.
+#include <twell/instantiate.hpp>
+#include <twell/kernels/backends.hpp>
+
+#include "visit.hpp"
+
+namespace twell::reference {
+namespace {
+
+template <class T, class View>
+void spmm_impl(Op op_a, View a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+               const KernelOptions& options, const char* path) {
+  constexpr const char* where = "twell::reference::spmm";
+  detail::check_view(a, where, "A");
+  detail::check_dense(b, where, "B");
+  detail::check_dense(c, where, "C");
+  require(op_a == Op::none || op_a == Op::transpose, ErrorCode::invalid_argument, where, "op_a ",
+          static_cast<int>(op_a), " is unknown");
+  const bool transposed = op_a == Op::transpose;
+  const std::int64_t m = transposed ? detail::cols_of(a) : detail::rows_of(a);
+  const std::int64_t k = transposed ? detail::rows_of(a) : detail::cols_of(a);
+  require(b.rows == k, ErrorCode::shape_mismatch, where, "op(A) is ", detail::shape(m, k), " but B is ",
+          detail::shape(b.rows, b.cols));
+  require(c.rows == m && c.cols == b.cols, ErrorCode::shape_mismatch, where, "C is ", detail::shape(c.rows, c.cols),
+          " but op(A) B is ", detail::shape(m, b.cols));
+
+  const detail::MatrixF bf = detail::to_matrix(b);
+  detail::MatrixF acc = detail::MatrixF::Zero(m, b.cols);
+  detail::for_each_entry(a, where, [&](const detail::Entry& e) {
+    const float v = detail::load(a, e);
+    if (transposed) {
+      acc.row(e.col) += v * bf.row(e.row);
+    } else {
+      acc.row(e.row) += v * bf.row(e.col);
+    }
+  });
+  acc *= alpha;
+  if (beta != 0.0f) acc += beta * detail::to_matrix(DenseView<const T>(c));
+  detail::store_matrix(acc, c);
+  detail::report_path(options, path);
+}
+
+}  // namespace
+
+template <Value T>
+void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+          const KernelOptions& options) {
+  spmm_impl(op_a, a, b, c, alpha, beta, options, "reference/spmm/csr");
+}
+template <Value T>
+void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+          const KernelOptions& options) {
+  spmm_impl(op_a, a, b, c, alpha, beta, options, "reference/spmm/ell");
+}
+template <Value T>
+void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+          const KernelOptions& options) {
+  spmm_impl(op_a, a, b, c, alpha, beta, options, "reference/spmm/twell");
+}
+template <Value T>
+void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+          const KernelOptions& options) {
+  spmm_impl(op_a, a, b, c, alpha, beta, options, "reference/spmm/hybrid");
+}
+
+#define TWELL_INSTANTIATE(T)                                                                                           \
+  template void spmm<T>(Op, CsrView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);   \
+  template void spmm<T>(Op, EllView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);   \
+  template void spmm<T>(Op, TwellView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&); \
+  template void spmm<T>(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::reference

@@ -1,0 +1,320 @@
+// Reference FFN against fp64 loops written here; the composed sparse forward against the dense
+// reference; the backward against central finite differences of the loss in fp64.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <twell/ffn.hpp>
+#include <twell/kernels/ffn.hpp>
+
+#include "random.hpp"
+
+using namespace twell;
+namespace ref = twell::reference;
+
+namespace {
+
+struct M64 {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<double> v;
+  M64(std::int64_t r, std::int64_t c) : rows(r), cols(c), v(static_cast<std::size_t>(r * c), 0.0) {}
+  double& operator()(std::int64_t i, std::int64_t j) { return v[static_cast<std::size_t>(i * cols + j)]; }
+  double operator()(std::int64_t i, std::int64_t j) const { return v[static_cast<std::size_t>(i * cols + j)]; }
+};
+
+template <class T>
+M64 to64(DenseView<const T> d) {
+  M64 out(d.rows, d.cols);
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t j = 0; j < d.cols; ++j) out(i, j) = to_float(d.at(i, j));
+  return out;
+}
+
+M64 matmul(const M64& a, const M64& b) {
+  M64 c(a.rows, b.cols);
+  for (std::int64_t i = 0; i < a.rows; ++i)
+    for (std::int64_t p = 0; p < a.cols; ++p)
+      for (std::int64_t j = 0; j < b.cols; ++j) c(i, j) += a(i, p) * b(p, j);
+  return c;
+}
+
+double act64(Activation a, double v) {
+  switch (a) {
+    case Activation::relu:
+      return v > 0 ? v : 0.0;
+    case Activation::silu:
+      return v / (1.0 + std::exp(-v));
+    case Activation::gelu:
+      return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+  }
+  return v;
+}
+
+// The hidden state h = act(x wg) * (x wu) (gated) or act(x wu) (not gated), threshold applied.
+M64 hidden64(const M64& x, const M64* wg, const M64& wu, ActivationSpec act) {
+  const M64 u = matmul(x, wu);
+  if (wg == nullptr) {
+    M64 h(u.rows, u.cols);
+    for (std::size_t e = 0; e < u.v.size(); ++e) {
+      const double a = act64(act.kind, u.v[e]);
+      h.v[e] = std::fabs(a) <= act.threshold ? 0.0 : a;
+    }
+    return h;
+  }
+  const M64 g = matmul(x, *wg);
+  M64 h(u.rows, u.cols);
+  for (std::size_t e = 0; e < u.v.size(); ++e) {
+    const double a = act64(act.kind, g.v[e]);
+    h.v[e] = (std::fabs(a) <= act.threshold ? 0.0 : a) * u.v[e];
+  }
+  return h;
+}
+
+template <class T>
+double rel_error(DenseView<const T> got, const M64& want) {
+  double diff = 0.0, norm = 0.0;
+  for (std::int64_t i = 0; i < want.rows; ++i)
+    for (std::int64_t j = 0; j < want.cols; ++j) {
+      const double d = to_float(got.at(i, j)) - want(i, j);
+      diff += d * d;
+      norm += want(i, j) * want(i, j);
+    }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+template <class T>
+double tolerance() {
+  if constexpr (std::is_same_v<T, bf16>) return 2e-2;
+  if constexpr (std::is_same_v<T, fp16>) return 3e-3;
+  return 2e-5;
+}
+
+struct FfnShape {
+  std::int64_t m, k, n;
+};
+constexpr FfnShape kShapes[] = {{1, 8, 16}, {7, 24, 40}, {33, 64, 96}, {50, 16, 300}};
+constexpr ActivationSpec kActs[] = {{Activation::relu, 0.0f}, {Activation::silu, 0.0f}, {Activation::gelu, 0.0f}};
+
+template <class T>
+struct Weights {
+  DenseMatrix<T> x, wg, wu, wd;
+  Weights(const FfnShape& s, std::uint64_t seed)
+      : x(testing::random_dense<T>(s.m, s.k, 1.0f, seed)),
+        wg(testing::random_dense<T>(s.k, s.n, 1.0f / std::sqrt(float(s.k)), seed + 1)),
+        wu(testing::random_dense<T>(s.k, s.n, 1.0f / std::sqrt(float(s.k)), seed + 2)),
+        wd(testing::random_dense<T>(s.n, s.k, 1.0f / std::sqrt(float(s.n)), seed + 3)) {}
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("dense reference forward matches fp64", T, bf16, fp16, float) {
+  for (const FfnShape& s : kShapes) {
+    for (const ActivationSpec& act : kActs) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.m);
+      CAPTURE(s.n);
+      CAPTURE(static_cast<int>(act.kind));
+      const Weights<T> w(s, seed);
+      const M64 x = to64<T>(w.x.view()), wg = to64<T>(w.wg.view()), wu = to64<T>(w.wu.view());
+      const M64 wd = to64<T>(w.wd.view());
+      DenseMatrix<T> y(s.m, s.k);
+      ref::gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, y.view());
+      CHECK(rel_error<T>(std::as_const(y).view(), matmul(hidden64(x, &wg, wu, act), wd)) < tolerance<T>());
+      ref::ffn_forward<T>(w.x.view(), w.wu.view(), w.wd.view(), act, y.view());
+      CHECK(rel_error<T>(std::as_const(y).view(), matmul(hidden64(x, nullptr, wu, act), wd)) < tolerance<T>());
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("composed sparse forward matches the dense reference", T, bf16, fp16, float) {
+  const ActivationSpec acts[] = {
+      {Activation::relu, 0.0f}, {Activation::relu, 0.4f}, {Activation::silu, 0.2f}, {Activation::gelu, 0.0f}};
+  for (const FfnShape& s : kShapes) {
+    for (const ActivationSpec& act : acts) {
+      for (const TwellLayout layout : {TwellLayout{16, 4}, TwellLayout{}, TwellLayout{32, 2}}) {
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(s.m);
+        CAPTURE(s.n);
+        CAPTURE(static_cast<int>(act.kind));
+        CAPTURE(act.threshold);
+        CAPTURE(layout.tile);
+        const Weights<T> w(s, seed);
+        DenseMatrix<T> dense(s.m, s.k), sparse(s.m, s.k);
+        for (auto& v : sparse.values().host_span()) v = from_float<T>(NAN);
+        ref::gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, dense.view());
+        sparse_gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, layout, sparse.view());
+        const M64 want = to64<T>(std::as_const(dense).view());
+        CHECK(rel_error<T>(std::as_const(sparse).view(), want) < 2 * tolerance<T>());
+
+        for (auto& v : sparse.values().host_span()) v = from_float<T>(NAN);
+        ref::ffn_forward<T>(w.x.view(), w.wu.view(), w.wd.view(), act, dense.view());
+        sparse_ffn_forward<T>(w.x.view(), w.wu.view(), w.wd.view(), act, layout, sparse.view());
+        CHECK(rel_error<T>(std::as_const(sparse).view(), to64<T>(std::as_const(dense).view())) < 2 * tolerance<T>());
+      }
+    }
+  }
+}
+
+namespace {
+
+// L = sum(y * R) + lambda * sum(|h|) / Z in fp64.
+double loss64(const M64& x, const M64& wg, const M64& wu, const M64& wd, const M64& r, ActivationSpec act,
+              double lambda, double z) {
+  const M64 h = hidden64(x, &wg, wu, act);
+  const M64 y = matmul(h, wd);
+  double l = 0.0, l1 = 0.0;
+  for (std::size_t e = 0; e < y.v.size(); ++e) l += y.v[e] * r.v[e];
+  for (const double v : h.v) l1 += std::fabs(v);
+  return l + lambda * l1 / z;
+}
+
+}  // namespace
+
+TEST_CASE("gated backward matches central finite differences (float)") {
+  constexpr FfnShape shapes[] = {{5, 6, 8}, {3, 4, 20}, {1, 8, 8}, {9, 7, 11}};
+  constexpr float lambda = 0.3f;
+  for (const FfnShape& s : shapes) {
+    for (const ActivationSpec& act : kActs) {
+      for (const L1Normalization norm : {L1Normalization::per_token, L1Normalization::per_entry}) {
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(s.m);
+        CAPTURE(s.k);
+        CAPTURE(s.n);
+        CAPTURE(static_cast<int>(act.kind));
+        CAPTURE(static_cast<int>(norm));
+        const Weights<float> w(s, seed);
+        const auto dy = testing::random_dense<float>(s.m, s.k, 1.0f, seed + 4);
+        const auto grads = ref::gated_ffn_backward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(),
+                                                          act, lambda, norm);
+        const double z = norm == L1Normalization::per_token ? double(s.m) : double(s.m * s.n);
+        CHECK(grads.z == z);
+
+        M64 params[] = {to64<float>(w.x.view()), to64<float>(w.wg.view()), to64<float>(w.wu.view()),
+                        to64<float>(w.wd.view())};
+        const M64 r = to64<float>(dy.view());
+        auto loss = [&] { return loss64(params[0], params[1], params[2], params[3], r, act, lambda, z); };
+        {
+          const M64 h = hidden64(params[0], &params[1], params[2], act);
+          double l1 = 0.0;
+          for (const double v : h.v) l1 += std::fabs(v);
+          CHECK(grads.l1_term == doctest::Approx(lambda * l1 / z).epsilon(1e-5));
+        }
+        const DenseMatrix<float>* analytic[] = {&grads.dx, &grads.dwg, &grads.dwu, &grads.dwd};
+        const char* names[] = {"dx", "dwg", "dwu", "dwd"};
+        for (int p = 0; p < 4; ++p) {
+          const std::string name = names[p];
+          CAPTURE(name);
+          M64 numeric(params[p].rows, params[p].cols);
+          for (std::size_t e = 0; e < params[p].v.size(); ++e) {
+            const double keep = params[p].v[e];
+            const double step = 1e-6;
+            params[p].v[e] = keep + step;
+            const double up = loss();
+            params[p].v[e] = keep - step;
+            const double down = loss();
+            params[p].v[e] = keep;
+            numeric.v[e] = (up - down) / (2 * step);
+          }
+          REQUIRE(analytic[p]->rows() == numeric.rows);
+          REQUIRE(analytic[p]->cols() == numeric.cols);
+          CHECK(rel_error<float>(analytic[p]->view(), numeric) < 1e-4);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bf16 backward and sparse forward agree with float") {
+  const FfnShape s{24, 32, 64};
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const Weights<bf16> w(s, seed);
+  const auto dy = testing::random_dense<bf16>(s.m, s.k, 1.0f, seed + 4);
+  // The same (bf16-exact) inputs in float.
+  auto widen = [](const DenseMatrix<bf16>& m) {
+    DenseMatrix<float> out(m.rows(), m.cols());
+    for (std::int64_t i = 0; i < m.rows(); ++i)
+      for (std::int64_t j = 0; j < m.cols(); ++j) out.view().at(i, j) = to_float(m.view().at(i, j));
+    return out;
+  };
+  const auto x = widen(w.x), wg = widen(w.wg), wu = widen(w.wu), wd = widen(w.wd), dyf = widen(dy);
+  const ActivationSpec relu{};
+  const auto g16 = ref::gated_ffn_backward<bf16>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), relu,
+                                                 2e-2f, L1Normalization::per_token);
+  const auto g32 = ref::gated_ffn_backward<float>(x.view(), wg.view(), wu.view(), wd.view(), dyf.view(), relu, 2e-2f,
+                                                  L1Normalization::per_token);
+  CHECK(rel_error<bf16>(g16.dx.view(), to64<float>(g32.dx.view())) < 2e-2);
+  CHECK(rel_error<bf16>(g16.dwg.view(), to64<float>(g32.dwg.view())) < 2e-2);
+  CHECK(rel_error<bf16>(g16.dwu.view(), to64<float>(g32.dwu.view())) < 2e-2);
+  CHECK(rel_error<bf16>(g16.dwd.view(), to64<float>(g32.dwd.view())) < 2e-2);
+  CHECK(g16.l1_term == doctest::Approx(g32.l1_term).epsilon(1e-6));
+
+  DenseMatrix<bf16> y16(s.m, s.k);
+  DenseMatrix<float> y32(s.m, s.k);
+  sparse_gated_ffn_forward<bf16>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y16.view());
+  ref::gated_ffn_forward<float>(x.view(), wg.view(), wu.view(), wd.view(), relu, y32.view());
+  CHECK(rel_error<bf16>(std::as_const(y16).view(), to64<float>(std::as_const(y32).view())) < 3e-2);
+}
+
+TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
+  auto code_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    FAIL("no twell::Error thrown");
+    return ErrorCode::invalid_argument;
+  };
+  const FfnShape s{4, 8, 12};
+  const Weights<float> w(s, testing::fresh_seed());
+  const auto wrong = testing::random_dense<float>(s.k + 1, s.n, 1.0f, testing::fresh_seed());
+  const auto dy = testing::random_dense<float>(s.m, s.k, 1.0f, testing::fresh_seed());
+  DenseMatrix<float> y(s.m, s.k), wrong_y(s.m, s.k + 1);
+  const ActivationSpec relu{};
+
+  CHECK(code_of([&] {
+          ref::gated_ffn_forward<float>(w.x.view(), wrong.view(), w.wu.view(), w.wd.view(), relu, y.view());
+        }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] {
+          ref::gated_ffn_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wg.view(), relu, y.view());
+        }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { ref::ffn_forward<float>(w.x.view(), w.wu.view(), w.wd.view(), relu, wrong_y.view()); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code_of([&] {
+          ref::gated_ffn_backward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), relu, -1.0f,
+                                         L1Normalization::per_token);
+        }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          ref::gated_ffn_backward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), relu, 0.1f,
+                                         static_cast<L1Normalization>(5));
+        }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          ref::gated_ffn_backward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), wrong_y.view(), relu, 0.1f,
+                                         L1Normalization::per_token);
+        }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] {
+          sparse_gated_ffn_forward<float>(w.x.view(), wrong.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{},
+                                          y.view());
+        }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] {
+          sparse_gated_ffn_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{24, 16},
+                                          y.view());
+        }) == ErrorCode::invalid_argument);
+  DenseView<float> y_dev = y.view();
+  y_dev.space = MemorySpace::device;
+  CHECK(code_of([&] {
+          sparse_gated_ffn_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{},
+                                          y_dev);
+        }) == ErrorCode::space_mismatch);
+  DenseView<const float> x_dev = w.x.view();
+  x_dev.space = MemorySpace::device;
+  CHECK(code_of([&] { ref::ffn_forward<float>(x_dev, w.wu.view(), w.wd.view(), relu, y.view()); }) ==
+        ErrorCode::space_mismatch);
+}

@@ -1,0 +1,719 @@
+// Reference kernels against plain fp64 dense loops written here (no Eigen, no kernel code reused):
+// spmm, sddmm, transpose, elementwise, reductions and gemm_to_sparse, for every format and dtype.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <twell/converters/backends.hpp>
+#include <twell/kernels/backends.hpp>
+#include <twell/ops.hpp>
+
+#include "random.hpp"
+
+using namespace twell;
+namespace ref = twell::reference;
+
+namespace {
+
+constexpr double kDensities[] = {0.0, 0.005, 0.05, 0.5, 1.0};
+// (alpha, beta) pairs; beta = 0 runs on NaN-poisoned outputs.
+constexpr std::pair<float, float> kSpmmScales[] = {{1.0f, 0.0f}, {-0.5f, 0.0f}, {1.5f, -2.0f}};
+constexpr std::pair<float, float> kSddmmScales[] = {{1.0f, 0.0f}, {0.75f, -1.5f}};
+
+// Relative precision of one rounding into T, with room for fp32 accumulation.
+template <class T>
+double eps() {
+  if constexpr (std::is_same_v<T, bf16>) return 1.0 / 128;
+  if constexpr (std::is_same_v<T, fp16>) return 1.0 / 1024;
+  return 1e-5;
+}
+
+// Absolute rounding error near zero: fp16 subnormals are spaced 2^-24 apart.
+template <class T>
+double tiny() {
+  return std::is_same_v<T, fp16> ? 6e-8 : 1e-30;
+}
+
+// A plain fp64 matrix.
+struct D64 {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<double> v;
+  D64(std::int64_t r, std::int64_t c) : rows(r), cols(c), v(static_cast<std::size_t>(r * c), 0.0) {}
+  double& operator()(std::int64_t i, std::int64_t j) { return v[static_cast<std::size_t>(i * cols + j)]; }
+  double operator()(std::int64_t i, std::int64_t j) const { return v[static_cast<std::size_t>(i * cols + j)]; }
+};
+
+template <class T>
+D64 to64(DenseView<const T> d) {
+  D64 out(d.rows, d.cols);
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t j = 0; j < d.cols; ++j) out(i, j) = to_float(d.at(i, j));
+  return out;
+}
+
+// Stored iff nonzero: -0.0 is not, NaN is.
+bool stored64(double v) { return !(std::fabs(v) <= 0.0); }
+
+// got vs want with an absolute bound; NaN must meet NaN and Inf the same Inf.
+bool close(double got, double want, double bound) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::fabs(got - want) <= bound;
+}
+
+// Every format built from one dense matrix by the reference converters. TwELL takes a narrow
+// layout (tile 16, C 4: 3 entries per tile) when nothing overflows and otherwise one tile wider
+// than the matrix with C = 1, which holds every row; Hybrid always takes the narrow layout, so
+// its overflow block is exercised at moderate densities.
+template <class T>
+struct AllFormats {
+  CsrMatrix<T> csr;
+  EllMatrix<T> ell;
+  TwellMatrix<T> twell;
+  HybridMatrix<T> hybrid;
+};
+
+constexpr TwellLayout kNarrow{16, 4};
+
+TwellLayout wide_layout(std::int64_t cols) { return TwellLayout{static_cast<std::int32_t>((cols / 8 + 1) * 8), 1}; }
+
+template <class T>
+TwellMatrix<T> to_twell(DenseView<const T> d) {
+  try {
+    return ref::dense_to_twell<T>(d, kNarrow);
+  } catch (const Error& e) {
+    REQUIRE(e.code() == ErrorCode::overflow);
+    return ref::dense_to_twell<T>(d, wide_layout(d.cols));
+  }
+}
+
+template <class T>
+AllFormats<T> all_formats(DenseView<const T> d) {
+  return {ref::dense_to_csr<T>(d), ref::dense_to_ell<T>(d), to_twell<T>(d), ref::dense_to_hybrid<T>(d, kNarrow)};
+}
+
+// Calls f(name, const view) for each format.
+template <class T, class F>
+void each(const AllFormats<T>& m, F&& f) {
+  f("csr", m.csr.view());
+  f("ell", m.ell.view());
+  f("twell", m.twell.view());
+  f("hybrid", m.hybrid.view());
+}
+
+template <class T>
+DenseMatrix<T> dense_of(CsrView<const T> v) {
+  return ref::csr_to_dense<T>(v);
+}
+template <class T>
+DenseMatrix<T> dense_of(EllView<const T> v) {
+  return ref::ell_to_dense<T>(v);
+}
+template <class T>
+DenseMatrix<T> dense_of(TwellView<const T> v) {
+  return ref::twell_to_dense<T>(v);
+}
+template <class T>
+DenseMatrix<T> dense_of(HybridView<const T> v) {
+  return ref::hybrid_to_dense<T>(v);
+}
+
+template <class T>
+void fill_nan(DenseView<T> c) {
+  for (std::int64_t i = 0; i < c.rows; ++i)
+    for (std::int64_t j = 0; j < c.cols; ++j) c.at(i, j) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+}
+
+struct Shape {
+  std::int64_t m, k, n;
+};
+
+std::vector<Shape> shapes() {
+  std::vector<Shape> s = {{1, 1, 1}, {3, 5, 2}, {17, 33, 7}, {64, 100, 19}, {40, 16, 3}, {130, 520, 9}};
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::uniform_int_distribution<std::int64_t> dim(1, 70);
+  for (int r = 0; r < 2; ++r) s.push_back({dim(rng), dim(rng), dim(rng)});
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("spmm matches fp64 for every format, op, alpha and beta", T, bf16, fp16, float) {
+  for (const Shape& s : shapes()) {
+    for (const double density : kDensities) {
+      for (const bool specials : {false, true}) {
+        for (const Op op : {Op::none, Op::transpose}) {
+          const std::uint64_t seed = testing::fresh_seed();
+          CAPTURE(seed);
+          CAPTURE(s.m);
+          CAPTURE(s.k);
+          CAPTURE(s.n);
+          CAPTURE(density);
+          CAPTURE(specials);
+          const bool tr = op == Op::transpose;
+          testing::SparseDenseOptions so;
+          so.density = density;
+          so.specials = specials;
+          const auto a_dense = testing::random_sparse_dense<T>(tr ? s.k : s.m, tr ? s.m : s.k, so, seed);
+          const auto b = testing::random_dense<T>(s.k, s.n, 1.0f, seed + 1);
+          const auto c0 = testing::random_dense<T>(s.m, s.n, 1.0f, seed + 2);
+          const D64 a64 = to64<T>(a_dense.view()), b64 = to64<T>(b.view()), c64 = to64<T>(c0.view());
+          const AllFormats<T> formats = all_formats<T>(a_dense.view());
+          for (const auto& [alpha_, beta_] : kSpmmScales) {
+            const float alpha = alpha_, beta = beta_;
+            each(formats, [&](const char* name, auto a) {
+              const std::string format = name;
+              CAPTURE(format);
+              CAPTURE(alpha);
+              CAPTURE(beta);
+              DenseMatrix<T> c(s.m, s.n);
+              if (beta == 0.0f) {
+                fill_nan(c.view());
+              } else {
+                std::memcpy(c.values().data(), c0.values().data(), c0.values().bytes());
+              }
+              ref::spmm<T>(op, a, b.view(), c.view(), alpha, beta);
+              int bad = 0;
+              for (std::int64_t i = 0; i < s.m; ++i)
+                for (std::int64_t j = 0; j < s.n; ++j) {
+                  double sum = 0.0, mag = 0.0;
+                  for (std::int64_t p = 0; p < s.k; ++p) {
+                    const double av = tr ? a64(p, i) : a64(i, p);
+                    if (!stored64(av)) continue;
+                    sum += av * b64(p, j);
+                    mag += std::fabs(av * b64(p, j));
+                  }
+                  double want = alpha * sum;
+                  mag = std::fabs(alpha) * mag;
+                  if (beta != 0.0f) {
+                    want += beta * c64(i, j);
+                    mag += std::fabs(beta * c64(i, j));
+                  }
+                  const double got = to_float(c.view().at(i, j));
+                  if (!close(got, want, eps<T>() * mag + tiny<T>())) ++bad;
+                }
+              CHECK(bad == 0);
+            });
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("sddmm samples A op(B) at the pattern, with and without beta", T, bf16, fp16, float) {
+  for (const Shape& s : shapes()) {
+    for (const double density : kDensities) {
+      for (const Op op : {Op::none, Op::transpose}) {
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(s.m);
+        CAPTURE(s.k);
+        CAPTURE(s.n);
+        CAPTURE(density);
+        const bool tr = op == Op::transpose;
+        testing::SparseDenseOptions so;
+        so.density = density;
+        const auto p_dense = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
+        const auto a = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 1);
+        const auto b = testing::random_dense<T>(tr ? s.n : s.k, tr ? s.k : s.n, 1.0f, seed + 2);
+        const D64 p64 = to64<T>(p_dense.view()), a64 = to64<T>(a.view()), b64 = to64<T>(b.view());
+        const AllFormats<T> patterns = all_formats<T>(p_dense.view());
+        for (const auto& [alpha_, beta_] : kSddmmScales) {
+          const float alpha = alpha_, beta = beta_;
+          // out starts as a second copy of the pattern: same structure in separate arrays.
+          AllFormats<T> outs = all_formats<T>(p_dense.view());
+          if (beta == 0.0f) {  // poison what the kernel must overwrite whole
+            for (auto& w : outs.twell.packed().host_span()) w = 0xdeadbeefu;
+            for (auto& v : outs.twell.value_plane().host_span()) v = from_float<T>(NAN);
+            for (auto& w : outs.hybrid.twell().packed().host_span()) w = 0xdeadbeefu;
+            for (auto& v : outs.hybrid.overflow().values().host_span()) v = from_float<T>(NAN);
+            for (auto& v : outs.csr.values().host_span()) v = from_float<T>(NAN);
+            for (std::int64_t i = 0; i < s.m; ++i)  // ELL padding must stay zero: poison stored slots only
+              for (std::int64_t k = 0; k < outs.ell.row_count().data()[i]; ++k)
+                outs.ell.values().data()[i * outs.ell.width() + k] = from_float<T>(NAN);
+          }
+          auto check = [&](const char* name, auto out_view) {
+            const std::string format = name;
+            CAPTURE(format);
+            CAPTURE(alpha);
+            CAPTURE(beta);
+            const auto got = dense_of<T>(out_view);
+            int bad = 0;
+            for (std::int64_t i = 0; i < s.m; ++i)
+              for (std::int64_t j = 0; j < s.n; ++j) {
+                const double g = to_float(got.view().at(i, j));
+                if (!stored64(p64(i, j))) {
+                  if (g != 0.0) ++bad;
+                  continue;
+                }
+                double dot = 0.0, mag = 0.0;
+                for (std::int64_t p = 0; p < s.k; ++p) {
+                  const double x = a64(i, p) * (tr ? b64(j, p) : b64(p, j));
+                  dot += x;
+                  mag += std::fabs(x);
+                }
+                const double want = alpha * dot + beta * p64(i, j);
+                mag = std::fabs(alpha) * mag + std::fabs(beta * p64(i, j));
+                if (!close(g, want, eps<T>() * mag + tiny<T>())) ++bad;
+              }
+            CHECK(bad == 0);
+          };
+          ref::sddmm<T>(a.view(), op, b.view(), patterns.csr.view(), outs.csr.view(), alpha, beta);
+          check("csr", std::as_const(outs.csr).view());
+          ref::sddmm<T>(a.view(), op, b.view(), patterns.ell.view(), outs.ell.view(), alpha, beta);
+          check("ell", std::as_const(outs.ell).view());
+          ref::sddmm<T>(a.view(), op, b.view(), patterns.twell.view(), outs.twell.view(), alpha, beta);
+          check("twell", std::as_const(outs.twell).view());
+          ref::sddmm<T>(a.view(), op, b.view(), patterns.hybrid.view(), outs.hybrid.view(), alpha, beta);
+          check("hybrid", std::as_const(outs.hybrid).view());
+          // The structure of the pattern survives, including shadow slots and maps.
+          CHECK(std::equal(outs.hybrid.row_to_overflow().data(), outs.hybrid.row_to_overflow().data() + s.m,
+                           patterns.hybrid.row_to_overflow().data()));
+          if constexpr (ValueTraits<T>::packs_in_slot) {
+            const auto& pw = patterns.hybrid.twell().packed();
+            const auto& ow = outs.hybrid.twell().packed();
+            int diff = 0;
+            for (std::size_t w = 0; w < pw.size(); ++w)
+              diff += (pw.data()[w] & 0xffffu) != (ow.data()[w] & 0xffffu) ? 1 : 0;
+            CHECK(diff == 0);
+          } else {
+            CHECK(std::memcmp(outs.hybrid.twell().packed().data(), patterns.hybrid.twell().packed().data(),
+                              patterns.hybrid.twell().packed().bytes()) == 0);
+          }
+        }
+        // out aliasing the pattern (in place).
+        AllFormats<T> inplace = all_formats<T>(p_dense.view());
+        const auto h = inplace.hybrid.view();
+        ref::sddmm<T>(a.view(), op, b.view(), h, h, 1.0f, 0.0f);
+        const auto via_alias = ref::hybrid_to_dense<T>(std::as_const(inplace.hybrid).view());
+        HybridMatrix<T> fresh(s.m, s.n, kNarrow, patterns.hybrid.overflow_rows());
+        ref::sddmm<T>(a.view(), op, b.view(), patterns.hybrid.view(), fresh.view(), 1.0f, 0.0f);
+        CHECK(testing::bitwise_equal<T>(via_alias.view(), ref::hybrid_to_dense<T>(std::as_const(fresh).view()).view()));
+      }
+    }
+  }
+}
+
+namespace {
+
+// A dense matrix with -0.0 written as +0.0, the form every sparse round trip gives back.
+template <class T>
+DenseMatrix<T> canonical(DenseView<const T> d, bool transposed) {
+  DenseMatrix<T> out(transposed ? d.cols : d.rows, transposed ? d.rows : d.cols);
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t j = 0; j < d.cols; ++j) {
+      const T v = d.at(i, j);
+      (transposed ? out.view().at(j, i) : out.view().at(i, j)) = is_stored(v) ? v : T{};
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("transpose matches the dense transpose and twice is the identity", T, bf16, fp16, float) {
+  for (const Shape& s : shapes()) {
+    for (const double density : kDensities) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.m);
+      CAPTURE(s.n);
+      CAPTURE(density);
+      testing::SparseDenseOptions so;
+      so.density = density;
+      so.specials = true;
+      const auto d = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
+      const auto want_t = canonical<T>(d.view(), true);
+      const auto want = canonical<T>(d.view(), false);
+      const AllFormats<T> f = all_formats<T>(d.view());
+
+      const auto csr_t = ref::transpose<T>(f.csr.view());
+      CHECK(testing::bitwise_equal<T>(dense_of<T>(csr_t.view()).view(), want_t.view()));
+      CHECK(testing::bitwise_equal<T>(dense_of<T>(ref::transpose<T>(csr_t.view()).view()).view(), want.view()));
+
+      const auto ell_t = ref::transpose<T>(f.ell.view());
+      CHECK(testing::bitwise_equal<T>(dense_of<T>(ell_t.view()).view(), want_t.view()));
+      CHECK(testing::bitwise_equal<T>(dense_of<T>(ref::transpose<T>(ell_t.view()).view()).view(), want.view()));
+
+      for (const TwellLayout layout : {kNarrow, TwellLayout{}, TwellLayout{8, 2}}) {
+        const auto tw_t = ref::transpose<T>(f.twell.view(), layout);
+        CHECK(tw_t.layout() == layout);
+        CHECK(testing::bitwise_equal<T>(dense_of<T>(tw_t.view()).view(), want_t.view()));
+        const auto hy_t = ref::transpose<T>(f.hybrid.view(), layout);
+        CHECK(testing::bitwise_equal<T>(dense_of<T>(hy_t.view()).view(), want_t.view()));
+        const auto hy_tt = ref::transpose<T>(hy_t.view(), kNarrow);
+        CHECK(testing::bitwise_equal<T>(dense_of<T>(hy_tt.view()).view(), want.view()));
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("multiply_on_pattern, add_scaled_sign, l1_norm and l0_norm", T, bf16, fp16, float) {
+  for (const Shape& s : shapes()) {
+    for (const double density : kDensities) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.m);
+      CAPTURE(s.n);
+      CAPTURE(density);
+      testing::SparseDenseOptions so;
+      so.density = density;
+      so.specials = true;
+      const auto xd = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
+      // y: fresh nonzero values on x's stored entries, so both share one structure.
+      auto yd = testing::random_dense<T>(s.m, s.n, 2.0f, seed + 1);
+      for (std::int64_t i = 0; i < s.m; ++i)
+        for (std::int64_t j = 0; j < s.n; ++j) {
+          T& v = yd.view().at(i, j);
+          if (!is_stored(xd.view().at(i, j))) {
+            v = T{};
+          } else if (!is_stored(v)) {
+            v = from_float<T>(0.5f);
+          }
+        }
+      const D64 x64 = to64<T>(xd.view()), y64 = to64<T>(yd.view());
+      const AllFormats<T> xs = all_formats<T>(xd.view()), ys = all_formats<T>(yd.view());
+
+      double want_l1 = 0.0;
+      std::int64_t want_l0 = 0;
+      for (const double v : x64.v)
+        if (stored64(v)) {
+          want_l1 += std::fabs(v);
+          want_l0 += v != 0.0 ? 1 : 0;
+        }
+      each(xs, [&](const char* name, auto x) {
+        const std::string format = name;
+        CAPTURE(format);
+        const double l1 = ref::l1_norm<T>(x);
+        if (std::isnan(want_l1)) {
+          CHECK(std::isnan(l1));
+        } else if (std::isinf(want_l1)) {
+          CHECK(l1 == want_l1);
+        } else {
+          CHECK(l1 == doctest::Approx(want_l1).epsilon(1e-12));
+        }
+        CHECK(ref::l0_norm<T>(x) == want_l0);
+      });
+
+      // Compare a result in the structure of x against f(x, y) in fp64 on x's stored entries.
+      auto check = [&](const char* name, const DenseMatrix<T>& got, auto&& f) {
+        const std::string format = name;
+        CAPTURE(format);
+        int bad = 0;
+        for (std::int64_t i = 0; i < s.m; ++i)
+          for (std::int64_t j = 0; j < s.n; ++j) {
+            const double g = to_float(got.view().at(i, j));
+            const double want = stored64(x64(i, j)) ? f(x64(i, j), y64(i, j)) : 0.0;
+            if (!close(g, want, eps<T>() * std::fabs(want) + tiny<T>())) ++bad;
+          }
+        CHECK(bad == 0);
+      };
+      const auto product = [](double x, double y) { return x * y; };
+      for (const float sc : {0.25f, -0.125f}) {
+        CAPTURE(sc);
+        const auto with_sign = [sc](double x, double) {
+          return std::isnan(x) ? x : x + sc * (x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0));
+        };
+        AllFormats<T> outs = all_formats<T>(xd.view());
+        ref::add_scaled_sign<T>(xs.csr.view(), sc, outs.csr.view());
+        check("csr", dense_of<T>(std::as_const(outs.csr).view()), with_sign);
+        ref::add_scaled_sign<T>(xs.ell.view(), sc, outs.ell.view());
+        check("ell", dense_of<T>(std::as_const(outs.ell).view()), with_sign);
+        ref::add_scaled_sign<T>(xs.twell.view(), sc, outs.twell.view());
+        check("twell", dense_of<T>(std::as_const(outs.twell).view()), with_sign);
+        ref::add_scaled_sign<T>(xs.hybrid.view(), sc, outs.hybrid.view());
+        check("hybrid", dense_of<T>(std::as_const(outs.hybrid).view()), with_sign);
+      }
+      {
+        AllFormats<T> outs = all_formats<T>(xd.view());
+        for (auto& w : outs.twell.packed().host_span()) w = 0xdeadbeefu;
+        for (auto& v : outs.hybrid.overflow().values().host_span()) v = from_float<T>(NAN);
+        ref::multiply_on_pattern<T>(xs.csr.view(), ys.csr.view(), outs.csr.view());
+        check("csr", dense_of<T>(std::as_const(outs.csr).view()), product);
+        ref::multiply_on_pattern<T>(xs.ell.view(), ys.ell.view(), outs.ell.view());
+        check("ell", dense_of<T>(std::as_const(outs.ell).view()), product);
+        ref::multiply_on_pattern<T>(xs.twell.view(), ys.twell.view(), outs.twell.view());
+        check("twell", dense_of<T>(std::as_const(outs.twell).view()), product);
+        ref::multiply_on_pattern<T>(xs.hybrid.view(), ys.hybrid.view(), outs.hybrid.view());
+        check("hybrid", dense_of<T>(std::as_const(outs.hybrid).view()), product);
+      }
+      {  // in place: out aliases x
+        AllFormats<T> inplace = all_formats<T>(xd.view());
+        const auto h = inplace.hybrid.view();
+        ref::multiply_on_pattern<T>(h, ys.hybrid.view(), h);
+        check("hybrid in place", dense_of<T>(std::as_const(inplace.hybrid).view()), product);
+        const auto c = inplace.csr.view();
+        ref::multiply_on_pattern<T>(c, ys.csr.view(), c);
+        check("csr in place", dense_of<T>(std::as_const(inplace.csr).view()), product);
+      }
+    }
+  }
+}
+
+namespace {
+
+// Inputs whose products are exact in fp32: multiples of 1/2 in [-1.5, 1.5], so act(X W) never
+// sits within rounding of the threshold.
+template <class T>
+DenseMatrix<T> halves(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> q(-3, 3);
+  DenseMatrix<T> m(rows, cols);
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) m.view().at(i, j) = from_float<T>(0.5f * static_cast<float>(q(rng)));
+  return m;
+}
+
+double act64(Activation a, double v) {
+  switch (a) {
+    case Activation::relu:
+      return v > 0 ? v : 0.0;
+    case Activation::silu:
+      return v / (1.0 + std::exp(-v));
+    case Activation::gelu:
+      return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("gemm_to_sparse stores exactly the dense reference's nonzeros", T, bf16, fp16, float) {
+  const ActivationSpec acts[] = {
+      {Activation::relu, 0.0f}, {Activation::relu, 1.0f}, {Activation::silu, 0.3f}, {Activation::gelu, 0.3f}};
+  for (const Shape& s : shapes()) {
+    for (const ActivationSpec& act : acts) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.m);
+      CAPTURE(s.k);
+      CAPTURE(s.n);
+      CAPTURE(static_cast<int>(act.kind));
+      CAPTURE(act.threshold);
+      const auto x = halves<T>(s.m, s.k, seed);
+      const auto w = halves<T>(s.k, s.n, seed + 1);
+      const D64 x64 = to64<T>(x.view()), w64 = to64<T>(w.view());
+      D64 want(s.m, s.n);
+      for (std::int64_t i = 0; i < s.m; ++i)
+        for (std::int64_t j = 0; j < s.n; ++j) {
+          double dot = 0.0;
+          for (std::int64_t p = 0; p < s.k; ++p) dot += x64(i, p) * w64(p, j);
+          const double a = act64(act.kind, dot);
+          want(i, j) = std::fabs(a) <= act.threshold ? 0.0 : a;
+        }
+      // Counts per (row, tile) of the narrow layout decide which rows overflow.
+      std::int64_t overflow_rows = 0, surplus = 0, nnz = 0;
+      for (std::int64_t i = 0; i < s.m; ++i) {
+        bool overflows = false;
+        for (std::int64_t t = 0; t < kNarrow.tiles(s.n); ++t) {
+          std::int64_t count = 0;
+          for (std::int64_t j = t * kNarrow.tile; j < std::min<std::int64_t>(s.n, (t + 1) * kNarrow.tile); ++j)
+            count += want(i, j) != 0.0 ? 1 : 0;
+          nnz += count;
+          overflows = overflows || count > kNarrow.capacity();
+          surplus += std::max<std::int64_t>(0, count - kNarrow.capacity());
+        }
+        overflow_rows += overflows ? 1 : 0;
+      }
+      auto check_values = [&](const HybridMatrix<T>& got, bool subset) {
+        const auto d = ref::hybrid_to_dense<T>(got.view());
+        int bad = 0;
+        for (std::int64_t i = 0; i < s.m; ++i)
+          for (std::int64_t j = 0; j < s.n; ++j) {
+            const double g = to_float(d.view().at(i, j));
+            if (subset && g == 0.0) continue;
+            if (want(i, j) == 0.0 ? g != 0.0 : !close(g, want(i, j), eps<T>() * std::fabs(want(i, j)))) ++bad;
+          }
+        CHECK(bad == 0);
+      };
+
+      ConvertReport report;
+      ConvertOptions hybrid = hybrid_overflow();
+      hybrid.report = &report;
+      const auto h = ref::gemm_to_sparse<T>(x.view(), w.view(), act, kNarrow, hybrid);
+      CHECK(h.overflow_rows() == overflow_rows);
+      CHECK(report.overflow_rows == overflow_rows);
+      CHECK(report.nnz == nnz);
+      check_values(h, false);
+
+      ConvertOptions error;
+      if (overflow_rows > 0) {
+        try {
+          ref::gemm_to_sparse<T>(x.view(), w.view(), act, kNarrow, error);
+          FAIL("overflow under the error policy did not throw");
+        } catch (const Error& e) {
+          CHECK(e.code() == ErrorCode::overflow);
+        }
+      } else {
+        const auto plain = ref::gemm_to_sparse<T>(x.view(), w.view(), act, kNarrow, error);
+        CHECK(plain.overflow_rows() == 0);
+        check_values(plain, false);
+      }
+
+      ConvertOptions drop;
+      drop.overflow = OverflowPolicy::drop;
+      drop.report = &report;
+      const auto dropped = ref::gemm_to_sparse<T>(x.view(), w.view(), act, kNarrow, drop);
+      CHECK(dropped.overflow_rows() == 0);
+      CHECK(report.dropped == surplus);
+      CHECK(ref::l0_norm<T>(dropped.view()) == nnz - surplus);
+      int mapped = 0;
+      for (const auto r : dropped.row_to_overflow().host_span()) mapped += r != -1 ? 1 : 0;
+      CHECK(mapped == 0);
+      check_values(dropped, true);
+    }
+  }
+}
+
+TEST_CASE("every bad input throws twell::Error with the right code") {
+  using T = float;
+  auto code_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    FAIL("no twell::Error thrown");
+    return ErrorCode::invalid_argument;
+  };
+  testing::SparseDenseOptions so;
+  so.density = 0.3;
+  const auto a = testing::random_sparse_dense<T>(6, 9, so, testing::fresh_seed());
+  const auto csr = ref::dense_to_csr<T>(a.view());
+  const auto b = testing::random_dense<T>(9, 4, 1.0f, testing::fresh_seed());
+  const auto wrong_b = testing::random_dense<T>(8, 4, 1.0f, testing::fresh_seed());
+  DenseMatrix<T> c(6, 4), wrong_c(6, 5);
+
+  CHECK(code_of([&] { ref::spmm<T>(Op::none, csr.view(), wrong_b.view(), c.view(), 1, 0); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { ref::spmm<T>(Op::none, csr.view(), b.view(), wrong_c.view(), 1, 0); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { ref::spmm<T>(Op::transpose, csr.view(), b.view(), c.view(), 1, 0); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { ref::spmm<T>(static_cast<Op>(7), csr.view(), b.view(), c.view(), 1, 0); }) ==
+        ErrorCode::invalid_argument);
+  try {
+    ref::spmm<T>(Op::none, csr.view(), wrong_b.view(), c.view(), 1, 0);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("twell::reference::spmm") != std::string::npos);
+    CHECK(what.find("6 x 9") != std::string::npos);
+    CHECK(what.find("8 x 4") != std::string::npos);
+  }
+
+  // Device operands: the reference backend refuses them; the public API has no device here
+  // (this build's tests run without CUDA) or dispatches; mixing spaces is refused either way.
+  DenseView<const T> b_dev = b.view();
+  b_dev.space = MemorySpace::device;
+  CsrView<const T> csr_dev = csr.view();
+  csr_dev.space = MemorySpace::device;
+  DenseView<T> c_dev = c.view();
+  c_dev.space = MemorySpace::device;
+  CHECK(code_of([&] { ref::spmm<T>(Op::none, csr.view(), b_dev, c.view(), 1, 0); }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] { twell::spmm<T>(Op::none, csr.view(), b_dev, c.view()); }) == ErrorCode::space_mismatch);
+  if (!cuda_available()) {
+    CHECK(code_of([&] { twell::spmm<T>(Op::none, csr_dev, b_dev, c_dev); }) == ErrorCode::no_device);
+    CHECK(code_of([&] { twell::l1_norm<T>(csr_dev); }) == ErrorCode::no_device);
+  }
+
+  // The public API on host operands gives the reference's results.
+  DenseMatrix<T> c_ref(6, 4);
+  ref::spmm<T>(Op::none, csr.view(), b.view(), c_ref.view(), 1, 0);
+  twell::spmm<T>(Op::none, csr.view(), b.view(), c.view());
+  CHECK(testing::bitwise_equal<T>(std::as_const(c).view(), std::as_const(c_ref).view()));
+  CHECK(twell::l0_norm(csr.view()) == ref::l0_norm<T>(csr.view()));
+
+  // sddmm: shapes, and an out that does not share the pattern's structure.
+  const auto other = ref::dense_to_csr<T>(testing::random_sparse_dense<T>(6, 9, so, testing::fresh_seed()).view());
+  auto out = ref::dense_to_csr<T>(a.view());
+  const auto x = testing::random_dense<T>(6, 3, 1.0f, testing::fresh_seed());
+  const auto y = testing::random_dense<T>(3, 9, 1.0f, testing::fresh_seed());
+  CHECK(code_of([&] { ref::sddmm<T>(x.view(), Op::transpose, y.view(), csr.view(), out.view(), 1, 0); }) ==
+        ErrorCode::shape_mismatch);
+  if (other.nnz() != csr.nnz() ||
+      !std::equal(other.col_idx().data(), other.col_idx().data() + other.nnz(), csr.col_idx().data())) {
+    auto other_out = ref::dense_to_csr<T>(testing::random_sparse_dense<T>(6, 9, so, testing::fresh_seed() + 9).view());
+    CHECK(code_of([&] { ref::sddmm<T>(x.view(), Op::none, y.view(), csr.view(), other_out.view(), 1, 0); }) ==
+          ErrorCode::shape_mismatch);
+    auto out2 = ref::dense_to_csr<T>(a.view());
+    CHECK(code_of([&] { ref::multiply_on_pattern<T>(csr.view(), other.view(), out2.view()); }) ==
+          ErrorCode::shape_mismatch);
+  }
+
+  // Malformed structures: a column out of range, a plain TwELL count past its capacity.
+  auto broken = ref::dense_to_csr<T>(a.view());
+  if (broken.nnz() > 0) {
+    broken.col_idx().data()[0] = 9;
+    CHECK(code_of([&] { ref::l1_norm<T>(std::as_const(broken).view()); }) == ErrorCode::malformed);
+  }
+  auto tw = ref::dense_to_twell<T>(a.view(), TwellLayout{16, 1});
+  tw.packed().data()[0] = 16;
+  CHECK(code_of([&] { ref::l0_norm<T>(std::as_const(tw).view()); }) == ErrorCode::malformed);
+  auto hy = ref::dense_to_hybrid<T>(a.view(), TwellLayout{16, 1});
+  REQUIRE(hy.overflow_rows() == 0);
+  hy.twell().packed().data()[0] = 16;  // an overflowed tile in a row outside the overflow block
+  CHECK(code_of([&] { ref::l1_norm<T>(std::as_const(hy).view()); }) == ErrorCode::malformed);
+  hy.twell().packed().data()[0] = 0;
+  hy.row_to_overflow().data()[2] = 0;  // a map into an empty overflow block
+  CHECK(code_of([&] { ref::l1_norm<T>(std::as_const(hy).view()); }) == ErrorCode::malformed);
+
+  // gemm_to_sparse and transpose: shapes, layouts, activation.
+  CHECK(code_of([&] { ref::gemm_to_sparse<T>(x.view(), b.view(), {}, TwellLayout{}, hybrid_overflow()); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code_of([&] {
+          ref::gemm_to_sparse<T>(x.view(), y.view(), {}, TwellLayout{12, 4}, hybrid_overflow());
+        }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          ref::gemm_to_sparse<T>(x.view(), y.view(), {Activation::relu, -1.0f}, TwellLayout{}, hybrid_overflow());
+        }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { ref::transpose<T>(tw.view(), TwellLayout{16, 32}); }) == ErrorCode::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("the public API runs host operands on the reference backend", T, bf16, float) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  testing::SparseDenseOptions so;
+  so.density = 0.2;
+  const auto d = testing::random_sparse_dense<T>(20, 40, so, seed);
+  auto hybrid = ref::dense_to_hybrid<T>(d.view(), kNarrow);  // mutable: views convert to const ones
+  auto b = testing::random_dense<T>(40, 5, 1.0f, seed + 1);
+  auto x = testing::random_dense<T>(20, 6, 1.0f, seed + 2);
+  auto w = testing::random_dense<T>(6, 40, 1.0f, seed + 3);
+
+  DenseMatrix<T> c(20, 5), c_ref(20, 5);
+  twell::spmm<T>(Op::none, hybrid.view(), b.view(), c.view());
+  ref::spmm<T>(Op::none, hybrid.view(), b.view(), c_ref.view(), 1.0f, 0.0f);
+  CHECK(testing::bitwise_equal<T>(std::as_const(c).view(), std::as_const(c_ref).view()));
+
+  HybridMatrix<T> s(20, 40, kNarrow, hybrid.overflow_rows()), s_ref(20, 40, kNarrow, hybrid.overflow_rows());
+  twell::sddmm<T>(x.view(), Op::none, w.view(), hybrid.view(), s.view(), 1.0f, 0.0f);
+  ref::sddmm<T>(x.view(), Op::none, w.view(), hybrid.view(), s_ref.view(), 1.0f, 0.0f);
+  CHECK(testing::bitwise_equal<T>(ref::hybrid_to_dense<T>(std::as_const(s).view()).view(),
+                                  ref::hybrid_to_dense<T>(std::as_const(s_ref).view()).view()));
+
+  twell::multiply_on_pattern<T>(hybrid.view(), s.view(), s.view());
+  ref::multiply_on_pattern<T>(hybrid.view(), s_ref.view(), s_ref.view());
+  twell::add_scaled_sign<T>(s.view(), 0.5f, s.view());
+  ref::add_scaled_sign<T>(s_ref.view(), 0.5f, s_ref.view());
+  CHECK(twell::l1_norm(s.view()) == ref::l1_norm<T>(s_ref.view()));
+  CHECK(twell::l0_norm(s.view()) == ref::l0_norm<T>(s_ref.view()));
+
+  const auto t = twell::transpose(hybrid.view(), TwellLayout{});
+  CHECK(testing::bitwise_equal<T>(
+      ref::hybrid_to_dense<T>(t.view()).view(),
+      ref::hybrid_to_dense<T>(ref::transpose<T>(hybrid.view(), TwellLayout{}).view()).view()));
+  auto csr = ref::dense_to_csr<T>(d.view());
+  CHECK(twell::transpose(csr.view()).nnz() == csr.nnz());
+
+  const auto g = twell::gemm_to_sparse(x.view(), w.view(), ActivationSpec{}, kNarrow);
+  const auto g_ref = ref::gemm_to_sparse<T>(x.view(), w.view(), ActivationSpec{}, kNarrow, hybrid_overflow());
+  CHECK(g.overflow_rows() == g_ref.overflow_rows());
+  CHECK(testing::bitwise_equal<T>(ref::hybrid_to_dense<T>(g.view()).view(),
+                                  ref::hybrid_to_dense<T>(g_ref.view()).view()));
+}
