@@ -1,7 +1,10 @@
 // Internal: turns CUDA runtime, cuBLAS and cuSPARSE status codes into twell::Error.
 #pragma once
 
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cusparse.h>
 
 #include <twell/error.hpp>
 
@@ -15,5 +18,18 @@ inline void check_cuda(cudaError_t status, const char* where) {
 
 // After a kernel launch: reports launch-configuration errors at the call that caused them.
 inline void check_launch(const char* where) { check_cuda(cudaGetLastError(), where); }
+
+inline void check_cublas(cublasStatus_t status, const char* where) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    fail(ErrorCode::cuda, where, "cuBLAS status ", static_cast<int>(status), " (", cublasGetStatusString(status), ")");
+  }
+}
+
+inline void check_cusparse(cusparseStatus_t status, const char* where) {
+  if (status != CUSPARSE_STATUS_SUCCESS) {
+    fail(ErrorCode::cuda, where, "cuSPARSE status ", static_cast<int>(status), " (", cusparseGetErrorString(status),
+         ")");
+  }
+}
 
 }  // namespace twell::detail

@@ -41,7 +41,9 @@ void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
   if (space == MemorySpace::host) {
     std::memset(p, 0, bytes);
   } else {
+    // Synchronous, so the zeros cannot land after work a caller queues on a non-blocking stream.
     check_cuda(cudaMemset(p, 0, bytes), "twell::Buffer (cudaMemset)");
+    check_cuda(cudaStreamSynchronize(nullptr), "twell::Buffer (cudaMemset)");
   }
 }
 }  // namespace detail

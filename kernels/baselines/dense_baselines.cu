@@ -1,0 +1,247 @@
+// Dense baselines: the Handles holder, cuBLAS GEMM, cuBLASLt GEMM with the ReLU epilogue, and
+// the dense gated FFN forward (the baseline of the FFN benchmarks in bench/).
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include <twell/instantiate.hpp>
+#include <twell/kernels/baselines.hpp>
+
+#include "handles.cuh"
+
+namespace twell::baseline {
+
+namespace {
+constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20;  // cuBLASLt's advice for Hopper
+}
+
+Handles::Handles(Stream stream) : impl_(std::make_unique<Impl>()) {
+  constexpr const char* where = "twell::baseline::Handles";
+  Impl& h = *impl_;
+  h.stream = static_cast<cudaStream_t>(stream.handle);
+  try {
+    detail::check_cusparse(cusparseCreate(&h.sparse), where);
+    detail::check_cublas(cublasCreate(&h.blas), where);
+    detail::check_cublas(cublasLtCreate(&h.lt), where);
+    detail::check_cuda(cudaMalloc(&h.lt_workspace, kLtWorkspaceBytes), where);
+    h.lt_workspace_bytes = kLtWorkspaceBytes;
+    detail::check_cusparse(cusparseSetStream(h.sparse, h.stream), where);
+    detail::check_cublas(cublasSetStream(h.blas, h.stream), where);
+    detail::check_cublas(cublasSetWorkspace(h.blas, h.lt_workspace, h.lt_workspace_bytes), where);
+  } catch (...) {
+    if (h.lt_workspace != nullptr) cudaFree(h.lt_workspace);
+    if (h.lt != nullptr) cublasLtDestroy(h.lt);
+    if (h.blas != nullptr) cublasDestroy(h.blas);
+    if (h.sparse != nullptr) cusparseDestroy(h.sparse);
+    throw;
+  }
+}
+
+// cuBLAS and cuBLASLt share the workspace: their calls are ordered on the one stream.
+Handles::~Handles() {
+  if (!impl_) return;
+  cudaStreamSynchronize(impl_->stream);  // failures cannot be reported from a destructor
+  if (impl_->lt_workspace != nullptr) cudaFree(impl_->lt_workspace);
+  if (impl_->lt != nullptr) cublasLtDestroy(impl_->lt);
+  if (impl_->blas != nullptr) cublasDestroy(impl_->blas);
+  if (impl_->sparse != nullptr) cusparseDestroy(impl_->sparse);
+}
+
+Handles::Handles(Handles&&) noexcept = default;
+Handles& Handles::operator=(Handles&& o) noexcept {
+  if (this != &o) {
+    Handles old(std::move(*this));
+    impl_ = std::move(o.impl_);
+  }
+  return *this;
+}
+
+void Handles::set_stream(Stream stream) {
+  constexpr const char* where = "twell::baseline::Handles::set_stream";
+  impl_->stream = static_cast<cudaStream_t>(stream.handle);
+  detail::check_cusparse(cusparseSetStream(impl_->sparse, impl_->stream), where);
+  detail::check_cublas(cublasSetStream(impl_->blas, impl_->stream), where);
+}
+
+Stream Handles::stream() const { return Stream{impl_->stream}; }
+
+namespace {
+
+template <class T>
+void gemm_impl(Handles& handles, Op op_a, DenseView<const T> a, Op op_b, DenseView<const T> b, DenseView<T> c,
+               float alpha, float beta, const char* where) {
+  detail::check_dense(a, where, "A");
+  detail::check_dense(b, where, "B");
+  detail::check_dense(c, where, "C");
+  const bool ta = op_a == Op::transpose, tb = op_b == Op::transpose;
+  const std::int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols;
+  const std::int64_t kb = tb ? b.cols : b.rows, n = tb ? b.rows : b.cols;
+  require(k == kb && c.rows == m && c.cols == n, ErrorCode::shape_mismatch, where, "op(A) is ", detail::shape(m, k),
+          ", op(B) is ", detail::shape(kb, n), " and C is ", detail::shape(c.rows, c.cols));
+  const std::int64_t dims[] = {m, n, k, a.ld, b.ld, c.ld};
+  for (std::int64_t v : dims) detail::require_int32(v, where, "a GEMM dimension");
+  if (m == 0 || n == 0) return;
+  Handles::Impl& h = handles.impl();
+  // Row-major C (m x n) is column-major C^T (n x m) = op(B)^T op(A)^T: B first, A second.
+  detail::check_cublas(
+      cublasGemmEx(h.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+                   static_cast<int>(m), static_cast<int>(k), &alpha, b.data, detail::cuda_type<T>(),
+                   static_cast<int>(std::max<std::int64_t>(b.ld, 1)), a.data, detail::cuda_type<T>(),
+                   static_cast<int>(std::max<std::int64_t>(a.ld, 1)), &beta, c.data, detail::cuda_type<T>(),
+                   static_cast<int>(std::max<std::int64_t>(c.ld, 1)), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      where);
+}
+
+template <class T>
+void gemm_relu_impl(Handles& handles, DenseView<const T> a, DenseView<const T> b, DenseView<T> c) {
+  constexpr const char* where = "twell::baseline::gemm_relu";
+  detail::check_dense(a, where, "A");
+  detail::check_dense(b, where, "B");
+  detail::check_dense(c, where, "C");
+  require(a.cols == b.rows && c.rows == a.rows && c.cols == b.cols, ErrorCode::shape_mismatch, where, "A is ",
+          detail::shape(a.rows, a.cols), ", B is ", detail::shape(b.rows, b.cols), " and C is ",
+          detail::shape(c.rows, c.cols));
+  if (c.rows == 0 || c.cols == 0) return;
+  Handles::Impl& h = handles.impl();
+  const cudaDataType_t type = detail::cuda_type<T>();
+  if (!h.relu_plan || !h.relu_plan->matches(type, a.rows, b.cols, a.cols, a.ld, b.ld, c.ld)) {
+    h.relu_plan.reset();
+    auto plan = std::make_unique<LtReluPlan>();
+    LtReluPlan& p = *plan;
+    p.type = type;
+    p.m = a.rows;
+    p.n = b.cols;
+    p.k = a.cols;
+    p.lda = a.ld;
+    p.ldb = b.ld;
+    p.ldc = c.ld;
+    detail::check_cublas(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), where);
+    const cublasOperation_t op_n = CUBLAS_OP_N;
+    detail::check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof op_n),
+                         where);
+    detail::check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n),
+                         where);
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_RELU;
+    detail::check_cublas(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue), where);
+    // Column-major view: C^T (n x m) = B^T (n x k) A^T (k x m).
+    const auto m = static_cast<std::uint64_t>(a.rows), k = static_cast<std::uint64_t>(a.cols),
+               n = static_cast<std::uint64_t>(b.cols);
+    detail::check_cublas(cublasLtMatrixLayoutCreate(&p.la, type, n, k, std::max<std::int64_t>(b.ld, 1)), where);
+    detail::check_cublas(cublasLtMatrixLayoutCreate(&p.lb, type, k, m, std::max<std::int64_t>(a.ld, 1)), where);
+    detail::check_cublas(cublasLtMatrixLayoutCreate(&p.lc, type, n, m, std::max<std::int64_t>(c.ld, 1)), where);
+    cublasLtMatmulPreference_t pref = nullptr;
+    detail::check_cublas(cublasLtMatmulPreferenceCreate(&pref), where);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                                    &h.lt_workspace_bytes, sizeof h.lt_workspace_bytes);
+    const cublasStatus_t query =
+        set != CUBLAS_STATUS_SUCCESS
+            ? set
+            : cublasLtMatmulAlgoGetHeuristic(h.lt, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    detail::check_cublas(query, where);
+    require(found > 0, ErrorCode::unsupported, where, "cuBLASLt has no algorithm for ", detail::shape(a.rows, b.cols),
+            " x ", k, " with the ReLU epilogue");
+    p.algo = result.algo;
+    h.relu_plan = std::move(plan);
+  }
+  const LtReluPlan& p = *h.relu_plan;
+  const float alpha = 1.0f, beta = 0.0f;
+  detail::check_cublas(cublasLtMatmul(h.lt, p.desc, &alpha, b.data, p.la, a.data, p.lb, &beta, c.data, p.lc, c.data,
+                                      p.lc, &p.algo, h.lt_workspace, h.lt_workspace_bytes, h.stream),
+                       where);
+}
+
+// h = g * u in place into g; g already holds relu(x wg). A thread owns 8 (16-bit) or 4 (fp32)
+// consecutive elements with 16-byte accesses when rows are contiguous and aligned, else one.
+template <class T, bool kVec>
+__global__ void gated_product_kernel(T* g, const T* u, std::int64_t rows, std::int64_t cols, std::int64_t ldg,
+                                     std::int64_t ldu) {
+  constexpr int kPer = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;
+  const std::int64_t chunks_per_row = (cols + kPer - 1) / kPer;
+  const std::int64_t n = rows * chunks_per_row;
+  for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = idx / chunks_per_row, j = (idx - r * chunks_per_row) * kPer;
+    T* gp = g + r * ldg + j;
+    const T* up = u + r * ldu + j;
+    if constexpr (kVec) {
+      uint4 gv = *reinterpret_cast<const uint4*>(gp);
+      const uint4 uv = *reinterpret_cast<const uint4*>(up);
+      T* ge = reinterpret_cast<T*>(&gv);
+      const T* ue = reinterpret_cast<const T*>(&uv);
+#pragma unroll
+      for (int q = 0; q < kPer; ++q) ge[q] = from_float<T>(to_float(ge[q]) * to_float(ue[q]));
+      *reinterpret_cast<uint4*>(gp) = gv;
+    } else {
+      *gp = from_float<T>(to_float(*gp) * to_float(*up));
+    }
+  }
+}
+
+template <class T>
+void gated_product(DenseView<T> g, DenseView<const T> u, cudaStream_t stream) {
+  if (g.rows == 0 || g.cols == 0) return;
+  constexpr std::int64_t v = 16 / sizeof(T);
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  const bool vec = aligned(g.data) && aligned(u.data) && g.cols % v == 0 && g.ld % v == 0 && u.ld % v == 0;
+  const std::int64_t items = vec ? g.rows * (g.cols / v) : g.rows * g.cols;
+  std::int64_t blocks = std::min<std::int64_t>((items + 255) / 256, std::int64_t{1} << 20);
+  if (vec) {
+    gated_product_kernel<T, true>
+        <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(g.data, u.data, g.rows, g.cols, g.ld, u.ld);
+  } else {
+    gated_product_kernel<T, false>
+        <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(g.data, u.data, g.rows, g.cols, g.ld, u.ld);
+  }
+  detail::check_launch("twell::baseline::dense_gated_ffn_forward (product kernel)");
+}
+
+}  // namespace
+
+template <Value T>
+void gemm(Handles& handles, Op op_a, DenseView<const T> a, Op op_b, DenseView<const T> b, DenseView<T> c, float alpha,
+          float beta) {
+  gemm_impl(handles, op_a, a, op_b, b, c, alpha, beta, "twell::baseline::gemm");
+}
+
+template <Value T>
+void gemm_relu(Handles& handles, DenseView<const T> a, DenseView<const T> b, DenseView<T> c) {
+  gemm_relu_impl(handles, a, b, c);
+}
+
+template <Value T>
+DenseFfnWorkspace<T>::DenseFfnWorkspace(Handles& handles, std::int64_t tokens, std::int64_t hidden)
+    : handles_(&handles), gate_(tokens, hidden, MemorySpace::device), up_(tokens, hidden, MemorySpace::device) {}
+
+template <Value T>
+void dense_gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+                             DenseView<T> y, DenseFfnWorkspace<T>& workspace) {
+  constexpr const char* where = "twell::baseline::dense_gated_ffn_forward";
+  require(workspace.gate().rows() == x.rows && workspace.gate().cols() == wg.cols, ErrorCode::shape_mismatch, where,
+          "the workspace holds ", detail::shape(workspace.gate().rows(), workspace.gate().cols()), " but x wg is ",
+          detail::shape(x.rows, wg.cols));
+  require(wu.rows == wg.rows && wu.cols == wg.cols && wd.rows == wg.cols, ErrorCode::shape_mismatch, where, "wg is ",
+          detail::shape(wg.rows, wg.cols), ", wu is ", detail::shape(wu.rows, wu.cols), " and wd is ",
+          detail::shape(wd.rows, wd.cols));
+  Handles& handles = workspace.handles();
+  DenseView<T> g = workspace.gate().view();
+  DenseView<T> u = workspace.up().view();
+  gemm_relu_impl<T>(handles, x, wg, g);
+  gemm_impl<T>(handles, Op::none, x, Op::none, wu, u, 1.0f, 0.0f, where);
+  gated_product<T>(g, u, handles.impl().stream);
+  gemm_impl<T>(handles, Op::none, DenseView<const T>(g), Op::none, wd, y, 1.0f, 0.0f, where);
+}
+
+#define TWELL_INSTANTIATE(T)                                                                                   \
+  template void gemm<T>(Handles&, Op, DenseView<const T>, Op, DenseView<const T>, DenseView<T>, float, float); \
+  template void gemm_relu<T>(Handles&, DenseView<const T>, DenseView<const T>, DenseView<T>);                  \
+  template class DenseFfnWorkspace<T>;                                                                         \
+  template void dense_gated_ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>,         \
+                                           DenseView<const T>, DenseView<T>, DenseFfnWorkspace<T>&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::baseline

@@ -1,0 +1,95 @@
+// Internal to the baselines: what Handles owns, and shared conversions.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cusparse.h>
+
+#include <twell/error.hpp>
+#include <twell/formats/dense.hpp>
+#include <twell/kernels/baselines.hpp>
+
+#include "cuda_check.hpp"
+
+namespace twell::baseline {
+
+// The cuBLASLt descriptors and chosen algorithm of one ReLU GEMM shape, kept by Handles so that
+// repeated calls skip the descriptor set-up and the heuristic query.
+struct LtReluPlan {
+  cudaDataType_t type{};
+  std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  LtReluPlan() = default;
+  LtReluPlan(const LtReluPlan&) = delete;
+  LtReluPlan& operator=(const LtReluPlan&) = delete;
+  ~LtReluPlan() {
+    if (lc != nullptr) cublasLtMatrixLayoutDestroy(lc);
+    if (lb != nullptr) cublasLtMatrixLayoutDestroy(lb);
+    if (la != nullptr) cublasLtMatrixLayoutDestroy(la);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+  bool matches(cudaDataType_t t, std::int64_t m_, std::int64_t n_, std::int64_t k_, std::int64_t lda_,
+               std::int64_t ldb_, std::int64_t ldc_) const {
+    return t == type && m_ == m && n_ == n && k_ == k && lda_ == lda && ldb_ == ldb && ldc_ == ldc;
+  }
+};
+
+struct Handles::Impl {
+  std::unique_ptr<LtReluPlan> relu_plan;
+  cusparseHandle_t sparse = nullptr;
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* lt_workspace = nullptr;
+  std::size_t lt_workspace_bytes = 0;
+  cudaStream_t stream = nullptr;
+};
+
+namespace detail {
+
+using twell::detail::check_cublas;
+using twell::detail::check_cuda;
+using twell::detail::check_cusparse;
+using twell::detail::check_launch;
+
+template <class T>
+constexpr cudaDataType_t cuda_type() {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return CUDA_R_16BF;
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    return CUDA_R_16F;
+  } else {
+    return CUDA_R_32F;
+  }
+}
+
+inline std::string shape(std::int64_t rows, std::int64_t cols) {
+  return std::to_string(rows) + " x " + std::to_string(cols);
+}
+
+inline void require_device(MemorySpace space, const char* where, const char* name) {
+  require(space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
+          " lives in host memory; the baselines take device operands only");
+}
+
+template <class T>
+void check_dense(DenseView<T> v, const char* where, const char* name) {
+  require_device(v.space, where, name);
+  require(v.rows >= 0 && v.cols >= 0 && (v.rows == 0 || v.ld >= v.cols), ErrorCode::invalid_argument, where, name,
+          " has shape ", shape(v.rows, v.cols), " and leading dimension ", v.ld);
+}
+
+inline void require_int32(std::int64_t v, const char* where, const char* what) {
+  require(v >= 0 && v <= 0x7fffffffLL, ErrorCode::unsupported, where, what, " ", v,
+          " is outside the 32-bit range the library takes");
+}
+
+}  // namespace detail
+}  // namespace twell::baseline

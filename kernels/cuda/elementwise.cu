@@ -1,0 +1,272 @@
+// cuda elementwise kernels on one structure: out = x * y and out = x + s * sign(x), per format.
+// One thread per stored slot; no reduction, so results are deterministic by construction.
+#include <cstdint>
+
+#include <twell/instantiate.hpp>
+#include <twell/kernels/backends.hpp>
+
+#include "sparse_common.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// The two operations; sign(+-0) = 0 and NaN propagates (as the reference).
+struct Multiply {
+  float s = 0.0f;
+  __device__ float operator()(float x, float y) const { return x * y; }
+};
+struct AddScaledSign {
+  float s = 0.0f;
+  __device__ float operator()(float x, float) const {
+    if (isnan(x)) return x;
+    return x + s * (x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f));
+  }
+};
+
+#define TWELL_GRID_STRIDE(idx, n)                                                                      \
+  for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < (n); \
+       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+
+// CSR values: a thread owns value e. Precondition: x, y, out share one structure. These kernels
+// are one memory-bound pass; bench/ has no dedicated case for them (they run inside the FFN
+// training step).
+template <class T, class F>
+__global__ void values_kernel(std::int64_t n, const T* x, const T* y, T* out, F f) {
+  TWELL_GRID_STRIDE(e, n) {
+    detail::store_f(out + e, f(detail::load_f(x + e), y != nullptr ? detail::load_f(y + e) : 0.0f));
+  }
+}
+
+// ELL: a thread owns slot (i, s) and writes it only when s < row_count[i] (padding untouched).
+template <class T, class F>
+__global__ void ell_kernel(std::int64_t rows, std::int64_t width, const std::int32_t* count, const T* x, const T* y,
+                           T* out, F f) {
+  TWELL_GRID_STRIDE(idx, rows * width) {
+    const std::int64_t i = idx / width, s = idx - i * width;
+    if (s < count[i])
+      detail::store_f(out + idx, f(detail::load_f(x + idx), y != nullptr ? detail::load_f(y + idx) : 0.0f));
+  }
+}
+
+// TwELL: a thread owns one slot word. Slot 0 and unused slots are copied from x (fp32: the value
+// plane zeroed there); used slots get f(x, y) with x's column. out may alias x or y.
+template <class T, class F>
+__global__ void twell_kernel(std::int64_t rows, std::int64_t cols, TwellLayout layout, const std::uint32_t* x,
+                             const T* x_plane, const std::uint32_t* y, const T* y_plane, std::uint32_t* out,
+                             T* out_plane, F f) {
+  const std::int64_t pw = layout.packed_width(cols);
+  const int slots = layout.slots();
+  TWELL_GRID_STRIDE(idx, rows * pw) {
+    const std::int64_t s = (idx % pw) % slots;
+    const std::int64_t base = idx - s;
+    const std::int64_t n = min(x[base], static_cast<std::uint32_t>(layout.capacity()));
+    const std::uint32_t word = x[idx];
+    if (s == 0 || s > n) {
+      out[idx] = word;
+      if constexpr (std::is_same_v<T, float>) out_plane[idx] = 0.0f;
+    } else if constexpr (std::is_same_v<T, float>) {
+      const float v = f(x_plane[idx], y != nullptr ? y_plane[idx] : 0.0f);
+      out[idx] = word;
+      out_plane[idx] = v;
+    } else {
+      const float xv = detail::bits_to_f<T>(word >> 16);
+      const float yv = y != nullptr ? detail::bits_to_f<T>(y[idx] >> 16) : 0.0f;
+      out[idx] = TwellLayout::pack(detail::bits_of<T>(f(xv, yv)), TwellLayout::slot_column(word));
+    }
+  }
+}
+
+// Hybrid overflow block: a thread owns one element; f where x stores a value, +0 elsewhere.
+template <class T, class F>
+__global__ void overflow_kernel(std::int64_t r_rows, std::int64_t cols, const T* x, std::int64_t ldx, const T* y,
+                                std::int64_t ldy, T* out, std::int64_t ldo, F f) {
+  TWELL_GRID_STRIDE(idx, r_rows * cols) {
+    const std::int64_t r = idx / cols, j = idx - r * cols;
+    const float xv = detail::load_f(x + r * ldx + j);
+    float v = 0.0f;
+    if (!(fabsf(xv) <= 0.0f)) v = f(xv, y != nullptr ? detail::load_f(y + r * ldy + j) : 0.0f);
+    detail::store_f(out + r * ldo + j, v);
+  }
+}
+
+#undef TWELL_GRID_STRIDE
+
+template <class V, class W>
+void same_shape(V x, W out, const char* where, const char* name) {
+  require(x.rows == out.rows && x.cols == out.cols, ErrorCode::shape_mismatch, where, name, " is ",
+          detail::shape(out.rows, out.cols), " but x is ", detail::shape(x.rows, x.cols));
+}
+
+template <class T, class F>
+void run(CsrView<const T> x, const T* y, CsrView<T> out, F f, const char* where, const KernelOptions& options) {
+  require(out.nnz == x.nnz, ErrorCode::shape_mismatch, where, "out has nnz ", out.nnz, " but x has ", x.nnz);
+  if (x.nnz == 0) return;
+  values_kernel<T><<<detail::grid_for(x.nnz, kThreads), kThreads, 0, detail::stream_of(options)>>>(x.nnz, x.values, y,
+                                                                                                   out.values, f);
+  detail::check_launch(where);
+}
+
+template <class T, class F>
+void run(EllView<const T> x, const T* y, EllView<T> out, F f, const char* where, const KernelOptions& options) {
+  require(out.width == x.width, ErrorCode::shape_mismatch, where, "out has width ", out.width, " but x has ", x.width);
+  if (x.rows * x.width == 0) return;
+  ell_kernel<T><<<detail::grid_for(x.rows * x.width, kThreads), kThreads, 0, detail::stream_of(options)>>>(
+      x.rows, x.width, x.row_count, x.values, y, out.values, f);
+  detail::check_launch(where);
+}
+
+template <class T, class F>
+void run_twell(TwellView<const T> x, TwellView<const T>* y, TwellView<T> out, F f, const char* where,
+               const KernelOptions& options) {
+  require(out.layout == x.layout, ErrorCode::shape_mismatch, where, "out has tile ", out.layout.tile, ", C ",
+          out.layout.compression, " but x has tile ", x.layout.tile, ", C ", x.layout.compression);
+  const std::int64_t words = x.rows * x.packed_width();
+  if (words == 0) return;
+  twell_kernel<T><<<detail::grid_for(words, kThreads), kThreads, 0, detail::stream_of(options)>>>(
+      x.rows, x.cols, x.layout, x.packed, x.value_plane, y != nullptr ? y->packed : nullptr,
+      y != nullptr ? y->value_plane : nullptr, out.packed, out.value_plane, f);
+  detail::check_launch(where);
+}
+
+template <class T, class F>
+void run(TwellView<const T> x, TwellView<const T>* y, TwellView<T> out, F f, const char* where,
+         const KernelOptions& options) {
+  run_twell(x, y, out, f, where, options);
+}
+
+template <class T, class F>
+void run(HybridView<const T> x, HybridView<const T>* y, HybridView<T> out, F f, const char* where,
+         const KernelOptions& options) {
+  require(out.overflow.rows == x.overflow.rows, ErrorCode::shape_mismatch, where, "out has ", out.overflow.rows,
+          " overflow rows but x has ", x.overflow.rows);
+  TwellView<const T> yt{};
+  if (y != nullptr) yt = y->twell;
+  run_twell(x.twell, y != nullptr ? &yt : nullptr, out.twell, f, where, options);
+  const cudaStream_t stream = detail::stream_of(options);
+  const std::int64_t r = x.overflow.rows;
+  if (r > 0 && x.cols() > 0) {
+    overflow_kernel<T><<<detail::grid_for(r * x.cols(), kThreads), kThreads, 0, stream>>>(
+        r, x.cols(), x.overflow.data, x.overflow.ld, y != nullptr ? y->overflow.data : nullptr,
+        y != nullptr ? y->overflow.ld : 0, out.overflow.data, out.overflow.ld, f);
+    detail::check_launch(where);
+  }
+  if (x.rows() > 0 && out.row_to_overflow != x.row_to_overflow)
+    detail::check_cuda(
+        cudaMemcpyAsync(out.row_to_overflow, x.row_to_overflow,
+                        static_cast<std::size_t>(x.rows()) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream),
+        where);
+  if (r > 0 && out.overflow_to_row != x.overflow_to_row)
+    detail::check_cuda(
+        cudaMemcpyAsync(out.overflow_to_row, x.overflow_to_row, static_cast<std::size_t>(r) * sizeof(std::int32_t),
+                        cudaMemcpyDeviceToDevice, stream),
+        where);
+}
+
+template <class T>
+std::int64_t rows_of(const T& v) {
+  if constexpr (requires { v.twell; }) {
+    return v.rows();
+  } else {
+    return v.rows;
+  }
+}
+template <class T>
+std::int64_t cols_of(const T& v) {
+  if constexpr (requires { v.twell; }) {
+    return v.cols();
+  } else {
+    return v.cols;
+  }
+}
+
+template <class View, class Out>
+void check_pair(View x, Out out, const char* where, const char* name) {
+  require(rows_of(x) == rows_of(out) && cols_of(x) == cols_of(out), ErrorCode::shape_mismatch, where, name, " is ",
+          detail::shape(rows_of(out), cols_of(out)), " but x is ", detail::shape(rows_of(x), cols_of(x)));
+}
+
+// CSR/ELL kernels take y's value array, TwELL/Hybrid ones the view itself.
+template <class View>
+auto values_of(View& v) {
+  if constexpr (requires { v.values; }) {
+    return v.values;
+  } else {
+    return &v;
+  }
+}
+
+template <class View, class Out>
+void multiply_impl(View x, View y, Out out, const KernelOptions& options, const char* path) {
+  constexpr const char* where = "twell::cuda::multiply_on_pattern";
+  detail::check_view(x, where, "x");
+  detail::check_view(y, where, "y");
+  detail::check_view(out, where, "out");
+  check_pair(x, y, where, "y");
+  check_pair(x, out, where, "out");
+  run(x, values_of(y), out, Multiply{}, where, options);
+  detail::report_path(options, path);
+}
+
+template <class View, class Out>
+void add_scaled_sign_impl(View x, float s, Out out, const KernelOptions& options, const char* path) {
+  constexpr const char* where = "twell::cuda::add_scaled_sign";
+  detail::check_view(x, where, "x");
+  detail::check_view(out, where, "out");
+  check_pair(x, out, where, "out");
+  using Y = decltype(values_of(x));
+  run(x, Y{nullptr}, out, AddScaledSign{s}, where, options);
+  detail::report_path(options, path);
+}
+
+}  // namespace
+
+template <Value T>
+void multiply_on_pattern(CsrView<const T> x, CsrView<const T> y, CsrView<T> out, const KernelOptions& options) {
+  multiply_impl(x, y, out, options, "cuda/multiply_on_pattern/csr");
+}
+template <Value T>
+void multiply_on_pattern(EllView<const T> x, EllView<const T> y, EllView<T> out, const KernelOptions& options) {
+  multiply_impl(x, y, out, options, "cuda/multiply_on_pattern/ell");
+}
+template <Value T>
+void multiply_on_pattern(TwellView<const T> x, TwellView<const T> y, TwellView<T> out, const KernelOptions& options) {
+  multiply_impl(x, y, out, options, "cuda/multiply_on_pattern/twell");
+}
+template <Value T>
+void multiply_on_pattern(HybridView<const T> x, HybridView<const T> y, HybridView<T> out,
+                         const KernelOptions& options) {
+  multiply_impl(x, y, out, options, "cuda/multiply_on_pattern/hybrid");
+}
+
+template <Value T>
+void add_scaled_sign(CsrView<const T> x, float s, CsrView<T> out, const KernelOptions& options) {
+  add_scaled_sign_impl(x, s, out, options, "cuda/add_scaled_sign/csr");
+}
+template <Value T>
+void add_scaled_sign(EllView<const T> x, float s, EllView<T> out, const KernelOptions& options) {
+  add_scaled_sign_impl(x, s, out, options, "cuda/add_scaled_sign/ell");
+}
+template <Value T>
+void add_scaled_sign(TwellView<const T> x, float s, TwellView<T> out, const KernelOptions& options) {
+  add_scaled_sign_impl(x, s, out, options, "cuda/add_scaled_sign/twell");
+}
+template <Value T>
+void add_scaled_sign(HybridView<const T> x, float s, HybridView<T> out, const KernelOptions& options) {
+  add_scaled_sign_impl(x, s, out, options, "cuda/add_scaled_sign/hybrid");
+}
+
+#define TWELL_INSTANTIATE(T)                                                                                           \
+  template void multiply_on_pattern<T>(CsrView<const T>, CsrView<const T>, CsrView<T>, const KernelOptions&);          \
+  template void multiply_on_pattern<T>(EllView<const T>, EllView<const T>, EllView<T>, const KernelOptions&);          \
+  template void multiply_on_pattern<T>(TwellView<const T>, TwellView<const T>, TwellView<T>, const KernelOptions&);    \
+  template void multiply_on_pattern<T>(HybridView<const T>, HybridView<const T>, HybridView<T>, const KernelOptions&); \
+  template void add_scaled_sign<T>(CsrView<const T>, float, CsrView<T>, const KernelOptions&);                         \
+  template void add_scaled_sign<T>(EllView<const T>, float, EllView<T>, const KernelOptions&);                         \
+  template void add_scaled_sign<T>(TwellView<const T>, float, TwellView<T>, const KernelOptions&);                     \
+  template void add_scaled_sign<T>(HybridView<const T>, float, HybridView<T>, const KernelOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda

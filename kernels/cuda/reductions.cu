@@ -1,0 +1,270 @@
+// cuda reductions over stored values: l1_norm (sum |v| in fp64) and l0_norm (count of v != 0).
+// Deterministic: a grid whose size depends only on the problem size, each thread summing a fixed
+// strided sequence, a fixed shared-memory tree per block, and one block adding the block partials
+// in index order. Counts are integers, so their order never matters.
+#include <cstdint>
+
+#include <twell/instantiate.hpp>
+#include <twell/kernels/backends.hpp>
+
+#include "sparse_common.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kMaxBlocks = 1024;
+
+// Each source maps a flat index to "no value" or a stored value.
+template <class T>
+struct CsrSource {
+  const T* values;
+  __device__ bool get(std::int64_t idx, float& v) const {
+    v = detail::load_f(values + idx);
+    return true;
+  }
+};
+template <class T>
+struct EllSource {
+  const T* values;
+  const std::int32_t* count;
+  std::int64_t width;
+  __device__ bool get(std::int64_t idx, float& v) const {
+    const std::int64_t i = idx / width;
+    if (idx - i * width >= count[i]) return false;
+    v = detail::load_f(values + idx);
+    return true;
+  }
+};
+// TwELL slots; rows with shadow[row] >= 0 (Hybrid overflow rows) are skipped.
+template <class T>
+struct TwellSource {
+  const std::uint32_t* packed;
+  const T* plane;
+  const std::int32_t* shadow;
+  TwellLayout layout;
+  std::int64_t pw;
+  __device__ bool get(std::int64_t idx, float& v) const {
+    const std::int64_t s = (idx % pw) % layout.slots();
+    if (s == 0) return false;
+    if (shadow != nullptr && shadow[idx / pw] >= 0) return false;
+    if (s > min(packed[idx - s], static_cast<std::uint32_t>(layout.capacity()))) return false;
+    v = detail::twell_value<T>(packed[idx], plane, idx);
+    return true;
+  }
+};
+template <class T>
+struct DenseSource {
+  const T* data;
+  std::int64_t cols;
+  std::int64_t ld;
+  __device__ bool get(std::int64_t idx, float& v) const {
+    const std::int64_t r = idx / cols;
+    v = detail::load_f(data + r * ld + (idx - r * cols));
+    return !(fabsf(v) <= 0.0f);
+  }
+};
+
+// A block owns the indices blockIdx.x + j * gridDim.x (in units of kThreads); thread partials are
+// reduced by a fixed tree. Precondition: the source's view is valid. One memory-bound pass; no
+// dedicated bench/ case (it runs inside the FFN training step's L1 term).
+template <class Source>
+__global__ void __launch_bounds__(kThreads)
+    partial_kernel(Source src, std::int64_t n, double* sums, unsigned long long* counts) {
+  __shared__ double s_sum[kThreads];
+  __shared__ unsigned long long s_count[kThreads];
+  double sum = 0.0;
+  unsigned long long count = 0;
+  for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x; idx < n;
+       idx += static_cast<std::int64_t>(gridDim.x) * kThreads) {
+    float v;
+    if (src.get(idx, v)) {
+      sum += fabs(static_cast<double>(v));
+      count += v != 0.0f ? 1 : 0;
+    }
+  }
+  s_sum[threadIdx.x] = sum;
+  s_count[threadIdx.x] = count;
+  __syncthreads();
+  for (int d = kThreads / 2; d > 0; d >>= 1) {
+    if (threadIdx.x < d) {
+      s_sum[threadIdx.x] += s_sum[threadIdx.x + d];
+      s_count[threadIdx.x] += s_count[threadIdx.x + d];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    sums[blockIdx.x] += s_sum[0];
+    counts[blockIdx.x] += s_count[0];
+  }
+}
+
+// One block adds `parts` partials: thread t sums t, t + kThreads, ..., then the same fixed tree.
+__global__ void __launch_bounds__(kThreads) final_kernel(const double* sums, const unsigned long long* counts,
+                                                         int parts, double* sum_out, unsigned long long* count_out) {
+  __shared__ double s_sum[kThreads];
+  __shared__ unsigned long long s_count[kThreads];
+  double sum = 0.0;
+  unsigned long long count = 0;
+  for (int i = threadIdx.x; i < parts; i += kThreads) {
+    sum += sums[i];
+    count += counts[i];
+  }
+  s_sum[threadIdx.x] = sum;
+  s_count[threadIdx.x] = count;
+  __syncthreads();
+  for (int d = kThreads / 2; d > 0; d >>= 1) {
+    if (threadIdx.x < d) {
+      s_sum[threadIdx.x] += s_sum[threadIdx.x + d];
+      s_count[threadIdx.x] += s_count[threadIdx.x + d];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    *sum_out = s_sum[0];
+    *count_out = s_count[0];
+  }
+}
+
+struct Totals {
+  double l1 = 0.0;
+  std::int64_t l0 = 0;
+};
+
+// Runs the partial kernel once per (source, n) in `launches` into shared per-block partials
+// (a Hybrid adds its overflow block to the same partials), then the final kernel.
+class Reducer {
+ public:
+  Reducer(cudaStream_t stream, const char* where)
+      : stream_(stream), where_(where), scratch_(kMaxBlocks * 16 + 16, stream, where) {
+    detail::check_cuda(cudaMemsetAsync(scratch_.as<void>(), 0, kMaxBlocks * 16 + 16, stream), where);
+  }
+  template <class Source>
+  void add(Source src, std::int64_t n) {
+    if (n <= 0) return;
+    const unsigned grid = detail::grid_for(n, kThreads, kMaxBlocks);
+    blocks_ = std::max<int>(blocks_, static_cast<int>(grid));
+    partial_kernel<Source><<<grid, kThreads, 0, stream_>>>(src, n, sums(), counts());
+    detail::check_launch(where_);
+  }
+  Totals finish() {
+    Totals t;
+    if (blocks_ == 0) return t;
+    double* sum_out = reinterpret_cast<double*>(counts() + kMaxBlocks);
+    auto* count_out = reinterpret_cast<unsigned long long*>(sum_out + 1);
+    final_kernel<<<1, kThreads, 0, stream_>>>(sums(), counts(), blocks_, sum_out, count_out);
+    detail::check_launch(where_);
+    unsigned long long c = 0;
+    detail::check_cuda(cudaMemcpyAsync(&t.l1, sum_out, sizeof(double), cudaMemcpyDeviceToHost, stream_), where_);
+    detail::check_cuda(cudaMemcpyAsync(&c, count_out, sizeof c, cudaMemcpyDeviceToHost, stream_), where_);
+    detail::check_cuda(cudaStreamSynchronize(stream_), where_);
+    t.l0 = static_cast<std::int64_t>(c);
+    return t;
+  }
+
+ private:
+  double* sums() const { return scratch_.as<double>(); }
+  unsigned long long* counts() const { return reinterpret_cast<unsigned long long*>(sums() + kMaxBlocks); }
+
+  cudaStream_t stream_;
+  const char* where_;
+  detail::Scratch scratch_;
+  int blocks_ = 0;
+};
+
+template <class T>
+Totals reduce(CsrView<const T> x, const KernelOptions& options, const char* where) {
+  detail::check_view(x, where, "x");
+  Reducer r(detail::stream_of(options), where);
+  r.add(CsrSource<T>{x.values}, x.nnz);
+  return r.finish();
+}
+template <class T>
+Totals reduce(EllView<const T> x, const KernelOptions& options, const char* where) {
+  detail::check_view(x, where, "x");
+  Reducer r(detail::stream_of(options), where);
+  r.add(EllSource<T>{x.values, x.row_count, x.width}, x.rows * x.width);
+  return r.finish();
+}
+template <class T>
+Totals reduce(TwellView<const T> x, const KernelOptions& options, const char* where) {
+  detail::check_view(x, where, "x");
+  Reducer r(detail::stream_of(options), where);
+  r.add(TwellSource<T>{x.packed, x.value_plane, nullptr, x.layout, x.packed_width()}, x.rows * x.packed_width());
+  return r.finish();
+}
+template <class T>
+Totals reduce(HybridView<const T> x, const KernelOptions& options, const char* where) {
+  detail::check_view(x, where, "x");
+  Reducer r(detail::stream_of(options), where);
+  const std::int32_t* shadow = x.overflow.rows > 0 ? x.row_to_overflow : nullptr;
+  r.add(TwellSource<T>{x.twell.packed, x.twell.value_plane, shadow, x.twell.layout, x.twell.packed_width()},
+        x.rows() * x.twell.packed_width());
+  if (x.cols() > 0) r.add(DenseSource<T>{x.overflow.data, x.cols(), x.overflow.ld}, x.overflow.rows * x.cols());
+  return r.finish();
+}
+
+}  // namespace
+
+template <Value T>
+double l1_norm(CsrView<const T> x, const KernelOptions& options) {
+  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
+  detail::report_path(options, "cuda/l1_norm/csr/tree");
+  return v;
+}
+template <Value T>
+double l1_norm(EllView<const T> x, const KernelOptions& options) {
+  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
+  detail::report_path(options, "cuda/l1_norm/ell/tree");
+  return v;
+}
+template <Value T>
+double l1_norm(TwellView<const T> x, const KernelOptions& options) {
+  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
+  detail::report_path(options, "cuda/l1_norm/twell/tree");
+  return v;
+}
+template <Value T>
+double l1_norm(HybridView<const T> x, const KernelOptions& options) {
+  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
+  detail::report_path(options, "cuda/l1_norm/hybrid/tree");
+  return v;
+}
+template <Value T>
+std::int64_t l0_norm(CsrView<const T> x, const KernelOptions& options) {
+  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
+  detail::report_path(options, "cuda/l0_norm/csr/tree");
+  return v;
+}
+template <Value T>
+std::int64_t l0_norm(EllView<const T> x, const KernelOptions& options) {
+  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
+  detail::report_path(options, "cuda/l0_norm/ell/tree");
+  return v;
+}
+template <Value T>
+std::int64_t l0_norm(TwellView<const T> x, const KernelOptions& options) {
+  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
+  detail::report_path(options, "cuda/l0_norm/twell/tree");
+  return v;
+}
+template <Value T>
+std::int64_t l0_norm(HybridView<const T> x, const KernelOptions& options) {
+  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
+  detail::report_path(options, "cuda/l0_norm/hybrid/tree");
+  return v;
+}
+
+#define TWELL_INSTANTIATE(T)                                                  \
+  template double l1_norm<T>(CsrView<const T>, const KernelOptions&);         \
+  template double l1_norm<T>(EllView<const T>, const KernelOptions&);         \
+  template double l1_norm<T>(TwellView<const T>, const KernelOptions&);       \
+  template double l1_norm<T>(HybridView<const T>, const KernelOptions&);      \
+  template std::int64_t l0_norm<T>(CsrView<const T>, const KernelOptions&);   \
+  template std::int64_t l0_norm<T>(EllView<const T>, const KernelOptions&);   \
+  template std::int64_t l0_norm<T>(TwellView<const T>, const KernelOptions&); \
+  template std::int64_t l0_norm<T>(HybridView<const T>, const KernelOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda

@@ -1,0 +1,359 @@
+// cuda sddmm: out(i, j) = alpha * (A op(B))(i, j) + beta * out(i, j) at the stored entries of a
+// CSR, ELL, TwELL or Hybrid pattern. A warp owns a row of the pattern and walks its entries in
+// order, so A's row is fetched from memory once and served from cache for the row's other entries;
+// each dot product is split over the lanes by k (16-byte loads when aligned) and reduced by a
+// fixed shuffle tree (deterministic). op(B) = B, whose columns are strided, is first transposed
+// into stream-ordered scratch so that every dot product reads two contiguous rows.
+// Results keep the pattern's structure (values may come out exactly zero).
+#include <cstdint>
+
+#include <twell/instantiate.hpp>
+#include <twell/kernels/backends.hpp>
+
+#include "sparse_common.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr const char* kWhere = "twell::cuda::sddmm";
+constexpr int kThreads = 256;
+
+struct Operands {
+  std::int64_t k = 0;  // inner dimension
+  std::int64_t n = 0;  // columns of op(B)
+  std::int64_t lda = 0;
+  std::int64_t ldb = 0;
+  bool b_transposed = false;  // op(B) = B^T: column j of op(B) is row j of B, contiguous
+  bool vec = false;           // rows of A and B^T 16-byte aligned with k a multiple of 16 / sizeof(T)
+};
+
+template <class T>
+__device__ __forceinline__ void unpack16(const uint4& u, float (&out)[16 / sizeof(T)]) {
+  if constexpr (std::is_same_v<T, float>) {
+    out[0] = __uint_as_float(u.x);
+    out[1] = __uint_as_float(u.y);
+    out[2] = __uint_as_float(u.z);
+    out[3] = __uint_as_float(u.w);
+  } else {
+    const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      out[2 * q] = detail::bits_to_f<T>(w[q] & 0xffffu);
+      out[2 * q + 1] = detail::bits_to_f<T>(w[q] >> 16);
+    }
+  }
+}
+
+// Dot product of row `a_row` of A with column j of op(B); every lane returns lane 0's total.
+template <class T>
+__device__ __forceinline__ float warp_dot(const T* a_row, const T* b, const Operands& o, std::int64_t j, int lane) {
+  float s = 0.0f;
+  if (o.vec) {
+    constexpr int kV = 16 / sizeof(T);
+    const uint4* ar = reinterpret_cast<const uint4*>(a_row);
+    const uint4* br = reinterpret_cast<const uint4*>(b + j * o.ldb);
+    for (std::int64_t q = lane; q < o.k / kV; q += 32) {
+      float x[kV], y[kV];
+      unpack16<T>(__ldg(ar + q), x);
+      unpack16<T>(__ldg(br + q), y);
+#pragma unroll
+      for (int u = 0; u < kV; ++u) s = fmaf(x[u], y[u], s);
+    }
+  } else if (o.b_transposed) {
+    const T* col = b + j * o.ldb;
+    for (std::int64_t k = lane; k < o.k; k += 32) s = fmaf(detail::load_f(a_row + k), detail::load_f(col + k), s);
+  } else {
+    for (std::int64_t k = lane; k < o.k; k += 32)
+      s = fmaf(detail::load_f(a_row + k), detail::load_f(b + k * o.ldb + j), s);
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) s += __shfl_down_sync(0xffffffffu, s, d);
+  return __shfl_sync(0xffffffffu, s, 0);
+}
+
+// CSR (kEll false) and ELL patterns. Benchmark: bench/suites/sddmm.cpp. A warp owns a row; lane 0 writes
+// each entry's value. Preconditions: out shares the pattern's index arrays; valid pattern
+// (out-of-range columns are skipped).
+template <class T, bool kEll>
+__global__ void __launch_bounds__(kThreads)
+    row_sddmm_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* row_count, std::int64_t width,
+                     const std::int32_t* col_idx, T* out_values, const T* a, const T* b, Operands o, float alpha,
+                     float beta) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kThreads / 32);
+  for (std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x) / 32; i < rows; i += warps) {
+    std::int64_t begin, end;
+    if constexpr (kEll) {
+      begin = i * width;
+      end = begin + min(max(static_cast<std::int64_t>(row_count[i]), std::int64_t{0}), width);
+    } else {
+      begin = row_ptr[i];
+      end = row_ptr[i + 1];
+    }
+    for (std::int64_t e = begin; e < end; ++e) {
+      const std::int64_t j = col_idx[e];
+      if (j < 0 || j >= o.n) continue;
+      const float d = warp_dot(a + i * o.lda, b, o, j, lane);
+      if (lane == 0) {
+        float v = alpha * d;
+        if (beta != 0.0f) v += beta * detail::load_f(out_values + e);
+        detail::store_f(out_values + e, v);
+      }
+    }
+  }
+}
+
+// TwELL pattern (all rows of a Hybrid's TwELL part too, shadows included). Benchmark:
+// bench/suites/sddmm.cpp (dh = dy Wd^T at the pattern). A warp owns a row: lanes first copy slot 0 and the
+// unused slots from the pattern (zeroing the fp32 value plane there), then each used slot gets
+// its value, written by lane 0 with the pattern's column. Preconditions: out has the pattern's
+// shape and layout (it may alias the pattern: each slot is read before it is written).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    twell_sddmm_kernel(std::int64_t rows, std::int64_t cols, TwellLayout layout, const std::uint32_t* pattern,
+                       std::uint32_t* out, T* out_plane, const T* a, const T* b, Operands o, float alpha, float beta) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kThreads / 32);
+  const std::int64_t tiles = layout.tiles(cols);
+  const int slots = layout.slots();
+  for (std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x) / 32; i < rows; i += warps) {
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      const std::int64_t base = layout.slot_offset(i, t, cols);
+      const int n = static_cast<int>(min(pattern[base], static_cast<std::uint32_t>(layout.capacity())));
+      for (int s = lane; s < slots; s += 32) {
+        if (s == 0 || s > n) {
+          out[base + s] = pattern[base + s];
+          if constexpr (std::is_same_v<T, float>) out_plane[base + s] = 0.0f;
+        }
+      }
+      for (int s = 1; s <= n; ++s) {
+        const std::uint32_t word = pattern[base + s];
+        const std::int64_t j = layout.tile_begin(t) + TwellLayout::slot_column(word);
+        const bool ok = j < o.n;
+        const float d = ok ? warp_dot(a + i * o.lda, b, o, j, lane) : 0.0f;
+        if (lane == 0) {
+          float v = alpha * d;
+          if constexpr (std::is_same_v<T, float>) {
+            if (beta != 0.0f) v += beta * out_plane[base + s];
+            out[base + s] = word;
+            out_plane[base + s] = v;
+          } else {
+            if (beta != 0.0f) v += beta * detail::bits_to_f<T>(out[base + s] >> 16);
+            out[base + s] = TwellLayout::pack(detail::bits_of<T>(v), TwellLayout::slot_column(word));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Hybrid overflow rows. A warp owns an overflow row; it walks the columns in order and samples
+// those where the pattern's dense row stores a value; the others become +0.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    overflow_sddmm_kernel(std::int64_t r_rows, std::int64_t cols, const std::int32_t* overflow_to_row, std::int64_t m,
+                          const T* pattern, std::int64_t ldp, T* out, std::int64_t ldo, const T* a, const T* b,
+                          Operands o, float alpha, float beta) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kThreads / 32);
+  for (std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x) / 32; r < r_rows; r += warps) {
+    const std::int64_t i = overflow_to_row[r];
+    if (i < 0 || i >= m) continue;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const float p = detail::load_f(pattern + r * ldp + j);
+      float v = 0.0f;
+      if (!(fabsf(p) <= 0.0f)) {
+        v = alpha * warp_dot(a + i * o.lda, b, o, j, lane);
+        if (beta != 0.0f) v += beta * detail::load_f(out + r * ldo + j);
+      }
+      __syncwarp();
+      if (lane == 0) detail::store_f(out + r * ldo + j, v);
+    }
+  }
+}
+
+// out (cols x rows) = in^T through 32 x 32 shared-memory tiles: a CTA owns one tile, a thread
+// reads and writes coalesced rows of it. Used so that op(B) = B (strided columns) becomes the
+// contiguous B^T case; values are moved, not rounded, so results do not change.
+template <class T>
+__global__ void transpose_tile_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out) {
+  __shared__ T tile[32][33];
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32, c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
+  for (int y = threadIdx.y; y < 32; y += 8) {
+    const std::int64_t r = r0 + y, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[y][threadIdx.x] = in[r * ld_in + c];
+  }
+  __syncthreads();
+  for (int y = threadIdx.y; y < 32; y += 8) {
+    const std::int64_t c = c0 + y, r = r0 + threadIdx.x;
+    if (c < cols && r < rows) out[c * rows + r] = tile[threadIdx.x][y];
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// B^T of a row-major B in stream-ordered scratch, and the operands that read it contiguously.
+template <class T>
+class TransposedB {
+ public:
+  TransposedB(DenseView<const T> b, Operands& o, cudaStream_t stream)
+      : scratch_(o.b_transposed ? 0 : static_cast<std::size_t>(b.rows * b.cols) * sizeof(T), stream, kWhere) {
+    if (o.b_transposed || b.rows * b.cols == 0) return;
+    require(b.cols <= 65535LL * 32 && b.rows <= 65535LL * 32, ErrorCode::unsupported, kWhere, "B is ",
+            detail::shape(b.rows, b.cols), "; at most 2097120 rows and columns");
+    const dim3 grid(static_cast<unsigned>((b.cols + 31) / 32), static_cast<unsigned>((b.rows + 31) / 32));
+    transpose_tile_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(b.data, b.rows, b.cols, b.ld, scratch_.as<T>());
+    detail::check_launch("twell::cuda::sddmm (transpose B)");
+    data_ = scratch_.as<T>();
+    o.b_transposed = true;
+    o.ldb = b.rows;
+  }
+  const T* data(const T* original) const { return data_ != nullptr ? data_ : original; }
+
+ private:
+  detail::Scratch scratch_;
+  const T* data_ = nullptr;
+};
+
+template <class T>
+void set_vec(DenseView<const T> a, const T* b, Operands& o) {
+  constexpr std::int64_t v = 16 / sizeof(T);
+  o.vec = o.b_transposed && aligned16(a.data) && aligned16(b) && o.k % v == 0 && o.lda % v == 0 && o.ldb % v == 0;
+}
+
+template <class T>
+Operands check_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, std::int64_t m, std::int64_t n) {
+  detail::check_dense(a, kWhere, "A");
+  detail::check_dense(b, kWhere, "B");
+  require(op_b == Op::none || op_b == Op::transpose, ErrorCode::invalid_argument, kWhere, "op_b ",
+          static_cast<int>(op_b), " is unknown");
+  const bool t = op_b == Op::transpose;
+  const std::int64_t bk = t ? b.cols : b.rows, bn = t ? b.rows : b.cols;
+  require(a.rows == m && bn == n && a.cols == bk, ErrorCode::shape_mismatch, kWhere, "A is ",
+          detail::shape(a.rows, a.cols), " and op(B) is ", detail::shape(bk, bn), " but the pattern is ",
+          detail::shape(m, n));
+  return Operands{a.cols, n, a.ld, b.ld, t};
+}
+
+unsigned warp_grid(std::int64_t rows) { return detail::grid_for(rows * 32, kThreads, 1 << 16); }
+
+template <class T>
+void launch_twell(DenseView<const T> a, const T* b, TwellView<const T> pattern, TwellView<T> out, const Operands& o,
+                  float alpha, float beta, cudaStream_t stream) {
+  require(out.rows == pattern.rows && out.cols == pattern.cols && out.layout == pattern.layout,
+          ErrorCode::shape_mismatch, kWhere, "out is ", detail::shape(out.rows, out.cols), " with tile ",
+          out.layout.tile, ", C ", out.layout.compression, " but the pattern is ",
+          detail::shape(pattern.rows, pattern.cols), " with tile ", pattern.layout.tile, ", C ",
+          pattern.layout.compression);
+  if (pattern.rows == 0 || pattern.cols == 0) return;
+  twell_sddmm_kernel<T><<<warp_grid(pattern.rows), kThreads, 0, stream>>>(pattern.rows, pattern.cols, pattern.layout,
+                                                                          pattern.packed, out.packed, out.value_plane,
+                                                                          a.data, b, o, alpha, beta);
+  detail::check_launch("twell::cuda::sddmm (TwELL kernel)");
+}
+
+}  // namespace
+
+template <Value T>
+void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<const T> pattern, CsrView<T> out, float alpha,
+           float beta, const KernelOptions& options) {
+  detail::check_view(pattern, kWhere, "pattern");
+  detail::check_view(out, kWhere, "out");
+  Operands o = check_operands(a, op_b, b, pattern.rows, pattern.cols);
+  const cudaStream_t stream = detail::stream_of(options);
+  const TransposedB<T> bt(b, o, stream);
+  const T* bd = bt.data(b.data);
+  set_vec(a, bd, o);
+  require(out.rows == pattern.rows && out.cols == pattern.cols && out.nnz == pattern.nnz, ErrorCode::shape_mismatch,
+          kWhere, "out is ", detail::shape(out.rows, out.cols), " with nnz ", out.nnz, " but the pattern is ",
+          detail::shape(pattern.rows, pattern.cols), " with nnz ", pattern.nnz);
+  if (pattern.rows > 0) {
+    row_sddmm_kernel<T, false><<<warp_grid(pattern.rows), kThreads, 0, stream>>>(
+        pattern.rows, pattern.row_ptr, nullptr, 0, pattern.col_idx, out.values, a.data, bd, o, alpha, beta);
+    detail::check_launch("twell::cuda::sddmm (CSR kernel)");
+  }
+  detail::report_path(options, "cuda/sddmm/csr/warp_per_row");
+}
+
+template <Value T>
+void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, EllView<const T> pattern, EllView<T> out, float alpha,
+           float beta, const KernelOptions& options) {
+  detail::check_view(pattern, kWhere, "pattern");
+  detail::check_view(out, kWhere, "out");
+  Operands o = check_operands(a, op_b, b, pattern.rows, pattern.cols);
+  const cudaStream_t stream = detail::stream_of(options);
+  const TransposedB<T> bt(b, o, stream);
+  const T* bd = bt.data(b.data);
+  set_vec(a, bd, o);
+  require(out.rows == pattern.rows && out.cols == pattern.cols && out.width == pattern.width, ErrorCode::shape_mismatch,
+          kWhere, "out is ", detail::shape(out.rows, out.cols), " with width ", out.width, " but the pattern is ",
+          detail::shape(pattern.rows, pattern.cols), " with width ", pattern.width);
+  if (pattern.rows > 0) {
+    row_sddmm_kernel<T, true>
+        <<<warp_grid(pattern.rows), kThreads, 0, stream>>>(pattern.rows, nullptr, pattern.row_count, pattern.width,
+                                                           pattern.col_idx, out.values, a.data, bd, o, alpha, beta);
+    detail::check_launch("twell::cuda::sddmm (ELL kernel)");
+  }
+  detail::report_path(options, "cuda/sddmm/ell/warp_per_row");
+}
+
+template <Value T>
+void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, TwellView<const T> pattern, TwellView<T> out,
+           float alpha, float beta, const KernelOptions& options) {
+  detail::check_view(pattern, kWhere, "pattern");
+  detail::check_view(out, kWhere, "out");
+  Operands o = check_operands(a, op_b, b, pattern.rows, pattern.cols);
+  const cudaStream_t stream = detail::stream_of(options);
+  const TransposedB<T> bt(b, o, stream);
+  const T* bd = bt.data(b.data);
+  set_vec(a, bd, o);
+  launch_twell(a, bd, pattern, out, o, alpha, beta, stream);
+  detail::report_path(options, "cuda/sddmm/twell/warp_per_row");
+}
+
+template <Value T>
+void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const T> pattern, HybridView<T> out,
+           float alpha, float beta, const KernelOptions& options) {
+  detail::check_view(pattern, kWhere, "pattern");
+  detail::check_view(out, kWhere, "out");
+  Operands o = check_operands(a, op_b, b, pattern.rows(), pattern.cols());
+  const cudaStream_t stream = detail::stream_of(options);
+  const TransposedB<T> bt(b, o, stream);
+  const T* bd = bt.data(b.data);
+  set_vec(a, bd, o);
+  require(out.overflow.rows == pattern.overflow.rows, ErrorCode::shape_mismatch, kWhere, "out has ", out.overflow.rows,
+          " overflow rows but the pattern has ", pattern.overflow.rows);
+  launch_twell(a, bd, pattern.twell, out.twell, o, alpha, beta, stream);
+  const std::int64_t r = pattern.overflow.rows;
+  if (r > 0 && pattern.cols() > 0) {
+    overflow_sddmm_kernel<T><<<warp_grid(r), kThreads, 0, stream>>>(
+        r, pattern.cols(), pattern.overflow_to_row, pattern.rows(), pattern.overflow.data, pattern.overflow.ld,
+        out.overflow.data, out.overflow.ld, a.data, bd, o, alpha, beta);
+    detail::check_launch("twell::cuda::sddmm (overflow kernel)");
+  }
+  if (pattern.rows() > 0 && out.row_to_overflow != pattern.row_to_overflow)
+    detail::check_cuda(cudaMemcpyAsync(out.row_to_overflow, pattern.row_to_overflow,
+                                       static_cast<std::size_t>(pattern.rows()) * sizeof(std::int32_t),
+                                       cudaMemcpyDeviceToDevice, stream),
+                       "twell::cuda::sddmm (row_to_overflow)");
+  if (r > 0 && out.overflow_to_row != pattern.overflow_to_row)
+    detail::check_cuda(
+        cudaMemcpyAsync(out.overflow_to_row, pattern.overflow_to_row,
+                        static_cast<std::size_t>(r) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream),
+        "twell::cuda::sddmm (overflow_to_row)");
+  detail::report_path(options, r > 0 ? "cuda/sddmm/hybrid/warp_per_row+overflow" : "cuda/sddmm/hybrid/warp_per_row");
+}
+
+#define TWELL_INSTANTIATE(T)                                                                                           \
+  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, CsrView<const T>, CsrView<T>, float, float,       \
+                         const KernelOptions&);                                                                        \
+  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, EllView<const T>, EllView<T>, float, float,       \
+                         const KernelOptions&);                                                                        \
+  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, TwellView<const T>, TwellView<T>, float, float,   \
+                         const KernelOptions&);                                                                        \
+  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, HybridView<const T>, HybridView<T>, float, float, \
+                         const KernelOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda

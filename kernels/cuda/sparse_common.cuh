@@ -1,0 +1,176 @@
+// Internal to the cuda sparse kernels (spmm, sddmm, transpose, elementwise, reductions): value
+// conversions on the device, argument checks of device views, launch helpers, and the cached
+// cuBLAS handle the Hybrid overflow path uses. Not installed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <twell/error.hpp>
+#include <twell/formats/csr.hpp>
+#include <twell/formats/dense.hpp>
+#include <twell/formats/ell.hpp>
+#include <twell/formats/hybrid.hpp>
+#include <twell/formats/twell_matrix.hpp>
+#include <twell/kernels/options.hpp>
+#include <twell/types.hpp>
+
+#include "cuda_check.hpp"
+
+namespace twell::cuda::detail {
+
+using twell::detail::check_cublas;
+using twell::detail::check_cuda;
+using twell::detail::check_launch;
+
+// ---- values on the device ----------------------------------------------------------------------
+
+template <class T>
+__device__ __forceinline__ float load_f(const T* p) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return __uint_as_float(static_cast<std::uint32_t>(*reinterpret_cast<const unsigned short*>(p)) << 16);
+  } else if constexpr (std::is_same_v<T, fp16>) {
+    return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
+  } else {
+    return *p;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ std::uint16_t bits_of(float f) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  } else {
+    return __half_as_ushort(__float2half_rn(f));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ float bits_to_f(std::uint32_t bits16) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return __uint_as_float(bits16 << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void store_f(T* p, float f) {
+  if constexpr (std::is_same_v<T, float>) {
+    *p = f;
+  } else {
+    *reinterpret_cast<unsigned short*>(p) = bits_of<T>(f);
+  }
+}
+
+// Value of TwELL slot `pos` (16-bit types: the high half of the word; fp32: the value plane).
+template <class T>
+__device__ __forceinline__ float twell_value(std::uint32_t word, const T* value_plane, std::int64_t pos) {
+  if constexpr (std::is_same_v<T, float>) {
+    return value_plane[pos];
+  } else {
+    return bits_to_f<T>(word >> 16);
+  }
+}
+
+// ---- host-side checks and launch helpers ------------------------------------------------------
+
+inline cudaStream_t stream_of(const KernelOptions& options) { return static_cast<cudaStream_t>(options.stream.handle); }
+
+inline std::string shape(std::int64_t rows, std::int64_t cols) {
+  return std::to_string(rows) + " x " + std::to_string(cols);
+}
+
+inline void report_path(const KernelOptions& options, const char* path) {
+  if (options.report != nullptr) options.report->path = path;
+}
+
+inline void require_device(MemorySpace space, const char* where, const char* name) {
+  require(space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
+          " lives in host memory; the cuda backend takes device operands only");
+}
+
+template <class T>
+void check_dense(DenseView<T> v, const char* where, const char* name) {
+  require_device(v.space, where, name);
+  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has negative shape ",
+          shape(v.rows, v.cols));
+  require(v.rows == 0 || v.ld >= v.cols, ErrorCode::invalid_argument, where, name, " has leading dimension ", v.ld,
+          " below its ", v.cols, " columns");
+  require(v.rows == 0 || v.cols == 0 || v.data != nullptr, ErrorCode::invalid_argument, where, name,
+          " is null with shape ", shape(v.rows, v.cols));
+}
+
+template <class T>
+void check_view(CsrView<T> v, const char* where, const char* name) {
+  require_device(v.space, where, name);
+  require(v.rows >= 0 && v.cols >= 0 && v.nnz >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
+          shape(v.rows, v.cols), " and nnz ", v.nnz);
+  require(v.row_ptr != nullptr, ErrorCode::malformed, where, name, " has no row_ptr");
+  require(v.nnz == 0 || (v.col_idx != nullptr && v.values != nullptr), ErrorCode::malformed, where, name, " has nnz ",
+          v.nnz, " but null index or value arrays");
+}
+template <class T>
+void check_view(EllView<T> v, const char* where, const char* name) {
+  require_device(v.space, where, name);
+  require(v.rows >= 0 && v.cols >= 0 && v.width >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
+          shape(v.rows, v.cols), " and width ", v.width);
+  require(v.rows == 0 || v.row_count != nullptr, ErrorCode::malformed, where, name, " has no row_count");
+}
+template <class T>
+void check_view(TwellView<T> v, const char* where, const char* name) {
+  require_device(v.space, where, name);
+  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has shape ", shape(v.rows, v.cols));
+  check_layout(v.layout, where);
+  require(v.rows * v.cols == 0 || v.packed != nullptr, ErrorCode::malformed, where, name, " has no packed array");
+  require(ValueTraits<std::remove_const_t<T>>::packs_in_slot || v.value_plane != nullptr || v.rows * v.cols == 0,
+          ErrorCode::malformed, where, name, " is fp32 TwELL without a value plane");
+}
+template <class T>
+void check_view(HybridView<T> v, const char* where, const char* name) {
+  check_view(v.twell, where, name);
+  require(v.overflow.rows == 0 || v.overflow.space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
+          " has its overflow block in host memory");
+  require(v.overflow.cols == v.cols() && v.overflow.rows >= 0 && v.overflow.rows <= v.rows(), ErrorCode::shape_mismatch,
+          where, name, " has an overflow block of ", shape(v.overflow.rows, v.overflow.cols), " for ",
+          shape(v.rows(), v.cols()));
+  require(v.overflow.rows == 0 || v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
+          " overflow block has leading dimension ", v.overflow.ld, " below its ", v.overflow.cols, " columns");
+  require(v.rows() == 0 || v.row_to_overflow != nullptr, ErrorCode::malformed, where, name, " has no row_to_overflow");
+}
+
+// Grid size for a grid-stride loop over n items with `threads` per block.
+inline unsigned grid_for(std::int64_t n, int threads, std::int64_t max_blocks = 65535LL * 16) {
+  std::int64_t blocks = (n + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > max_blocks) blocks = max_blocks;
+  return static_cast<unsigned>(blocks);
+}
+
+// Stream-ordered scratch memory, freed on the same stream when it goes out of scope.
+class Scratch {
+ public:
+  Scratch(std::size_t bytes, cudaStream_t stream, const char* where) : stream_(stream) {
+    if (bytes > 0) check_cuda(cudaMallocAsync(&p_, bytes, stream), where);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);  // a failure cannot be reported from a destructor
+  }
+  template <class U>
+  U* as() const {
+    return static_cast<U*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace twell::cuda::detail

@@ -1,0 +1,590 @@
+// cuda spmm: C = alpha * op(A) * B + beta * C for CSR, ELL, TwELL and Hybrid A.
+// op = none runs the format's own kernel; op = transpose converts A to CSR, transposes it
+// (stable radix sort, deterministic) and runs the CSR kernel on A^T (path ".../via_csr_transpose").
+// Every path is deterministic: each output element is summed by one thread in a fixed order.
+#include <algorithm>
+#include <cstdint>
+
+#include <cublas_v2.h>
+
+#include <twell/converters/backends.hpp>
+#include <twell/instantiate.hpp>
+#include <twell/kernels/backends.hpp>
+
+#include "sparse_common.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr const char* kWhere = "twell::cuda::spmm";
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+// ---- per-lane column chunks --------------------------------------------------------------------
+// A lane owns V consecutive output columns of its warp's slice (V * sizeof(T) == 16 bytes when the
+// operands allow 16-byte accesses, V == 1 otherwise).
+
+template <class T, int V, bool kVec>
+__device__ __forceinline__ void load_chunk(const T* p, std::int64_t valid, float (&out)[V]) {
+  if constexpr (kVec) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+    if constexpr (std::is_same_v<T, float>) {
+      out[0] = __uint_as_float(u.x);
+      out[1] = __uint_as_float(u.y);
+      out[2] = __uint_as_float(u.z);
+      out[3] = __uint_as_float(u.w);
+    } else {
+      const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        out[2 * q] = detail::bits_to_f<T>(w[q] & 0xffffu);
+        out[2 * q + 1] = detail::bits_to_f<T>(w[q] >> 16);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < V; ++u) out[u] = u < valid ? detail::load_f(p + u) : 0.0f;
+  }
+}
+
+// C chunk = alpha * acc + beta * C chunk; beta == 0 never reads C.
+template <class T, int V, bool kVec>
+__device__ __forceinline__ void store_chunk(T* p, std::int64_t valid, const float (&acc)[V], float alpha, float beta) {
+  float v[V];
+  if (beta != 0.0f) {
+    float old[V];
+    if constexpr (kVec) {
+      load_chunk<T, V, true>(p, V, old);
+    } else {
+#pragma unroll
+      for (int u = 0; u < V; ++u) old[u] = u < valid ? detail::load_f(p + u) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < V; ++u) v[u] = alpha * acc[u] + beta * old[u];
+  } else {
+#pragma unroll
+    for (int u = 0; u < V; ++u) v[u] = alpha * acc[u];
+  }
+  if constexpr (kVec) {
+    uint4 o;
+    if constexpr (std::is_same_v<T, float>) {
+      o = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+    } else {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        w[q] = static_cast<std::uint32_t>(detail::bits_of<T>(v[2 * q])) |
+               (static_cast<std::uint32_t>(detail::bits_of<T>(v[2 * q + 1])) << 16);
+      o = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    *reinterpret_cast<uint4*>(p) = o;
+  } else {
+#pragma unroll
+    for (int u = 0; u < V; ++u)
+      if (u < valid) detail::store_f(p + u, v[u]);
+  }
+}
+
+// ---- CSR and ELL: one warp per row -------------------------------------------------------------
+// Benchmark: bench/suites/spmm.cpp. A warp owns one row of A and, in turn, every
+// 32 * V-column chunk of that row of C; a lane owns V consecutive columns of the chunk and sums
+// the row's entries in stored order. Preconditions: valid CSR/ELL (out-of-range columns are
+// skipped, never read); for kVec, B and C 16-byte aligned with ld and cols multiples of V.
+template <class T, int V, bool kVec, bool kEll>
+__global__ void __launch_bounds__(kThreads)
+    row_spmm_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* row_count, std::int64_t width,
+                    const std::int32_t* col_idx, const T* values, std::int64_t k_cols, const T* b, std::int64_t ldb,
+                    T* c, std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarps;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; i < rows; i += warps) {
+    std::int64_t begin, end;
+    if constexpr (kEll) {
+      begin = i * width;
+      end = begin + min(max(static_cast<std::int64_t>(row_count[i]), std::int64_t{0}), width);
+    } else {
+      begin = row_ptr[i];
+      end = row_ptr[i + 1];
+    }
+    for (std::int64_t c0 = 0; c0 < nb; c0 += 32 * V) {
+      const std::int64_t col = c0 + lane * V;
+      const std::int64_t valid = nb - col;
+      float acc[V] = {};
+      if (valid > 0) {
+        for (std::int64_t e = begin; e < end; ++e) {
+          const std::int64_t k = col_idx[e];
+          if (k < 0 || k >= k_cols) continue;
+          const float a = detail::load_f(values + e);
+          float bv[V];
+          load_chunk<T, V, kVec>(b + k * ldb + col, valid, bv);
+#pragma unroll
+          for (int u = 0; u < V; ++u) acc[u] = fmaf(a, bv[u], acc[u]);
+        }
+        store_chunk<T, V, kVec>(c + i * ldc + col, valid, acc, alpha, beta);
+      }
+    }
+  }
+}
+
+// ---- TwELL (and the TwELL part of a Hybrid) ------------------------------------------------------
+// Benchmark: bench/suites/spmm.cpp (the down projection: A M x 5632 TwELL at 0.5 %, B 5632 x 2048).
+// A CTA owns a block of `block_rows` rows of A and one 32 * V-column slice of C. It reads the
+// block's (row, tile) counts, prefix-sums them in shared memory, and cuts the block's entries
+// into kWarps equal ranges: a warp owns a range of (row, entry) pairs, not rows, so a token with
+// many nonzeros is spread over the CTA's warps. A lane owns V columns of the slice and
+// accumulates in fp32 registers; rows wholly inside one warp's range are written by that warp,
+// rows split between warps leave per-warp partials in shared memory that the epilogue adds in
+// warp order (deterministic). Entries are read straight from the slots (4 in flight per lane),
+// each pulling a 16-byte chunk of the B row per lane.
+// Preconditions: valid TwELL (counts above capacity are clipped to capacity, columns outside the
+// matrix skipped); `shadow` (Hybrid row_to_overflow, or null) marks rows this kernel leaves
+// untouched; kVec as for the row kernel.
+template <class T, int V, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    twell_spmm_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, const std::uint32_t* packed,
+                      const T* value_plane, const std::int32_t* shadow, int block_rows, const T* b, std::int64_t ldb,
+                      T* c, std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+  constexpr int kSlice = 32 * V;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tiles = static_cast<int>(layout.tiles(k_cols));
+  const int pairs = block_rows * tiles;                           // (row, tile) pairs of the block
+  float* part = reinterpret_cast<float*>(smem);                   // [kWarps][2][kSlice]
+  int* pre = reinterpret_cast<int*>(part + kWarps * 2 * kSlice);  // [pairs + 1] exclusive prefix
+  int* thread_sum = pre + pairs + 1;                              // [kThreads]
+
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.y) * block_rows;
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kSlice;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cap = layout.capacity();
+  const std::int64_t pw = layout.packed_width(k_cols);
+
+  auto live = [&](int r) {
+    const std::int64_t row = row0 + r;
+    return row < rows && (shadow == nullptr || shadow[row] < 0);
+  };
+
+  // Counts, then a block-wide exclusive scan: each thread scans a contiguous chunk.
+  const int per_thread = (pairs + kThreads - 1) / kThreads;
+  const int my_begin = min(pairs, tid * per_thread), my_end = min(pairs, my_begin + per_thread);
+  int local = 0;
+  for (int f = my_begin; f < my_end; ++f) {
+    const int r = f / tiles, t = f - r * tiles;
+    int n = 0;
+    if (live(r))
+      n = static_cast<int>(min(packed[(row0 + r) * pw + static_cast<std::int64_t>(t) * layout.slots()],
+                               static_cast<std::uint32_t>(cap)));
+    pre[f] = n;
+    local += n;
+  }
+  thread_sum[tid] = local;
+  __syncthreads();
+  if (warp == 0) {
+    // Exclusive scan of the kThreads partial sums by warp 0, kThreads / 32 per lane.
+    constexpr int kPer = kThreads / 32;
+    int vals[kPer];
+    int run = 0;
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      vals[q] = run;
+      run += thread_sum[lane * kPer + q];
+    }
+    int incl = run;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += x;
+    }
+    const int excl = incl - run;
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) thread_sum[lane * kPer + q] = vals[q] + excl;
+  }
+  __syncthreads();
+  {
+    int run = thread_sum[tid];
+    for (int f = my_begin; f < my_end; ++f) {
+      const int n = pre[f];
+      pre[f] = run;
+      run += n;
+    }
+    if (tid == kThreads - 1) pre[pairs] = run;
+  }
+  __syncthreads();
+
+  const int total = pre[pairs];
+  const int lo = static_cast<int>(static_cast<std::int64_t>(total) * warp / kWarps);
+  const int hi = static_cast<int>(static_cast<std::int64_t>(total) * (warp + 1) / kWarps);
+  const std::int64_t col = c0 + lane * V;
+  const std::int64_t valid = nb - col;
+
+  auto flush = [&](int r, bool at_lo, const float(&acc)[V]) {
+    const bool whole = pre[r * tiles] >= lo && pre[(r + 1) * tiles] <= hi;
+    if (whole) {
+      if (valid > 0) store_chunk<T, V, kVec>(c + (row0 + r) * ldc + col, valid, acc, alpha, beta);
+    } else {
+      float* dst = part + (warp * 2 + (at_lo ? 0 : 1)) * kSlice + lane * V;
+#pragma unroll
+      for (int u = 0; u < V; ++u) dst[u] = acc[u];
+    }
+  };
+
+  if (lo < hi) {
+    // The (row, tile) pair holding entry `lo`: the last f with pre[f] <= lo.
+    int f_lo = 0, f_hi = pairs;  // invariant: pre[f_lo] <= lo < pre[f_hi]
+    while (f_hi - f_lo > 1) {
+      const int mid = (f_lo + f_hi) / 2;
+      if (pre[mid] <= lo) {
+        f_lo = mid;
+      } else {
+        f_hi = mid;
+      }
+    }
+    int f = f_lo;
+    int pos = lo;
+    int cur_row = f / tiles;
+    bool at_lo = true;
+    float acc[V] = {};
+    while (pos < hi) {
+      while (pre[f + 1] <= pos) ++f;
+      const int r = f / tiles, t = f - r * tiles;
+      if (r != cur_row) {
+        flush(cur_row, at_lo, acc);
+#pragma unroll
+        for (int u = 0; u < V; ++u) acc[u] = 0.0f;
+        cur_row = r;
+        at_lo = false;
+      }
+      const int first = pos - pre[f];
+      const int end = min(hi, pre[f + 1]) - pre[f];
+      const std::int64_t base = (row0 + r) * pw + static_cast<std::int64_t>(t) * layout.slots() + 1;
+      const std::int64_t k0 = layout.tile_begin(t);
+      for (int j = first; j < end; j += 4) {
+        float a[4];
+        std::int64_t k[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          a[q] = 0.0f;
+          k[q] = -1;
+          if (j + q < end) {
+            const std::uint32_t word = packed[base + j + q];
+            const std::int64_t kk = k0 + TwellLayout::slot_column(word);
+            if (kk < k_cols) {
+              k[q] = kk;
+              a[q] = detail::twell_value<T>(word, value_plane, base + j + q);
+            }
+          }
+        }
+        float bv[4][V];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (k[q] >= 0 && valid > 0) {
+            load_chunk<T, V, kVec>(b + k[q] * ldb + col, valid, bv[q]);
+          } else {
+#pragma unroll
+            for (int u = 0; u < V; ++u) bv[q][u] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int u = 0; u < V; ++u) acc[u] = fmaf(a[q], bv[q][u], acc[u]);
+      }
+      pos = pre[f] + end;
+    }
+    flush(cur_row, at_lo, acc);
+  }
+  __syncthreads();
+
+  // Rows not written whole by one warp: empty rows and rows split between warps.
+  for (int r = warp; r < block_rows; r += kWarps) {
+    if (!live(r) || valid <= 0) continue;
+    const int s = pre[r * tiles], e = pre[(r + 1) * tiles];
+    int owners = 0;
+    float acc[V] = {};
+    for (int w = 0; w < kWarps; ++w) {
+      const int wlo = static_cast<int>(static_cast<std::int64_t>(total) * w / kWarps);
+      const int whi = static_cast<int>(static_cast<std::int64_t>(total) * (w + 1) / kWarps);
+      if (!(s < e && wlo < whi && wlo < e && s < whi)) continue;  // an empty row has no owner
+      ++owners;
+      const float* src = part + (w * 2 + (s <= wlo ? 0 : 1)) * kSlice + lane * V;
+#pragma unroll
+      for (int u = 0; u < V; ++u) acc[u] += src[u];
+    }
+    const bool whole = owners == 1;
+    if (!whole) store_chunk<T, V, kVec>(c + (row0 + r) * ldc + col, valid, acc, alpha, beta);
+  }
+}
+
+// C(overflow_to_row[i], :) = alpha * tmp(i, :) + beta * C(...). One thread per element.
+template <class T>
+__global__ void scatter_rows_kernel(std::int64_t r_rows, std::int64_t nb, const float* tmp,
+                                    const std::int32_t* overflow_to_row, T* c, std::int64_t ldc, std::int64_t m,
+                                    float alpha, float beta) {
+  const std::int64_t n = r_rows * nb;
+  for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = idx / nb, j = idx - i * nb;
+    const std::int64_t row = overflow_to_row[i];
+    if (row < 0 || row >= m) continue;
+    T* p = c + row * ldc + j;
+    float v = alpha * tmp[idx];
+    if (beta != 0.0f) v += beta * detail::load_f(p);
+    detail::store_f(p, v);
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+
+template <class T>
+bool vector_ok(DenseView<const T> b, DenseView<T> c) {
+  constexpr std::int64_t v = 16 / sizeof(T);
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return aligned(b.data) && aligned(c.data) && b.ld % v == 0 && c.ld % v == 0 && b.cols % v == 0;
+}
+
+void check_op(Op op) {
+  require(op == Op::none || op == Op::transpose, ErrorCode::invalid_argument, kWhere, "op_a ", static_cast<int>(op),
+          " is unknown");
+}
+
+template <class T>
+void check_operands(std::int64_t m, std::int64_t k, DenseView<const T> b, DenseView<T> c) {
+  detail::check_dense(b, kWhere, "B");
+  detail::check_dense(c, kWhere, "C");
+  require(b.rows == k, ErrorCode::shape_mismatch, kWhere, "op(A) is ", detail::shape(m, k), " but B is ",
+          detail::shape(b.rows, b.cols));
+  require(c.rows == m && c.cols == b.cols, ErrorCode::shape_mismatch, kWhere, "C is ", detail::shape(c.rows, c.cols),
+          " but op(A) B is ", detail::shape(m, b.cols));
+}
+
+// C = beta * C (or zero) when op(A) B has no terms: K == 0.
+template <class T>
+__global__ void scale_kernel(T* c, std::int64_t rows, std::int64_t cols, std::int64_t ldc, float beta) {
+  const std::int64_t n = rows * cols;
+  for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
+       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    T* p = c + (idx / cols) * ldc + idx % cols;
+    detail::store_f(p, beta != 0.0f ? beta * detail::load_f(p) : 0.0f);
+  }
+}
+
+template <class T>
+void launch_rows(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* row_count, std::int64_t width,
+                 const std::int32_t* col_idx, const T* values, std::int64_t k_cols, DenseView<const T> b,
+                 DenseView<T> c, float alpha, float beta, cudaStream_t stream, bool ell) {
+  if (rows == 0 || b.cols == 0) return;
+  const unsigned grid = detail::grid_for(rows, kWarps, 1 << 20);
+  if (vector_ok(b, c)) {
+    constexpr int V = 16 / sizeof(T);
+    if (ell) {
+      row_spmm_kernel<T, V, true, true><<<grid, kThreads, 0, stream>>>(
+          rows, row_ptr, row_count, width, col_idx, values, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+    } else {
+      row_spmm_kernel<T, V, true, false><<<grid, kThreads, 0, stream>>>(
+          rows, row_ptr, row_count, width, col_idx, values, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+    }
+  } else if (ell) {
+    row_spmm_kernel<T, 4, false, true><<<grid, kThreads, 0, stream>>>(
+        rows, row_ptr, row_count, width, col_idx, values, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+  } else {
+    row_spmm_kernel<T, 4, false, false><<<grid, kThreads, 0, stream>>>(
+        rows, row_ptr, row_count, width, col_idx, values, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+  }
+  detail::check_launch("twell::cuda::spmm (row kernel)");
+}
+
+template <class T>
+void launch_scale(DenseView<T> c, float beta, cudaStream_t stream) {
+  if (c.rows == 0 || c.cols == 0) return;
+  scale_kernel<T><<<detail::grid_for(c.rows * c.cols, 256), 256, 0, stream>>>(c.data, c.rows, c.cols, c.ld, beta);
+  detail::check_launch("twell::cuda::spmm (scale kernel)");
+}
+
+template <class T>
+void csr_none(CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta, cudaStream_t stream) {
+  if (a.cols == 0) return launch_scale(c, beta, stream);
+  launch_rows<T>(a.rows, a.row_ptr, nullptr, 0, a.col_idx, a.values, a.cols, b, c, alpha, beta, stream, false);
+}
+
+// op = transpose for every format: CSR of A^T (a fresh matrix, so no allocation is saved by
+// reusing it), then the CSR kernel.
+template <class T>
+void csr_transposed(CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+                    const KernelOptions& options) {
+  KernelOptions inner = options;
+  inner.report = nullptr;
+  const CsrMatrix<T> at = cuda::transpose(a, inner);
+  csr_none(at.view(), b, c, alpha, beta, detail::stream_of(options));
+}
+
+template <class T>
+void launch_twell(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c, float alpha,
+                  float beta, cudaStream_t stream) {
+  if (a.rows == 0 || b.cols == 0) return;
+  if (a.cols == 0) return launch_scale(c, beta, stream);
+  const std::int64_t tiles = a.layout.tiles(a.cols);
+  // The prefix array holds block_rows * tiles + 1 ints; 32 rows when it fits in 16 KB.
+  const int block_rows = static_cast<int>(std::clamp<std::int64_t>(4096 / tiles, 1, 32));
+  const std::int64_t pairs = block_rows * tiles;
+  require(pairs < (1LL << 26), ErrorCode::unsupported, kWhere, "A has ", tiles,
+          " tiles per row; the TwELL kernel supports at most 2^26");
+  const std::int64_t row_blocks = (a.rows + block_rows - 1) / block_rows;
+  require(row_blocks <= 65535, ErrorCode::unsupported, kWhere, "A has ", a.rows, " rows; at most ",
+          65535LL * block_rows, " per call with ", tiles, " tiles per row");
+  const auto launch = [&]<int V, bool kVec>() {
+    constexpr int kSlice = 32 * V;
+    const std::int64_t slices = (b.cols + kSlice - 1) / kSlice;
+    require(slices <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, "B has too many columns: ", b.cols);
+    const std::size_t shared = sizeof(float) * kWarps * 2 * kSlice + sizeof(int) * (pairs + 1 + kThreads);
+    auto kernel = twell_spmm_kernel<T, V, kVec>;
+    detail::check_cuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
+        "twell::cuda::spmm (cudaFuncSetAttribute)");
+    const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(row_blocks));
+    kernel<<<grid, kThreads, shared, stream>>>(a.rows, a.cols, a.layout, a.packed, a.value_plane, shadow, block_rows,
+                                               b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+    detail::check_launch("twell::cuda::spmm (TwELL kernel)");
+  };
+  if (vector_ok(b, c)) {
+    launch.template operator()<16 / sizeof(T), true>();
+  } else {
+    launch.template operator()<1, false>();
+  }
+}
+
+// The cuBLAS handle of this host thread, created on first use and kept for the thread's life.
+cublasHandle_t cublas_handle() {
+  struct Holder {
+    cublasHandle_t handle = nullptr;
+    ~Holder() {
+      if (handle != nullptr) cublasDestroy(handle);
+    }
+  };
+  thread_local Holder holder;
+  if (holder.handle == nullptr) detail::check_cublas(cublasCreate(&holder.handle), "twell::cuda::spmm (cublasCreate)");
+  return holder.handle;
+}
+
+// Overflow rows: tmp = overflow * B in fp32 by cuBLAS, then scattered into C with alpha/beta.
+template <class T>
+void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+                   cudaStream_t stream) {
+  const std::int64_t r = a.overflow.rows;
+  if (r == 0 || b.cols == 0) return;
+  detail::Scratch tmp(static_cast<std::size_t>(r * b.cols) * sizeof(float), stream, "twell::cuda::spmm (overflow)");
+  const cudaDataType_t type =
+      std::is_same_v<T, bf16> ? CUDA_R_16BF : (std::is_same_v<T, fp16> ? CUDA_R_16F : CUDA_R_32F);
+  if (a.cols() == 0) {
+    detail::check_cuda(
+        cudaMemsetAsync(tmp.as<float>(), 0, static_cast<std::size_t>(r * b.cols) * sizeof(float), stream),
+        "twell::cuda::spmm (overflow)");
+  } else {
+    cublasHandle_t h = cublas_handle();
+    detail::check_cublas(cublasSetStream(h, stream), "twell::cuda::spmm (cublasSetStream)");
+    const float one = 1.0f, zero = 0.0f;
+    // Row-major tmp (r x nb) = overflow (r x K) B (K x nb) is column-major tmp^T = B^T overflow^T.
+    detail::check_cublas(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(b.cols), static_cast<int>(r),
+                                      static_cast<int>(a.cols()), &one, b.data, type, static_cast<int>(b.ld),
+                                      a.overflow.data, type, static_cast<int>(a.overflow.ld), &zero, tmp.as<float>(),
+                                      CUDA_R_32F, static_cast<int>(b.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         "twell::cuda::spmm (cublasGemmEx of the overflow block)");
+  }
+  scatter_rows_kernel<T><<<detail::grid_for(r * b.cols, 256), 256, 0, stream>>>(
+      r, b.cols, tmp.as<float>(), a.overflow_to_row, c.data, c.ld, c.rows, alpha, beta);
+  detail::check_launch("twell::cuda::spmm (overflow scatter)");
+}
+
+void require_int(std::int64_t v, const char* what) {
+  require(v <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, what, " ", v, " exceeds the 32-bit range of cuBLAS");
+}
+
+}  // namespace
+
+template <Value T>
+void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+          const KernelOptions& options) {
+  check_op(op_a);
+  detail::check_view(a, kWhere, "A");
+  const bool t = op_a == Op::transpose;
+  check_operands(t ? a.cols : a.rows, t ? a.rows : a.cols, b, c);
+  if (t) {
+    csr_transposed(a, b, c, alpha, beta, options);
+    detail::report_path(options, "cuda/spmm/csr/via_csr_transpose");
+  } else {
+    csr_none(a, b, c, alpha, beta, detail::stream_of(options));
+    detail::report_path(options, "cuda/spmm/csr/warp_per_row");
+  }
+}
+
+template <Value T>
+void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+          const KernelOptions& options) {
+  check_op(op_a);
+  detail::check_view(a, kWhere, "A");
+  const bool t = op_a == Op::transpose;
+  check_operands(t ? a.cols : a.rows, t ? a.rows : a.cols, b, c);
+  if (t) {
+    const CsrMatrix<T> csr = cuda::ell_to_csr(a, ConvertOptions{.stream = options.stream});
+    csr_transposed(csr.view(), b, c, alpha, beta, options);
+    detail::report_path(options, "cuda/spmm/ell/via_csr_transpose");
+  } else {
+    if (a.cols == 0) {
+      launch_scale(c, beta, detail::stream_of(options));
+    } else {
+      launch_rows<T>(a.rows, nullptr, a.row_count, a.width, a.col_idx, a.values, a.cols, b, c, alpha, beta,
+                     detail::stream_of(options), true);
+    }
+    detail::report_path(options, "cuda/spmm/ell/warp_per_row");
+  }
+}
+
+template <Value T>
+void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+          const KernelOptions& options) {
+  check_op(op_a);
+  detail::check_view(a, kWhere, "A");
+  const bool t = op_a == Op::transpose;
+  check_operands(t ? a.cols : a.rows, t ? a.rows : a.cols, b, c);
+  if (t) {
+    const CsrMatrix<T> csr = cuda::twell_to_csr(a, ConvertOptions{.stream = options.stream});
+    csr_transposed(csr.view(), b, c, alpha, beta, options);
+    detail::report_path(options, "cuda/spmm/twell/via_csr_transpose");
+  } else {
+    launch_twell(a, nullptr, b, c, alpha, beta, detail::stream_of(options));
+    detail::report_path(
+        options, vector_ok(b, c) ? "cuda/spmm/twell/pair_balanced_vec16" : "cuda/spmm/twell/pair_balanced_scalar");
+  }
+}
+
+template <Value T>
+void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+          const KernelOptions& options) {
+  check_op(op_a);
+  detail::check_view(a, kWhere, "A");
+  const bool t = op_a == Op::transpose;
+  check_operands(t ? a.cols() : a.rows(), t ? a.rows() : a.cols(), b, c);
+  if (t) {
+    const CsrMatrix<T> csr = cuda::hybrid_to_csr(a, ConvertOptions{.stream = options.stream});
+    csr_transposed(csr.view(), b, c, alpha, beta, options);
+    detail::report_path(options, "cuda/spmm/hybrid/via_csr_transpose");
+    return;
+  }
+  require_int(b.cols, "B columns");
+  require_int(a.cols(), "A columns");
+  require_int(b.ld, "B leading dimension");
+  require_int(a.overflow.ld, "overflow leading dimension");
+  const cudaStream_t stream = detail::stream_of(options);
+  launch_twell(a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, b, c, alpha, beta, stream);
+  overflow_rows(a, b, c, alpha, beta, stream);
+  detail::report_path(options, a.overflow.rows > 0 ? "cuda/spmm/hybrid/pair_balanced+cublas_overflow"
+                                                   : "cuda/spmm/hybrid/pair_balanced");
+}
+
+#define TWELL_INSTANTIATE(T)                                                                                           \
+  template void spmm<T>(Op, CsrView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);   \
+  template void spmm<T>(Op, EllView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);   \
+  template void spmm<T>(Op, TwellView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&); \
+  template void spmm<T>(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda

@@ -1,0 +1,165 @@
+// cuda transpose: sparse M x N to sparse N x M. CSR is transposed directly by a stable radix
+// sort of (column, entry) pairs, so each new row keeps its entries in increasing old-row order
+// and the result is deterministic; ELL, TwELL and Hybrid go through CSR with the cuda converters.
+#include <cstdint>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include <twell/converters/backends.hpp>
+#include <twell/instantiate.hpp>
+#include <twell/kernels/backends.hpp>
+
+#include "sparse_common.cuh"
+
+namespace twell::cuda {
+namespace {
+
+constexpr const char* kWhere = "twell::cuda::transpose";
+
+// A warp owns a row: it writes the row index at each of the row's entries and the entry's own
+// index as the sort payload. Precondition: row_ptr monotone within [0, nnz]. Timed through
+// spmm(op = transpose) in bench/suites/spmm.cpp when that suite runs the transposed case.
+__global__ void expand_rows_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* col_idx,
+                                   std::int32_t* row_of, std::int64_t* entry, std::uint32_t* key) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32; i < rows; i += warps) {
+    for (std::int64_t e = row_ptr[i] + lane; e < row_ptr[i + 1]; e += 32) {
+      row_of[e] = static_cast<std::int32_t>(i);
+      entry[e] = e;
+      key[e] = static_cast<std::uint32_t>(col_idx[e]);
+    }
+  }
+}
+
+// A thread owns one output entry p: its column is the old row, its value the old value.
+template <class T>
+__global__ void gather_kernel(std::int64_t nnz, const std::int64_t* perm, const std::int32_t* row_of, const T* values,
+                              std::int32_t* out_col, T* out_values) {
+  for (std::int64_t p = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; p < nnz;
+       p += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t e = perm[p];
+    out_col[p] = row_of[e];
+    out_values[p] = values[e];
+  }
+}
+
+// A thread owns new row j: row_ptr[j] = number of sorted keys below j (binary search).
+__global__ void row_ptr_kernel(std::int64_t new_rows, std::int64_t nnz, const std::uint32_t* sorted_key,
+                               std::int64_t* row_ptr) {
+  for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j <= new_rows;
+       j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::int64_t lo = 0, hi = nnz;
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (sorted_key[mid] < static_cast<std::uint32_t>(j)) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    row_ptr[j] = lo;
+  }
+}
+
+int key_bits(std::int64_t cols) {
+  int bits = 1;
+  while (bits < 32 && (std::int64_t{1} << bits) < cols) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+template <Value T>
+CsrMatrix<T> transpose(CsrView<const T> a, const KernelOptions& options) {
+  detail::check_view(a, kWhere, "A");
+  require(a.rows <= 0x7fffffffLL && a.cols <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, "A is ",
+          detail::shape(a.rows, a.cols), "; 32-bit column indices cannot hold the transpose");
+  const cudaStream_t stream = detail::stream_of(options);
+  CsrMatrix<T> out(a.cols, a.rows, a.nnz, MemorySpace::device);
+  const std::int64_t nnz = a.nnz;
+  if (nnz > 0) {
+    require(nnz <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, "nnz ", nnz, " exceeds the radix sort's int range");
+    const std::size_t n = static_cast<std::size_t>(nnz);
+    detail::Scratch row_of(n * 4, stream, kWhere), entry(n * 8, stream, kWhere), entry_sorted(n * 8, stream, kWhere),
+        key(n * 4, stream, kWhere), key_sorted(n * 4, stream, kWhere);
+    expand_rows_kernel<<<detail::grid_for(a.rows * 32, 256), 256, 0, stream>>>(
+        a.rows, a.row_ptr, a.col_idx, row_of.as<std::int32_t>(), entry.as<std::int64_t>(), key.as<std::uint32_t>());
+    detail::check_launch("twell::cuda::transpose (expand rows)");
+    std::size_t temp_bytes = 0;
+    const int bits = key_bits(a.cols);
+    detail::check_cuda(
+        cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, key.as<std::uint32_t>(), key_sorted.as<std::uint32_t>(),
+                                        entry.as<std::int64_t>(), entry_sorted.as<std::int64_t>(),
+                                        static_cast<int>(nnz), 0, bits, stream),
+        "twell::cuda::transpose (radix sort size)");
+    detail::Scratch temp(temp_bytes, stream, kWhere);
+    detail::check_cuda(
+        cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, key.as<std::uint32_t>(),
+                                        key_sorted.as<std::uint32_t>(), entry.as<std::int64_t>(),
+                                        entry_sorted.as<std::int64_t>(), static_cast<int>(nnz), 0, bits, stream),
+        "twell::cuda::transpose (radix sort)");
+    gather_kernel<T><<<detail::grid_for(nnz, 256), 256, 0, stream>>>(nnz, entry_sorted.as<std::int64_t>(),
+                                                                     row_of.as<std::int32_t>(), a.values,
+                                                                     out.col_idx().data(), out.values().data());
+    detail::check_launch("twell::cuda::transpose (gather)");
+    row_ptr_kernel<<<detail::grid_for(a.cols + 1, 256), 256, 0, stream>>>(a.cols, nnz, key_sorted.as<std::uint32_t>(),
+                                                                          out.row_ptr().data());
+    detail::check_launch("twell::cuda::transpose (row_ptr)");
+  }
+  // The buffers are host-synchronous from here on: the caller may read them at once.
+  detail::check_cuda(cudaStreamSynchronize(stream), "twell::cuda::transpose (synchronize)");
+  detail::report_path(options, "cuda/transpose/csr/radix_sort");
+  return out;
+}
+
+template <Value T>
+EllMatrix<T> transpose(EllView<const T> a, const KernelOptions& options) {
+  detail::check_view(a, kWhere, "A");
+  KernelOptions inner = options;
+  inner.report = nullptr;
+  const ConvertOptions convert{.stream = options.stream};
+  const CsrMatrix<T> csr = cuda::ell_to_csr(a, convert);
+  const CsrMatrix<T> t = transpose(csr.view(), inner);
+  EllMatrix<T> out = cuda::csr_to_ell(t.view(), convert);
+  detail::report_path(options, "cuda/transpose/ell/via_csr");
+  return out;
+}
+
+template <Value T>
+HybridMatrix<T> transpose(TwellView<const T> a, TwellLayout layout, const KernelOptions& options) {
+  detail::check_view(a, kWhere, "A");
+  check_layout(layout, kWhere);
+  KernelOptions inner = options;
+  inner.report = nullptr;
+  const ConvertOptions convert{.overflow = OverflowPolicy::hybrid, .stream = options.stream};
+  const CsrMatrix<T> csr = cuda::twell_to_csr(a, convert);
+  const CsrMatrix<T> t = transpose(csr.view(), inner);
+  HybridMatrix<T> out = cuda::csr_to_hybrid(t.view(), layout, convert);
+  detail::report_path(options, "cuda/transpose/twell/via_csr");
+  return out;
+}
+
+template <Value T>
+HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const KernelOptions& options) {
+  detail::check_view(a, kWhere, "A");
+  check_layout(layout, kWhere);
+  KernelOptions inner = options;
+  inner.report = nullptr;
+  const ConvertOptions convert{.overflow = OverflowPolicy::hybrid, .stream = options.stream};
+  const CsrMatrix<T> csr = cuda::hybrid_to_csr(a, convert);
+  const CsrMatrix<T> t = transpose(csr.view(), inner);
+  HybridMatrix<T> out = cuda::csr_to_hybrid(t.view(), layout, convert);
+  detail::report_path(options, "cuda/transpose/hybrid/via_csr");
+  return out;
+}
+
+#define TWELL_INSTANTIATE(T)                                                                    \
+  template CsrMatrix<T> transpose<T>(CsrView<const T>, const KernelOptions&);                   \
+  template EllMatrix<T> transpose<T>(EllView<const T>, const KernelOptions&);                   \
+  template HybridMatrix<T> transpose<T>(TwellView<const T>, TwellLayout, const KernelOptions&); \
+  template HybridMatrix<T> transpose<T>(HybridView<const T>, TwellLayout, const KernelOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda

@@ -1,0 +1,249 @@
+// Baselines (cuSPARSE SpMM for every algorithm it accepts, SDDMM, DenseToSparse; cuBLAS GEMM,
+// cuBLASLt ReLU GEMM, the dense gated FFN) against twell::reference or fp64 loops on the same
+// fresh random input, with outputs poisoned before each run.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <twell/converters/backends.hpp>
+#include <twell/kernels/backends.hpp>
+#include <twell/kernels/baselines.hpp>
+
+#include "random.hpp"
+
+using namespace twell;
+namespace ref = twell::reference;
+
+namespace {
+
+constexpr MemorySpace kHost = MemorySpace::host;
+constexpr MemorySpace kDevice = MemorySpace::device;
+
+template <class T>
+double bound() {
+  if constexpr (std::is_same_v<T, bf16>) return 1e-2;
+  if constexpr (std::is_same_v<T, fp16>) return 2e-3;
+  return 1e-5;
+}
+
+template <class T>
+DenseMatrix<T> nan_dense(std::int64_t rows, std::int64_t cols) {
+  DenseMatrix<T> m(rows, cols);
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) m.view().at(i, j) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  return m;
+}
+
+template <class T>
+double rel(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+  return testing::relative_error<T, T>(got.view(), want.view());
+}
+
+// fp64 C = alpha * op(A) op(B) + beta * C0, rounded once into T.
+template <class T>
+DenseMatrix<T> gemm64(Op op_a, const DenseMatrix<T>& a, Op op_b, const DenseMatrix<T>& b, const DenseMatrix<T>& c0,
+                      float alpha, float beta, bool relu = false) {
+  const bool ta = op_a == Op::transpose, tb = op_b == Op::transpose;
+  const std::int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols(), n = tb ? b.rows() : b.cols();
+  DenseMatrix<T> out(m, n);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (std::int64_t p = 0; p < k; ++p)
+        s += double{to_float(ta ? a.view().at(p, i) : a.view().at(i, p))} *
+             double{to_float(tb ? b.view().at(j, p) : b.view().at(p, j))};
+      double v = alpha * s;
+      if (beta != 0.0f) v += beta * double{to_float(c0.view().at(i, j))};
+      if (relu && v < 0.0) v = 0.0;
+      out.view().at(i, j) = from_float<T>(static_cast<float>(v));
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuSPARSE SpMM plans match the reference for every accepted algorithm", T, bf16, fp16, float) {
+  baseline::Handles handles;
+  struct Case {
+    std::int64_t m, k, n;
+    double density;
+  };
+  const std::vector<Case> cases = {{1, 1, 1, 1.0}, {33, 70, 16, 0.05}, {128, 5632 / 4, 64, 0.005}, {64, 96, 40, 0.5}};
+  for (const Case& c : cases) {
+    for (const baseline::SparseStorage storage : {baseline::SparseStorage::csr, baseline::SparseStorage::coo}) {
+      for (const Op op : {Op::none, Op::transpose}) {
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(c.m);
+        CAPTURE(c.k);
+        CAPTURE(c.n);
+        CAPTURE(c.density);
+        const bool tr = op == Op::transpose;
+        CAPTURE(tr);
+        CAPTURE(static_cast<int>(storage));
+        testing::SparseDenseOptions so;
+        so.density = c.density;
+        const auto a_dense = testing::random_sparse_dense<T>(tr ? c.k : c.m, tr ? c.m : c.k, so, seed);
+        const CsrMatrix<T> a = ref::dense_to_csr<T>(a_dense.view());
+        const auto b = testing::random_dense<T>(c.k, c.n, 1.0f, seed + 1);
+        const auto c0 = testing::random_dense<T>(c.m, c.n, 1.0f, seed + 2);
+        const auto a_dev = a.to(kDevice);
+        const auto b_dev = b.to(kDevice);
+        DenseMatrix<T> probe(c.m, c.n, kDevice);
+        const auto algorithms =
+            baseline::supported_spmm_algorithms<T>(handles, op, a_dev.view(), storage, b_dev.view(), probe.view());
+        MESSAGE(to_string(dtype_of<T>), tr ? " op T" : " op N",
+                storage == baseline::SparseStorage::csr ? " CSR" : " COO", ": ", algorithms.size(), " of ",
+                baseline::spmm_algorithms(storage).size(), " algorithms accepted");
+        if (!tr || std::is_same_v<T, float>) CHECK(!algorithms.empty());
+        for (const baseline::SpmmAlgorithm alg : algorithms) {
+          CAPTURE(std::string(baseline::to_string(alg)));
+          for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, -1.0f}}) {
+            CAPTURE(alpha);
+            CAPTURE(beta);
+            DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(c.m, c.n) : c0.to(kHost);
+            ref::spmm<T>(op, a.view(), b.view(), want.view(), alpha, beta);
+            DenseMatrix<T> out = beta == 0.0f ? nan_dense<T>(c.m, c.n).to(kDevice) : c0.to(kDevice);
+            baseline::SpmmPlan<T> plan(handles, op, a_dev.view(), storage, alg, b_dev.view(), out.view(), alpha, beta);
+            plan.run();
+            REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+            CHECK(rel(out.to(kHost), want) <= bound<T>());
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("cuSPARSE SDDMM plan matches the reference", T, bf16, float) {
+  baseline::Handles handles;
+  for (const Op op_b : {Op::none, Op::transpose}) {
+    for (const double density : {0.0, 0.01, 0.2, 1.0}) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(density);
+      const bool tr = op_b == Op::transpose;
+      CAPTURE(tr);
+      const std::int64_t m = 45, k = 64, n = 70;
+      testing::SparseDenseOptions so;
+      so.density = density;
+      const CsrMatrix<T> pattern = ref::dense_to_csr<T>(testing::random_sparse_dense<T>(m, n, so, seed).view());
+      const auto a = testing::random_dense<T>(m, k, 1.0f, seed + 1);
+      const auto b =
+          tr ? testing::random_dense<T>(n, k, 1.0f, seed + 2) : testing::random_dense<T>(k, n, 1.0f, seed + 2);
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.5f, 2.0f}}) {
+        CsrMatrix<T> want = pattern.to(kHost);
+        ref::sddmm<T>(a.view(), op_b, b.view(), pattern.view(), want.view(), alpha, beta);
+        CsrMatrix<T> out = pattern.to(kDevice);
+        if (beta == 0.0f && out.values().bytes() > 0)
+          REQUIRE(cudaMemset(out.values().data(), 0xff, out.values().bytes()) == cudaSuccess);
+        const auto a_dev = a.to(kDevice);
+        const auto b_dev = b.to(kDevice);
+        baseline::SddmmPlan<T> plan(handles, a_dev.view(), op_b, b_dev.view(), out.view(), alpha, beta);
+        MESSAGE(to_string(dtype_of<T>), plan.native() ? ": native SDDMM" : ": SDDMM through fp32 copies");
+        plan.run();
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        const auto got = ref::csr_to_dense<T>(out.to(kHost).view());
+        CHECK(rel(got, ref::csr_to_dense<T>(want.view())) <= bound<T>());
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("cuSPARSE DenseToSparse plan matches the reference converter", T, bf16, fp16, float) {
+  baseline::Handles handles;
+  for (const double density : {0.0, 0.005, 0.3, 1.0}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(density);
+    testing::SparseDenseOptions so;
+    so.density = density;
+    const auto d = testing::random_sparse_dense<T>(77, 301, so, seed);
+    const auto d_dev = d.to(kDevice);
+    baseline::DenseToCsrPlan<T> plan(handles, d_dev.view());
+    const CsrMatrix<T> got = plan.run().to(kHost);
+    const CsrMatrix<T> want = ref::dense_to_csr<T>(d.view());
+    REQUIRE(got.nnz() == want.nnz());
+    const auto gp = got.row_ptr().host_span(), wp = want.row_ptr().host_span();
+    CHECK(std::equal(gp.begin(), gp.end(), wp.begin(), wp.end()));
+    const auto gc = got.col_idx().host_span(), wc = want.col_idx().host_span();
+    CHECK(std::equal(gc.begin(), gc.end(), wc.begin(), wc.end()));
+    CHECK(testing::bitwise_equal<T>(ref::csr_to_dense<T>(got.view()).view(), d.view()));
+  }
+}
+
+TEST_CASE_TEMPLATE("cuBLAS GEMM and cuBLASLt ReLU GEMM match fp64", T, bf16, fp16, float) {
+  baseline::Handles handles;
+  const std::vector<std::array<std::int64_t, 3>> shapes = {{1, 1, 1}, {17, 33, 9}, {128, 256, 64}};
+  for (const auto& [m, k, n] : shapes) {
+    for (const Op op_a : {Op::none, Op::transpose}) {
+      for (const Op op_b : {Op::none, Op::transpose}) {
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(m);
+        CAPTURE(k);
+        CAPTURE(n);
+        const bool ta = op_a == Op::transpose, tb = op_b == Op::transpose;
+        const auto a = ta ? testing::random_dense<T>(k, m, 1.0f, seed) : testing::random_dense<T>(m, k, 1.0f, seed);
+        const auto b =
+            tb ? testing::random_dense<T>(n, k, 1.0f, seed + 1) : testing::random_dense<T>(k, n, 1.0f, seed + 1);
+        const auto c0 = testing::random_dense<T>(m, n, 1.0f, seed + 2);
+        const auto want = gemm64<T>(op_a, a, op_b, b, c0, 0.75f, -0.5f);
+        DenseMatrix<T> c = c0.to(kDevice);
+        baseline::gemm<T>(handles, op_a, a.to(kDevice).view(), op_b, b.to(kDevice).view(), c.view(), 0.75f, -0.5f);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(rel(c.to(kHost), want) <= bound<T>());
+      }
+    }
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    const auto a = testing::random_dense<T>(m, k, 1.0f, seed);
+    const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 1);
+    const auto want = gemm64<T>(Op::none, a, Op::none, b, a, 1.0f, 0.0f, true);
+    DenseMatrix<T> c = nan_dense<T>(m, n).to(kDevice);
+    baseline::gemm_relu<T>(handles, a.to(kDevice).view(), b.to(kDevice).view(), c.view());
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const auto got = c.to(kHost);
+    CHECK(rel(got, want) <= bound<T>());
+    bool relu_applied = true;
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) relu_applied = relu_applied && to_float(got.view().at(i, j)) >= 0.0f;
+    CHECK(relu_applied);
+  }
+}
+
+TEST_CASE_TEMPLATE("dense gated FFN baseline matches fp64 with the same roundings", T, bf16, fp16, float) {
+  baseline::Handles handles;
+  for (const auto& [m, k, n] : {std::array<std::int64_t, 3>{5, 16, 24}, std::array<std::int64_t, 3>{64, 96, 160}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(m);
+    const auto x = testing::random_dense<T>(m, k, 1.0f, seed);
+    const auto wg = testing::random_dense<T>(k, n, 0.5f, seed + 1);
+    const auto wu = testing::random_dense<T>(k, n, 0.5f, seed + 2);
+    const auto wd = testing::random_dense<T>(n, k, 0.5f, seed + 3);
+    // Host: g and u rounded into T, h = g * u rounded, y = h wd.
+    const auto g = gemm64<T>(Op::none, x, Op::none, wg, x, 1.0f, 0.0f, true);
+    const auto u = gemm64<T>(Op::none, x, Op::none, wu, x, 1.0f, 0.0f);
+    DenseMatrix<T> h(m, n);
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j)
+        h.view().at(i, j) = from_float<T>(to_float(g.view().at(i, j)) * to_float(u.view().at(i, j)));
+    const auto want = gemm64<T>(Op::none, h, Op::none, wd, x, 1.0f, 0.0f);
+
+    baseline::DenseFfnWorkspace<T> workspace(handles, m, n);
+    DenseMatrix<T> y = nan_dense<T>(m, k).to(kDevice);
+    const auto x_dev = x.to(kDevice), wg_dev = wg.to(kDevice), wu_dev = wu.to(kDevice), wd_dev = wd.to(kDevice);
+    baseline::dense_gated_ffn_forward<T>(x_dev.view(), wg_dev.view(), wu_dev.view(), wd_dev.view(), y.view(),
+                                         workspace);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(rel(y.to(kHost), want) <= 2 * bound<T>());
+  }
+}

@@ -1,0 +1,576 @@
+// cuda kernels against twell::reference on the same fresh random input: spmm, sddmm, transpose,
+// elementwise, reductions, for every format, dtype and op. Formats are built by the reference
+// converters and copied to the device; outputs are poisoned (NaN / 0xff bytes) before each run,
+// so beta = 0 paths that read C, or elements left unwritten, show up as NaN.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <twell/converters/backends.hpp>
+#include <twell/kernels/backends.hpp>
+
+#include "random.hpp"
+
+using namespace twell;
+namespace ref = twell::reference;
+namespace dev = twell::cuda;
+
+namespace {
+
+constexpr MemorySpace kHost = MemorySpace::host;
+constexpr MemorySpace kDevice = MemorySpace::device;
+constexpr TwellLayout kPaper{256, 8};
+constexpr TwellLayout kNarrow{16, 4};
+
+// Relative Frobenius bounds: one rounding into T plus fp32 accumulation in another order.
+template <class T>
+double bound() {
+  if constexpr (std::is_same_v<T, bf16>) return 1e-2;
+  if constexpr (std::is_same_v<T, fp16>) return 2e-3;
+  return 1e-5;
+}
+
+TwellLayout wide_layout(std::int64_t cols) { return TwellLayout{static_cast<std::int32_t>((cols / 8 + 1) * 8), 1}; }
+
+// The paper's layout when no (row, tile) overflows it, else one tile wider than the matrix.
+template <class T>
+TwellLayout twell_layout_for(DenseView<const T> d) {
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t t = 0; t < kPaper.tiles(d.cols); ++t) {
+      std::int64_t count = 0;
+      for (std::int64_t j = kPaper.tile_begin(t); j < std::min<std::int64_t>(d.cols, kPaper.tile_begin(t + 1)); ++j)
+        count += is_stored(d.at(i, j)) ? 1 : 0;
+      if (kPaper.overflows(count)) return wide_layout(d.cols);
+    }
+  return kPaper;
+}
+
+template <class T>
+struct Formats {
+  CsrMatrix<T> csr;
+  EllMatrix<T> ell;
+  TwellMatrix<T> twell;
+  HybridMatrix<T> hybrid;
+};
+
+template <class T>
+Formats<T> host_formats(DenseView<const T> d, TwellLayout hybrid_layout) {
+  return {ref::dense_to_csr<T>(d), ref::dense_to_ell<T>(d), ref::dense_to_twell<T>(d, twell_layout_for(d)),
+          ref::dense_to_hybrid<T>(d, hybrid_layout)};
+}
+
+template <class T>
+Formats<T> to_device(const Formats<T>& h) {
+  return {h.csr.to(kDevice), h.ell.to(kDevice), h.twell.to(kDevice), h.hybrid.to(kDevice)};
+}
+
+template <class T>
+DenseMatrix<T> nan_dense(std::int64_t rows, std::int64_t cols) {
+  DenseMatrix<T> m(rows, cols);
+  auto v = m.view();
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) v.at(i, j) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  return m;
+}
+
+template <class T>
+void poison(Buffer<T>& b) {
+  if (b.bytes() > 0) REQUIRE(cudaMemset(b.data(), 0xff, b.bytes()) == cudaSuccess);
+}
+
+template <class T>
+double rel(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+  return testing::relative_error<T, T>(got.view(), want.view());
+}
+
+bool cuda_path(const KernelReport& r) { return r.path.rfind("cuda/", 0) == 0; }
+
+template <class T>
+DenseMatrix<T> dense_of(const CsrMatrix<T>& m) {
+  return ref::csr_to_dense<T>(m.view());
+}
+template <class T>
+DenseMatrix<T> dense_of(const EllMatrix<T>& m) {
+  return ref::ell_to_dense<T>(m.view());
+}
+template <class T>
+DenseMatrix<T> dense_of(const TwellMatrix<T>& m) {
+  return ref::twell_to_dense<T>(m.view());
+}
+template <class T>
+DenseMatrix<T> dense_of(const HybridMatrix<T>& m) {
+  return ref::hybrid_to_dense<T>(m.view());
+}
+
+struct Shape {
+  std::int64_t m, k, n;
+};
+
+std::vector<Shape> small_shapes() {
+  std::vector<Shape> s = {{1, 1, 1}, {3, 5, 2}, {17, 33, 7}, {40, 300, 64}, {70, 520, 130}, {33, 17, 250}};
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::uniform_int_distribution<std::int64_t> dim(1, 90);
+  for (int r = 0; r < 2; ++r) s.push_back({dim(rng), dim(rng) * 3, dim(rng)});
+  return s;
+}
+
+constexpr double kDensities[] = {0.0, 0.005, 0.05, 0.5, 1.0};
+
+// One spmm case on one format: the same A (host and device twins), B and C0 for both backends.
+template <class T, class HostM>
+void check_spmm(const char* name, Op op, const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0,
+                float alpha, float beta) {
+  CAPTURE(name);
+  CAPTURE(alpha);
+  CAPTURE(beta);
+  const bool tr = op == Op::transpose;
+  const std::int64_t m = tr ? a_host.cols() : a_host.rows();
+  DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(m, b.cols()) : c0.to(kHost);
+  ref::spmm<T>(op, a_host.view(), b.view(), want.view(), alpha, beta);
+
+  const auto a_dev = a_host.to(kDevice);
+  const DenseMatrix<T> b_dev = b.to(kDevice);
+  DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(m, b.cols()).to(kDevice) : c0.to(kDevice);
+  KernelReport report;
+  KernelOptions options;
+  options.report = &report;
+  dev::spmm<T>(op, a_dev.view(), b_dev.view(), c_dev.view(), alpha, beta, options);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CAPTURE(report.path);
+  CHECK(cuda_path(report));
+  const DenseMatrix<T> got = c_dev.to(kHost);
+  const double err = rel(got, want);
+  CHECK(err <= bound<T>());  // NaN (poison leaked or unwritten) fails too
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda spmm matches the reference: formats, ops, densities, alpha/beta", T, bf16, fp16, float) {
+  for (const Shape& s : small_shapes()) {
+    for (const double density : kDensities) {
+      for (const Op op : {Op::none, Op::transpose}) {
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(s.m);
+        CAPTURE(s.k);
+        CAPTURE(s.n);
+        CAPTURE(density);
+        const bool tr = op == Op::transpose;
+        CAPTURE(tr);
+        testing::SparseDenseOptions so;
+        so.density = density;
+        so.full_row_share = density > 0.0 && density < 0.5 ? 0.05 : 0.0;  // skewed rows that overflow
+        so.empty_row_share = 0.1;
+        const auto a_dense = testing::random_sparse_dense<T>(tr ? s.k : s.m, tr ? s.m : s.k, so, seed);
+        const auto b = testing::random_dense<T>(s.k, s.n, 1.0f, seed + 1);
+        const auto c0 = testing::random_dense<T>(s.m, s.n, 1.0f, seed + 2);
+        const Formats<T> f = host_formats<T>(a_dense.view(), kNarrow);
+        for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-0.5f, 0.0f}, std::pair{1.5f, -2.0f}}) {
+          check_spmm<T>("csr", op, f.csr, b, c0, alpha, beta);
+          check_spmm<T>("ell", op, f.ell, b, c0, alpha, beta);
+          check_spmm<T>("twell", op, f.twell, b, c0, alpha, beta);
+          check_spmm<T>("hybrid", op, f.hybrid, b, c0, alpha, beta);
+        }
+      }
+    }
+  }
+}
+
+// A paper-like down projection (K = 5632 in tiles of 256, C = 8) with token-skewed rows, some of
+// which overflow into the Hybrid's dense block; B and C with a ragged column count too.
+TEST_CASE_TEMPLATE("cuda spmm at the paper's layout with token skew", T, bf16, fp16, float) {
+  for (const std::int64_t n : {std::int64_t{256}, std::int64_t{100}}) {
+    for (const double density : {0.005, 0.02}) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(n);
+      CAPTURE(density);
+      const std::int64_t m = 700, k = 5632;
+      testing::SparseDenseOptions so;
+      so.density = density;
+      so.full_row_share = 0.01;
+      auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
+      // A few heavy rows that stay within capacity: they must be spread over warps, not overflow.
+      for (std::int64_t i = 1; i < m; i += 97)
+        for (std::int64_t j = 0; j < k; j += 9) a_dense.view().at(i, j) = from_float<T>(0.5f + 0.001f * j);
+      const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 1);
+      const auto c0 = testing::random_dense<T>(m, n, 1.0f, seed + 2);
+      const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), kPaper);
+      CHECK(hybrid.overflow_rows() > 0);
+      check_spmm<T>("hybrid", Op::none, hybrid, b, c0, 1.0f, 0.0f);
+      check_spmm<T>("hybrid", Op::none, hybrid, b, c0, 0.5f, 1.0f);
+      // op = transpose: C (k x n) = A^T B with B m x n (the dWd = h^T dy shape).
+      const auto bt = testing::random_dense<T>(m, n, 1.0f, seed + 3);
+      const auto ct = testing::random_dense<T>(k, n, 1.0f, seed + 4);
+      check_spmm<T>("hybrid", Op::transpose, hybrid, bt, ct, 1.0f, 0.0f);
+      // The same matrix without its overflowed rows, as a plain TwELL.
+      ConvertOptions drop;
+      drop.overflow = OverflowPolicy::drop;
+      const TwellMatrix<T> twell = ref::dense_to_twell<T>(a_dense.view(), kPaper, drop);
+      check_spmm<T>("twell", Op::none, twell, b, c0, 1.0f, 0.0f);
+      check_spmm<T>("twell", Op::none, twell, b, c0, -1.0f, 0.5f);
+    }
+  }
+}
+
+// An output view whose leading dimension is not a multiple of 8 takes the scalar path.
+TEST_CASE_TEMPLATE("cuda spmm on misaligned B and C takes the scalar path and stays right", T, bf16, float) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  testing::SparseDenseOptions so;
+  so.density = 0.05;
+  const auto a_dense = testing::random_sparse_dense<T>(50, 700, so, seed);
+  const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), twell_layout_for<T>(a_dense.view()));
+  const auto b = testing::random_dense<T>(700, 37, 1.0f, seed + 1);
+  DenseMatrix<T> want = nan_dense<T>(50, 37);
+  ref::spmm<T>(Op::none, a.view(), b.view(), want.view(), 1.0f, 0.0f);
+  // C lives inside a wider buffer (ld 41) with poison around it.
+  DenseMatrix<T> wide = nan_dense<T>(50, 41).to(kDevice);
+  DenseView<T> c{wide.view().data + 1, 50, 37, 41, kDevice};
+  const auto a_dev = a.to(kDevice);
+  const auto b_dev = b.to(kDevice);
+  KernelReport report;
+  KernelOptions options;
+  options.report = &report;
+  dev::spmm<T>(Op::none, a_dev.view(), b_dev.view(), c, 1.0f, 0.0f, options);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(report.path == "cuda/spmm/twell/pair_balanced_scalar");
+  const DenseMatrix<T> host = wide.to(kHost);
+  DenseMatrix<T> got(50, 37);
+  for (std::int64_t i = 0; i < 50; ++i) {
+    for (std::int64_t j = 0; j < 37; ++j) got.view().at(i, j) = host.view().at(i, j + 1);
+    CHECK(std::isnan(to_float(host.view().at(i, 0))));  // neighbours untouched
+    CHECK(std::isnan(to_float(host.view().at(i, 38))));
+  }
+  CHECK(rel(got, want) <= bound<T>());
+}
+
+TEST_CASE("cuda spmm rejects host operands and bad shapes") {
+  const auto a = ref::dense_to_csr<float>(testing::random_dense<float>(4, 5, 1.0f, testing::fresh_seed()).view());
+  const auto a_dev = a.to(kDevice);
+  DenseMatrix<float> b(5, 3, kDevice), c(4, 3, kDevice), bad(6, 3, kDevice);
+  DenseMatrix<float> b_host(5, 3);
+  try {
+    dev::spmm<float>(Op::none, a_dev.view(), b_host.view(), c.view(), 1.0f, 0.0f);
+    FAIL("no error for a host operand");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::space_mismatch);
+  }
+  try {
+    dev::spmm<float>(Op::none, a_dev.view(), bad.view(), c.view(), 1.0f, 0.0f);
+    FAIL("no error for a shape mismatch");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::shape_mismatch);
+  }
+}
+
+namespace {
+
+// Words of a TwELL result compared column by column (the low 16 bits: slot-0 counts and
+// columns) and, for fp32, whole packed words; values are compared through the dense form.
+template <class T>
+bool same_columns(const TwellMatrix<T>& a, const TwellMatrix<T>& b) {
+  const auto x = a.packed().host_span(), y = b.packed().host_span();
+  if (x.size() != y.size()) return false;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::uint32_t mask = ValueTraits<T>::packs_in_slot ? 0xffffu : 0xffffffffu;
+    if ((x[i] & mask) != (y[i] & mask)) return false;
+  }
+  return true;
+}
+
+template <class T>
+bool same_maps(const HybridMatrix<T>& a, const HybridMatrix<T>& b) {
+  const auto x = a.row_to_overflow().host_span(), y = b.row_to_overflow().host_span();
+  const auto p = a.overflow_to_row().host_span(), q = b.overflow_to_row().host_span();
+  return std::equal(x.begin(), x.end(), y.begin(), y.end()) && std::equal(p.begin(), p.end(), q.begin(), q.end());
+}
+
+// The output of a sampled kernel on the device: a copy of `pattern` (so it has the structure
+// that beta != 0 reads), or, for beta = 0, the same shape with every byte poisoned.
+template <class T>
+CsrMatrix<T> device_out(const CsrMatrix<T>& p, bool poisoned) {
+  CsrMatrix<T> o = p.to(kDevice);
+  if (poisoned) poison(o.values());
+  return o;
+}
+template <class T>
+EllMatrix<T> device_out(const EllMatrix<T>& p, bool poisoned) {
+  EllMatrix<T> o = p.to(kDevice);
+  if (poisoned) {
+    // Only the pattern's slots are written; poison them through a host copy.
+    EllMatrix<T> h = p.to(kHost);
+    auto v = h.values().host_span();
+    const auto count = h.row_count().host_span();
+    for (std::int64_t i = 0; i < h.rows(); ++i)
+      for (std::int64_t s = 0; s < count[static_cast<std::size_t>(i)]; ++s)
+        v[static_cast<std::size_t>(i * h.width() + s)] = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+    o = h.to(kDevice);
+  }
+  return o;
+}
+template <class T>
+TwellMatrix<T> device_out(const TwellMatrix<T>& p, bool poisoned) {
+  if (!poisoned) return p.to(kDevice);
+  TwellMatrix<T> o(p.rows(), p.cols(), p.layout(), kDevice);
+  poison(o.packed());
+  poison(o.value_plane());
+  return o;
+}
+template <class T>
+HybridMatrix<T> device_out(const HybridMatrix<T>& p, bool poisoned) {
+  if (!poisoned) return p.to(kDevice);
+  HybridMatrix<T> o(p.rows(), p.cols(), p.layout(), p.overflow_rows(), kDevice);
+  poison(o.twell().packed());
+  poison(o.twell().value_plane());
+  poison(o.overflow().values());
+  poison(o.row_to_overflow());
+  poison(o.overflow_to_row());
+  return o;
+}
+
+template <class T>
+void check_structure(const CsrMatrix<T>&, const CsrMatrix<T>&) {}
+template <class T>
+void check_structure(const EllMatrix<T>&, const EllMatrix<T>&) {}
+template <class T>
+void check_structure(const TwellMatrix<T>& got, const TwellMatrix<T>& want) {
+  CHECK(same_columns(got, want));
+}
+template <class T>
+void check_structure(const HybridMatrix<T>& got, const HybridMatrix<T>& want) {
+  CHECK(same_columns(got.twell(), want.twell()));
+  CHECK(same_maps(got, want));
+}
+
+template <class T, class HostM>
+void check_sddmm(const char* name, const DenseMatrix<T>& a, Op op_b, const DenseMatrix<T>& b, const HostM& pattern,
+                 float alpha, float beta, bool alias) {
+  CAPTURE(name);
+  CAPTURE(alpha);
+  CAPTURE(beta);
+  CAPTURE(alias);
+  HostM want = pattern.to(kHost);
+  ref::sddmm<T>(a.view(), op_b, b.view(), pattern.view(), want.view(), alpha, beta);
+
+  const auto a_dev = a.to(kDevice);
+  const auto b_dev = b.to(kDevice);
+  auto p_dev = pattern.to(kDevice);
+  auto out = device_out(pattern, beta == 0.0f && !alias);
+  auto& target = alias ? p_dev : out;
+  KernelReport report;
+  KernelOptions options;
+  options.report = &report;
+  dev::sddmm<T>(a_dev.view(), op_b, b_dev.view(), p_dev.view(), target.view(), alpha, beta, options);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CAPTURE(report.path);
+  CHECK(cuda_path(report));
+  const HostM got = target.to(kHost);
+  check_structure(got, want);
+  const double err = rel(dense_of(got), dense_of(want));
+  CHECK(err <= bound<T>());
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda sddmm matches the reference on every pattern format", T, bf16, fp16, float) {
+  const std::vector<Shape> shapes = {{1, 1, 1}, {5, 3, 7}, {37, 64, 45}, {64, 2048 / 8, 300}, {20, 130, 70}};
+  for (const Shape& s : shapes) {
+    for (const double density : kDensities) {
+      for (const Op op_b : {Op::none, Op::transpose}) {
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(s.m);
+        CAPTURE(s.k);
+        CAPTURE(s.n);
+        CAPTURE(density);
+        const bool tr = op_b == Op::transpose;
+        CAPTURE(tr);
+        testing::SparseDenseOptions so;
+        so.density = density;
+        so.full_row_share = density > 0.0 && density < 0.5 ? 0.1 : 0.0;
+        const auto pattern_dense = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
+        const auto a = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 1);
+        const auto b = tr ? testing::random_dense<T>(s.n, s.k, 1.0f, seed + 2)
+                          : testing::random_dense<T>(s.k, s.n, 1.0f, seed + 2);
+        const Formats<T> f = host_formats<T>(pattern_dense.view(), kNarrow);
+        for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.75f, -1.5f}}) {
+          check_sddmm<T>("csr", a, op_b, b, f.csr, alpha, beta, false);
+          check_sddmm<T>("ell", a, op_b, b, f.ell, alpha, beta, false);
+          check_sddmm<T>("twell", a, op_b, b, f.twell, alpha, beta, false);
+          check_sddmm<T>("hybrid", a, op_b, b, f.hybrid, alpha, beta, false);
+        }
+        check_sddmm<T>("twell", a, op_b, b, f.twell, 1.0f, 0.5f, true);
+        check_sddmm<T>("hybrid", a, op_b, b, f.hybrid, 2.0f, 0.0f, true);
+      }
+    }
+  }
+}
+
+namespace {
+
+// A host matrix with the pattern of `d` and fresh nonzero values.
+template <class T>
+DenseMatrix<T> same_pattern(DenseView<const T> d, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> value(0.25f, 2.0f);
+  DenseMatrix<T> out(d.rows, d.cols);
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t j = 0; j < d.cols; ++j)
+      out.view().at(i, j) = is_stored(d.at(i, j)) ? from_float<T>(rng() % 2 ? value(rng) : -value(rng)) : T{};
+  return out;
+}
+
+template <class T, class HostM>
+void check_elementwise(const char* name, const HostM& x, const HostM& y) {
+  CAPTURE(name);
+  const auto x_dev = x.to(kDevice);
+  const auto y_dev = y.to(kDevice);
+  KernelReport report;
+  KernelOptions options;
+  options.report = &report;
+  {
+    HostM want = x.to(kHost);
+    ref::multiply_on_pattern<T>(x.view(), y.view(), want.view());
+    auto out = device_out(x, true);
+    dev::multiply_on_pattern<T>(x_dev.view(), y_dev.view(), out.view(), options);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cuda_path(report));
+    const HostM got = out.to(kHost);
+    check_structure(got, want);
+    CHECK(testing::bitwise_equal<T>(dense_of(got).view(), dense_of(want).view()));
+  }
+  {
+    const float s = 0.375f;
+    HostM want = x.to(kHost);
+    ref::add_scaled_sign<T>(x.view(), s, want.view());
+    auto out = device_out(x, true);
+    dev::add_scaled_sign<T>(x_dev.view(), s, out.view(), options);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const HostM got = out.to(kHost);
+    check_structure(got, want);
+    CHECK(rel(dense_of(got), dense_of(want)) <= 1e-6);
+    // In place: out aliases x.
+    auto inplace = x.to(kDevice);
+    dev::add_scaled_sign<T>(inplace.view(), s, inplace.view(), options);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(rel(dense_of(inplace.to(kHost)), dense_of(want)) <= 1e-6);
+  }
+  {
+    KernelOptions plain;
+    const double l1_want = ref::l1_norm<T>(x.view());
+    const double l1_got = dev::l1_norm<T>(x_dev.view(), options);
+    CHECK(cuda_path(report));
+    CHECK(std::fabs(l1_got - l1_want) <= 1e-9 * std::max(1.0, std::fabs(l1_want)));
+    CHECK(dev::l0_norm<T>(x_dev.view(), plain) == ref::l0_norm<T>(x.view()));
+    // Deterministic: the same bits twice.
+    CHECK(dev::l1_norm<T>(x_dev.view(), plain) == l1_got);
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda elementwise kernels and reductions match the reference", T, bf16, fp16, float) {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1, 1}, {7, 13}, {64, 300}, {513, 700}};
+  for (const auto& [m, n] : shapes) {
+    for (const double density : kDensities) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(density);
+      testing::SparseDenseOptions so;
+      so.density = density;
+      so.full_row_share = density > 0.0 && density < 0.5 ? 0.05 : 0.0;
+      const auto x = testing::random_sparse_dense<T>(m, n, so, seed);
+      const auto y = same_pattern<T>(x.view(), seed + 1);
+      const Formats<T> fx = host_formats<T>(x.view(), kNarrow);
+      Formats<T> fy = host_formats<T>(y.view(), kNarrow);
+      // Same structure: y's formats share x's index arrays by construction, and the same layouts.
+      check_elementwise<T>("csr", fx.csr, fy.csr);
+      check_elementwise<T>("ell", fx.ell, fy.ell);
+      check_elementwise<T>("twell", fx.twell, fy.twell);
+      check_elementwise<T>("hybrid", fx.hybrid, fy.hybrid);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("cuda reductions count NaN, skip -0.0 and Hybrid shadows", T, bf16, float) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  testing::SparseDenseOptions so;
+  so.density = 0.1;
+  so.full_row_share = 0.1;
+  so.specials = true;
+  const auto x = testing::random_sparse_dense<T>(200, 90, so, seed);
+  const Formats<T> f = host_formats<T>(x.view(), kNarrow);
+  REQUIRE(f.hybrid.overflow_rows() > 0);
+  const auto h = f.hybrid.to(kDevice);
+  CHECK(dev::l0_norm<T>(h.view()) == ref::l0_norm<T>(f.hybrid.view()));
+  const double got = dev::l1_norm<T>(h.view()), want = ref::l1_norm<T>(f.hybrid.view());
+  if (std::isnan(want) || std::isinf(want)) {
+    CHECK((std::isnan(got) == std::isnan(want) && std::isinf(got) == std::isinf(want)));
+  } else {
+    CHECK(std::fabs(got - want) <= 1e-9 * std::max(1.0, want));
+  }
+}
+
+namespace {
+
+template <class T, class HostM>
+void check_transpose_bitwise(const char* name, const HostM& a) {
+  CAPTURE(name);
+  const auto want = ref::transpose<T>(a.view());
+  const auto a_dev = a.to(kDevice);
+  KernelReport report;
+  KernelOptions options;
+  options.report = &report;
+  const auto got = dev::transpose<T>(a_dev.view(), options);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(cuda_path(report));
+  const auto host = got.to(kHost);
+  CHECK(testing::bitwise_equal<T>(dense_of(host).view(), dense_of(want).view()));
+}
+
+template <class T, class HostM>
+void check_transpose_hybrid(const char* name, const HostM& a, TwellLayout layout) {
+  CAPTURE(name);
+  const auto want = ref::transpose<T>(a.view(), layout);
+  const auto a_dev = a.to(kDevice);
+  const auto got = dev::transpose<T>(a_dev.view(), layout);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const auto host = got.to(kHost);
+  CHECK(host.overflow_rows() == want.overflow_rows());
+  CHECK(testing::bitwise_equal<T>(dense_of(host).view(), dense_of(want).view()));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda transpose matches the reference bit for bit", T, bf16, fp16, float) {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1, 1}, {3, 8}, {45, 37}, {300, 70}, {64, 1030}};
+  for (const auto& [m, n] : shapes) {
+    for (const double density : kDensities) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(density);
+      testing::SparseDenseOptions so;
+      so.density = density;
+      so.specials = true;
+      const auto x = testing::random_sparse_dense<T>(m, n, so, seed);
+      const Formats<T> f = host_formats<T>(x.view(), kNarrow);
+      check_transpose_bitwise<T>("csr", f.csr);
+      check_transpose_bitwise<T>("ell", f.ell);
+      check_transpose_hybrid<T>("twell", f.twell, kNarrow);
+      check_transpose_hybrid<T>("hybrid", f.hybrid, kPaper);
+    }
+  }
+}
