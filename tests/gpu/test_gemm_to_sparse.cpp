@@ -1,0 +1,324 @@
+// twell::cuda::gemm_to_sparse against twell::reference::gemm_to_sparse on fresh random inputs:
+// fused (tile 128/256) and generic paths, ragged shapes, densities 0.3 % to ~50 %, token-skewed
+// overflow-heavy rows, every activation with and without threshold, all overflow policies.
+// Entries may differ in being stored only where the fp32 product sits within accumulation
+// rounding of the threshold; those are counted and bounded.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <Eigen/Dense>
+
+#include <twell/converters/backends.hpp>
+#include <twell/kernels/backends.hpp>
+#include <twell/workload.hpp>
+
+#include "random.hpp"
+
+namespace {
+
+using namespace twell;
+using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+template <class T>
+MatrixF to_eigen(DenseView<const T> v) {
+  MatrixF m(v.rows, v.cols);
+  for (std::int64_t i = 0; i < v.rows; ++i)
+    for (std::int64_t j = 0; j < v.cols; ++j) m(i, j) = to_float(v.at(i, j));
+  return m;
+}
+
+float activate(Activation kind, float v) {
+  switch (kind) {
+    case Activation::relu: return v < 0.0f ? 0.0f : v;
+    case Activation::silu: return v / (1.0f + std::exp(-v));
+    case Activation::gelu: return 0.5f * v * (1.0f + std::erf(v * 0.70710678118654752f));
+  }
+  return v;
+}
+
+template <class T>
+bool stored_at(ActivationSpec act, float p) {
+  const float a = activate(act.kind, p);
+  if (std::fabs(a) <= act.threshold) return false;
+  return is_stored(from_float<T>(a));
+}
+
+// Decodes a host Hybrid into dense fp32, checking every structural invariant the GEMM epilogue
+// promises on the way (CHECKs fail the test case).
+template <class T>
+MatrixF decode_checked(const HybridMatrix<T>& h) {
+  const TwellLayout& l = h.layout();
+  const std::int64_t m = h.rows(), n = h.cols(), tiles = l.tiles(n), s = l.slots();
+  const auto packed = h.twell().packed().host_span();
+  const auto r2o = h.row_to_overflow().host_span();
+  const auto o2r = h.overflow_to_row().host_span();
+  const auto& plane = h.twell().value_plane();
+  MatrixF out = MatrixF::Zero(m, n);
+  for (std::int64_t r = 0; r < h.overflow_rows(); ++r) {
+    REQUIRE(o2r[r] >= 0);
+    REQUIRE(o2r[r] < m);
+    CHECK(r2o[static_cast<std::size_t>(o2r[r])] == r);
+    if (r > 0) CHECK(o2r[r] > o2r[r - 1]);
+  }
+  std::int64_t bad_rows = 0;
+  for (std::int64_t i = 0; i < m; ++i) {
+    const std::int32_t o = r2o[static_cast<std::size_t>(i)];
+    bool any_overflow = false;
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      const std::int64_t base = l.slot_offset(i, t, n);
+      const std::uint32_t count = packed[static_cast<std::size_t>(base)];
+      any_overflow = any_overflow || l.overflows(count);
+      const std::int64_t written = std::min<std::int64_t>(count, l.capacity());
+      std::int64_t prev = -1;
+      bool ok = true;
+      for (std::int64_t q = 1; q < s; ++q) {
+        const std::uint32_t word = packed[static_cast<std::size_t>(base + q)];
+        if (q > written) {
+          ok = ok && word == 0;
+          continue;
+        }
+        const std::int64_t col = TwellLayout::slot_column(word);
+        ok = ok && col > prev && col < l.tile_cols(t, n);
+        prev = col;
+        float v;
+        if constexpr (ValueTraits<T>::packs_in_slot) {
+          ok = ok && TwellLayout::slot_value_bits(word) != 0 && TwellLayout::slot_value_bits(word) != 0x8000;
+          v = to_float(ValueTraits<T>::from_bits(TwellLayout::slot_value_bits(word)));
+        } else {
+          v = plane.host_span()[static_cast<std::size_t>(base + q)];
+        }
+        if (o < 0) out(i, l.tile_begin(t) + col) = v;
+      }
+      if (!ok) ++bad_rows;
+    }
+    CHECK((o >= 0) == any_overflow);
+    if (o >= 0) {
+      const auto dense = h.overflow().view();
+      for (std::int64_t j = 0; j < n; ++j) out(i, j) = to_float(dense.at(o, j));
+      // The shadow keeps the true count of each tile.
+      for (std::int64_t t = 0; t < tiles; ++t) {
+        std::int64_t c = 0;
+        for (std::int64_t j = l.tile_begin(t); j < l.tile_begin(t) + l.tile_cols(t, n); ++j) c += out(i, j) != 0.0f;
+        CHECK(packed[static_cast<std::size_t>(l.slot_offset(i, t, n))] == static_cast<std::uint32_t>(c));
+      }
+    }
+  }
+  CHECK(bad_rows == 0);
+  return out;
+}
+
+struct Outcome {
+  std::int64_t stored = 0;      // entries stored by the reference
+  std::int64_t ambiguous = 0;   // stored-ness differs, product within rounding of the threshold
+  std::int64_t wrong = 0;       // differs in stored-ness away from the threshold, or in value
+};
+
+template <class T>
+Outcome compare(const MatrixF& ref, const MatrixF& gpu, const MatrixF& prod, const MatrixF& abs_prod,
+                ActivationSpec act) {
+  const float rel = std::is_same_v<T, bf16> ? 1.6e-2f : (std::is_same_v<T, fp16> ? 2e-3f : 1e-5f);
+  Outcome o;
+  for (std::int64_t i = 0; i < ref.rows(); ++i)
+    for (std::int64_t j = 0; j < ref.cols(); ++j) {
+      const float r = ref(i, j), g = gpu(i, j);
+      o.stored += r != 0.0f;
+      const float e = 1e-5f * abs_prod(i, j) + 1e-30f;  // fp32 accumulation-order spread
+      if ((r != 0.0f) != (g != 0.0f)) {
+        const bool here = stored_at<T>(act, prod(i, j));
+        const bool amb = stored_at<T>(act, prod(i, j) - e) != here || stored_at<T>(act, prod(i, j) + e) != here;
+        (amb ? o.ambiguous : o.wrong) += 1;
+        continue;
+      }
+      if (!(std::fabs(g - r) <= rel * std::fabs(r) + 4.0f * e)) ++o.wrong;
+    }
+  return o;
+}
+
+template <class T>
+struct Case {
+  DenseMatrix<T> x, w;
+};
+
+template <class T>
+Case<T> random_case(std::int64_t m, std::int64_t k, std::int64_t n, std::uint64_t seed) {
+  return {testing::random_dense<T>(m, k, 1.0f, seed), testing::random_dense<T>(k, n, 1.0f, seed + 1)};
+}
+
+template <class T>
+Case<T> workload_case(std::int64_t m, std::int64_t k, std::int64_t n, double density, workload::Distribution d,
+                      std::uint64_t seed) {
+  workload::ActivationOptions o;
+  o.tokens = m;
+  o.units = n;
+  o.density = density;
+  o.distribution = d;
+  o.seed = seed;
+  auto in = workload::ffn_inputs<T>(o, k);
+  return {std::move(in.x), std::move(in.wg)};
+}
+
+// Runs both backends with the given policy; returns the outcome, checks paths and reports.
+template <class T>
+Outcome run_case(const Case<T>& c, ActivationSpec act, TwellLayout layout, OverflowPolicy policy,
+                 const std::string& expect_path_prefix) {
+  ConvertOptions conv;
+  conv.overflow = policy;
+  ConvertReport ref_report, gpu_report;
+  conv.report = &ref_report;
+  const HybridMatrix<T> ref = reference::gemm_to_sparse<T>(c.x.view(), c.w.view(), act, layout, conv);
+  const auto xd = c.x.to(MemorySpace::device);
+  const auto wd = c.w.to(MemorySpace::device);
+  conv.report = &gpu_report;
+  KernelReport kr;
+  KernelOptions ko;
+  ko.report = &kr;
+  const HybridMatrix<T> got =
+      cuda::gemm_to_sparse<T>(xd.view(), wd.view(), act, layout, conv, ko).to(MemorySpace::host);
+  CAPTURE(kr.path);
+  CHECK(kr.path.rfind(expect_path_prefix, 0) == 0);
+  const MatrixF xf = to_eigen<T>(c.x.view()), wf = to_eigen<T>(c.w.view());
+  const MatrixF prod = xf * wf;
+  const MatrixF abs_prod = xf.cwiseAbs() * wf.cwiseAbs();
+  const Outcome o = compare<T>(decode_checked(ref), decode_checked(got), prod, abs_prod, act);
+  CAPTURE(o.stored);
+  CAPTURE(o.ambiguous);
+  CHECK(o.wrong == 0);
+  CHECK(o.ambiguous <= 2 + o.stored / 1000);
+  if (o.ambiguous == 0) {
+    CHECK(got.overflow_rows() == ref.overflow_rows());
+    CHECK(gpu_report.nnz == ref_report.nnz);
+    CHECK(gpu_report.dropped == ref_report.dropped);
+    CHECK(gpu_report.overflow_rows == ref_report.overflow_rows);
+  }
+  return o;
+}
+
+const ActivationSpec kActs[] = {{Activation::relu, 0.0f}, {Activation::relu, 0.5f}, {Activation::silu, 0.3f},
+                                {Activation::gelu, 0.3f}, {Activation::silu, 0.0f}};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("gemm_to_sparse fused path, random dense inputs (about 50 % dense), every activation", T, bf16,
+                   fp16) {
+  struct Shape {
+    std::int64_t m, k, n;
+    std::int32_t tile;
+  };
+  for (const Shape s : {Shape{77, 96, 328, 256}, Shape{130, 40, 256, 128}, Shape{1, 8, 8, 256},
+                        Shape{300, 264, 520, 128}}) {
+    for (const ActivationSpec act : kActs) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.m);
+      CAPTURE(s.k);
+      CAPTURE(s.n);
+      CAPTURE(static_cast<int>(act.kind));
+      CAPTURE(act.threshold);
+      const auto c = random_case<T>(s.m, s.k, s.n, seed);
+      // C = 2 holds half a tile: dense rows fit, sparse-ish thresholded ones too.
+      run_case<T>(c, act, TwellLayout{s.tile, 2}, OverflowPolicy::hybrid, "fused_mma_sync_tile");
+      // C = 8 makes most dense rows overflow: the hybrid block and the dense recompute.
+      run_case<T>(c, act, TwellLayout{s.tile, 8}, OverflowPolicy::hybrid, "fused_mma_sync_tile");
+      run_case<T>(c, act, TwellLayout{s.tile, 8}, OverflowPolicy::drop, "fused_mma_sync_tile");
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("gemm_to_sparse generic paths: other tiles, unaligned shapes, fp32", T, bf16, fp16, float) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto ragged = random_case<T>(77, 96, 300, seed);  // N % 8 != 0: no 16-byte rows
+  run_case<T>(ragged, kActs[0], TwellLayout{256, 8}, OverflowPolicy::hybrid, "generic:simt_dense");
+  run_case<T>(ragged, kActs[2], TwellLayout{64, 4}, OverflowPolicy::drop, "generic:simt_dense");
+  const auto aligned = random_case<T>(90, 64, 192, seed + 7);
+  const std::string dense = std::is_same_v<T, float> ? "generic:simt_dense" : "generic:mma_sync_dense";
+  run_case<T>(aligned, kActs[1], TwellLayout{64, 2}, OverflowPolicy::hybrid, dense);
+  if constexpr (std::is_same_v<T, float>) run_case<T>(aligned, kActs[3], TwellLayout{256, 4}, OverflowPolicy::hybrid, dense);
+}
+
+TEST_CASE_TEMPLATE("gemm_to_sparse on workload patterns, densities 0.3 % to 20 %, token-skewed overflow", T, bf16,
+                   fp16) {
+  struct Setting {
+    std::int64_t m, k, n;
+    double density;
+    workload::Distribution d;
+  };
+  for (const Setting s : {Setting{512, 2048, 5632, 0.005, workload::Distribution::token_skewed},
+                          Setting{512, 2048, 5632, 0.003, workload::Distribution::uniform},
+                          Setting{384, 512, 1408, 0.05, workload::Distribution::token_skewed},
+                          Setting{256, 256, 1024, 0.2, workload::Distribution::neuron_skewed}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(s.density);
+    const auto c = workload_case<T>(s.m, s.k, s.n, s.density, s.d, seed);
+    for (const std::int32_t tile : {256, 128}) {
+      CAPTURE(tile);
+      run_case<T>(c, kActs[0], TwellLayout{tile, 8}, OverflowPolicy::hybrid, "fused_mma_sync_tile");
+      run_case<T>(c, kActs[0], TwellLayout{tile, 16}, OverflowPolicy::drop, "fused_mma_sync_tile");
+    }
+  }
+}
+
+TEST_CASE("gemm_to_sparse error policy names the first overflowed row and tile") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  auto c = random_case<bf16>(200, 64, 512, seed);
+  // Row 150 alone is dense in tile 1: x(150, :) = 1 and w's tile-1 columns positive.
+  auto xv = c.x.view();
+  for (std::int64_t i = 0; i < 200; ++i)
+    for (std::int64_t k = 0; k < 64; ++k) xv.at(i, k) = from_float<bf16>(i == 150 ? 1.0f : 0.0f);
+  auto wv = c.w.view();
+  for (std::int64_t k = 0; k < 64; ++k)
+    for (std::int64_t j = 0; j < 512; ++j) wv.at(k, j) = from_float<bf16>(j >= 256 ? 0.25f : -0.25f);
+  const auto xd = c.x.to(MemorySpace::device);
+  const auto wd = c.w.to(MemorySpace::device);
+  ConvertOptions conv;  // error is the default policy
+  try {
+    (void)cuda::gemm_to_sparse<bf16>(xd.view(), wd.view(), {Activation::relu, 0.0f}, TwellLayout{256, 8}, conv);
+    FAIL("no overflow reported");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::overflow);
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(what.find("row 150, tile 1 has 256") != std::string::npos);
+  }
+  // The same input under hybrid: exactly row 150 in the block, fully dense in tile 1.
+  conv.overflow = OverflowPolicy::hybrid;
+  const auto h = cuda::gemm_to_sparse<bf16>(xd.view(), wd.view(), {Activation::relu, 0.0f}, TwellLayout{256, 8}, conv)
+                     .to(MemorySpace::host);
+  REQUIRE(h.overflow_rows() == 1);
+  CHECK(h.overflow_to_row().host_span()[0] == 150);
+  CHECK(h.row_to_overflow().host_span()[150] == 0);
+  CHECK(h.row_to_overflow().host_span()[149] == -1);
+  const auto o = h.overflow().view();
+  CHECK(to_float(o.at(0, 300)) == doctest::Approx(16.0f));
+  CHECK(to_float(o.at(0, 10)) == 0.0f);
+}
+
+TEST_CASE("gemm_to_sparse rejects bad input") {
+  const auto x = testing::random_dense<bf16>(16, 32, 1.0f, 1).to(MemorySpace::device);
+  const auto w = testing::random_dense<bf16>(24, 64, 1.0f, 2).to(MemorySpace::device);
+  const auto wh = testing::random_dense<bf16>(32, 64, 1.0f, 3);
+  const auto wk = wh.to(MemorySpace::device);
+  auto code = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return ErrorCode::io;  // nothing thrown: no code of the expected ones
+  };
+  CHECK(code([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), w.view(), {}, TwellLayout{}, {}); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), wh.view(), {}, TwellLayout{}, {}); }) ==
+        ErrorCode::space_mismatch);
+  CHECK(code([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), wk.view(), {}, TwellLayout{256, 3}, {}); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code([&] {
+          (void)cuda::gemm_to_sparse<bf16>(x.view(), wk.view(), {Activation::relu, -1.0f}, TwellLayout{}, {});
+        }) == ErrorCode::invalid_argument);
+}
