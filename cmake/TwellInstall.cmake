@@ -18,3 +18,7 @@ configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/twellConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/twellConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/twellConfig.cmake ${PROJECT_BINARY_DIR}/twellConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/twell)
+# `twell stats --png` looks for its plotting script here (share/twell) next to the installed tool.
+if(TWELL_BUILD_TOOLS)
+  install(PROGRAMS ${PROJECT_SOURCE_DIR}/bench/plot_stats.py DESTINATION ${CMAKE_INSTALL_DATADIR}/twell)
+endif()

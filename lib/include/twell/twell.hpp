@@ -6,6 +6,7 @@
 #include <twell/memory.hpp>
 #include <twell/types.hpp>
 
+#include <twell/formats/copy.hpp>
 #include <twell/formats/csr.hpp>
 #include <twell/formats/dense.hpp>
 #include <twell/formats/ell.hpp>
@@ -13,5 +14,15 @@
 #include <twell/formats/layout.hpp>
 #include <twell/formats/twell_matrix.hpp>
 
+#include <twell/converters/global16.hpp>
 #include <twell/converters/options.hpp>
 #include <twell/kernels/options.hpp>
+
+#include <twell/ffn.hpp>
+#include <twell/ops.hpp>
+
+#include <twell/any_matrix.hpp>
+#include <twell/convert.hpp>
+#include <twell/io.hpp>
+#include <twell/stats.hpp>
+#include <twell/validate.hpp>

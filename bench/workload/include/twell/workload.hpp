@@ -45,7 +45,13 @@ template <Value T>
 DenseMatrix<T> activations(const ActivationOptions& options);
 
 // Inputs of a gated FFN whose gate ReLU(x Wg) has the requested pattern statistics:
-// x is M x K, wg and wu are K x N, wd is N x K, all on the host.
+// x is M x K, wg and wu are K x N, wd is N x K, all on the host; hidden (K) >= 3.
+// Construction: column 0 of x is 1 and column 1 a per-token shift, so row 0 of wg holds a
+// per-unit bias and row 1 is all ones; the other K - 2 entries are N(0, 1) in x and unit-norm
+// Gaussian columns in wg, so (x Wg)(i, j) = bias_j + shift_i + N(0, 1) noise. Each unit's bias
+// and each token's shift are set from the same per-unit rates and per-token factors that
+// activations() draws for the seed, so the gate matches them in expectation (per token closely,
+// per unit approximately). wu and wd are N(0, 1 / fan-in).
 template <Value T>
 struct FfnInputs {
   DenseMatrix<T> x, wg, wu, wd;

@@ -1,0 +1,74 @@
+// Benchmark configuration, results and their JSON and table forms (host code, every build).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include <twell/bench/json.hpp>
+
+namespace twell::bench {
+
+// The suites `twell bench --suite` accepts, in the order they run.
+const std::vector<std::string>& suite_names();
+// Splits "a,b" and checks each name; "all" or empty selects every suite. Throws invalid_argument.
+std::vector<std::string> parse_suites(const std::string& list);
+
+struct Config {
+  std::vector<std::string> suites = suite_names();
+  bool quick = false;  // smaller shapes and fewer repetitions: a smoke test, not a result
+  int reps = 50;       // timed runs per case (at least 50 for a result, DESIGN.md)
+  int warmup = 5;
+  std::uint64_t seed = 1;
+};
+
+// Median and spread of the timed runs of one case, in milliseconds.
+struct Timing {
+  double median_ms = 0, p10_ms = 0, p90_ms = 0, min_ms = 0;
+  int reps = 0;
+};
+// Nearest-rank percentiles of the samples (which it sorts).
+Timing summarize(std::vector<float> samples_ms);
+
+// One measured (or unmeasured) case. A case that did not run has status other than "ok" and
+// no numbers: "not built: ..." when the twell op or baseline is missing from this build or
+// reports ErrorCode::unsupported, "failed: ..." when it threw.
+struct Case {
+  std::string suite, op, variant;  // variant: the twell path ("twell", "hybrid", ...) or a baseline's name
+  std::string status = "ok";
+  std::string dtype = "bf16";
+  std::string shape;  // preset name, e.g. "paper"
+  std::int64_t m = 0, k = 0, n = 0;
+  std::string distribution;  // empty where the data has no pattern (dense baselines keep the case's)
+  double density_target = 0, density_realized = 0;
+  Timing timing;
+  double bytes = 0;             // bytes the op must move at least (inputs read once, outputs written once)
+  double flops = 0;             // useful floating-point operations
+  std::string baseline;         // the case whose median this one is compared with
+  double speedup = 0;           // baseline median / this median; 0: none
+  Json extra = Json::object();  // suite-specific facts (layout, path, energy, storage bytes, ...)
+
+  double gbps() const { return timing.median_ms > 0 ? bytes / (timing.median_ms * 1e6) : 0; }
+  double tflops() const { return timing.median_ms > 0 ? flops / (timing.median_ms * 1e9) : 0; }
+  Json to_json() const;
+};
+
+struct Report {
+  Json meta = Json::object();      // program, version, date, options
+  Json device = Json::object();    // name, driver, SMs, L2, clocks as read
+  Json ceilings = Json::object();  // measured copy bandwidth and GEMM rate
+  Json suites = Json::object();    // suite name -> {"status": ..., "seconds": ...}
+  std::vector<Case> cases;
+
+  Json to_json() const;
+};
+
+// The short table printed by `twell bench`: op, variant, M, density, distribution, ms,
+// GB/s or TFLOP/s, speedup over the baseline.
+void print_table(std::ostream& os, const Report& report);
+
+// Current UTC time, ISO 8601.
+std::string utc_now();
+
+}  // namespace twell::bench

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Plots and summarises the JSON written by `twell bench --out`.
+
+    python3 bench/plot.py bench.json [--out docs/benchmarks] [--single] [--summary FILE]
+
+Draws speedup-versus-density plots (one PNG per suite, or all suites in one PNG with --single):
+one panel per (shape, M) and distribution, one line per twell variant and baseline, the
+break-even (speedup 1) marked where a line crosses it. --summary writes a markdown summary (the
+device, the measured ceilings, the performance-contract rows that the JSON can fill, and a table
+per suite) to paste into docs/benchmarks/README.md. Needs matplotlib only for the plots.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+from collections import OrderedDict
+
+TWELL_VARIANTS = {
+    "spmm": ["twell", "twell+convert", "cusparse_csr", "cusparse_coo"],
+    "sddmm": ["twell"],
+    "convert": ["dense->hybrid", "dense->twell"],
+    "gemm_to_sparse": ["twell"],
+    "ffn": ["fused", "unfused"],
+}
+SUITE_ORDER = ["spmm", "sddmm", "convert", "gemm_to_sparse", "ffn"]
+DISTRIBUTIONS = ["uniform", "neuron_skewed", "token_skewed"]
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def ok_cases(report, suite=None):
+    for c in report.get("cases", []):
+        if c.get("status") == "ok" and (suite is None or c.get("suite") == suite):
+            yield c
+
+
+def series(report, suite):
+    """{(shape, M): {distribution: {(variant, baseline): [(density, speedup), ...]}}}"""
+    out = OrderedDict()
+    for c in ok_cases(report, suite):
+        if c["variant"] not in TWELL_VARIANTS.get(suite, []):
+            continue
+        for baseline, s in (c.get("extra", {}).get("speedup_vs") or {}).items():
+            if s is None:
+                continue
+            key = (c["shape"], c["M"])
+            out.setdefault(key, OrderedDict()).setdefault(c["distribution"], OrderedDict()).setdefault(
+                (c["variant"], baseline), []).append((c["density_target"], s))
+    for panels in out.values():
+        for lines in panels.values():
+            for pts in lines.values():
+                pts.sort()
+    return out
+
+
+def break_even(points):
+    """Density where the speedup crosses 1 (log-linear interpolation), or None."""
+    for (d0, s0), (d1, s1) in zip(points, points[1:]):
+        if (s0 - 1) * (s1 - 1) <= 0 and s0 != s1:
+            l0, l1 = math.log(d0), math.log(d1)
+            t = (1 - s0) / (s1 - s0)
+            return math.exp(l0 + t * (l1 - l0))
+    return None
+
+
+def draw_suite_rows(fig_axes, report, suite, start_row):
+    """Draws the suite's panels from row start_row; returns the rows used."""
+    from matplotlib.ticker import FuncFormatter
+
+    data = series(report, suite)
+    row = start_row
+    for (shape, m), panels in data.items():
+        for col, dist in enumerate(DISTRIBUTIONS):
+            ax = fig_axes[row][col]
+            lines = panels.get(dist)
+            ax.set_title(f"{suite}: {shape}, M={m}, {dist}", fontsize=9)
+            ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+            if not lines:
+                ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+                continue
+            for (variant, baseline), pts in lines.items():
+                xs = [100 * d for d, _ in pts]
+                ys = [s for _, s in pts]
+                (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=f"{variant} vs {baseline}")
+                be = break_even(pts)
+                if be is not None:
+                    ax.axvline(100 * be, color=line.get_color(), linewidth=0.6, linestyle=":")
+                    ax.annotate(f"{100 * be:.2g}%", (100 * be, 1.0), fontsize=7, color=line.get_color(),
+                                xytext=(2, 4), textcoords="offset points")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.set_xlabel("density (%)", fontsize=8)
+            ax.set_ylabel("speedup (baseline ms / ms)", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=6)
+        row += 1
+    return row - start_row
+
+
+def rows_of(report, suite):
+    return len(series(report, suite))
+
+
+def plot(report, out_dir, single):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    device = report.get("device", {}).get("name", "unknown device")
+    date = report.get("meta", {}).get("date", "")
+    suites = [s for s in SUITE_ORDER if rows_of(report, s) > 0]
+    written = []
+    groups = [suites] if single else [[s] for s in suites]
+    for group in groups:
+        if not group:
+            continue
+        rows = sum(rows_of(report, s) for s in group)
+        fig, axes = plt.subplots(rows, 3, figsize=(15, 3.6 * rows), squeeze=False)
+        r = 0
+        for s in group:
+            r += draw_suite_rows(axes, report, s, r)
+        fig.suptitle(f"twell bench, bf16, {device}, {date}", fontsize=11)
+        fig.tight_layout(rect=(0, 0, 1, 0.98))
+        name = "speedup.png" if single else f"{group[0]}.png"
+        path = os.path.join(out_dir, name)
+        fig.savefig(path, dpi=80 if single else 100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}"
+
+
+def find(report, suite, variant, shape="paper", m=None, density=None, dist="uniform"):
+    for c in ok_cases(report, suite):
+        if c["variant"] != variant or c["shape"] != shape or c["distribution"] != dist:
+            continue
+        if m is not None and c["M"] != m:
+            continue
+        if density is not None and abs(c["density_target"] - density) > 1e-12:
+            continue
+        return c
+    return None
+
+
+def contract_rows(report):
+    """Rows of DESIGN.md's performance contract that this JSON can fill."""
+    big = max((c["M"] for c in ok_cases(report)), default=None)
+    rows = []
+
+    c = find(report, "gemm_to_sparse", "twell", m=big, density=0.005)
+    ratio = c["extra"].get("time_ratio_vs_baseline") if c else None
+    rows.append(("gemm_to_sparse / cuBLAS GEMM (time ratio), 0.5 %, uniform", "<= 1.05", fmt(ratio),
+                 f"{fmt(c['ms']['median'])} ms" if c else "not measured"))
+
+    for dist, target in (("uniform", ">= 2.3x"), ("token_skewed", ">= 2.0x, exact")):
+        c = find(report, "ffn", "fused", m=big, density=0.005, dist=dist)
+        d = find(report, "ffn", "dense", m=big, density=0.005, dist=dist)
+        err = c.get("extra", {}).get("rel_error_vs_dense") if c else None
+        err_text = f"; rel. error vs dense {err if isinstance(err, str) else fmt(err, 2)}" if err is not None else ""
+        rows.append((f"gated FFN forward vs dense, 0.5 %, {dist}", target, fmt(c.get("speedup") if c else None),
+                     f"{fmt(c['ms']['median'])} ms vs {fmt(d['ms']['median'])} ms{err_text}" if c and d
+                     else "not measured"))
+
+    pts = sorted((c["density_target"], c["speedup"]) for c in ok_cases(report, "ffn")
+                 if c["variant"] == "fused" and c["shape"] == "paper" and c["distribution"] == "uniform"
+                 and c.get("baseline") == "dense" and c.get("speedup"))
+    be = break_even(pts) if pts else None
+    if be is None and pts:
+        be_text = f"> {100 * pts[-1][0]:g} %" if pts[-1][1] > 1 else f"< {100 * pts[0][0]:g} %"
+    else:
+        be_text = f"{100 * be:.2g} %" if be else "-"
+    rows.append(("break-even density, gated FFN forward vs dense (uniform)", ">= 5 %", be_text,
+                 f"{len(pts)} densities" if pts else "not measured"))
+
+    c = find(report, "spmm", "twell", m=big, density=0.005)
+    vs = (c or {}).get("extra", {}).get("speedup_vs", {}) if c else {}
+    # The paper's reference kernel took 0.27 ms on an H100 at this point (DESIGN.md).
+    rows.append(("TwELL spmm (down projection, 0.5 %, uniform) vs cuSPARSE CSR", ">= 4x", fmt(vs.get("cusparse_csr")),
+                 f"{fmt(c['ms']['median'])} ms ({fmt(0.27 / c['ms']['median'])}x the paper's 0.27 ms, target >= 1.5x); "
+                 f"vs dense {fmt(vs.get('cublas_dense'))}x" if c else "not measured"))
+
+    c = find(report, "convert", "dense->hybrid", m=big, density=0.005)
+    pct = c["extra"].get("percent_of_copy_bandwidth") if c else None
+    rows.append(("dense -> TwELL conversion, % of copy bandwidth, 0.5 %, uniform", ">= 70 %", fmt(pct),
+                 f"{fmt(c['gb_per_s'])} GB/s" if c else "not measured"))
+    rows.append(("training forward + backward vs dense, 0.5 %", ">= 2.0x, exact", "-",
+                 "not measured (no training suite in twell bench)"))
+    return rows
+
+
+def summary(report):
+    lines = []
+    dev = report.get("device", {})
+    meta = report.get("meta", {})
+    ceil = report.get("ceilings", {})
+    nvml = dev.get("nvml", {}) or {}
+    if meta.get("error"):
+        lines.append(f"Nothing measured: {meta['error']}.")
+        lines.append("")
+    lines.append(f"Measured {meta.get('date', '?')} on {dev.get('name', '?')} "
+                 f"({dev.get('sm_count', '?')} SMs, L2 {dev.get('l2_bytes', 0) / 2**20:.0f} MiB, "
+                 f"driver {nvml.get('driver', dev.get('cuda_driver_api', '?'))}, "
+                 f"CUDA runtime {dev.get('cuda_runtime', '?')}), bf16, "
+                 f"{meta.get('reps', '?')} timed runs per case{' (--quick: not a result)' if meta.get('quick') else ''}.")
+    copy = ceil.get("device_copy", {})
+    gemm = ceil.get("bf16_gemm", {})
+    lines.append(f"Ceilings measured in the same run: device copy {fmt(copy.get('gb_per_s'), 4)} GB/s "
+                 f"(read + write), cuBLAS bf16 GEMM {fmt(gemm.get('tflop_per_s'), 4)} TFLOP/s at "
+                 f"{gemm.get('m_n_k', '?')}^3. Energy: {dev.get('energy', '?')}.")
+    lines.append("")
+    lines.append("| measure | target | measured | detail |")
+    lines.append("|---|---|---|---|")
+    for r in contract_rows(report):
+        lines.append("| " + " | ".join(r) + " |")
+    lines.append("")
+    for suite in SUITE_ORDER:
+        cases = [c for c in report.get("cases", []) if c.get("suite") == suite]
+        if not cases:
+            continue
+        lines.append(f"### {suite}")
+        lines.append("")
+        lines.append("| variant | shape | M | density | dist | ms (p10-p90) | rate | speedup | baseline |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for c in cases:
+            dens = f"{100 * c['density_target']:g} %"
+            if c.get("status") != "ok":
+                lines.append(f"| {c['variant']} | {c['shape']} | {c['M']} | {dens} | {c['distribution']} | "
+                             f"{c['status']} | | | |")
+                continue
+            ms = c["ms"]
+            if c.get("tflop_per_s") and c["tflop_per_s"] >= 1:
+                rate = f"{c['tflop_per_s']:.1f} TFLOP/s"
+            elif c.get("gb_per_s"):
+                rate = f"{c['gb_per_s']:.0f} GB/s"
+            else:
+                rate = f"{c.get('tflop_per_s', 0):.2f} TFLOP/s"
+            sp = f"{c['speedup']:.2f}x" if c.get("speedup") else ""
+            lines.append(f"| {c['variant']} | {c['shape']} | {c['M']} | {dens} | {c['distribution']} | "
+                         f"{ms['median']:.4f} ({ms['p10']:.4f}-{ms['p90']:.4f}) | {rate} | {sp} | "
+                         f"{c.get('baseline', '')} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json", help="file written by twell bench --out")
+    p.add_argument("--out", default="docs/benchmarks", help="folder for the PNGs (default docs/benchmarks)")
+    p.add_argument("--single", action="store_true", help="all suites in one PNG (speedup.png)")
+    p.add_argument("--summary", help="also write a markdown summary to this file ('-' for stdout)")
+    p.add_argument("--no-plots", action="store_true", help="only the summary")
+    a = p.parse_args(argv)
+    report = load(a.json)
+    status = 0
+    if a.summary:
+        text = summary(report)
+        if a.summary == "-":
+            sys.stdout.write(text)
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(a.summary)), exist_ok=True)
+            with open(a.summary, "w") as f:
+                f.write(text)
+    if not a.no_plots:
+        try:
+            for path in plot(report, a.out, a.single):
+                print(f"plot.py: wrote {path}", file=sys.stderr)
+        except ImportError as e:
+            print(f"plot.py: no plots: {e}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

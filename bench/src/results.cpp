@@ -1,0 +1,132 @@
+#include <twell/bench/results.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <ostream>
+
+#include <twell/error.hpp>
+
+namespace twell::bench {
+
+const std::vector<std::string>& suite_names() {
+  static const std::vector<std::string> names{"convert", "spmm", "sddmm", "gemm_to_sparse", "ffn"};
+  return names;
+}
+
+std::vector<std::string> parse_suites(const std::string& list) {
+  if (list.empty() || list == "all") return suite_names();
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (begin <= list.size()) {
+    const std::size_t end = std::min(list.find(',', begin), list.size());
+    const std::string name = list.substr(begin, end - begin);
+    require(std::find(suite_names().begin(), suite_names().end(), name) != suite_names().end(),
+            ErrorCode::invalid_argument, "twell::bench::parse_suites", "suite '", name,
+            "' is not one of convert, spmm, sddmm, gemm_to_sparse, ffn, all");
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+    begin = end + 1;
+  }
+  return out;
+}
+
+Timing summarize(std::vector<float> samples_ms) {
+  Timing t;
+  if (samples_ms.empty()) return t;
+  std::sort(samples_ms.begin(), samples_ms.end());
+  const auto at = [&](double q) {
+    const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(samples_ms.size())));
+    return static_cast<double>(samples_ms[std::max<std::size_t>(rank, 1) - 1]);
+  };
+  t.median_ms = at(0.5);
+  t.p10_ms = at(0.1);
+  t.p90_ms = at(0.9);
+  t.min_ms = samples_ms.front();
+  t.reps = static_cast<int>(samples_ms.size());
+  return t;
+}
+
+Json Case::to_json() const {
+  Json j = Json::object();
+  j["suite"] = suite;
+  j["op"] = op;
+  j["variant"] = variant;
+  j["status"] = status;
+  j["dtype"] = dtype;
+  j["shape"] = shape;
+  j["M"] = m;
+  j["K"] = k;
+  j["N"] = n;
+  j["distribution"] = distribution;
+  j["density_target"] = density_target;
+  j["density_realized"] = density_realized;
+  if (status == "ok") {
+    Json ms = Json::object();
+    ms["median"] = timing.median_ms;
+    ms["p10"] = timing.p10_ms;
+    ms["p90"] = timing.p90_ms;
+    ms["min"] = timing.min_ms;
+    ms["reps"] = timing.reps;
+    j["ms"] = ms;
+    if (bytes > 0) j["gb_per_s"] = gbps();
+    if (flops > 0) j["tflop_per_s"] = tflops();
+    j["bytes"] = bytes;
+    j["flops"] = flops;
+  }
+  j["baseline"] = baseline;
+  j["speedup"] = speedup > 0 ? Json(speedup) : Json();
+  j["extra"] = extra;
+  return j;
+}
+
+Json Report::to_json() const {
+  Json j = Json::object();
+  j["meta"] = meta;
+  j["device"] = device;
+  j["ceilings"] = ceilings;
+  j["suites"] = suites;
+  Json list = Json::array();
+  for (const Case& c : cases) list.push_back(c.to_json());
+  j["cases"] = list;
+  return j;
+}
+
+void print_table(std::ostream& os, const Report& report) {
+  char line[256];
+  std::snprintf(line, sizeof line, "%-15s %-26s %6s %7s %-13s %9s %12s %8s\n", "op", "variant", "M", "density", "dist",
+                "ms", "rate", "speedup");
+  os << line;
+  for (const Case& c : report.cases) {
+    if (c.status != "ok") {
+      std::snprintf(line, sizeof line, "%-15s %-26s %6lld %6.2f%% %-13s  %s\n", c.op.c_str(), c.variant.c_str(),
+                    static_cast<long long>(c.m), 100 * c.density_target, c.distribution.c_str(), c.status.c_str());
+      os << line;
+      continue;
+    }
+    char rate[32] = "";
+    if (c.flops > 0 && c.tflops() >= 1.0)
+      std::snprintf(rate, sizeof rate, "%.1f TF/s", c.tflops());
+    else if (c.bytes > 0)
+      std::snprintf(rate, sizeof rate, "%.0f GB/s", c.gbps());
+    else if (c.flops > 0)
+      std::snprintf(rate, sizeof rate, "%.2f TF/s", c.tflops());
+    char speed[16] = "";
+    if (c.speedup > 0) std::snprintf(speed, sizeof speed, "%.2fx", c.speedup);
+    std::snprintf(line, sizeof line, "%-15s %-26s %6lld %6.2f%% %-13s %9.4f %12s %8s\n", c.op.c_str(),
+                  c.variant.c_str(), static_cast<long long>(c.m), 100 * c.density_target, c.distribution.c_str(),
+                  c.timing.median_ms, rate, speed);
+    os << line;
+  }
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace twell::bench

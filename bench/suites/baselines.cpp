@@ -1,0 +1,130 @@
+// The baseline cases of the suites, over twell::baseline (kernels/include/twell/kernels/baselines.hpp).
+#include <twell/bench/features.hpp>
+
+#if TWELL_BENCH_BASELINES
+#include <limits>
+#include <memory>
+
+#include <twell/kernels/baselines.hpp>
+
+#include "common.hpp"
+
+namespace twell::bench::detail {
+
+namespace {
+
+// CSR of a device dense matrix through cuSPARSE itself, so the baselines need nothing of twell's
+// converters.
+CsrMatrix<T> csr_of(baseline::Handles& handles, DenseView<const T> a) {
+  baseline::DenseToCsrPlan<T> plan(handles, a);
+  return plan.run();
+}
+
+double csr_bytes(const CsrMatrix<T>& a) {
+  return static_cast<double>(a.row_ptr().bytes() + a.col_idx().bytes() + a.values().bytes());
+}
+
+constexpr int kSelectionReps = 10;
+
+}  // namespace
+
+void spmm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> a, DenseView<const T> b,
+                    DenseView<T> c, double flops, double dense_bytes) {
+  baseline::Handles handles(h.stream());
+  CsrMatrix<T> csr;
+  try {
+    csr = csr_of(handles, a);
+  } catch (const Error& e) {
+    for (const char* v : {"cusparse_csr", "cusparse_coo"}) {
+      Case x = base;
+      x.variant = v;
+      x.status = std::string("failed: cuSPARSE DenseToSparse: ") + e.what();
+      report.cases.push_back(x);
+    }
+    return;
+  }
+  for (const auto storage : {baseline::SparseStorage::csr, baseline::SparseStorage::coo}) {
+    Case x = base;
+    x.variant = storage == baseline::SparseStorage::csr ? "cusparse_csr" : "cusparse_coo";
+    run_case(report, x, [&](Case& cs) {
+      const auto algs = baseline::supported_spmm_algorithms<T>(handles, Op::none, csr.view(), storage, b, c);
+      require(!algs.empty(), ErrorCode::unsupported, "cuSPARSE SpMM", "no algorithm accepts this problem");
+      // Best of the algorithms: a short timing of each, then the winner timed in full.
+      baseline::SpmmAlgorithm best = algs.front();
+      double best_ms = std::numeric_limits<double>::infinity();
+      Json tried = Json::object();
+      for (const auto alg : algs) {
+        baseline::SpmmPlan<T> plan(handles, Op::none, csr.view(), storage, alg, b, c, 1.0f, 0.0f);
+        const Timing t = h.time([&] { plan.run(); }, kSelectionReps);
+        tried[std::string(baseline::to_string(alg))] = t.median_ms;
+        if (t.median_ms < best_ms) {
+          best_ms = t.median_ms;
+          best = alg;
+        }
+      }
+      baseline::SpmmPlan<T> plan(handles, Op::none, csr.view(), storage, best, b, c, 1.0f, 0.0f);
+      cs.timing = h.time([&] { plan.run(); });
+      const double coo_rows = storage == baseline::SparseStorage::coo ? 4.0 * static_cast<double>(csr.nnz()) : 0.0;
+      cs.bytes = csr_bytes(csr) + coo_rows + dense_bytes;
+      cs.flops = flops;
+      cs.extra["algorithm"] = std::string(baseline::to_string(best));
+      cs.extra["algorithms_ms"] = tried;
+    });
+  }
+}
+
+void convert_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> a) {
+  Case x = base;
+  x.variant = "cusparse_dense_to_csr";
+  run_case(report, x, [&](Case& cs) {
+    baseline::Handles handles(h.stream());
+    baseline::DenseToCsrPlan<T> plan(handles, a);
+    const CsrMatrix<T> once = plan.run();
+    cs.timing = h.time([&] { (void)plan.run(); });
+    cs.bytes = static_cast<double>(a.rows) * static_cast<double>(a.cols) * sizeof(T) + csr_bytes(once);
+    cs.extra["includes"] = "analysis, allocation of the result and conversion";
+  });
+}
+
+void sddmm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> dy, DenseView<const T> wd,
+                     DenseView<const T> pattern, double flops, double dense_bytes) {
+  Case x = base;
+  x.variant = "cusparse_sddmm";
+  run_case(report, x, [&](Case& cs) {
+    baseline::Handles handles(h.stream());
+    CsrMatrix<T> out = csr_of(handles, pattern);
+    baseline::SddmmPlan<T> plan(handles, dy, Op::transpose, wd, out.view(), 1.0f, 0.0f);
+    cs.timing = h.time([&] { plan.run(); });
+    cs.bytes = dense_bytes + 2 * csr_bytes(out);
+    cs.flops = flops;
+    cs.extra["native_16bit"] = plan.native();
+  });
+}
+
+void gemm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> x, DenseView<const T> w,
+                    DenseView<T> out, double flops, double in_bytes) {
+  Case c = base;
+  c.variant = "cublaslt_relu";
+  run_case(report, c, [&](Case& cs) {
+    baseline::Handles handles(h.stream());
+    cs.timing = h.time([&] { baseline::gemm_relu<T>(handles, x, w, out); });
+    cs.bytes = in_bytes + static_cast<double>(out.rows) * static_cast<double>(out.cols) * sizeof(T);
+    cs.flops = flops;
+  });
+}
+
+std::function<void()> dense_ffn_baseline(Harness& h, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                                         DenseView<const T> wd, DenseView<T> y, Case& c) {
+  struct State {
+    baseline::Handles handles;
+    baseline::DenseFfnWorkspace<T> workspace;
+    State(Stream s, std::int64_t m, std::int64_t n) : handles(s), workspace(handles, m, n) {}
+  };
+  // DenseFfnWorkspace keeps a pointer to its Handles, so both live together at a fixed address.
+  auto state = std::make_shared<State>(h.stream(), x.rows, wg.cols);
+  c.extra["dense_path"] = "cuBLASLt gate GEMM with fused ReLU, cuBLAS up GEMM, fused product, cuBLAS down GEMM";
+  return [state, x, wg, wu, wd, y] { baseline::dense_gated_ffn_forward<T>(x, wg, wu, wd, y, state->workspace); };
+}
+
+}  // namespace twell::bench::detail
+#endif

@@ -1,0 +1,98 @@
+// Shared by the suites (internal): workload data on the device, layout choice, byte counts,
+// and the wrapper that turns a case's failure into its status.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <twell/bench/features.hpp>
+#include <twell/bench/harness.hpp>
+#include <twell/formats/dense.hpp>
+#include <twell/formats/hybrid.hpp>
+#include <twell/workload.hpp>
+
+namespace twell::bench::detail {
+
+using T = bf16;  // the performance contract is stated in bf16
+
+// The densities of the sweeps (DESIGN.md: 0.3 % to 20 %) and the distributions.
+const std::vector<double>& sweep_densities(bool quick);
+const std::vector<workload::Distribution>& distributions(bool quick);
+
+// Tokens of the large and small cases; --quick shrinks them to smoke-test sizes.
+std::int64_t tokens_large(bool quick);
+std::int64_t tokens_small(bool quick);
+
+// TwELL layout for a density: tile 256 and the largest C (fewest slots) whose capacity is at
+// least four times the mean count per tile plus 8, so only genuinely heavy (row, tile) pairs
+// overflow into the hybrid's dense block.
+TwellLayout layout_for_density(double density);
+
+// Host activations of a workload, uploaded; realized density counted on the host.
+struct DeviceActivations {
+  DenseMatrix<T> dense;  // M x N on the device
+  double realized_density = 0;
+  workload::RowProfile profile;
+};
+// Cached by its arguments: the convert, spmm and sddmm suites sweep the same points.
+const DeviceActivations& activations(std::int64_t m, std::int64_t n, double density, workload::Distribution dist,
+                                     std::uint64_t seed);
+
+// Gated-FFN inputs whose gate has the requested statistics, on the device, cached by key so
+// the gemm_to_sparse and ffn suites share them.
+struct DeviceFfn {
+  DenseMatrix<T> x, wg, wu, wd;
+};
+const DeviceFfn& ffn_inputs(const workload::FfnShape& shape, std::int64_t m, double density,
+                            workload::Distribution dist, std::uint64_t seed);
+void clear_ffn_cache();
+// Frees every cached workload (before the CUDA context goes away).
+void clear_caches();
+
+// Bytes of each format as stored on the device.
+double bytes_of(const HybridMatrix<T>& h);
+double bytes_of_dense(std::int64_t rows, std::int64_t cols);
+
+// Runs body(c) for a case: on success c keeps its numbers; ErrorCode::unsupported becomes
+// "not built: ...", any other exception "failed: ...". The case is appended either way.
+void run_case(Report& report, Case c, const std::function<void(Case&)>& body);
+// Appends a case that cannot run in this build, with the reason.
+void not_built(Report& report, Case c, const std::string& why);
+
+// After a suite: every ok case of `suite` whose variant is in twell_variants gets its speedup
+// over each ok case of the listed baselines with the same shape, M, K, N, density target and
+// distribution, in extra.speedup_vs; its primary baseline (c.baseline, c.speedup) is the
+// first one of the list found.
+void link_baselines(Report& report, const std::string& suite, const std::vector<std::string>& twell_variants,
+                    const std::vector<std::string>& baselines);
+
+#if TWELL_BENCH_BASELINES
+// Adapters over kernels/include/twell/kernels/baselines.hpp (suites/baselines.cpp): each
+// appends its baseline cases for the data point `base`.
+// cuSPARSE SpMM of the dense A's CSR / COO (best of the algorithms, each timed) into c.
+void spmm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> a, DenseView<const T> b,
+                    DenseView<T> c, double flops, double dense_bytes);
+// cuSPARSE DenseToSparse into CSR.
+void convert_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> a);
+// cuSPARSE SDDMM: (dy wd^T) at the CSR pattern of `pattern`.
+void sddmm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> dy, DenseView<const T> wd,
+                     DenseView<const T> pattern, double flops, double dense_bytes);
+// cuBLASLt GEMM with the ReLU in its epilogue, dense output.
+void gemm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> x, DenseView<const T> w,
+                    DenseView<T> out, double flops, double in_bytes);
+// The dense gated FFN (plan built here, outside the timing); returns the op to time.
+std::function<void()> dense_ffn_baseline(Harness& h, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                                         DenseView<const T> wd, DenseView<T> y, Case& c);
+#endif
+
+// ||a - b||_F / ||b||_F of two device matrices, in fp64 on host copies (NaN stays NaN).
+double relative_error(DenseView<const T> a, DenseView<const T> b);
+
+// Synchronises the harness stream and checks for a pending CUDA error.
+void sync(Harness& h, const char* where);
+
+}  // namespace twell::bench::detail

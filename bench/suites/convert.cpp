@@ -1,0 +1,118 @@
+// convert suite: dense M x 5632 activations -> TwELL / Hybrid on the device, against a plain
+// device copy of the dense matrix (the bandwidth ceiling of a pass over it) and cuSPARSE's
+// DenseToSparse into CSR.
+#include <cuda_runtime.h>
+
+#include <twell/bench/features.hpp>
+
+#include <twell/converters/backends.hpp>
+#if TWELL_BENCH_BASELINES
+#include <twell/kernels/baselines.hpp>
+#endif
+
+#include "common.hpp"
+
+namespace twell::bench {
+
+using detail::T;
+
+void run_convert(Harness& h, Report& report) {
+  const bool quick = h.config().quick;
+  const workload::FfnShape shape = workload::paper_shape();
+  const std::int64_t units = shape.intermediate;
+  const std::int64_t m = detail::tokens_large(quick);
+  DenseMatrix<T> copy_dst(m, units, MemorySpace::device);
+  const double dense_bytes = detail::bytes_of_dense(m, units);
+
+  for (const auto dist : detail::distributions(quick)) {
+    for (const double density : detail::sweep_densities(quick)) {
+      const auto& act = detail::activations(m, units, density, dist, h.config().seed);
+      const DenseView<const T> a{act.dense.values().data(), m, units, units, MemorySpace::device};
+      Case base;
+      base.suite = "convert";
+      base.op = "dense_to_twell";
+      base.shape = shape.name;
+      base.m = m;
+      base.k = units;
+      base.n = 0;
+      base.distribution = workload::to_string(dist);
+      base.density_target = density;
+      base.density_realized = act.realized_density;
+      const TwellLayout layout = detail::layout_for_density(density);
+
+#if TWELL_BENCH_CUDA_CONVERT
+      std::int64_t overflow_rows = 0;
+      Case hy = base;
+      hy.variant = "dense->hybrid";
+      detail::run_case(report, hy, [&](Case& x) {
+        ConvertOptions o;
+        o.overflow = OverflowPolicy::hybrid;
+        o.stream = h.stream();
+        ConvertReport rep;
+        ConvertOptions probe = o;
+        probe.report = &rep;
+        const HybridMatrix<T> once = cuda::dense_to_hybrid<T>(a, layout, probe);
+        overflow_rows = once.overflow_rows();
+        x.timing = h.time([&] { (void)cuda::dense_to_hybrid<T>(a, layout, o); });
+        x.bytes = dense_bytes + detail::bytes_of(once);
+        x.extra["tile"] = layout.tile;
+        x.extra["C"] = layout.compression;
+        x.extra["overflow_rows"] = overflow_rows;
+        x.extra["nnz"] = rep.nnz;
+        x.extra["includes"] = "allocation of the result (the API returns an owning matrix)";
+      });
+      // Plain TwELL only where nothing overflows: the error policy would throw otherwise.
+      Case tw = base;
+      tw.variant = "dense->twell";
+      if (overflow_rows > 0) {
+        tw.status = "skipped: " + std::to_string(overflow_rows) + " rows overflow this layout (see dense->hybrid)";
+        report.cases.push_back(tw);
+      } else {
+        detail::run_case(report, tw, [&](Case& x) {
+          ConvertOptions o;
+          o.stream = h.stream();
+          const TwellMatrix<T> once = cuda::dense_to_twell<T>(a, layout, o);
+          x.timing = h.time([&] { (void)cuda::dense_to_twell<T>(a, layout, o); });
+          x.bytes = dense_bytes + static_cast<double>(once.packed().bytes());
+          x.extra["tile"] = layout.tile;
+          x.extra["C"] = layout.compression;
+          x.extra["includes"] = "allocation of the result (the API returns an owning matrix)";
+        });
+      }
+#else
+      for (const char* v : {"dense->hybrid", "dense->twell"}) {
+        Case c = base;
+        c.variant = v;
+        detail::not_built(report, c, "converters/cuda/*.cu are not in this build");
+      }
+#endif
+
+      Case cp = base;
+      cp.variant = "copy";
+      detail::run_case(report, cp, [&](Case& x) {
+        const auto s = static_cast<cudaStream_t>(h.stream().handle);
+        x.timing = h.time([&] {
+          const cudaError_t st = cudaMemcpyAsync(copy_dst.values().data(), a.data,
+                                                 static_cast<std::size_t>(dense_bytes), cudaMemcpyDeviceToDevice, s);
+          require(st == cudaSuccess, ErrorCode::cuda, "convert suite (cudaMemcpyAsync)", cudaGetErrorString(st));
+        });
+        x.bytes = 2 * dense_bytes;
+      });
+
+#if TWELL_BENCH_BASELINES
+      detail::convert_baselines(h, report, base, a);
+#else
+      Case cs = base;
+      cs.variant = "cusparse_dense_to_csr";
+      detail::not_built(report, cs, "kernels/include/twell/kernels/baselines.hpp is not in this build");
+#endif
+    }
+  }
+  for (Case& c : report.cases) {
+    if (c.suite != "convert" || c.status != "ok" || h.copy_gbps() <= 0) continue;
+    c.extra["percent_of_copy_bandwidth"] = 100.0 * c.gbps() / h.copy_gbps();
+  }
+  detail::link_baselines(report, "convert", {"dense->hybrid", "dense->twell"}, {"cusparse_dense_to_csr", "copy"});
+}
+
+}  // namespace twell::bench

@@ -1,0 +1,205 @@
+// ffn suite: the gated FFN forward y = (relu(x Wg) * (x Wu)) Wd at three shapes, fused
+// (twell::cuda::GatedFfnPlan), composed of unfused twell kernels, and dense (the strongest
+// dense path: cuBLASLt ReLU epilogue, fused product, cuBLAS). Also energy per token and the
+// bytes of the hidden state as TwELL/Hybrid against dense.
+#include <cmath>
+#include <optional>
+
+#include <twell/bench/features.hpp>
+
+#include <twell/kernels/backends.hpp>
+#if TWELL_BENCH_CUDA_FFN
+#include <twell/kernels/ffn_cuda.hpp>
+#endif
+#if TWELL_BENCH_BASELINES
+#include <twell/kernels/baselines.hpp>
+#endif
+
+#include "common.hpp"
+
+namespace twell::bench {
+
+using detail::T;
+
+namespace {
+
+struct FfnPoint {
+  workload::FfnShape shape;
+  double density;
+  workload::Distribution dist;
+};
+
+std::vector<FfnPoint> ffn_points(bool quick) {
+  using workload::Distribution;
+  std::vector<FfnPoint> out;
+  if (quick) {
+    out.push_back({workload::small_shape(), 0.005, Distribution::uniform});
+    out.push_back({workload::paper_shape(), 0.005, Distribution::token_skewed});
+    return out;
+  }
+  // The paper shape sweeps density (break-even); the other two are measured at 0.5 %.
+  for (const Distribution d : {Distribution::uniform, Distribution::token_skewed})
+    for (const double density : {0.005, 0.01, 0.02, 0.05, 0.10, 0.20})
+      out.push_back({workload::paper_shape(), density, d});
+  for (const Distribution d : {Distribution::uniform, Distribution::token_skewed}) {
+    out.push_back({workload::small_shape(), 0.005, d});
+    out.push_back({workload::llama7b_shape(), 0.005, d});
+  }
+  return out;
+}
+
+constexpr double kEnergySeconds = 0.5;
+constexpr double kEnergyDensity = 0.005;
+
+// Joules per token of op, into the case's extra (or the reason it is missing).
+void add_energy(Harness& h, Case& c, const std::function<void()>& op) {
+  if (c.density_target != kEnergyDensity) return;
+  const std::optional<double> j = h.joules_per_run(op, h.config().quick ? 0.1 : kEnergySeconds);
+  if (j)
+    c.extra["joules_per_token"] = *j / static_cast<double>(c.m);
+  else
+    c.extra["joules_per_token"] = "unavailable";
+}
+
+}  // namespace
+
+void run_ffn(Harness& h, Report& report) {
+  const bool quick = h.config().quick;
+  const std::int64_t m = detail::tokens_large(quick);
+  std::string last_shape;
+  for (const FfnPoint& p : ffn_points(quick)) {
+    // Inputs of earlier shapes are not needed again; the cache would hold gigabytes.
+    if (!last_shape.empty() && last_shape != p.shape.name) detail::clear_ffn_cache();
+    last_shape = p.shape.name;
+    const std::int64_t k = p.shape.hidden, n = p.shape.intermediate;
+    const auto& in = detail::ffn_inputs(p.shape, m, p.density, p.dist, h.config().seed);
+    const DenseView<const T> x = in.x.view(), wg = in.wg.view(), wu = in.wu.view(), wd = in.wd.view();
+    // One output per variant, so the sparse ones can be checked against the dense one.
+    DenseMatrix<T> y_fused(m, k, MemorySpace::device), y_unfused(m, k, MemorySpace::device),
+        y_dense(m, k, MemorySpace::device);
+    const TwellLayout layout = detail::layout_for_density(p.density);
+
+    Case base;
+    base.suite = "ffn";
+    base.op = "gated_ffn_forward";
+    base.shape = p.shape.name;
+    base.m = m;
+    base.k = k;
+    base.n = n;
+    base.distribution = workload::to_string(p.dist);
+    base.density_target = p.density;
+    // Dense FLOPs of the block: the sparse variants' rate is reported against the same count,
+    // so TFLOP/s reads as "dense-equivalent" throughput.
+    const double dense_flops = 3 * 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+    const double weight_bytes = 3 * detail::bytes_of_dense(k, n);
+    const double io_bytes = 2 * detail::bytes_of_dense(m, k);
+
+    // The gate's pattern, once, untimed: realized density and the hidden state's storage.
+#if TWELL_BENCH_CUDA_GEMM_TO_SPARSE
+    try {
+      ConvertOptions conv;
+      conv.overflow = OverflowPolicy::hybrid;
+      ConvertReport rep;
+      conv.report = &rep;
+      const HybridMatrix<T> gate =
+          cuda::gemm_to_sparse<T>(x, wg, ActivationSpec{}, layout, conv, KernelOptions{h.stream(), nullptr, false});
+      detail::sync(h, "ffn suite (gate pattern)");
+      base.density_realized = static_cast<double>(rep.nnz) / (static_cast<double>(m) * static_cast<double>(n));
+      base.extra["hidden_bytes_sparse"] = detail::bytes_of(gate);
+      base.extra["hidden_bytes_dense"] = detail::bytes_of_dense(m, n);
+      base.extra["hidden_bytes_ratio"] = detail::bytes_of(gate) / detail::bytes_of_dense(m, n);
+      base.extra["overflow_rows"] = gate.overflow_rows();
+      base.extra["tile"] = layout.tile;
+      base.extra["C"] = layout.compression;
+    } catch (const Error& e) {
+      base.extra["gate_pattern"] = std::string("failed: ") + e.what();
+    }
+#endif
+
+    const std::size_t first = report.cases.size();
+    Case fused = base;
+    fused.variant = "fused";
+#if TWELL_BENCH_CUDA_FFN
+    detail::run_case(report, fused, [&](Case& c) {
+      const KernelOptions ko{h.stream(), nullptr, false};
+      const cuda::GatedFfnPlan<T> plan(wg, wu, wd, layout, ko);
+      const DenseView<T> yv = y_fused.view();
+      KernelReport kr;
+      plan.forward(x, ActivationSpec{}, yv, KernelOptions{h.stream(), &kr, false});
+      auto op = [&] { plan.forward(x, ActivationSpec{}, yv, ko); };
+      c.timing = h.time(op);
+      c.flops = dense_flops;
+      c.bytes = weight_bytes + io_bytes;
+      c.extra["path"] = kr.path;
+      c.extra["includes"] = "gate gemm_to_sparse (with its allocation) and the fused up/down kernel; plan built once";
+      add_energy(h, c, op);
+    });
+#else
+    detail::not_built(report, fused,
+                      "kernels/include/twell/kernels/ffn_cuda.hpp or kernels/cuda/*ffn*.cu is not in this build");
+#endif
+
+    Case unfused = base;
+    unfused.variant = "unfused";
+#if TWELL_BENCH_CUDA_GEMM_TO_SPARSE && TWELL_BENCH_CUDA_SDDMM && TWELL_BENCH_CUDA_ELEMENTWISE && TWELL_BENCH_CUDA_SPMM
+    detail::run_case(report, unfused, [&](Case& c) {
+      const KernelOptions ko{h.stream(), nullptr, false};
+      ConvertOptions conv;
+      conv.overflow = OverflowPolicy::hybrid;
+      const DenseView<T> yv = y_unfused.view();
+      // gate = relu(x Wg) as Hybrid; u = (x Wu) at its pattern; u *= gate; y = u Wd.
+      auto op = [&] {
+        const HybridMatrix<T> gate = cuda::gemm_to_sparse<T>(x, wg, ActivationSpec{}, layout, conv, ko);
+        HybridMatrix<T> u = gate.to(MemorySpace::device);
+        cuda::sddmm<T>(x, Op::none, wu, gate.view(), u.view(), 1.0f, 0.0f, ko);
+        cuda::multiply_on_pattern<T>(gate.view(), HybridView<const T>(u.view()), u.view(), ko);
+        cuda::spmm<T>(Op::none, HybridView<const T>(u.view()), wd, yv, 1.0f, 0.0f, ko);
+      };
+      c.timing = h.time(op);
+      c.flops = dense_flops;
+      c.bytes = weight_bytes + io_bytes;
+      c.extra["includes"] =
+          "gemm_to_sparse, a copy of the pattern, sddmm, multiply_on_pattern, spmm (with allocations)";
+      add_energy(h, c, op);
+    });
+#else
+    detail::not_built(report, unfused,
+                      "one of kernels/cuda/{gemm_to_sparse,sddmm,elementwise,spmm}.cu is not in this build");
+#endif
+
+    Case dense = base;
+    dense.variant = "dense";
+#if TWELL_BENCH_BASELINES
+    detail::run_case(report, dense, [&](Case& c) {
+      auto op = detail::dense_ffn_baseline(h, x, wg, wu, wd, y_dense.view(), c);
+      c.timing = h.time(op);
+      c.flops = dense_flops;
+      c.bytes = weight_bytes + io_bytes + 2 * detail::bytes_of_dense(m, n);
+      add_energy(h, c, op);
+    });
+#else
+    detail::not_built(report, dense, "kernels/include/twell/kernels/baselines.hpp is not in this build");
+#endif
+
+    // The sparse paths must compute the dense block's function: ||y - y_dense|| / ||y_dense||
+    // (bf16 outputs: about 1e-3 to 1e-2 is rounding; NaN or more is wrong).
+    const Case& dense_case = report.cases.back();
+    if (dense_case.variant == "dense" && dense_case.status == "ok") {
+      for (std::size_t i = first; i + 1 < report.cases.size(); ++i) {
+        Case& c = report.cases[i];
+        if (c.status != "ok") continue;
+        const DenseMatrix<T>& y = c.variant == "fused" ? y_fused : y_unfused;
+        try {
+          const double err = detail::relative_error(y.view(), y_dense.view());
+          c.extra["rel_error_vs_dense"] = std::isfinite(err) ? Json(err) : Json("not finite");
+        } catch (const Error& e) {
+          c.extra["rel_error_vs_dense"] = std::string("failed: ") + e.what();
+        }
+      }
+    }
+  }
+  detail::clear_ffn_cache();
+  detail::link_baselines(report, "ffn", {"fused", "unfused"}, {"dense"});
+}
+
+}  // namespace twell::bench

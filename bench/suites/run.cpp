@@ -1,0 +1,71 @@
+#include <chrono>
+#include <cstdio>
+#include <exception>
+
+#include <twell/bench/harness.hpp>
+#include <twell/config.hpp>
+
+#include "common.hpp"
+
+namespace twell::bench {
+
+Report run_suites(const Config& config) {
+  Report report;
+  report.meta["program"] = "twell bench";
+  report.meta["version"] = TWELL_VERSION;
+  report.meta["date"] = utc_now();
+  report.meta["quick"] = config.quick;
+  report.meta["reps"] = config.reps;
+  report.meta["warmup"] = config.warmup;
+  report.meta["seed"] = static_cast<std::int64_t>(config.seed);
+  report.meta["dtype"] = "bf16";
+  report.meta["method"] =
+      "CUDA events around each run; warm-up first; median, p10, p90 of the timed runs; a buffer of twice the L2 "
+      "size written between runs so no run reads its inputs from the cache; speedup = baseline median / median, "
+      "both timed in this process";
+
+  Harness h(config);
+  report.device = h.device_info();
+  std::fprintf(stderr, "twell bench: %s\n", report.device["name"].dump(0).c_str());
+  try {
+    report.ceilings = h.measure_ceilings();
+    std::fprintf(stderr, "twell bench: ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", h.copy_gbps(),
+                 h.gemm_tflops());
+  } catch (const std::exception& e) {
+    report.ceilings["status"] = std::string("failed: ") + e.what();
+  }
+
+  using SuiteFn = void (*)(Harness&, Report&);
+  const std::pair<const char*, SuiteFn> suites[] = {{"convert", run_convert},
+                                                    {"spmm", run_spmm},
+                                                    {"sddmm", run_sddmm},
+                                                    {"gemm_to_sparse", run_gemm_to_sparse},
+                                                    {"ffn", run_ffn}};
+  for (const auto& [name, fn] : suites) {
+    bool selected = false;
+    for (const auto& s : config.suites) selected = selected || s == name;
+    if (!selected) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t before = report.cases.size();
+    Json status = Json::object();
+    try {
+      fn(h, report);
+      status["status"] = "ran";
+    } catch (const std::exception& e) {
+      status["status"] = std::string("failed: ") + e.what();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::size_t ok = 0;
+    for (std::size_t i = before; i < report.cases.size(); ++i) ok += report.cases[i].status == "ok" ? 1 : 0;
+    status["seconds"] = seconds;
+    status["cases"] = static_cast<std::int64_t>(report.cases.size() - before);
+    status["cases_ok"] = static_cast<std::int64_t>(ok);
+    report.suites[name] = status;
+    std::fprintf(stderr, "twell bench: suite %s: %zu cases, %zu ok, %.1f s\n", name, report.cases.size() - before, ok,
+                 seconds);
+  }
+  detail::clear_caches();
+  return report;
+}
+
+}  // namespace twell::bench

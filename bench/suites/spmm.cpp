@@ -1,0 +1,155 @@
+// spmm suite: the down projection C = A B with A the sparse M x 5632 hidden state and B the
+// 5632 x 2048 weight (paper shape), TwELL/Hybrid against cuSPARSE CSR/COO and dense cuBLAS.
+#include <cmath>
+
+#include <twell/bench/features.hpp>
+
+#include <twell/converters/backends.hpp>
+#include <twell/formats/copy.hpp>
+#include <twell/kernels/backends.hpp>
+#if TWELL_BENCH_BASELINES
+#include <twell/kernels/baselines.hpp>
+#endif
+
+#include "common.hpp"
+
+namespace twell::bench {
+
+namespace {
+
+using detail::T;
+
+// Device Hybrid of a device dense view: the cuda converter where built, else the reference
+// one on a host copy (conversion is outside every timed region but the "+convert" variant).
+HybridMatrix<T> to_hybrid(DenseView<const T> a, TwellLayout layout, ConvertReport* rep, Stream stream) {
+  ConvertOptions o;
+  o.overflow = OverflowPolicy::hybrid;
+  o.report = rep;
+  o.stream = stream;
+#if TWELL_BENCH_CUDA_CONVERT
+  return cuda::dense_to_hybrid<T>(a, layout, o);
+#else
+  const DenseMatrix<T> host = copy_to(a, MemorySpace::host);
+  return reference::dense_to_hybrid<T>(host.view(), layout, o).to(MemorySpace::device);
+#endif
+}
+
+}  // namespace
+
+void run_spmm(Harness& h, Report& report) {
+  const bool quick = h.config().quick;
+  const workload::FfnShape shape = workload::paper_shape();
+  const std::int64_t units = shape.intermediate, out_cols = shape.hidden;
+  const std::int64_t m_large = detail::tokens_large(quick);
+  const std::int64_t m_values[] = {detail::tokens_small(quick), m_large};
+
+  DenseMatrix<T> b(units, out_cols, MemorySpace::device);
+  h.fill_random(b.values().data(), b.values().size(), 1.0f / std::sqrt(static_cast<float>(units)), 21);
+  DenseMatrix<T> c(m_large, out_cols, MemorySpace::device);
+  const double b_bytes = detail::bytes_of_dense(units, out_cols);
+
+  for (const auto dist : detail::distributions(quick)) {
+    for (const double density : detail::sweep_densities(quick)) {
+      const auto& act = detail::activations(m_large, units, density, dist, h.config().seed);
+      for (const std::int64_t m : m_values) {
+        const DenseView<const T> a_dense{act.dense.values().data(), m, units, units, MemorySpace::device};
+        const DenseView<T> cv{c.values().data(), m, out_cols, out_cols, MemorySpace::device};
+        const double c_bytes = detail::bytes_of_dense(m, out_cols);
+        Case base;
+        base.suite = "spmm";
+        base.op = "spmm";
+        base.shape = shape.name;
+        base.m = m;
+        base.k = units;
+        base.n = out_cols;
+        base.distribution = workload::to_string(dist);
+        base.density_target = density;
+        base.density_realized = act.realized_density;
+
+        const TwellLayout layout = detail::layout_for_density(density);
+        ConvertReport rep;
+        HybridMatrix<T> a;
+        try {
+          a = to_hybrid(a_dense, layout, &rep, h.stream());
+          detail::sync(h, "spmm suite (conversion)");
+        } catch (const Error& e) {
+          Case c0 = base;
+          c0.variant = "twell";
+          c0.status = std::string("failed: conversion: ") + e.what();
+          report.cases.push_back(c0);
+          continue;
+        }
+        const double nnz = static_cast<double>(rep.nnz);
+        if (rep.nnz > 0) base.density_realized = nnz / (static_cast<double>(m) * static_cast<double>(units));
+        const double flops = 2.0 * base.density_realized * static_cast<double>(m) * static_cast<double>(units) *
+                             static_cast<double>(out_cols);
+        auto layout_facts = [&](Case& x) {
+          x.extra["tile"] = layout.tile;
+          x.extra["C"] = layout.compression;
+          x.extra["overflow_rows"] = a.overflow_rows();
+          x.extra["format"] = a.overflow_rows() > 0 ? "hybrid" : "twell";
+        };
+
+        Case tw = base;
+        tw.variant = "twell";
+#if TWELL_BENCH_CUDA_SPMM
+        detail::run_case(report, tw, [&](Case& x) {
+          KernelReport kr;
+          const KernelOptions probe{h.stream(), &kr, false};
+          cuda::spmm<T>(Op::none, HybridView<const T>(a.view()), DenseView<const T>(b.view()), cv, 1.0f, 0.0f, probe);
+          const KernelOptions ko{h.stream(), nullptr, false};
+          x.timing = h.time([&] {
+            cuda::spmm<T>(Op::none, HybridView<const T>(a.view()), DenseView<const T>(b.view()), cv, 1.0f, 0.0f, ko);
+          });
+          x.bytes = detail::bytes_of(a) + b_bytes + c_bytes;
+          x.flops = flops;
+          x.extra["path"] = kr.path;
+          layout_facts(x);
+        });
+        Case twc = base;
+        twc.variant = "twell+convert";
+#if TWELL_BENCH_CUDA_CONVERT
+        detail::run_case(report, twc, [&](Case& x) {
+          const KernelOptions ko{h.stream(), nullptr, false};
+          x.timing = h.time([&] {
+            const HybridMatrix<T> fresh = to_hybrid(a_dense, layout, nullptr, h.stream());
+            cuda::spmm<T>(Op::none, HybridView<const T>(fresh.view()), DenseView<const T>(b.view()), cv, 1.0f, 0.0f,
+                          ko);
+          });
+          x.bytes = detail::bytes_of_dense(m, units) + 2 * detail::bytes_of(a) + b_bytes + c_bytes;
+          x.flops = flops;
+          x.extra["includes"] = "dense -> hybrid conversion (with its allocation) and spmm";
+          layout_facts(x);
+        });
+#else
+        detail::not_built(report, twc, "converters/cuda/*.cu are not in this build");
+#endif
+#else
+        detail::not_built(report, tw, "kernels/cuda/spmm.cu is not in this build");
+#endif
+
+#if TWELL_BENCH_BASELINES
+        detail::spmm_baselines(h, report, base, a_dense, DenseView<const T>(b.view()), cv, flops, b_bytes + c_bytes);
+#else
+        for (const char* name : {"cusparse_csr", "cusparse_coo"}) {
+          Case bl = base;
+          bl.variant = name;
+          detail::not_built(report, bl, "kernels/include/twell/kernels/baselines.hpp is not in this build");
+        }
+#endif
+        Case dn = base;
+        dn.variant = "cublas_dense";
+        detail::run_case(report, dn, [&](Case& x) {
+          x.timing = h.time([&] { h.gemm(a_dense, DenseView<const T>(b.view()), cv); });
+          x.bytes = detail::bytes_of_dense(m, units) + b_bytes + c_bytes;
+          x.flops = 2.0 * static_cast<double>(m) * static_cast<double>(units) * static_cast<double>(out_cols);
+          x.extra["note"] = "dense GEMM of the same (mostly zero) matrix; TFLOP/s counts dense work";
+        });
+      }
+    }
+  }
+  detail::link_baselines(report, "spmm", {"twell", "twell+convert"}, {"cusparse_csr", "cusparse_coo", "cublas_dense"});
+  detail::link_baselines(report, "spmm", {"cusparse_csr", "cusparse_coo"}, {"cublas_dense"});
+}
+
+}  // namespace twell::bench

@@ -1,0 +1,20 @@
+// cuda csr -> ell: per-row count (and max when the width is free), fill with zero padding, a warp per row (row_builders.cuh).
+#include <twell/instantiate.hpp>
+
+#include "row_builders.cuh"
+
+namespace twell::cuda {
+
+template <Value T>
+EllMatrix<T> csr_to_ell(CsrView<const T> src, const ConvertOptions& options) {
+  constexpr const char* where = "twell::cuda::csr_to_ell";
+  detail::require_device(src.space, where);
+  detail::check_threshold(options, where);
+  return detail::rows_to_ell<T>(detail::CsrRows<T>(src), src.rows, src.cols, options, where);
+}
+
+#define TWELL_INSTANTIATE(T) template EllMatrix<T> csr_to_ell<T>(CsrView<const T>, const ConvertOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda

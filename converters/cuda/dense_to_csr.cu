@@ -1,0 +1,20 @@
+// cuda dense -> csr: per-row count, scan, fill, a warp per row (row_builders.cuh).
+#include <twell/instantiate.hpp>
+
+#include "row_builders.cuh"
+
+namespace twell::cuda {
+
+template <Value T>
+CsrMatrix<T> dense_to_csr(DenseView<const T> src, const ConvertOptions& options) {
+  constexpr const char* where = "twell::cuda::dense_to_csr";
+  detail::require_device(src.space, where);
+  detail::check_threshold(options, where);
+  return detail::rows_to_csr<T>(detail::DenseRows<T>(src), src.rows, src.cols, options, where);
+}
+
+#define TWELL_INSTANTIATE(T) template CsrMatrix<T> dense_to_csr<T>(DenseView<const T>, const ConvertOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda

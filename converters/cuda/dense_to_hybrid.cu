@@ -1,0 +1,18 @@
+// cuda dense -> hybrid: dense_to_twell_kernel with per-row overflow flags, then scan, maps and the dense block.
+#include <twell/instantiate.hpp>
+
+#include "twell_pack.cuh"
+
+namespace twell::cuda {
+
+template <Value T>
+HybridMatrix<T> dense_to_hybrid(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options) {
+  constexpr const char* where = "twell::cuda::dense_to_hybrid";
+  return detail::dense_to_hybrid_as(src, layout, options, where);
+}
+
+#define TWELL_INSTANTIATE(T) template HybridMatrix<T> dense_to_hybrid<T>(DenseView<const T>, TwellLayout, const ConvertOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda

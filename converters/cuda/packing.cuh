@@ -1,0 +1,104 @@
+// The per-(row, tile) TwELL packing every cuda converter into TwELL shares: a warp walks the
+// candidates of one (row, tile) in column order, chunk by chunk, ranks the stored ones with a
+// warp prefix sum, writes them to their slots, then writes slot 0 and the zero padding, and
+// applies the overflow policy. Kernels differ only in where the candidates come from.
+#pragma once
+
+#include <cstdint>
+
+#include <twell/converters/options.hpp>
+#include <twell/formats/layout.hpp>
+#include <twell/types.hpp>
+
+#include "common.cuh"
+
+namespace twell::cuda::detail {
+
+// Where an overflowed (row, tile) goes: its key into first_overflow (error), its surplus into
+// dropped (drop), or a flag on its row (hybrid).
+struct OverflowTarget {
+  OverflowPolicy policy = OverflowPolicy::error;
+  Counters* counters = nullptr;
+  std::int32_t* row_flags = nullptr;  // hybrid: one flag per row, zeroed before the kernel
+};
+
+// One (row, tile)'s slots: packed words, and for fp32 the value plane at the same offset.
+template <class T>
+struct TileSlots {
+  std::uint32_t* packed;
+  T* values;  // null for 16-bit types
+};
+
+template <class T>
+__device__ inline void write_entry(TileSlots<T> slots, int slot, std::uint32_t local_col, T v) {
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    slots.packed[slot] = TwellLayout::pack(ValueTraits<T>::to_bits(v), local_col);
+  } else {
+    slots.packed[slot] = local_col;
+    slots.values[slot] = v;
+  }
+}
+
+// One chunk of candidates: lane l holds kPerLane of them, all of lane l's columns before lane
+// l+1's, with bit k of `stored` set when candidate k is kept. `count` is the number of stored
+// entries of the (row, tile) before this chunk (warp-uniform); returns it after the chunk.
+// Entries past the capacity are counted but not written. Must be called by the whole warp.
+template <class T, int kPerLane>
+__device__ inline int pack_chunk(TileSlots<T> slots, int capacity, int count, unsigned stored,
+                                 const T (&v)[kPerLane], const std::uint32_t (&local_col)[kPerLane]) {
+  const int lane = lane_id();
+  const int mine = __popc(stored);
+  int inclusive = mine;
+#pragma unroll
+  for (int d = 1; d < kWarpSize; d <<= 1) {
+    const int up = __shfl_up_sync(kFullMask, inclusive, d);
+    if (lane >= d) inclusive += up;
+  }
+  int rank = count + inclusive - mine;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    if (stored & (1u << k)) {
+      if (rank < capacity) write_entry(slots, 1 + rank, local_col[k], v[k]);
+      ++rank;
+    }
+  }
+  return count + __shfl_sync(kFullMask, inclusive, kWarpSize - 1);
+}
+
+// Closes a (row, tile) once all its candidates went through pack_chunk: slot 0, the zero padding
+// after the written entries, the fp32 value plane's slot 0, and the overflow policy. Slot 0 keeps
+// the true count except under drop, where the surplus is gone and slot 0 counts what is left.
+// `key` is row * tiles + tile, so the smallest key is the first (row, tile) in row-major order.
+// Returns the values the result holds for this (row, tile): the entries left under drop, else the
+// true count (a hybrid's shadow row is whole in its dense block). Must be called by the whole warp.
+template <class T>
+__device__ inline int finish_tile(TileSlots<T> slots, int slot_count, int capacity, int count, std::int64_t row,
+                                  std::int64_t key, const OverflowTarget& overflow) {
+  const int lane = lane_id();
+  const int kept = count < capacity ? count : capacity;
+  for (int s = 1 + kept + lane; s < slot_count; s += kWarpSize) {
+    slots.packed[s] = 0u;
+    if constexpr (!ValueTraits<T>::packs_in_slot) slots.values[s] = T{};
+  }
+  if (lane == 0) {
+    const bool dropping = overflow.policy == OverflowPolicy::drop;
+    slots.packed[0] = static_cast<std::uint32_t>(dropping ? kept : count);
+    if constexpr (!ValueTraits<T>::packs_in_slot) slots.values[0] = T{};
+    if (count > capacity) {
+      switch (overflow.policy) {
+        case OverflowPolicy::error:
+          atomicMin(&overflow.counters->first_overflow, static_cast<unsigned long long>(key));
+          break;
+        case OverflowPolicy::drop:
+          atomicAdd(&overflow.counters->dropped, static_cast<unsigned long long>(count - capacity));
+          break;
+        case OverflowPolicy::hybrid:
+          overflow.row_flags[row] = 1;
+          break;
+      }
+    }
+  }
+  return overflow.policy == OverflowPolicy::drop ? kept : count;
+}
+
+}  // namespace twell::cuda::detail

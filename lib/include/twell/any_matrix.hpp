@@ -1,0 +1,117 @@
+// AnyMatrix: an owning matrix of any format and value type, chosen at run time (files, the CLI).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <twell/convert.hpp>
+#include <twell/error.hpp>
+#include <twell/formats/csr.hpp>
+#include <twell/formats/dense.hpp>
+#include <twell/formats/ell.hpp>
+#include <twell/formats/hybrid.hpp>
+#include <twell/formats/twell_matrix.hpp>
+#include <twell/types.hpp>
+
+namespace twell {
+
+enum class Format : std::uint8_t { dense, csr, ell, twell, hybrid };
+
+constexpr std::string_view to_string(Format f) {
+  switch (f) {
+    case Format::dense: return "dense";
+    case Format::csr: return "csr";
+    case Format::ell: return "ell";
+    case Format::twell: return "twell";
+    case Format::hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+// "dense", "csr", "ell", "twell", "hybrid"; anything else is ErrorCode::invalid_argument.
+inline Format parse_format(std::string_view name) {
+  for (Format f : {Format::dense, Format::csr, Format::ell, Format::twell, Format::hybrid}) {
+    if (name == to_string(f)) return f;
+  }
+  fail(ErrorCode::invalid_argument, "twell::parse_format", "format '", name,
+       "' is not one of dense, csr, ell, twell, hybrid");
+}
+
+// "bf16", "fp16", "fp32" (also "float32"/"float16"/"bfloat16"); else ErrorCode::invalid_argument.
+inline DType parse_dtype(std::string_view name) {
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  if (name == "fp16" || name == "float16") return DType::fp16;
+  if (name == "fp32" || name == "float32") return DType::fp32;
+  fail(ErrorCode::invalid_argument, "twell::parse_dtype", "dtype '", name, "' is not one of bf16, fp16, fp32");
+}
+
+// The Format of each owning matrix type.
+template <class M>
+struct FormatOf;
+template <Value T>
+struct FormatOf<DenseMatrix<T>> : std::integral_constant<Format, Format::dense> {};
+template <Value T>
+struct FormatOf<CsrMatrix<T>> : std::integral_constant<Format, Format::csr> {};
+template <Value T>
+struct FormatOf<EllMatrix<T>> : std::integral_constant<Format, Format::ell> {};
+template <Value T>
+struct FormatOf<TwellMatrix<T>> : std::integral_constant<Format, Format::twell> {};
+template <Value T>
+struct FormatOf<HybridMatrix<T>> : std::integral_constant<Format, Format::hybrid> {};
+
+using AnyMatrix = std::variant<                                                      //
+    DenseMatrix<bf16>, DenseMatrix<fp16>, DenseMatrix<float>,                       //
+    CsrMatrix<bf16>, CsrMatrix<fp16>, CsrMatrix<float>,                             //
+    EllMatrix<bf16>, EllMatrix<fp16>, EllMatrix<float>,                             //
+    TwellMatrix<bf16>, TwellMatrix<fp16>, TwellMatrix<float>,                       //
+    HybridMatrix<bf16>, HybridMatrix<fp16>, HybridMatrix<float>>;
+
+namespace detail {
+template <class M>
+struct ValueOf;
+template <template <class> class M, Value T>
+struct ValueOf<M<T>> {
+  using type = T;
+};
+}  // namespace detail
+
+// The value type of an owning matrix type: ValueOfMatrix<CsrMatrix<fp16>> is fp16.
+template <class M>
+using ValueOfMatrix = typename detail::ValueOf<std::remove_cvref_t<M>>::type;
+
+inline Format format(const AnyMatrix& m) {
+  return std::visit([](const auto& x) { return FormatOf<std::remove_cvref_t<decltype(x)>>::value; }, m);
+}
+inline DType dtype(const AnyMatrix& m) {
+  return std::visit([](const auto& x) { return dtype_of<ValueOfMatrix<decltype(x)>>; }, m);
+}
+inline std::int64_t rows(const AnyMatrix& m) {
+  return std::visit([](const auto& x) { return x.rows(); }, m);
+}
+inline std::int64_t cols(const AnyMatrix& m) {
+  return std::visit([](const auto& x) { return x.cols(); }, m);
+}
+inline MemorySpace space(const AnyMatrix& m) {
+  return std::visit([](const auto& x) { return x.space(); }, m);
+}
+
+// Any format to any other (twell::to_dense ... to_hybrid on the matrix held); `layout` is used
+// by TwELL and Hybrid targets only.
+inline AnyMatrix convert(const AnyMatrix& m, Format to, TwellLayout layout = {}, const ConvertOptions& options = {}) {
+  return std::visit(
+      [&](const auto& x) -> AnyMatrix {
+        switch (to) {
+          case Format::dense: return to_dense(x, options);
+          case Format::csr: return to_csr(x, options);
+          case Format::ell: return to_ell(x, options);
+          case Format::twell: return to_twell(x, layout, options);
+          case Format::hybrid: break;
+        }
+        return to_hybrid(x, layout, options);
+      },
+      m);
+}
+
+}  // namespace twell

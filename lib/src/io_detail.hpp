@@ -1,0 +1,69 @@
+// Shared pieces of the file readers and writers (lib/src/io_*.cpp); not installed.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <new>
+#include <stdexcept>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <twell/any_matrix.hpp>
+#include <twell/error.hpp>
+#include <twell/io.hpp>
+
+namespace twell::io_detail {
+
+static_assert(std::endian::native == std::endian::little,
+              "twell's file formats are little-endian and its payloads are copied as they lie in memory");
+
+// a * b and a + b, or false when the result does not fit 64 bits.
+inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
+  return !__builtin_mul_overflow(a, b, &out);
+}
+inline bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
+  return !__builtin_add_overflow(a, b, &out);
+}
+
+// Throws ErrorCode::malformed, naming `where`, if a freshly read sparse matrix breaks its
+// format's invariants (twell::validate's first violation); dense matrices always pass.
+void validate_loaded(const AnyMatrix& m, std::string_view where);
+
+// Runs read(bytes of path), prefixing any twell::Error's message with the path.
+template <class Read>
+AnyMatrix read_path(const std::filesystem::path& path, Read&& read) {
+  const std::vector<std::byte> bytes = read_file(path);
+  try {
+    return read(std::span<const std::byte>(bytes));
+  } catch (const Error& e) {
+    throw Error(e.code(), path.string() + ": " + e.what());
+  }
+}
+
+// Runs a reader, turning a failed allocation (a size the caller allowed but the machine cannot
+// serve) into ErrorCode::io rather than letting std::bad_alloc escape.
+template <class Read>
+AnyMatrix guard_allocation(std::string_view where, Read&& read) {
+  try {
+    return read();
+  } catch (const std::bad_alloc&) {
+    fail(ErrorCode::io, where, "out of memory while reading");
+  } catch (const std::length_error&) {
+    fail(ErrorCode::io, where, "sizes exceed what this machine can allocate");
+  }
+}
+
+inline void append_bytes(std::vector<std::byte>& out, const void* p, std::size_t n) {
+  if (n == 0) return;
+  const std::size_t old = out.size();
+  out.resize(old + n);
+  std::memcpy(out.data() + old, p, n);
+}
+inline void append_text(std::vector<std::byte>& out, std::string_view s) { append_bytes(out, s.data(), s.size()); }
+
+}  // namespace twell::io_detail

@@ -1,0 +1,376 @@
+// Matrix Market coordinate files <-> CsrMatrix.
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <utility>
+
+#include <twell/config.hpp>
+#include <twell/instantiate.hpp>
+
+#include "io_detail.hpp"
+
+namespace twell {
+namespace {
+
+constexpr std::string_view kWhere = "twell::read_mtx";
+
+enum class Field : std::uint8_t { real, integer, pattern };
+enum class Symmetry : std::uint8_t { general, symmetric, skew };
+
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+bool iequal(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
+}
+bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+// Walks the text line by line, keeping the line number and byte offset for error messages.
+class Lines {
+ public:
+  explicit Lines(std::string_view text) : text_(text) {}
+
+  // The next line without its '\n' (and a trailing '\r'); false at the end of the input.
+  bool next(std::string_view& line) {
+    if (pos_ >= text_.size()) return false;
+    start_ = pos_;
+    ++number_;
+    const std::size_t nl = text_.find('\n', pos_);
+    const std::size_t end = nl == std::string_view::npos ? text_.size() : nl;
+    line = text_.substr(pos_, end - pos_);
+    pos_ = nl == std::string_view::npos ? text_.size() : nl + 1;
+    return true;
+  }
+  std::size_t remaining() const { return text_.size() - pos_; }
+  std::int64_t number() const { return number_; }
+  std::size_t start() const { return start_; }
+
+  template <class... Args>
+  [[noreturn]] void fail_here(ErrorCode code, std::size_t column, Args&&... what) const {
+    fail(code, kWhere, "line ", number_, " (byte ", start_ + column, "): ", std::forward<Args>(what)...);
+  }
+
+ private:
+  std::string_view text_;
+  std::size_t pos_ = 0;
+  std::size_t start_ = 0;
+  std::int64_t number_ = 0;
+};
+
+// Splits a line into whitespace-separated tokens, remembering where each starts.
+class Tokens {
+ public:
+  explicit Tokens(std::string_view line) : line_(line) {}
+  bool next(std::string_view& token) {
+    while (pos_ < line_.size() && is_blank(line_[pos_])) ++pos_;
+    if (pos_ >= line_.size()) return false;
+    at_ = pos_;
+    while (pos_ < line_.size() && !is_blank(line_[pos_])) ++pos_;
+    token = line_.substr(at_, pos_ - at_);
+    return true;
+  }
+  std::size_t at() const { return at_; }
+  std::size_t pos() const { return pos_; }
+
+ private:
+  std::string_view line_;
+  std::size_t pos_ = 0;
+  std::size_t at_ = 0;
+};
+
+bool is_blank_line(std::string_view line) {
+  return std::all_of(line.begin(), line.end(), [](char c) { return is_blank(c); });
+}
+
+template <class Int>
+bool parse_int(std::string_view token, Int& out) {
+  if (!token.empty() && token.front() == '+') token.remove_prefix(1);
+  const auto [end, ec] = std::from_chars(token.data(), token.data() + token.size(), out);
+  return ec == std::errc() && end == token.data() + token.size();
+}
+
+bool parse_real(std::string_view token, double& out) {
+  if (!token.empty() && token.front() == '+') token.remove_prefix(1);
+  if (token.empty() || token.front() == '+') return false;
+  const auto [end, ec] = std::from_chars(token.data(), token.data() + token.size(), out);
+  if (end != token.data() + token.size()) return false;
+  // Out-of-range decimals saturate to +-Inf or round to +-0 / subnormals, as numpy's reader does;
+  // from_chars reports them without a value, strtod (C locale: the tools never set another) gives it.
+  if (ec == std::errc::result_out_of_range) {
+    out = std::strtod(std::string(token).c_str(), nullptr);
+    return true;
+  }
+  return ec == std::errc();
+}
+
+template <Value T>
+T round_to(double v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return static_cast<float>(v);
+  } else {
+    return from_float<T>(static_cast<float>(v));
+  }
+}
+
+struct Entry {
+  std::int32_t col;
+  std::uint32_t line;  // for duplicate messages (saturated)
+  double value;
+};
+
+template <Value T>
+CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options, MtxReport* report) {
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  Lines lines(text);
+  std::string_view line;
+  if (!lines.next(line)) fail(ErrorCode::io, kWhere, "input is empty (0 bytes); expected a %%MatrixMarket banner");
+
+  Tokens banner(line);
+  std::string_view tok[5];
+  std::size_t at[5] = {};
+  int n = 0;
+  std::string_view extra;
+  for (; n < 5 && banner.next(tok[n]); ++n) at[n] = banner.at();
+  if (n < 5 || !iequal(tok[0], "%%MatrixMarket")) {
+    lines.fail_here(ErrorCode::io, 0,
+                    "not a Matrix Market banner; expected '%%MatrixMarket matrix coordinate <field> general'");
+  }
+  if (banner.next(extra)) lines.fail_here(ErrorCode::malformed, banner.at(), "unexpected '", extra, "' after the banner");
+  if (!iequal(tok[1], "matrix")) lines.fail_here(ErrorCode::unsupported, at[1], "object '", tok[1], "' is not 'matrix'");
+  if (!iequal(tok[2], "coordinate")) {
+    lines.fail_here(ErrorCode::unsupported, at[2], "format '", tok[2], "' is not 'coordinate' (dense 'array' files: use .npy)");
+  }
+  Field field;
+  if (iequal(tok[3], "real") || iequal(tok[3], "double")) {
+    field = Field::real;
+  } else if (iequal(tok[3], "integer")) {
+    field = Field::integer;
+  } else if (iequal(tok[3], "pattern")) {
+    field = Field::pattern;
+  } else {
+    lines.fail_here(ErrorCode::unsupported, at[3], "field '", tok[3], "' is not real, integer or pattern");
+  }
+  // symmetric / skew-symmetric files store the lower triangle; the reader mirrors it (scipy's
+  // mmwrite picks symmetric by itself whenever the matrix is).
+  Symmetry symmetry;
+  if (iequal(tok[4], "general")) {
+    symmetry = Symmetry::general;
+  } else if (iequal(tok[4], "symmetric")) {
+    symmetry = Symmetry::symmetric;
+  } else if (iequal(tok[4], "skew-symmetric")) {
+    symmetry = Symmetry::skew;
+  } else {
+    lines.fail_here(ErrorCode::unsupported, at[4], "symmetry '", tok[4], "' is not general, symmetric or skew-symmetric");
+  }
+
+  // Comments and blank lines, then the size line.
+  for (;;) {
+    if (!lines.next(line)) fail(ErrorCode::io, kWhere, "input ends (byte ", text.size(), ") before the size line");
+    if (!line.empty() && line.front() == '%') continue;
+    if (is_blank_line(line)) continue;
+    break;
+  }
+  Tokens size_tokens(line);
+  std::int64_t dims[3] = {};
+  const char* names[3] = {"rows", "columns", "entries"};
+  for (int k = 0; k < 3; ++k) {
+    std::string_view t;
+    if (!size_tokens.next(t)) {
+      lines.fail_here(ErrorCode::malformed, size_tokens.pos(), "size line has ", k,
+                      " numbers; expected 'rows columns entries'");
+    }
+    if (!parse_int(t, dims[k]) || dims[k] < 0) {
+      lines.fail_here(ErrorCode::malformed, size_tokens.at(), "number of ", names[k], " '", t,
+                      "' is not an integer in [0, 2^63)");
+    }
+  }
+  if (size_tokens.next(extra)) {
+    lines.fail_here(ErrorCode::malformed, size_tokens.at(), "unexpected '", extra, "' after 'rows columns entries'");
+  }
+  const std::int64_t rows = dims[0];
+  const std::int64_t cols = dims[1];
+  const std::int64_t entries = dims[2];
+  if (cols > std::numeric_limits<std::int32_t>::max()) {
+    lines.fail_here(ErrorCode::unsupported, 0, cols, " columns exceed twell's 32-bit column indices");
+  }
+  std::uint64_t cells = 0;
+  if (io_detail::checked_mul(static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(cols), cells) &&
+      static_cast<std::uint64_t>(entries) > cells) {
+    lines.fail_here(ErrorCode::malformed, 0, entries, " entries do not fit a ", rows, " x ", cols, " matrix");
+  }
+  // Each entry line takes at least 4 bytes ("i j\n"); the last may lack its newline.
+  if (static_cast<std::uint64_t>(entries) > (lines.remaining() + 1) / 4) {
+    lines.fail_here(ErrorCode::io, 0, "declares ", entries, " entries but only ", lines.remaining(),
+                    " bytes follow (truncated?)");
+  }
+  std::uint64_t row_ptr_bytes = 0;
+  std::uint64_t allowed = 0;
+  if (!io_detail::checked_add(bytes.size(), options.max_implicit_bytes, allowed)) allowed = UINT64_MAX;
+  if (!io_detail::checked_mul(static_cast<std::uint64_t>(rows) + 1, sizeof(std::int64_t), row_ptr_bytes) ||
+      row_ptr_bytes > allowed) {
+    lines.fail_here(ErrorCode::io, 0, rows, " rows need (rows + 1) * 8 bytes of row pointers, more than the ",
+                    bytes.size(), "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
+  }
+
+  if (symmetry != Symmetry::general && rows != cols) {
+    lines.fail_here(ErrorCode::malformed, 0, "a ", tok[4], " matrix must be square, not ", rows, " x ", cols);
+  }
+  std::vector<std::int64_t> entry_row;
+  std::vector<Entry> entry;
+  const std::size_t capacity = static_cast<std::size_t>(entries) * (symmetry == Symmetry::general ? 1 : 2);
+  entry_row.reserve(capacity);
+  entry.reserve(capacity);
+  std::int64_t got = 0;
+  while (got < entries) {
+    if (!lines.next(line)) {
+      fail(ErrorCode::io, kWhere, "input ends (byte ", text.size(), ") after ", got, " of ", entries,
+           " entries (truncated?)");
+    }
+    if (is_blank_line(line) || line.front() == '%') continue;
+    Tokens t(line);
+    std::string_view s;
+    std::int64_t r = 0;
+    std::int64_t c = 0;
+    if (!t.next(s) || !parse_int(s, r)) lines.fail_here(ErrorCode::malformed, t.at(), "row index '", s, "' is not an integer");
+    if (r < 1 || r > rows) lines.fail_here(ErrorCode::malformed, t.at(), "row index ", r, " is outside [1, ", rows, "]");
+    if (!t.next(s) || !parse_int(s, c)) {
+      lines.fail_here(ErrorCode::malformed, t.at(), "column index '", s, "' is missing or not an integer");
+    }
+    if (c < 1 || c > cols) lines.fail_here(ErrorCode::malformed, t.at(), "column index ", c, " is outside [1, ", cols, "]");
+    double v = 1.0;
+    if (field != Field::pattern) {
+      if (!t.next(s)) lines.fail_here(ErrorCode::malformed, t.pos(), "entry has no value");
+      bool ok;
+      if (field == Field::integer) {
+        std::int64_t iv = 0;
+        ok = parse_int(s, iv);
+        v = static_cast<double>(iv);
+      } else {
+        ok = parse_real(s, v);
+      }
+      if (!ok) lines.fail_here(ErrorCode::malformed, t.at(), "value '", s, "' is not ", field == Field::integer ? "an integer" : "a real number");
+    }
+    if (t.next(s)) lines.fail_here(ErrorCode::malformed, t.at(), "unexpected '", s, "' after the entry");
+    ++got;
+    const auto line_no =
+        static_cast<std::uint32_t>(std::min<std::int64_t>(lines.number(), std::numeric_limits<std::uint32_t>::max()));
+    if (symmetry != Symmetry::general && (c > r || (symmetry == Symmetry::skew && c == r))) {
+      lines.fail_here(ErrorCode::malformed, 0, "entry (", r, ", ", c, ") is not in the ",
+                      symmetry == Symmetry::skew ? "strictly " : "", "lower triangle of a ", tok[4], " matrix");
+    }
+    entry_row.push_back(r - 1);
+    entry.push_back(Entry{static_cast<std::int32_t>(c - 1), line_no, v});
+    if (symmetry != Symmetry::general && r != c) {
+      entry_row.push_back(c - 1);
+      entry.push_back(Entry{static_cast<std::int32_t>(r - 1), line_no, symmetry == Symmetry::skew ? -v : v});
+    }
+  }
+  while (lines.next(line)) {
+    if (is_blank_line(line) || line.front() == '%') continue;
+    lines.fail_here(ErrorCode::malformed, 0, "data after the ", entries, " declared entries");
+  }
+
+  // Bucket by row, then sort each row by column: duplicates become neighbours.
+  std::vector<std::int64_t> start(static_cast<std::size_t>(rows) + 1, 0);
+  for (std::int64_t r : entry_row) ++start[static_cast<std::size_t>(r) + 1];
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) start[r + 1] += start[r];
+  std::vector<Entry> sorted(entry.size());
+  {
+    std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
+    for (std::size_t k = 0; k < entry.size(); ++k) {
+      sorted[static_cast<std::size_t>(fill[static_cast<std::size_t>(entry_row[k])]++)] = entry[k];
+    }
+  }
+  entry.clear();
+  entry.shrink_to_fit();
+  std::int64_t zeros = 0;
+  std::int64_t kept = 0;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    const auto b = sorted.begin() + start[r];
+    const auto e = sorted.begin() + start[r + 1];
+    std::sort(b, e, [](const Entry& x, const Entry& y) { return x.col < y.col || (x.col == y.col && x.line < y.line); });
+    for (auto it = b; it != e; ++it) {
+      if (it + 1 != e && (it + 1)->col == it->col) {
+        fail(ErrorCode::malformed, kWhere, "duplicate entry (", r + 1, ", ", it->col + 1, ") on lines ", it->line,
+             " and ", (it + 1)->line, "; Matrix Market readers that sum duplicates disagree on it, twell refuses");
+      }
+      if (is_stored(round_to<T>(it->value))) ++kept; else ++zeros;
+    }
+  }
+
+  CsrMatrix<T> m(rows, cols, kept);
+  auto row_ptr = m.row_ptr().host_span();
+  auto col_idx = m.col_idx().host_span();
+  auto values = m.values().host_span();
+  std::size_t out = 0;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
+    for (auto k = start[r]; k < start[r + 1]; ++k) {
+      const Entry& x = sorted[static_cast<std::size_t>(k)];
+      const T v = round_to<T>(x.value);
+      if (!is_stored(v)) continue;
+      col_idx[out] = x.col;
+      values[out] = v;
+      ++out;
+    }
+    row_ptr[r + 1] = static_cast<std::int64_t>(out);
+  }
+  if (report != nullptr) {
+    report->field = field == Field::real ? "real" : field == Field::integer ? "integer" : "pattern";
+    report->entries = entries;
+    report->explicit_zeros = zeros;
+  }
+  return m;
+}
+
+}  // namespace
+
+AnyMatrix read_mtx(std::span<const std::byte> bytes, const ReadOptions& options, MtxReport* report) {
+  AnyMatrix m = io_detail::guard_allocation(kWhere, [&] {
+    return dispatch_dtype(options.dtype, [&]<class T>() { return AnyMatrix(parse<T>(bytes, options, report)); });
+  });
+  io_detail::validate_loaded(m, kWhere);
+  return m;
+}
+
+AnyMatrix read_mtx(const std::filesystem::path& path, const ReadOptions& options, MtxReport* report) {
+  return io_detail::read_path(path, [&](std::span<const std::byte> b) { return read_mtx(b, options, report); });
+}
+
+template <Value T>
+std::vector<std::byte> encode_mtx(CsrView<const T> m) {
+  require(m.space == MemorySpace::host, ErrorCode::space_mismatch, "twell::encode_mtx", "matrix m lives in ",
+          to_string(m.space), " memory; copy it to the host first");
+  std::vector<std::byte> out;
+  std::string head = detail::concat("%%MatrixMarket matrix coordinate real general\n% written by twell ", TWELL_VERSION,
+                                    " from ", to_string(dtype_of<T>), " values\n", m.rows, " ", m.cols, " ", m.nnz, "\n");
+  io_detail::append_text(out, head);
+  out.reserve(out.size() + static_cast<std::size_t>(m.nnz) * 24);
+  char buf[96];
+  for (std::int64_t r = 0; r < m.rows; ++r) {
+    for (std::int64_t k = m.row_ptr[r]; k < m.row_ptr[r + 1]; ++k) {
+      char* p = buf;
+      p = std::to_chars(p, buf + sizeof buf, r + 1).ptr;
+      *p++ = ' ';
+      p = std::to_chars(p, buf + sizeof buf, static_cast<std::int64_t>(m.col_idx[k]) + 1).ptr;
+      *p++ = ' ';
+      // Shortest decimal of the fp64 that equals the value: exact, and readable by any parser.
+      p = std::to_chars(p, buf + sizeof buf, static_cast<double>(to_float(m.values[k]))).ptr;
+      *p++ = '\n';
+      io_detail::append_bytes(out, buf, static_cast<std::size_t>(p - buf));
+    }
+  }
+  return out;
+}
+
+template <Value T>
+void write_mtx(const std::filesystem::path& path, CsrView<const T> m) {
+  write_file(path, encode_mtx<T>(m));
+}
+
+#define TWELL_INSTANTIATE(T)                                                    \
+  template std::vector<std::byte> encode_mtx<T>(CsrView<const T>);              \
+  template void write_mtx<T>(const std::filesystem::path&, CsrView<const T>);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell

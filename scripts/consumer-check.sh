@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs twell into a temporary prefix and builds + runs tests/consumer against it with
+# find_package(twell CONFIG REQUIRED): the CPU-only configuration always, and the CUDA one too
+# when nvcc is present. Exit status 0 when every configuration built and ran.
+#
+# Environment: CONSUMER_CONFIGS ("cpu", "cuda" or "cpu cuda"; default cpu, plus cuda with nvcc),
+# CONSUMER_JOBS (build parallelism, default 2), KEEP_CONSUMER_DIR=1 keeps the
+# temporary directory for inspection.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+jobs="${CONSUMER_JOBS:-2}"
+tmp="$(mktemp -d -t twell-consumer-XXXXXX)"
+if [ "${KEEP_CONSUMER_DIR:-0}" != 1 ]; then trap 'rm -rf "$tmp"' EXIT; else echo "keeping $tmp"; fi
+
+if [ -n "${CONSUMER_CONFIGS:-}" ]; then
+  read -r -a configs <<<"$CONSUMER_CONFIGS"
+else
+  configs=(cpu)
+  if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then configs+=(cuda); fi
+fi
+
+for cfg in "${configs[@]}"; do
+  echo "== consumer check: $cfg"
+  cuda=OFF
+  extra=()
+  if [ "$cfg" = cuda ]; then
+    cuda=ON
+    command -v nvcc >/dev/null 2>&1 || extra+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
+  fi
+  cmake -S "$root" -B "$tmp/build-$cfg" -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA="$cuda" \
+    -DTWELL_BUILD_TESTS=OFF -DTWELL_BUILD_BENCH=OFF -DTWELL_BUILD_TOOLS=OFF "${extra[@]}" \
+    -DCMAKE_INSTALL_PREFIX="$tmp/prefix-$cfg" >"$tmp/configure-$cfg.log"
+  cmake --build "$tmp/build-$cfg" -j "$jobs" >"$tmp/build-$cfg.log"
+  cmake --install "$tmp/build-$cfg" >"$tmp/install-$cfg.log"
+  cmake -S "$root/tests/consumer" -B "$tmp/consumer-$cfg" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$tmp/prefix-$cfg" >"$tmp/consumer-configure-$cfg.log"
+  cmake --build "$tmp/consumer-$cfg" -j "$jobs" >"$tmp/consumer-build-$cfg.log"
+  "$tmp/consumer-$cfg/twell_consumer"
+done
+echo "consumer check passed: ${configs[*]}"

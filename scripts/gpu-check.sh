@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: configure and build for sm_90a, run the gpu tests, run the
+# benchmarks and draw their plots, writing logs, JSON and plots under OUTDIR.
+#
+#   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--arch80 | --skip-build-80]
+#                        [--skip-tests] [--skip-bench] [--reps N]
+#
+#   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
+#                   gpu-check.log (everything), gpu-tests.log, bench.json, bench-summary.md,
+#                   speedup.png, gpu-tests-80.log (--arch80), sanitizer.log (--sanitize)
+#   --sanitize      run each gpu test executable under compute-sanitizer (memcheck, then
+#                   racecheck) instead of benchmarking
+#   --suites LIST   benchmark suites (default all: convert,spmm,sddmm,gemm_to_sparse,ffn)
+#   --quick         small benchmark sizes (a smoke test, not a result)
+#   --arch80        also build for sm_80 alone (the portable mma.sync path) and run the gpu tests
+#                   with it: a Hopper runs sm_80 code
+#   --skip-build-80 no sm_80 build (the default)
+#   --skip-tests, --skip-bench   leave out a phase
+#   --reps N        timed runs per benchmark case (default 50)
+#   --sanitize-limit S   seconds allowed to each compute-sanitizer run (default 240)
+#
+# Every phase runs even when an earlier one failed (a missing suite or a failing test does not
+# stop the benchmarks); the exit status is non-zero if any phase failed. The last lines printed
+# are a compact summary.
+set -u -o pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out=""
+sanitize=0
+suites="all"
+quick=0
+arch80=0
+run_tests=1
+run_bench=1
+reps=""
+sanitize_limit=240
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) sanitize=1 ;;
+    --suites) suites="${2:?--suites needs a list}"; shift ;;
+    --suites=*) suites="${1#--suites=}" ;;
+    --quick) quick=1 ;;
+    --arch80) arch80=1 ;;
+    --skip-build-80) arch80=0 ;;
+    --skip-tests) run_tests=0 ;;
+    --skip-bench) run_bench=0 ;;
+    --reps) reps="${2:?--reps needs a number}"; shift ;;
+    --sanitize-limit) sanitize_limit="${2:?--sanitize-limit needs seconds}"; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -*) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) if [ -z "$out" ]; then out="$1"; else echo "gpu-check: two output folders: $out and $1" >&2; exit 2; fi ;;
+  esac
+  shift
+done
+[ -n "$out" ] || out="$root/build/gpu-check"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+log="$out/gpu-check.log"
+: >"$log"
+
+# The build folders can be moved (e.g. to reuse an existing build) through the environment.
+build="${TWELL_GPU_CHECK_BUILD:-$root/build/gpu-check-build}"
+build80="${TWELL_GPU_CHECK_BUILD_80:-$root/build/gpu-check-build-80}"
+jobs="${TWELL_GPU_CHECK_JOBS:-16}"
+summary=()
+failed=0
+
+say() { echo "$*" | tee -a "$log"; }
+now() { date +%s; }
+# phase NAME STATUS SECONDS DETAIL: one summary line per phase.
+phase() {
+  local line
+  line=$(printf '%-14s %-7s %5ss  %s' "$1" "$2" "$3" "$4")
+  summary+=("$line")
+  say "== $line"
+  [ "$2" = "ok" ] || [ "$2" = "skipped" ] || failed=1
+}
+
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
+
+configure_and_build() {  # DIR ARCHS
+  local dir="$1" archs="$2"
+  # CMake releases before 3.26 do not know nvcc's C++20 flag; naming it is harmless later.
+  cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA=ON \
+    -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
+    >>"$log" 2>&1 || return 1
+  cmake --build "$dir" -j "$jobs" >>"$log" 2>&1
+}
+
+# ctest's own summary line, e.g. "100% tests passed, 0 tests failed out of 12".
+tests_line() { grep -E 'tests passed|No tests were found' "$1" | tail -1; }
+
+say "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), repository $root, output $out"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,persistence_mode \
+    --format=csv 2>&1 | tee -a "$log"
+else
+  say "nvidia-smi: not found"
+fi
+say "cmake: $(cmake --version | head -1); nvcc: $("$nvcc_bin" --version 2>/dev/null | tail -1)"
+
+t0=$(now)
+if configure_and_build "$build" "90a-real"; then
+  phase build ok $(( $(now) - t0 )) "sm_90a, $build"
+  built=1
+else
+  phase build FAILED $(( $(now) - t0 )) "see gpu-check.log"
+  tail -30 "$log"
+  built=0
+fi
+
+if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
+  t0=$(now)
+  slog="$out/sanitizer.log"
+  : >"$slog"
+  bad=0; n=0
+  if ! command -v compute-sanitizer >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+    PATH="/usr/local/cuda/bin:$PATH"
+  fi
+  for exe in $(find "$build/tests" -maxdepth 1 -type f -executable -name 'gpu_test_*' | sort); do
+    for tool in memcheck racecheck; do
+      n=$((n + 1))
+      echo "=== $tool $(basename "$exe")" >>"$slog"
+      # racecheck is slow: a bound per run keeps the whole call inside the device's limit.
+      timeout "$sanitize_limit" compute-sanitizer --tool "$tool" --error-exitcode 99 "$exe" >>"$slog" 2>&1
+      rc=$?
+      [ $rc -eq 124 ] && echo "=== timed out after ${sanitize_limit}s" >>"$slog"
+      # 77: the test skipped itself (no GPU).
+      if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
+        bad=$((bad + 1))
+        say "sanitizer: $tool $(basename "$exe") exit $rc"
+      fi
+    done
+  done
+  if [ "$bad" = 0 ]; then
+    phase sanitizer ok $(( $(now) - t0 )) "$n runs clean (memcheck, racecheck)"
+  else
+    phase sanitizer FAILED $(( $(now) - t0 )) "$bad of $n runs reported errors; sanitizer.log"
+  fi
+  run_tests=0
+  run_bench=0
+fi
+
+if [ "$built" = 1 ] && [ "$run_tests" = 1 ]; then
+  t0=$(now)
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300) >"$out/gpu-tests.log" 2>&1
+  rc=$?
+  line="$(tests_line "$out/gpu-tests.log")"
+  [ $rc -eq 0 ] && st=ok || st=FAILED
+  phase gpu-tests $st $(( $(now) - t0 )) "${line:-no ctest summary}; gpu-tests.log"
+  [ $rc -eq 0 ] || grep -E '^\s*[0-9]+ - .*\((Failed|Timeout|SEGFAULT|Subprocess)' "$out/gpu-tests.log" | head -10 | tee -a "$log"
+else
+  phase gpu-tests skipped 0 ""
+fi
+
+if [ "$arch80" = 1 ]; then
+  t0=$(now)
+  if configure_and_build "$build80" "80-real"; then
+    (cd "$build80" && ctest -L gpu --output-on-failure --timeout 300) >"$out/gpu-tests-80.log" 2>&1
+    rc=$?
+    line="$(tests_line "$out/gpu-tests-80.log")"
+    [ $rc -eq 0 ] && st=ok || st=FAILED
+    phase sm80-tests $st $(( $(now) - t0 )) "${line:-no ctest summary}; gpu-tests-80.log"
+  else
+    phase sm80-tests FAILED $(( $(now) - t0 )) "sm_80 build failed; see gpu-check.log"
+  fi
+fi
+
+if [ "$built" = 1 ] && [ "$run_bench" = 1 ]; then
+  t0=$(now)
+  args=(bench --suite "$suites" --out "$out/bench.json")
+  [ "$quick" = 1 ] && args+=(--quick)
+  [ -n "$reps" ] && args+=(--reps "$reps")
+  # The full table goes to the log; the console gets the per-suite lines.
+  "$build/tools/twell" "${args[@]}" >>"$log" 2>&1
+  rc=$?
+  grep -E '^twell bench: (suite|ceilings|nothing)' "$log" | tail -8
+  if [ -s "$out/bench.json" ]; then
+    cases=$(grep -o '"status": "ok"' "$out/bench.json" | wc -l)
+    other=$(grep -o '"status": "\(not built\|failed\|skipped\)' "$out/bench.json" | wc -l)
+    detail="$cases cases ok, $other not run; bench.json"
+  else
+    detail="no bench.json"
+  fi
+  [ $rc -eq 0 ] && st=ok || st=FAILED
+  phase bench $st $(( $(now) - t0 )) "$detail"
+
+  t0=$(now)
+  if [ -s "$out/bench.json" ]; then
+    python3 "$root/bench/plot.py" "$out/bench.json" --out "$out" --single --summary "$out/bench-summary.md" >>"$log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] && st=ok || st=FAILED
+    phase plots $st $(( $(now) - t0 )) "speedup.png, bench-summary.md"
+  else
+    phase plots skipped 0 "no bench.json"
+  fi
+fi
+
+echo
+echo "gpu-check summary ($out):"
+for line in "${summary[@]}"; do echo "  $line"; done
+if [ -s "$out/bench-summary.md" ]; then
+  # The contract rows of the summary: the numbers the lead needs first.
+  sed -n '/^| measure/,/^$/p' "$out/bench-summary.md"
+fi
+exit $failed

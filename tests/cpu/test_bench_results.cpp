@@ -1,0 +1,129 @@
+// The host half of the benchmark harness: JSON writing, timing summaries, suite selection,
+// the result records and the table.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <twell/bench/json.hpp>
+#include <twell/bench/results.hpp>
+#include <twell/error.hpp>
+
+#include "random.hpp"
+
+using twell::bench::Json;
+
+TEST_CASE("Json writes scalars, escapes strings and never writes NaN or Inf") {
+  CHECK(Json().dump(0) == "null");
+  CHECK(Json(true).dump(0) == "true");
+  CHECK(Json(std::int64_t{-42}).dump(0) == "-42");
+  CHECK(Json(0.5).dump(0) == "0.5");
+  CHECK(Json(std::numeric_limits<double>::quiet_NaN()).dump(0) == "null");
+  CHECK(Json(-std::numeric_limits<double>::infinity()).dump(0) == "null");
+  CHECK(Json("a\"b\\c\nd\te").dump(0) == R"("a\"b\\c\nd\te")");
+  CHECK(Json(std::string("\x01")).dump(0) == R"("\u0001")");
+}
+
+TEST_CASE("Json objects keep insertion order, replace on a repeated key, and nest") {
+  Json j = Json::object();
+  j["b"] = 1;
+  j["a"] = "x";
+  j["b"] = 2;
+  Json list = Json::array();
+  list.push_back(1);
+  list.push_back(Json::object());
+  j["list"] = list;
+  j["empty"] = Json::array();
+  CHECK(j.size() == 4);
+  CHECK(j.dump(0) == R"({"b":2,"a":"x","list":[1,{}],"empty":[]})");
+  const std::string pretty = j.dump(2);
+  CHECK(pretty.find("\n  \"a\": \"x\"") != std::string::npos);
+  CHECK(pretty.back() == '\n');
+  // Arrays of scalars stay on one line.
+  Json flat = Json::array();
+  for (int i = 0; i < 3; ++i) flat.push_back(i);
+  CHECK(flat.dump(2) == "[0, 1, 2]\n");
+}
+
+TEST_CASE("Json refuses to index a non-object or append to a non-array") {
+  Json n(1);
+  CHECK_THROWS_AS(n["k"], twell::Error);
+  Json o = Json::object();
+  CHECK_THROWS_AS(o.push_back(1), twell::Error);
+}
+
+TEST_CASE("summarize gives nearest-rank median and percentiles of fresh samples") {
+  std::mt19937_64 rng(twell::testing::fresh_seed());
+  for (const std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{50}, std::size_t{101}}) {
+    CAPTURE(n);
+    std::vector<float> samples(n);
+    std::uniform_real_distribution<float> u(0.1f, 5.0f);
+    for (float& s : samples) s = u(rng);
+    std::vector<float> sorted = samples;
+    std::sort(sorted.begin(), sorted.end());
+    const twell::bench::Timing t = twell::bench::summarize(samples);
+    CHECK(t.reps == static_cast<int>(n));
+    CHECK(t.min_ms == doctest::Approx(sorted.front()));
+    auto rank = [&](double q) {
+      return sorted[std::max<std::size_t>(static_cast<std::size_t>(std::ceil(q * n)), 1) - 1];
+    };
+    CHECK(t.median_ms == doctest::Approx(rank(0.5)));
+    CHECK(t.p10_ms == doctest::Approx(rank(0.1)));
+    CHECK(t.p90_ms == doctest::Approx(rank(0.9)));
+    CHECK(t.p10_ms <= t.median_ms);
+    CHECK(t.median_ms <= t.p90_ms);
+  }
+  CHECK(twell::bench::summarize({}).reps == 0);
+}
+
+TEST_CASE("parse_suites selects, deduplicates and rejects unknown names") {
+  CHECK(twell::bench::parse_suites("") == twell::bench::suite_names());
+  CHECK(twell::bench::parse_suites("all") == twell::bench::suite_names());
+  CHECK(twell::bench::parse_suites("ffn,spmm,ffn") == std::vector<std::string>{"ffn", "spmm"});
+  CHECK_THROWS_AS(twell::bench::parse_suites("spmm,nope"), twell::Error);
+  CHECK_THROWS_AS(twell::bench::parse_suites("spmm,"), twell::Error);
+}
+
+TEST_CASE("a case writes its numbers only when it ran, and the table shows status or rates") {
+  twell::bench::Case ok;
+  ok.suite = "spmm";
+  ok.op = "spmm";
+  ok.variant = "twell";
+  ok.m = 16384;
+  ok.density_target = 0.005;
+  ok.distribution = "uniform";
+  ok.timing = twell::bench::summarize({2.0f, 1.0f, 3.0f});
+  ok.bytes = 4e9;  // 4 GB in 2 ms: 2000 GB/s
+  ok.flops = 1e9;
+  ok.baseline = "cusparse_csr";
+  ok.speedup = 2.5;
+  CHECK(ok.gbps() == doctest::Approx(2000.0));
+  CHECK(ok.tflops() == doctest::Approx(0.5));
+  const std::string j = ok.to_json().dump(0);
+  CHECK(j.find(R"("ms":{"median":2,)") != std::string::npos);
+  CHECK(j.find(R"("speedup":2.5)") != std::string::npos);
+
+  twell::bench::Case missing = ok;
+  missing.variant = "fused";
+  missing.status = "not built: kernels/cuda/ffn.cu is not in this build";
+  missing.speedup = 0;
+  const std::string jm = missing.to_json().dump(0);
+  CHECK(jm.find("\"ms\"") == std::string::npos);
+  CHECK(jm.find("gb_per_s") == std::string::npos);
+  CHECK(jm.find(R"("speedup":null)") != std::string::npos);
+
+  twell::bench::Report report;
+  report.cases = {ok, missing};
+  std::ostringstream os;
+  twell::bench::print_table(os, report);
+  const std::string table = os.str();
+  CHECK(table.find("2000 GB/s") != std::string::npos);
+  CHECK(table.find("2.50x") != std::string::npos);
+  CHECK(table.find("not built: kernels/cuda/ffn.cu") != std::string::npos);
+  CHECK(report.to_json().dump(0).find(R"("cases":[{)") != std::string::npos);
+}

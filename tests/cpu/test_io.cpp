@@ -1,0 +1,394 @@
+// File formats: round trips of every format and value type through .twell, of CSR through
+// .mtx and of dense through .npy; and every kind of corrupted input giving the right ErrorCode.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include <twell/any_matrix.hpp>
+#include <twell/converters/backends.hpp>
+#include <twell/io.hpp>
+
+#include "random.hpp"
+
+using namespace twell;
+
+namespace {
+
+std::span<const std::byte> bytes_of(std::string_view s) { return {reinterpret_cast<const std::byte*>(s.data()), s.size()}; }
+
+template <class F>
+ErrorCode code_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  FAIL("no twell::Error was thrown");
+  return ErrorCode::invalid_argument;
+}
+
+template <class T>
+bool same_bits(const Buffer<T>& a, const Buffer<T>& b) {
+  return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+}
+
+// Bitwise equality of two matrices of the same type, every array included.
+template <Value T>
+bool identical(const DenseMatrix<T>& a, const DenseMatrix<T>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && same_bits(a.values(), b.values());
+}
+template <Value T>
+bool identical(const CsrMatrix<T>& a, const CsrMatrix<T>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && same_bits(a.row_ptr(), b.row_ptr()) &&
+         same_bits(a.col_idx(), b.col_idx()) && same_bits(a.values(), b.values());
+}
+template <Value T>
+bool identical(const EllMatrix<T>& a, const EllMatrix<T>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && a.width() == b.width() &&
+         same_bits(a.row_count(), b.row_count()) && same_bits(a.col_idx(), b.col_idx()) &&
+         same_bits(a.values(), b.values());
+}
+template <Value T>
+bool identical(const TwellMatrix<T>& a, const TwellMatrix<T>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() && a.layout() == b.layout() &&
+         same_bits(a.packed(), b.packed()) && same_bits(a.value_plane(), b.value_plane());
+}
+template <Value T>
+bool identical(const HybridMatrix<T>& a, const HybridMatrix<T>& b) {
+  return identical(a.twell(), b.twell()) && identical(a.overflow(), b.overflow()) &&
+         same_bits(a.row_to_overflow(), b.row_to_overflow()) && same_bits(a.overflow_to_row(), b.overflow_to_row());
+}
+bool identical(const AnyMatrix& a, const AnyMatrix& b) {
+  if (a.index() != b.index()) return false;
+  return std::visit(
+      [&](const auto& x) { return identical(x, std::get<std::remove_cvref_t<decltype(x)>>(b)); }, a);
+}
+
+struct Shape {
+  std::int64_t rows, cols;
+};
+constexpr Shape kShapes[] = {{0, 0}, {1, 1}, {3, 0}, {7, 19}, {33, 300}, {64, 1000}};
+constexpr double kDensities[] = {0.0, 0.02, 0.3, 1.0};
+
+template <Value T>
+DenseMatrix<T> random_input(Shape s, double density, std::uint64_t seed) {
+  testing::SparseDenseOptions o;
+  o.density = density;
+  o.specials = density > 0 && density < 1;
+  o.empty_row_share = 0.2;
+  return testing::random_sparse_dense<T>(s.rows, s.cols, o, seed);
+}
+
+// The reference converters build the inputs: the public convert() adds nothing a file test needs.
+template <Value T>
+AnyMatrix make(const DenseMatrix<T>& d, Format f, TwellLayout layout = {}) {
+  ConvertOptions drop;
+  drop.overflow = OverflowPolicy::drop;
+  switch (f) {
+    case Format::dense: return d.to(MemorySpace::host);
+    case Format::csr: return reference::dense_to_csr<T>(d.view());
+    case Format::ell: return reference::dense_to_ell<T>(d.view());
+    case Format::twell: return reference::dense_to_twell<T>(d.view(), layout, drop);
+    case Format::hybrid: break;
+  }
+  return reference::dense_to_hybrid<T>(d.view(), layout);
+}
+
+// Every format of a dense input; TwELL at C = 32 with tile 64 (S = 2) overflows often, so the
+// hybrid carries a dense block and TwELL drops values.
+template <Value T>
+std::vector<AnyMatrix> all_formats(const DenseMatrix<T>& d) {
+  std::vector<AnyMatrix> out;
+  out.push_back(make(d, Format::dense));
+  out.push_back(make(d, Format::csr));
+  out.push_back(make(d, Format::ell));
+  out.push_back(make(d, Format::twell, TwellLayout{64, 8}));
+  out.push_back(make(d, Format::twell, TwellLayout{64, 32}));
+  out.push_back(make(d, Format::hybrid, TwellLayout{64, 32}));
+  out.push_back(make(d, Format::hybrid, TwellLayout{256, 8}));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("every format round-trips bit-identically through .twell", T, bf16, fp16, float) {
+  for (Shape s : kShapes) {
+    for (double density : kDensities) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.rows);
+      CAPTURE(s.cols);
+      CAPTURE(density);
+      for (const AnyMatrix& m : all_formats(random_input<T>(s, density, seed))) {
+        CAPTURE(to_string(format(m)));
+        const std::vector<std::byte> bytes = encode_twell(m);
+        const AnyMatrix back = read_twell(bytes);
+        CHECK(identical(m, back));
+        CHECK(crc32(std::span(bytes).first(bytes.size() - 4)) != 0);
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE(".npy round-trips dense matrices and matches numpy's layout", T, bf16, fp16, float) {
+  for (Shape s : kShapes) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    const auto d = random_input<T>(s, 0.5, seed);
+    const auto bytes = encode_npy<T>(d.view());
+    // numpy aligns the array to 64 bytes and ends the header with '\n'.
+    std::uint16_t header_len;
+    std::memcpy(&header_len, bytes.data() + 8, 2);
+    CHECK((10 + header_len) % 64 == 0);
+    CHECK(static_cast<char>(bytes[9 + header_len]) == '\n');
+    const AnyMatrix back = read_npy(bytes);
+    REQUIRE(std::holds_alternative<DenseMatrix<T>>(back));
+    CHECK(identical(d, std::get<DenseMatrix<T>>(back)));
+  }
+}
+
+TEST_CASE_TEMPLATE(".mtx round-trips CSR exactly and reads what scipy writes", T, bf16, fp16, float) {
+  for (Shape s : kShapes) {
+    for (double density : kDensities) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      const AnyMatrix csr = make(random_input<T>(s, density, seed), Format::csr);
+      const auto& c = std::get<CsrMatrix<T>>(csr);
+      ReadOptions o;
+      o.dtype = dtype_of<T>;
+      MtxReport report;
+      const AnyMatrix back = read_mtx(encode_mtx<T>(c.view()), o, &report);
+      CHECK(report.explicit_zeros == 0);
+      CHECK(report.entries == c.nnz());
+      // NaN payloads are not kept by text; everything else is bit-exact.
+      const auto& b = std::get<CsrMatrix<T>>(back);
+      REQUIRE(b.nnz() == c.nnz());
+      CHECK(same_bits(c.row_ptr(), b.row_ptr()));
+      CHECK(same_bits(c.col_idx(), b.col_idx()));
+      for (std::int64_t k = 0; k < c.nnz(); ++k) {
+        const float x = to_float(c.values().data()[k]);
+        const float y = to_float(b.values().data()[k]);
+        if (std::isnan(x)) {
+          CHECK(std::isnan(y));
+        } else {
+          CHECK(std::memcmp(&x, &y, 4) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Matrix Market reader: fields, order, explicit zeros, duplicates and bad input") {
+  const std::string text =
+      "%%MatrixMarket matrix coordinate real general\n%\n% comment\n3 4 5\n3 4 -2.5e0\n1 2 1\n1 1 0\n2 3 -0\n1 4 "
+      "inf\n";
+  MtxReport report;
+  const AnyMatrix m = read_mtx(bytes_of(text), {}, &report);
+  const auto& c = std::get<CsrMatrix<float>>(m);
+  CHECK(report.entries == 5);
+  CHECK(report.explicit_zeros == 2);
+  CHECK(report.field == "real");
+  REQUIRE(c.nnz() == 3);
+  CHECK(c.row_ptr().data()[1] == 2);
+  CHECK(c.col_idx().data()[0] == 1);
+  CHECK(c.col_idx().data()[1] == 3);
+  CHECK(std::isinf(c.values().data()[1]));
+  CHECK(c.values().data()[2] == -2.5f);
+
+  // symmetric and skew-symmetric files hold the lower triangle; the reader mirrors it.
+  const auto sym = read_mtx(bytes_of("%%MatrixMarket matrix coordinate real symmetric\n3 3 2\n2 1 4\n3 3 5\n"));
+  const auto& sc = std::get<CsrMatrix<float>>(sym);
+  REQUIRE(sc.nnz() == 3);
+  CHECK(sc.col_idx().data()[0] == 1);
+  CHECK(sc.values().data()[0] == 4.0f);
+  CHECK(sc.col_idx().data()[1] == 0);
+  const auto skew = read_mtx(bytes_of("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n2 1 3\n"));
+  CHECK(std::get<CsrMatrix<float>>(skew).values().data()[0] == -3.0f);
+  CHECK(std::get<CsrMatrix<float>>(skew).values().data()[1] == 3.0f);
+
+  const auto pattern = read_mtx(bytes_of("%%MatrixMarket matrix coordinate pattern general\n2 2 2\n2 1\n1 2\n"));
+  CHECK(std::get<CsrMatrix<float>>(pattern).values().data()[0] == 1.0f);
+  ReadOptions bf;
+  bf.dtype = DType::bf16;
+  const auto integer = read_mtx(bytes_of("%%matrixmarket MATRIX coordinate integer general\n1 3 1\n1 3 -7\n"), bf);
+  CHECK(bf16_to_float(std::get<CsrMatrix<bf16>>(integer).values().data()[0]) == -7.0f);
+
+  const auto bad = [](const std::string& s) { return code_of([&] { read_mtx(bytes_of(s)); }); };
+  const std::string head = "%%MatrixMarket matrix coordinate real general\n";
+  CHECK(bad("") == ErrorCode::io);
+  CHECK(bad("%%NotMatrixMarket matrix coordinate real general\n1 1 0\n") == ErrorCode::io);
+  CHECK(bad(head) == ErrorCode::io);                                      // no size line
+  CHECK(bad(head + "2 2 3\n1 1 1\n") == ErrorCode::io);                   // truncated entries
+  CHECK(bad(head + "2000 2000 1000000\n1 1 1\n") == ErrorCode::io);             // more entries than bytes
+  CHECK(bad(head + "2 2 2\n1 1 1\n1 1 2\n") == ErrorCode::malformed);     // duplicate
+  CHECK(bad(head + "2 2 1\n3 1 1\n") == ErrorCode::malformed);            // row out of range
+  CHECK(bad(head + "2 2 1\n1 0 1\n") == ErrorCode::malformed);            // column out of range
+  CHECK(bad(head + "2 2 1\n1 1 x\n") == ErrorCode::malformed);            // bad value
+  CHECK(bad(head + "2 2 1\n1 1\n") == ErrorCode::malformed);              // missing value
+  CHECK(bad(head + "2 2 1\n1 1 1 1\n") == ErrorCode::malformed);          // extra token
+  CHECK(bad(head + "2 2 1\n1 1 1\n2 2 1\n") == ErrorCode::malformed);     // extra entry
+  CHECK(bad(head + "2 2 5\n1 1 1\n1 2 1\n2 1 1\n2 2 1\n") == ErrorCode::malformed);  // entries > cells
+  CHECK(bad(head + "-2 2 0\n") == ErrorCode::malformed);
+  CHECK(bad(head + "2 2\n") == ErrorCode::malformed);
+  CHECK(bad(head + "2 3000000000 0\n") == ErrorCode::unsupported);        // 32-bit columns
+  CHECK(bad(head + "4000000000000 1 0\n") == ErrorCode::io);              // row_ptr beyond the cap
+  CHECK(bad("%%MatrixMarket matrix coordinate real hermitian\n1 1 0\n") == ErrorCode::unsupported);
+  CHECK(bad("%%MatrixMarket matrix coordinate real symmetric\n2 2 1\n1 2 1\n") == ErrorCode::malformed);  // upper
+  CHECK(bad("%%MatrixMarket matrix coordinate real symmetric\n2 3 0\n") == ErrorCode::malformed);  // not square
+  CHECK(bad("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n1 1 1\n") == ErrorCode::malformed);
+  CHECK(bad("%%MatrixMarket matrix array real general\n1 1\n1\n") == ErrorCode::unsupported);
+  CHECK(bad("%%MatrixMarket matrix coordinate complex general\n1 1 0\n") == ErrorCode::unsupported);
+}
+
+TEST_CASE(".npy reader rejects every malformed header") {
+  const auto d = random_input<float>({3, 5}, 0.5, testing::fresh_seed());
+  const std::vector<std::byte> good = encode_npy<float>(d.view());
+  const auto with_header = [&](const std::string& dict, std::size_t data_bytes = 60) {
+    std::string h = dict;
+    h.push_back('\n');
+    std::string s = std::string("\x93NUMPY\x01\x00", 8);
+    s.push_back(static_cast<char>(h.size() & 0xff));
+    s.push_back(static_cast<char>(h.size() >> 8));
+    s += h;
+    s.append(data_bytes, '\0');
+    return code_of([&] { read_npy(bytes_of(s)); });
+  };
+  CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 5), }", 59) == ErrorCode::io);
+  CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 5), }", 61) == ErrorCode::malformed);
+  CHECK(with_header("{'descr': '>f4', 'fortran_order': False, 'shape': (3, 5), }") == ErrorCode::unsupported);
+  CHECK(with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 5), }") == ErrorCode::unsupported);
+  CHECK(with_header("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 5), }") == ErrorCode::unsupported);
+  CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (15,), }") == ErrorCode::unsupported);
+  CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, -5), }") == ErrorCode::malformed);
+  CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 5), 'x': 1}") == ErrorCode::malformed);
+  CHECK(with_header("{'descr': '<f4', 'shape': (3, 5), }") == ErrorCode::malformed);
+  CHECK(with_header("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (3, 5)}") ==
+        ErrorCode::malformed);
+  CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 5), } x") == ErrorCode::malformed);
+  CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 4), }") ==
+        ErrorCode::io);
+  // Truncation inside each fixed field, and a header length past the end.
+  for (std::size_t cut : {0, 3, 6, 7, 9, 20, 70}) {
+    CAPTURE(cut);
+    CHECK(code_of([&] { read_npy(std::span(good).first(cut)); }) == ErrorCode::io);
+  }
+  CHECK(code_of([&] { read_npy(std::span(good).first(good.size() - 1)); }) == ErrorCode::io);
+  std::vector<std::byte> version = good;
+  version[6] = std::byte{4};
+  CHECK(code_of([&] { read_npy(version); }) == ErrorCode::unsupported);
+}
+
+TEST_CASE(".twell reader: truncation at every field, magic, checksum, sizes and inconsistent shapes") {
+  const auto d = random_input<fp16>({9, 70}, 0.1, testing::fresh_seed());
+  const AnyMatrix csr = make(d, Format::csr);
+  const AnyMatrix hyb = make(d, Format::hybrid, TwellLayout{8, 4});
+  REQUIRE(std::get<HybridMatrix<fp16>>(hyb).overflow_rows() > 0);
+  for (const AnyMatrix* m : {&csr, &hyb}) {
+    const std::vector<std::byte> good = encode_twell(*m);
+    CHECK(identical(*m, read_twell(good)));
+    const auto code = [](std::span<const std::byte> b) { return code_of([&] { read_twell(b); }); };
+    // Every prefix: truncated inside the magic, a header field, a section or the checksum.
+    for (std::size_t cut = 0; cut < good.size(); ++cut) {
+      CAPTURE(cut);
+      CHECK(code(std::span(good).first(cut)) == ErrorCode::io);
+    }
+    std::vector<std::byte> b = good;
+    b[0] = std::byte{'X'};
+    CHECK(code(b) == ErrorCode::io);  // magic
+    b = good;
+    b[8] = std::byte{2};
+    CHECK(code(b) == ErrorCode::unsupported);  // version
+    b = good;
+    b[10] = std::byte{9};
+    CHECK(code(b) == ErrorCode::malformed);  // format code
+    b = good;
+    b[11] = std::byte{7};
+    CHECK(code(b) == ErrorCode::malformed);  // dtype code
+    b = good;
+    b[13] = std::byte{1};
+    CHECK(code(b) == ErrorCode::malformed);  // section count
+    b = good;
+    b[good.size() - 10] ^= std::byte{0x40};
+    CHECK(code(b) == ErrorCode::io);  // payload bit flip: checksum
+    b = good;
+    b[good.size() - 1] ^= std::byte{1};
+    CHECK(code(b) == ErrorCode::io);  // the checksum itself
+    b = good;
+    b.push_back(std::byte{0});
+    CHECK(code(b) == ErrorCode::malformed);  // trailing bytes
+    b = good;
+    b[16] = std::byte{0xff};  // rows = 255: section sizes no longer match the shape
+    CHECK(code(b) == ErrorCode::malformed);
+    b = good;
+    b[23] = std::byte{0x80};  // rows negative
+    CHECK(code(b) == ErrorCode::malformed);
+    b = good;
+    b[48 + 8 + 6] = std::byte{0x7f};  // a section size larger than the file
+    CHECK(code(b) == ErrorCode::malformed);
+  }
+  // A section size and the shape changed together (sizes larger than the file): truncated.
+  std::vector<std::byte> big = encode_twell(AnyMatrix(DenseMatrix<float>(2, 2)));
+  const std::int64_t rows = std::int64_t{1} << 40;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(rows) * 2 * 4;
+  std::memcpy(big.data() + 16, &rows, 8);
+  std::memcpy(big.data() + 48, &bytes, 8);
+  CHECK(code_of([&] { read_twell(big); }) == ErrorCode::io);
+  // Rows that take no bytes (N = 0) are capped like implicit allocations (a fuzzer finding).
+  std::vector<std::byte> wide = encode_twell(AnyMatrix(DenseMatrix<fp16>(0, 0)));
+  const std::int64_t many = std::int64_t{0x23} << 40;
+  std::memcpy(wide.data() + 16, &many, 8);
+  const std::uint32_t wide_crc = crc32(std::span(wide).first(wide.size() - 4));
+  std::memcpy(wide.data() + wide.size() - 4, &wide_crc, 4);
+  CHECK(code_of([&] { read_twell(wide); }) == ErrorCode::io);
+  ReadOptions small;
+  small.max_implicit_bytes = 0;
+  std::vector<std::byte> tall = encode_npy<float>(DenseMatrix<float>(1000, 0).view());
+  CHECK(code_of([&] { read_npy(tall, small); }) == ErrorCode::io);
+  CHECK(std::get<DenseMatrix<float>>(read_npy(tall)).rows() == 1000);
+  // Consistent sizes, valid checksum, but content breaking an invariant: validate() rejects it.
+  std::vector<std::byte> bad = encode_twell(csr);
+  const auto& c = std::get<CsrMatrix<fp16>>(csr);
+  REQUIRE(c.nnz() >= 2);
+  const std::size_t col0 = 48 + 3 * 8 + static_cast<std::size_t>(c.rows() + 1) * 8;
+  std::memcpy(bad.data() + col0, "\xff\xff\xff\x7f", 4);
+  const std::uint32_t crc = crc32(std::span(bad).first(bad.size() - 4));
+  std::memcpy(bad.data() + bad.size() - 4, &crc, 4);
+  CHECK(code_of([&] { read_twell(bad); }) == ErrorCode::malformed);
+}
+
+TEST_CASE("CRC-32 matches the IEEE check value and zlib") {
+  CHECK(crc32(bytes_of("123456789")) == 0xCBF43926u);
+  CHECK(crc32(bytes_of("")) == 0u);
+  CHECK(crc32(bytes_of("6789"), crc32(bytes_of("12345"))) == 0xCBF43926u);
+}
+
+TEST_CASE("files: by extension, atomic writes, errors name the path") {
+  const auto dir = std::filesystem::temp_directory_path() / ("twell_test_io_" + std::to_string(testing::fresh_seed()));
+  std::filesystem::create_directories(dir);
+  const auto d = random_input<float>({5, 40}, 0.2, testing::fresh_seed());
+  const AnyMatrix dense = d.to(MemorySpace::host);
+  const AnyMatrix csr = make(d, Format::csr);
+  write_matrix(dir / "a.npy", dense);
+  write_matrix(dir / "a.mtx", csr);
+  write_matrix(dir / "a.twell", csr);
+  CHECK(identical(read_matrix(dir / "a.npy"), dense));
+  CHECK(identical(read_matrix(dir / "a.twell"), csr));
+  CHECK(format(read_matrix(dir / "a.mtx")) == Format::csr);
+  CHECK(code_of([&] { write_matrix(dir / "a.mtx", dense); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { write_matrix(dir / "a.txt", dense); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { read_matrix(dir / "missing.twell"); }) == ErrorCode::io);
+  std::vector<std::byte> cut = read_file(dir / "a.twell");
+  cut.resize(cut.size() / 2);
+  write_file(dir / "cut.twell", cut);
+  try {
+    read_matrix(dir / "cut.twell");
+    FAIL("truncated file was read");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::io);
+    CHECK(std::string(e.what()).find("cut.twell") != std::string::npos);
+  }
+  CHECK(!std::filesystem::exists(dir / "a.twell.partial"));
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,78 @@
+// Writes the seed corpus of the fuzz targets: small valid files of every reader's format (every
+// value type, empty and ragged shapes, a hybrid with overflow rows) into <dir>/{mtx,npy,twell,validate}.
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include <twell/converters/backends.hpp>
+#include <twell/io.hpp>
+
+namespace {
+
+using namespace twell;
+
+template <Value T>
+DenseMatrix<T> sparse(std::int64_t rows, std::int64_t cols, double density, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  DenseMatrix<T> d(rows, cols);
+  T* p = d.values().data();
+  for (std::int64_t k = 0; k < rows * cols; ++k) {
+    if (u(rng) < density) p[k] = from_float<T>(static_cast<float>(u(rng) * 4.0 - 2.0) + 0.01f);
+  }
+  return d;
+}
+
+void io_append(std::vector<std::byte>& out, const void* p, std::size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  for (std::size_t k = 0; k < n; ++k) out.push_back(b[k]);
+}
+
+void put(const std::filesystem::path& path, const std::vector<std::byte>& bytes) { write_file(path, bytes); }
+
+template <Value T>
+void seeds(const std::filesystem::path& dir, int& n) {
+  const std::int64_t shapes[][2] = {{0, 0}, {1, 1}, {3, 17}, {8, 40}};
+  ConvertOptions drop;
+  drop.overflow = OverflowPolicy::drop;
+  for (const auto& s : shapes) {
+    const auto d = sparse<T>(s[0], s[1], 0.3, static_cast<std::uint64_t>(++n));
+    const auto csr = reference::dense_to_csr<T>(d.view());
+    const std::string id = std::to_string(n);
+    put(dir / "mtx" / (id + ".mtx"), encode_mtx<T>(csr.view()));
+    put(dir / "npy" / (id + ".npy"), encode_npy<T>(d.view()));
+    put(dir / "twell" / (id + "_dense.twell"), encode_twell<T>(d.view()));
+    put(dir / "twell" / (id + "_csr.twell"), encode_twell<T>(csr.view()));
+    put(dir / "twell" / (id + "_ell.twell"), encode_twell<T>(reference::dense_to_ell<T>(d.view()).view()));
+    put(dir / "twell" / (id + "_twell.twell"),
+        encode_twell<T>(reference::dense_to_twell<T>(d.view(), TwellLayout{16, 2}, drop).view()));
+    put(dir / "twell" / (id + "_hybrid.twell"),
+        encode_twell<T>(reference::dense_to_hybrid<T>(d.view(), TwellLayout{8, 4}).view()));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <corpus-dir>\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  for (const char* sub : {"mtx", "npy", "twell", "validate"}) std::filesystem::create_directories(dir / sub);
+  int n = 0;
+  seeds<bf16>(dir, n);
+  seeds<fp16>(dir, n);
+  seeds<float>(dir, n);
+  // fuzz_validate reads raw bytes: format, dtype, rows, cols, aux, tile, C, then the arrays.
+  // A valid 2 x 3 fp32 CSR: row_ptr {0, 1, 2}, col_idx {0, 2}, values {1, 2}.
+  std::vector<std::byte> csr;
+  const auto raw = [&](const auto& v) { io_append(csr, &v, sizeof v); };
+  for (const unsigned char b : {0, 2, 2, 3, 2, 0, 0}) raw(b);
+  for (const std::int64_t p : {0, 1, 2}) raw(p);
+  for (const std::int32_t c : {0, 2}) raw(c);
+  for (const float v : {1.0f, 2.0f}) raw(v);
+  put(dir / "validate" / "csr_2x3", csr);
+  std::printf("wrote %d seed shapes into %s\n", n, dir.c_str());
+  return 0;
+}

@@ -1,0 +1,402 @@
+// twell::cuda converters against twell::reference on the same fresh random inputs: every
+// conversion, every value type, tiny / ragged / paper-like shapes, densities 0 to 100 %,
+// NaN/Inf/-0.0, thresholds, all overflow policies (same errors, same reports), results compared
+// bit for bit (padding and unused slots included) and validated.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <twell/converters/backends.hpp>
+#include <twell/formats/validate.hpp>
+
+#include "random.hpp"
+
+namespace {
+
+using namespace twell;
+using twell::testing::fresh_seed;
+using twell::testing::random_sparse_dense;
+using twell::testing::SparseDenseOptions;
+
+constexpr MemorySpace kHost = MemorySpace::host;
+constexpr MemorySpace kDevice = MemorySpace::device;
+
+void cuda_ok(cudaError_t status) { REQUIRE_MESSAGE(status == cudaSuccess, cudaGetErrorString(status)); }
+
+// Fresh cudaMalloc memory is often what the previous free released: fill a large block with 0xFF
+// and free it, so that an output word a kernel forgets to write is likely not zero. (Buffer
+// zero-fills its memory at construction, so this only bites if that ever changes.)
+void dirty_device_memory() {
+  void* p = nullptr;
+  const std::size_t bytes = std::size_t{32} << 20;
+  cuda_ok(cudaMalloc(&p, bytes));
+  cuda_ok(cudaMemset(p, 0xff, bytes));
+  cuda_ok(cudaDeviceSynchronize());
+  cuda_ok(cudaFree(p));
+}
+
+template <class U>
+bool same_bytes(const Buffer<U>& a, const Buffer<U>& b) {
+  return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+}
+
+template <class U>
+std::string first_difference(const Buffer<U>& a, const Buffer<U>& b) {
+  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+  const auto* x = reinterpret_cast<const unsigned char*>(a.data());
+  const auto* y = reinterpret_cast<const unsigned char*>(b.data());
+  for (std::size_t i = 0; i < a.bytes(); ++i)
+    if (x[i] != y[i]) return "element " + std::to_string(i / sizeof(U));
+  return "none";
+}
+
+#define EXPECT_SAME_BUFFER(a, b) CHECK_MESSAGE(same_bytes(a, b), #a, ": first difference at ", first_difference(a, b))
+
+template <Value T>
+void expect_same(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+  CHECK(got.rows() == want.rows());
+  CHECK(got.cols() == want.cols());
+  EXPECT_SAME_BUFFER(got.values(), want.values());
+}
+
+template <Value T>
+void expect_same(const CsrMatrix<T>& got, const CsrMatrix<T>& want) {
+  CHECK(got.rows() == want.rows());
+  CHECK(got.cols() == want.cols());
+  EXPECT_SAME_BUFFER(got.row_ptr(), want.row_ptr());
+  EXPECT_SAME_BUFFER(got.col_idx(), want.col_idx());
+  EXPECT_SAME_BUFFER(got.values(), want.values());
+}
+
+template <Value T>
+void expect_same(const EllMatrix<T>& got, const EllMatrix<T>& want) {
+  CHECK(got.rows() == want.rows());
+  CHECK(got.cols() == want.cols());
+  CHECK(got.width() == want.width());
+  EXPECT_SAME_BUFFER(got.row_count(), want.row_count());
+  EXPECT_SAME_BUFFER(got.col_idx(), want.col_idx());
+  EXPECT_SAME_BUFFER(got.values(), want.values());
+}
+
+template <Value T>
+void expect_same(const TwellMatrix<T>& got, const TwellMatrix<T>& want) {
+  CHECK(got.rows() == want.rows());
+  CHECK(got.cols() == want.cols());
+  CHECK(got.layout() == want.layout());
+  EXPECT_SAME_BUFFER(got.packed(), want.packed());
+  EXPECT_SAME_BUFFER(got.value_plane(), want.value_plane());
+}
+
+template <Value T>
+void expect_same(const HybridMatrix<T>& got, const HybridMatrix<T>& want) {
+  expect_same(got.twell(), want.twell());
+  expect_same(got.overflow(), want.overflow());
+  EXPECT_SAME_BUFFER(got.row_to_overflow(), want.row_to_overflow());
+  EXPECT_SAME_BUFFER(got.overflow_to_row(), want.overflow_to_row());
+}
+
+// The message without its "twell::<backend>::<function>: " prefix.
+std::string body(const Error& e) {
+  const std::string m = e.what();
+  const auto colon = m.find(": ");
+  return colon == std::string::npos ? m : m.substr(colon + 2);
+}
+
+// Runs the reference on host operands and the cuda backend on their device copies, with the
+// same options; both must throw the same error or return bit-identical, valid results and the
+// same report.
+template <class Ref, class Gpu>
+void compare(const char* what, const ConvertOptions& options, Ref&& ref, Gpu&& gpu) {
+  CAPTURE(what);
+  ConvertOptions ref_options = options;
+  ConvertOptions gpu_options = options;
+  ConvertReport ref_report{-1, -1, -1};
+  ConvertReport gpu_report{-2, -2, -2};
+  ref_options.report = &ref_report;
+  gpu_options.report = &gpu_report;
+  bool ref_threw = false;
+  ErrorCode ref_code{};
+  std::string ref_message;
+  decltype(ref(ref_options)) want;
+  try {
+    want = ref(ref_options);
+  } catch (const Error& e) {
+    ref_threw = true;
+    ref_code = e.code();
+    ref_message = body(e);
+  }
+  dirty_device_memory();
+  if (ref_threw) {
+    bool gpu_threw = false;
+    try {
+      (void)gpu(gpu_options);
+    } catch (const Error& e) {
+      gpu_threw = true;
+      CHECK(e.code() == ref_code);
+      CHECK(body(e) == ref_message);
+    }
+    CHECK_MESSAGE(gpu_threw, "the reference threw: ", ref_message);
+    return;
+  }
+  const auto got_device = gpu(gpu_options);
+  REQUIRE(got_device.space() == kDevice);
+  CHECK_NOTHROW(validate(got_device.view()));
+  const auto got = got_device.to(kHost);
+  expect_same(got, want);
+  CHECK(gpu_report.nnz == ref_report.nnz);
+  CHECK(gpu_report.dropped == ref_report.dropped);
+  CHECK(gpu_report.overflow_rows == ref_report.overflow_rows);
+}
+
+// Every conversion of the signatures, from sources that all describe the same host matrix.
+template <Value T>
+void check_all(const DenseMatrix<T>& dense, TwellLayout layout, TwellLayout relayout, const ConvertOptions& options) {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  CAPTURE(dense.rows());
+  CAPTURE(dense.cols());
+  CAPTURE(layout.tile);
+  CAPTURE(layout.compression);
+  CAPTURE(options.threshold);
+  CAPTURE(static_cast<int>(options.overflow));
+  const auto d_dense = dense.to(kDevice);
+  const auto h_dense = dense.view();
+  const auto g_dense = d_dense.view();
+
+  // Sources of the other formats: built by the reference (drop keeps the TwELL valid).
+  ConvertOptions plain;
+  ConvertOptions dropping;
+  dropping.overflow = OverflowPolicy::drop;
+  const auto csr = ref::dense_to_csr(h_dense, plain);
+  const auto ell = ref::dense_to_ell(h_dense, plain);
+  const auto twell = ref::dense_to_twell(h_dense, layout, dropping);
+  const auto hybrid = ref::dense_to_hybrid(h_dense, layout, plain);
+  const auto d_csr = csr.to(kDevice);
+  const auto d_ell = ell.to(kDevice);
+  const auto d_twell = twell.to(kDevice);
+  const auto d_hybrid = hybrid.to(kDevice);
+
+  // Into ELL and TwELL the caller's overflow policy applies; elsewhere only the threshold.
+  compare("dense_to_csr", options, [&](auto o) { return ref::dense_to_csr(h_dense, o); },
+          [&](auto o) { return gpu::dense_to_csr(g_dense, o); });
+  compare("dense_to_ell", options, [&](auto o) { return ref::dense_to_ell(h_dense, o); },
+          [&](auto o) { return gpu::dense_to_ell(g_dense, o); });
+  compare("dense_to_twell", options, [&](auto o) { return ref::dense_to_twell(h_dense, layout, o); },
+          [&](auto o) { return gpu::dense_to_twell(g_dense, layout, o); });
+  compare("dense_to_hybrid", options, [&](auto o) { return ref::dense_to_hybrid(h_dense, layout, o); },
+          [&](auto o) { return gpu::dense_to_hybrid(g_dense, layout, o); });
+
+  compare("csr_to_dense", options, [&](auto o) { return ref::csr_to_dense(csr.view(), o); },
+          [&](auto o) { return gpu::csr_to_dense(d_csr.view(), o); });
+  compare("csr_to_ell", options, [&](auto o) { return ref::csr_to_ell(csr.view(), o); },
+          [&](auto o) { return gpu::csr_to_ell(d_csr.view(), o); });
+  compare("csr_to_twell", options, [&](auto o) { return ref::csr_to_twell(csr.view(), layout, o); },
+          [&](auto o) { return gpu::csr_to_twell(d_csr.view(), layout, o); });
+  compare("csr_to_hybrid", options, [&](auto o) { return ref::csr_to_hybrid(csr.view(), layout, o); },
+          [&](auto o) { return gpu::csr_to_hybrid(d_csr.view(), layout, o); });
+
+  compare("ell_to_dense", options, [&](auto o) { return ref::ell_to_dense(ell.view(), o); },
+          [&](auto o) { return gpu::ell_to_dense(d_ell.view(), o); });
+  compare("ell_to_csr", options, [&](auto o) { return ref::ell_to_csr(ell.view(), o); },
+          [&](auto o) { return gpu::ell_to_csr(d_ell.view(), o); });
+
+  compare("twell_to_dense", options, [&](auto o) { return ref::twell_to_dense(twell.view(), o); },
+          [&](auto o) { return gpu::twell_to_dense(d_twell.view(), o); });
+  compare("twell_to_csr", options, [&](auto o) { return ref::twell_to_csr(twell.view(), o); },
+          [&](auto o) { return gpu::twell_to_csr(d_twell.view(), o); });
+  compare("twell_to_hybrid", options, [&](auto o) { return ref::twell_to_hybrid(twell.view(), relayout, o); },
+          [&](auto o) { return gpu::twell_to_hybrid(d_twell.view(), relayout, o); });
+
+  compare("hybrid_to_dense", options, [&](auto o) { return ref::hybrid_to_dense(hybrid.view(), o); },
+          [&](auto o) { return gpu::hybrid_to_dense(d_hybrid.view(), o); });
+  compare("hybrid_to_csr", options, [&](auto o) { return ref::hybrid_to_csr(hybrid.view(), o); },
+          [&](auto o) { return gpu::hybrid_to_csr(d_hybrid.view(), o); });
+  compare("hybrid_to_twell", options, [&](auto o) { return ref::hybrid_to_twell(hybrid.view(), relayout, o); },
+          [&](auto o) { return gpu::hybrid_to_twell(d_hybrid.view(), relayout, o); });
+}
+
+ConvertOptions with(float threshold, OverflowPolicy policy, std::int64_t ell_width = -1) {
+  ConvertOptions o;
+  o.threshold = threshold;
+  o.overflow = policy;
+  o.ell_width = ell_width;
+  return o;
+}
+
+constexpr OverflowPolicy kPolicies[] = {OverflowPolicy::error, OverflowPolicy::drop};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda converters match the reference: tiny and ragged shapes, all densities", T, bf16, fp16,
+                   float) {
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {1, 7}, {3, 257}, {17, 1000}, {5, 5633}, {0, 9},
+                                                          {4, 0}};
+  const double densities[] = {0.0, 0.005, 0.05, 0.5, 1.0};
+  const TwellLayout layouts[] = {{256, 8}, {64, 4}, {8, 4}};
+  for (const auto& [rows, cols] : shapes)
+    for (double density : densities)
+      for (const TwellLayout layout : layouts) {
+        const std::uint64_t seed = fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(density);
+        SparseDenseOptions spec;
+        spec.density = density;
+        spec.specials = true;
+        const auto dense = random_sparse_dense<T>(rows, cols, spec, seed);
+        for (OverflowPolicy policy : kPolicies) check_all(dense, layout, TwellLayout{128, 4}, with(0.0f, policy));
+      }
+}
+
+TEST_CASE_TEMPLATE("cuda converters match the reference: thresholds", T, bf16, fp16, float) {
+  for (float threshold : {0.25f, 1.0f, 1.9f}) {
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(seed);
+    SparseDenseOptions spec;
+    spec.density = 0.3;
+    spec.specials = true;
+    const auto dense = random_sparse_dense<T>(33, 700, spec, seed);
+    for (OverflowPolicy policy : kPolicies)
+      check_all(dense, TwellLayout{256, 16}, TwellLayout{64, 8}, with(threshold, policy));
+  }
+}
+
+TEST_CASE_TEMPLATE("cuda converters match the reference: skewed rows that overflow", T, bf16, fp16, float) {
+  // A share of full rows overflows every tile; sparse rows around them do not.
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{40, 1000}, {300, 5632}}) {
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(seed);
+    SparseDenseOptions spec;
+    spec.density = 0.01;
+    spec.full_row_share = 0.1;
+    spec.empty_row_share = 0.1;
+    spec.specials = true;
+    const auto dense = random_sparse_dense<T>(rows, cols, spec, seed);
+    for (OverflowPolicy policy : kPolicies)
+      check_all(dense, TwellLayout{256, 8}, TwellLayout{128, 16}, with(0.0f, policy));
+  }
+}
+
+TEST_CASE_TEMPLATE("cuda converters match the reference: paper-like shape", T, bf16, fp16, float) {
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  SparseDenseOptions spec;
+  spec.density = 0.005;
+  spec.full_row_share = 0.002;
+  const auto dense = random_sparse_dense<T>(2048, 5632, spec, seed);
+  check_all(dense, TwellLayout{256, 8}, TwellLayout{128, 8}, with(0.0f, OverflowPolicy::drop));
+  check_all(dense, TwellLayout{256, 4}, TwellLayout{256, 8}, with(0.0f, OverflowPolicy::error));
+}
+
+TEST_CASE_TEMPLATE("cuda ELL with a fixed width: error names the same row, drop counts the same", T, bf16, fp16,
+                   float) {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  SparseDenseOptions spec;
+  spec.density = 0.05;
+  const auto dense = random_sparse_dense<T>(50, 300, spec, seed);
+  const auto d_dense = dense.to(kDevice);
+  const auto csr = ref::dense_to_csr(dense.view());
+  const auto d_csr = csr.to(kDevice);
+  for (std::int64_t width : {0, 3, 12, 400})
+    for (OverflowPolicy policy : {OverflowPolicy::error, OverflowPolicy::drop, OverflowPolicy::hybrid}) {
+      CAPTURE(width);
+      const ConvertOptions o = with(0.0f, policy, width);
+      compare("dense_to_ell", o, [&](auto x) { return ref::dense_to_ell(dense.view(), x); },
+              [&](auto x) { return gpu::dense_to_ell(d_dense.view(), x); });
+      compare("csr_to_ell", o, [&](auto x) { return ref::csr_to_ell(csr.view(), x); },
+              [&](auto x) { return gpu::csr_to_ell(d_csr.view(), x); });
+    }
+}
+
+TEST_CASE_TEMPLATE("cuda dense -> TwELL reads strided and unaligned views", T, bf16, fp16, float) {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  SparseDenseOptions spec;
+  spec.density = 0.2;
+  const auto dense = random_sparse_dense<T>(20, 320, spec, seed);
+  const auto d_dense = dense.to(kDevice);
+  // Column windows: aligned start with ld 320, then a start one element in (not 16-byte aligned).
+  for (std::int64_t first : {0, 8, 1})
+    for (std::int64_t cols : {256, 300, 311}) {
+      if (first + cols > 320) continue;
+      CAPTURE(first);
+      CAPTURE(cols);
+      const DenseView<const T> h{dense.view().data + first, 20, cols, 320, kHost};
+      const DenseView<const T> g{d_dense.view().data + first, 20, cols, 320, kDevice};
+      for (OverflowPolicy policy : kPolicies) {
+        const ConvertOptions o = with(0.0f, policy);
+        compare("dense_to_twell", o, [&](auto x) { return ref::dense_to_twell(h, TwellLayout{64, 2}, x); },
+                [&](auto x) { return gpu::dense_to_twell(g, TwellLayout{64, 2}, x); });
+        compare("dense_to_hybrid", o, [&](auto x) { return ref::dense_to_hybrid(h, TwellLayout{64, 8}, x); },
+                [&](auto x) { return gpu::dense_to_hybrid(g, TwellLayout{64, 8}, x); });
+        compare("dense_to_csr", o, [&](auto x) { return ref::dense_to_csr(h, x); },
+                [&](auto x) { return gpu::dense_to_csr(g, x); });
+      }
+    }
+}
+
+TEST_CASE("cuda converters queue their work on options.stream") {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  SparseDenseOptions spec;
+  spec.density = 0.02;
+  spec.full_row_share = 0.05;
+  const auto dense = random_sparse_dense<bf16>(500, 3000, spec, seed);
+  const auto d_dense = dense.to(kDevice);
+  ConvertOptions o;
+  o.stream.handle = stream;
+  o.overflow = OverflowPolicy::drop;
+  // The result is read on the legacy stream, so wait for the conversion's stream first.
+  const auto synced = [&](auto m) {
+    cuda_ok(cudaStreamSynchronize(stream));
+    return m;
+  };
+  compare("dense_to_twell", o, [&](auto x) { return ref::dense_to_twell(dense.view(), TwellLayout{}, x); },
+          [&](auto x) { return synced(gpu::dense_to_twell(d_dense.view(), TwellLayout{}, x)); });
+  compare("dense_to_hybrid", o, [&](auto x) { return ref::dense_to_hybrid(dense.view(), TwellLayout{}, x); },
+          [&](auto x) { return synced(gpu::dense_to_hybrid(d_dense.view(), TwellLayout{}, x)); });
+  compare("dense_to_csr", o, [&](auto x) { return ref::dense_to_csr(dense.view(), x); },
+          [&](auto x) { return synced(gpu::dense_to_csr(d_dense.view(), x)); });
+  ConvertOptions quiet = o;
+  quiet.report = nullptr;  // drop without a report: nothing read back, the call may return early
+  const auto twell = synced(gpu::dense_to_twell(d_dense.view(), TwellLayout{}, quiet)).to(kHost);
+  expect_same(twell, ref::dense_to_twell(dense.view(), TwellLayout{}, quiet));
+  cuda_ok(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("cuda converters refuse bad requests like the reference") {
+  namespace gpu = twell::cuda;
+  const auto dense = random_sparse_dense<fp16>(4, 40, SparseDenseOptions{}, fresh_seed());
+  const auto d_dense = dense.to(kDevice);
+  const auto code = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    FAIL("no error");
+    return ErrorCode::cuda;
+  };
+  CHECK(code([&] { (void)gpu::dense_to_twell(dense.view(), TwellLayout{}); }) == ErrorCode::space_mismatch);
+  CHECK(code([&] { (void)gpu::dense_to_csr(dense.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code([&] { (void)gpu::dense_to_twell(d_dense.view(), TwellLayout{256, 3}); }) == ErrorCode::invalid_argument);
+  CHECK(code([&] { (void)gpu::dense_to_twell(d_dense.view(), TwellLayout{}, with(0.0f, OverflowPolicy::hybrid)); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code([&] { (void)gpu::dense_to_hybrid(d_dense.view(), TwellLayout{}, with(-1.0f, OverflowPolicy::error)); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code([&] { (void)gpu::dense_to_ell(d_dense.view(), with(0.0f, OverflowPolicy::error, -2)); }) ==
+        ErrorCode::invalid_argument);
+}

@@ -1,0 +1,93 @@
+// `twell bench`: the benchmark suites of bench/ (DESIGN.md "Benchmark method"); JSON for
+// bench/plot.py and a short table on stdout.
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include <twell/bench/results.hpp>
+#include <twell/config.hpp>
+#include <twell/memory.hpp>
+
+#if TWELL_HAS_CUDA
+#include <twell/bench/harness.hpp>
+#endif
+
+#include "args.hpp"
+#include "cli.hpp"
+
+namespace twell::cli {
+namespace {
+
+int run_bench(std::span<const std::string> argv) {
+  const Spec spec{"bench",
+                  "Times each twell op and its baseline in the same process on the GPU (CUDA events,\n"
+                  "warm-up, median/p10/p90 of the timed runs, L2 flushed between runs) on data from the\n"
+                  "workload generator, and writes every case, the device and the measured ceilings as JSON.\n"
+                  "Suites: convert, spmm, sddmm, gemm_to_sparse, ffn (default: all).",
+                  "",
+                  0,
+                  0,
+                  {{"suite", "NAME[,NAME]", "suites to run (default all)"},
+                   {"out", "FILE", "write the results as JSON (default: none)"},
+                   {"quick", "", "small shapes and few repetitions: a smoke test, not a result"},
+                   {"reps", "N", "timed runs per case (default 50; 10 with --quick)"},
+                   {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},
+                   {"seed", "S", "workload seed (default 1)"}}};
+  const Args args(spec, argv);
+  if (args.help()) {
+    std::cout << usage(spec);
+    return 0;
+  }
+  bench::Config config;
+  try {
+    config.suites = bench::parse_suites(args.get("suite", "all"));
+  } catch (const Error&) {
+    throw UsageError("--suite '" + args.get("suite", "") +
+                     "' names an unknown suite; choose from convert, spmm, sddmm, gemm_to_sparse, ffn, all");
+  }
+  config.quick = args.flag("quick");
+  config.reps = static_cast<int>(args.get_int("reps", config.quick ? 10 : 50, 1, 100000));
+  config.warmup = static_cast<int>(args.get_int("warmup", config.quick ? 2 : 5, 0, 100000));
+  config.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, INT64_MAX));
+  const std::string out = args.get("out", "");
+
+  bench::Report report;
+  int status = 0;
+#if TWELL_HAS_CUDA
+  if (cuda_available()) {
+    report = bench::run_suites(config);
+  } else {
+    report.meta["error"] = "no CUDA device is visible";
+    status = 1;
+  }
+#else
+  report.meta["error"] = "this build of twell has no cuda backend (configure with -DTWELL_WITH_CUDA=ON)";
+  status = 1;
+#endif
+  if (status != 0) {
+    report.meta["program"] = "twell bench";
+    report.meta["date"] = bench::utc_now();
+    for (const std::string& s : config.suites) {
+      bench::Json j = bench::Json::object();
+      j["status"] = "not built: " + std::string(TWELL_HAS_CUDA ? "no CUDA device" : "no cuda backend");
+      report.suites[s] = j;
+    }
+    std::cerr << "twell bench: nothing measured: " << report.meta["error"].dump(0) << "\n";
+  } else {
+    bench::print_table(std::cout, report);
+  }
+  if (!out.empty()) {
+    std::ofstream f(out);
+    f << report.to_json().dump(1);
+    require(static_cast<bool>(f), ErrorCode::io, "twell bench", "cannot write '", out, "'");
+    std::cerr << "twell bench: wrote " << out << "\n";
+  }
+  return status;
+}
+
+[[maybe_unused]] const bool kRegistered =
+    register_command({"bench", "benchmark suites on the GPU (ops against cuSPARSE/cuBLAS), JSON out", run_bench});
+
+}  // namespace
+}  // namespace twell::cli

@@ -1,0 +1,33 @@
+#include "cli.hpp"
+
+#include <algorithm>
+
+namespace twell::cli {
+
+namespace {
+// A function-local static: registrations run during static initialisation of other files,
+// in an order the language leaves open, so the registry must exist before the first of them.
+std::vector<Command>& registry() {
+  static std::vector<Command> all;
+  return all;
+}
+}  // namespace
+
+bool register_command(const Command& command) {
+  registry().push_back(command);
+  return true;
+}
+
+std::vector<Command> commands() {
+  std::vector<Command> sorted = registry();
+  std::sort(sorted.begin(), sorted.end(), [](const Command& a, const Command& b) { return a.name < b.name; });
+  return sorted;
+}
+
+const Command* find_command(std::string_view name) {
+  for (const Command& c : registry())
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+}  // namespace twell::cli

@@ -1,0 +1,35 @@
+# Exit statuses and messages of the twell program: run by ctest as
+#   cmake -DTWELL=<path to twell> -P cli_test.cmake
+# Each case runs the program and checks its exit status and a fragment of its output.
+function(expect status fragment)
+  execute_process(COMMAND ${TWELL} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REPLACE ";" " " cmdline "${ARGN}")
+  if(NOT rc STREQUAL "${status}")
+    message(FATAL_ERROR "twell ${cmdline}: exit status ${rc}, expected ${status}\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  string(FIND "${out}${err}" "${fragment}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "twell ${cmdline}: output lacks '${fragment}'\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  message(STATUS "ok: twell ${cmdline} -> ${rc}")
+endfunction()
+
+expect(0 "demo" --help)
+expect(2 "usage: twell <command>")
+expect(2 "unknown command 'frobnicate'" frobnicate)
+expect(0 "--distribution" demo --help)
+expect(2 "unknown option '--bogus'" demo --bogus 1)
+expect(2 "--tokens expects an integer, got '12x'" demo --tokens 12x)
+expect(2 "--density = 2 is outside" demo --density 2)
+expect(2 "needs a value" demo --seed)
+expect(2 "given twice" demo --seed 1 --seed=2)
+expect(2 "expected 0 positional arguments" demo extra)
+expect(2 "'gpt' is not one of paper, llama7b, small" demo --shape gpt)
+expect(2 "is not one of uniform" demo --distribution zipf)
+# A twell::Error from the library: one line naming what is wrong, exit status 1.
+expect(1 "error (invalid_argument)" demo --shape small --tokens 64 --tile 256 --compression 512)
+# The whole demo on a small workload: every format, validation, spmm and the FFN.
+expect(0 "relative difference" demo --shape small --tokens 128 --repeats 1 --density 0.01)
+expect(0 "Hybrid(128, 4)" demo --shape small --tokens 128 --repeats 1 --dtype fp32 --tile 128 --compression 4
+       --distribution uniform --seed 7)
+expect(1 "error (invalid_argument)" demo --shape small --tokens 64 --density 0.9)

@@ -1,0 +1,170 @@
+// `twell convert IN OUT --to FORMAT [...]`: reads a .mtx/.npy/.twell file, optionally changes
+// the value type, converts to any format and writes .mtx (CSR), .npy (dense) or .twell (any).
+#include <iostream>
+
+#include <twell/any_matrix.hpp>
+#include <twell/io.hpp>
+
+#include "args.hpp"
+#include "cli.hpp"
+#include "progress.hpp"
+
+namespace twell::cli {
+namespace {
+
+// Rounds every value to U through CSR; values that round to zero are not stored (counted).
+template <Value U>
+AnyMatrix cast_to(const AnyMatrix& m, std::int64_t& zeroed) {
+  return std::visit(
+      [&](const auto& x) -> AnyMatrix {
+        using T = ValueOfMatrix<decltype(x)>;
+        const CsrMatrix<T> src = to_csr(x);
+        const auto rp = src.row_ptr().host_span();
+        const auto ci = src.col_idx().host_span();
+        const auto v = src.values().host_span();
+        std::int64_t kept = 0;
+        for (const T& value : v) kept += is_stored(from_float<U>(to_float(value))) ? 1 : 0;
+        zeroed = src.nnz() - kept;
+        CsrMatrix<U> out(src.rows(), src.cols(), kept);
+        auto orp = out.row_ptr().host_span();
+        auto oci = out.col_idx().host_span();
+        auto ov = out.values().host_span();
+        std::size_t o = 0;
+        for (std::size_t r = 0; r + 1 < rp.size(); ++r) {
+          for (auto k = rp[r]; k < rp[r + 1]; ++k) {
+            const auto idx = static_cast<std::size_t>(k);
+            U u;
+            if constexpr (std::is_same_v<T, U>) {
+              u = v[idx];
+            } else {
+              u = from_float<U>(to_float(v[idx]));
+            }
+            if (!is_stored(u)) continue;
+            oci[o] = ci[idx];
+            ov[o++] = u;
+          }
+          orp[r + 1] = static_cast<std::int64_t>(o);
+        }
+        return out;
+      },
+      m);
+}
+
+OverflowPolicy parse_overflow(const std::string& s) {
+  if (s == "error") return OverflowPolicy::error;
+  if (s == "hybrid") return OverflowPolicy::hybrid;
+  if (s == "drop") return OverflowPolicy::drop;
+  throw UsageError("--overflow '" + s + "' is not one of error, hybrid, drop");
+}
+
+std::string describe(const AnyMatrix& m) {
+  std::string layout;
+  if (const Format f = format(m); f == Format::twell || f == Format::hybrid) {
+    const TwellLayout l = std::visit(
+        [](const auto& x) -> TwellLayout {
+          if constexpr (requires { x.layout(); }) {
+            return x.layout();
+          } else {
+            return {};
+          }
+        },
+        m);
+    layout = detail::concat("(tile ", l.tile, ", C ", l.compression, ")");
+  }
+  return detail::concat(to_string(format(m)), layout, " ", to_string(dtype(m)), " ", rows(m), " x ", cols(m));
+}
+
+int run_convert(std::span<const std::string> argv) {
+  const Spec spec{
+      "convert",
+      "Converts a matrix file to another format and/or value type. File types follow the\n"
+      "extensions: .mtx holds CSR (Matrix Market), .npy dense (NumPy), .twell any format.",
+      "<input> <output>",
+      2,
+      2,
+      {{"to", "FORMAT", "dense|csr|ell|twell|hybrid (default: csr for .mtx, dense for .npy; required for .twell)"},
+       {"dtype", "bf16|fp16|fp32", "value type of the output (default: the input's; fp32 for .mtx input)"},
+       {"tile", "T", "TwELL/Hybrid tile width in columns (default 256)"},
+       {"compression", "C", "TwELL/Hybrid compression: S = tile / C slots per (row, tile) (default 8)"},
+       {"overflow", "POLICY", "error|hybrid|drop for a (row, tile) beyond S-1 entries (default error; hybrid writes a Hybrid)"},
+       {"threshold", "t", "store only values with |v| > t (default 0)"},
+       {"ell-width", "W", "ELL width (default: the longest row; fewer follows --overflow)"},
+       {"quiet", "", "print nothing on success"}}};
+  const Args args(spec, argv);
+  if (args.help()) {
+    std::cout << usage(spec);
+    return 0;
+  }
+  const std::string& in = args.positional()[0];
+  const std::string& out = args.positional()[1];
+  FileType out_type;
+  Format to;
+  ReadOptions read;
+  TwellLayout layout;
+  ConvertOptions options;
+  ConvertReport report;
+  options.report = &report;
+  bool cast = false;
+  DType want_dtype = DType::fp32;
+  try {
+    file_type_of(in);
+    out_type = file_type_of(out);
+    if (args.has("dtype")) {
+      want_dtype = parse_dtype(args.get("dtype", ""));
+      cast = true;
+      read.dtype = want_dtype;
+    }
+    const Format implied = out_type == FileType::mtx ? Format::csr : Format::dense;
+    if (args.has("to")) {
+      to = parse_format(args.get("to", ""));
+      if (out_type != FileType::twell && to != implied) {
+        throw UsageError(detail::concat("a .", to_string(out_type), " file holds ", to_string(implied),
+                                        " matrices; use a .twell output for --to ", to_string(to)));
+      }
+    } else if (out_type == FileType::twell) {
+      throw UsageError("--to FORMAT is required for a .twell output");
+    } else {
+      to = implied;
+    }
+    layout.tile = static_cast<std::int32_t>(args.get_int("tile", TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile));
+    layout.compression = static_cast<std::int32_t>(args.get_int("compression", TwellLayout::kDefaultCompression, 1, 65536));
+    if (to == Format::twell || to == Format::hybrid) check_layout(layout, "--tile/--compression");
+    options.overflow = parse_overflow(args.get("overflow", "error"));
+    options.threshold = static_cast<float>(args.get_double("threshold", 0.0, 0.0, 3.4e38));
+    options.ell_width = args.get_int("ell-width", -1, -1, std::numeric_limits<std::int32_t>::max());
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  if (to == Format::twell && options.overflow == OverflowPolicy::hybrid) to = Format::hybrid;
+
+  Progress progress(4);
+  progress.step("reading " + in);
+  AnyMatrix m = read_matrix(in, read);
+  const std::string from = describe(m);
+  std::int64_t zeroed = 0;
+  if (cast && dtype(m) != want_dtype) {
+    progress.step(std::string("rounding to ") + std::string(to_string(want_dtype)));
+    m = dispatch_dtype(want_dtype, [&]<class U>() { return cast_to<U>(m, zeroed); });
+  } else {
+    progress.step("value type kept");
+  }
+  progress.step(std::string("converting to ") + std::string(to_string(to)));
+  const AnyMatrix result = convert(m, to, layout, options);
+  progress.step("writing " + out);
+  write_matrix(out, result);
+  if (!args.flag("quiet")) {
+    std::cout << in << " (" << from << ") -> " << out << " (" << describe(result) << "): " << report.nnz
+              << " values stored";
+    if (report.dropped != 0) std::cout << ", " << report.dropped << " dropped by --overflow drop";
+    if (report.overflow_rows != 0) std::cout << ", " << report.overflow_rows << " rows in the dense overflow block";
+    if (zeroed != 0) std::cout << ", " << zeroed << " values became zero in " << to_string(want_dtype) << " and were dropped";
+    std::cout << "\n";
+  }
+  return 0;
+}
+
+[[maybe_unused]] const bool kRegistered =
+    register_command({"convert", "convert a .mtx/.npy/.twell file to another format or value type", run_convert});
+
+}  // namespace
+}  // namespace twell::cli

@@ -1,0 +1,171 @@
+// `twell stats FILE [--png hist.png] [--json stats.json]`: distributions of nonzeros per row and
+// per (row, tile), overflow of candidate TwELL layouts, bytes per format, recommended layout.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <twell/any_matrix.hpp>
+#include <twell/stats.hpp>
+#include <twell/io.hpp>
+
+#include "args.hpp"
+#include "cli.hpp"
+#include "progress.hpp"
+
+namespace twell::cli {
+namespace {
+
+void json_distribution(std::ostream& os, const CountDistribution& d) {
+  os << "{\"samples\": " << d.samples << ", \"min\": " << d.min << ", \"max\": " << d.max << ", \"mean\": " << d.mean
+     << ", \"p50\": " << d.p50 << ", \"p90\": " << d.p90 << ", \"p99\": " << d.p99 << ", \"histogram\": [";
+  for (std::size_t k = 0; k < d.histogram.size(); ++k) os << (k ? ", " : "") << d.histogram[k];
+  os << "]}";
+}
+
+std::string to_json(const MatrixStats& s, const std::string& file) {
+  std::ostringstream os;
+  os.precision(17);
+  std::string escaped;
+  for (char c : file) {
+    if (c == '"' || c == '\\') escaped.push_back('\\');
+    if (static_cast<unsigned char>(c) >= 0x20) escaped.push_back(c);
+  }
+  os << "{\"file\": \"" << escaped << "\", \"dtype\": \"" << to_string(s.dtype) << "\", \"rows\": " << s.rows
+     << ", \"cols\": " << s.cols << ", \"nnz\": " << s.nnz << ", \"density\": " << s.density
+     << ",\n \"tile\": " << s.default_layout.tile << ", \"per_row\": ";
+  json_distribution(os, s.per_row);
+  os << ",\n \"per_row_tile\": ";
+  json_distribution(os, s.per_row_tile);
+  os << ",\n \"recommended\": {\"tile\": " << s.recommended.tile << ", \"compression\": " << s.recommended.compression
+     << "},\n \"bytes\": {\"dense\": " << s.bytes.dense << ", \"csr\": " << s.bytes.csr << ", \"ell\": " << s.bytes.ell
+     << ", \"twell\": " << s.bytes.twell << ", \"hybrid\": " << s.bytes.hybrid << "},\n \"candidates\": [";
+  for (std::size_t k = 0; k < s.candidates.size(); ++k) {
+    const LayoutStats& c = s.candidates[k];
+    os << (k ? ",\n  " : "\n  ") << "{\"tile\": " << c.layout.tile << ", \"compression\": " << c.layout.compression
+       << ", \"overflowed_tiles\": " << c.overflowed_tiles << ", \"overflow_rows\": " << c.overflow_rows
+       << ", \"values_beyond_capacity\": " << c.values_beyond_capacity << ", \"twell_bytes\": " << c.twell_bytes
+       << ", \"hybrid_bytes\": " << c.hybrid_bytes << "}";
+  }
+  os << "]}\n";
+  return os.str();
+}
+
+// The plotting script: $TWELL_PLOT_STATS, else bench/plot_stats.py (source tree) or
+// share/twell/plot_stats.py (installed) in a directory above the running executable.
+std::filesystem::path find_plot_script() {
+  if (const char* env = std::getenv("TWELL_PLOT_STATS")) return env;
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  for (; !ec && !dir.empty(); dir = dir.parent_path()) {
+    for (const char* rel : {"bench/plot_stats.py", "share/twell/plot_stats.py"}) {
+      if (std::filesystem::exists(dir / rel)) return dir / rel;
+    }
+    if (dir == dir.root_path()) break;
+  }
+  return {};
+}
+
+// Runs argv without a shell; the exit status, or -1 when it could not start.
+int spawn(const std::vector<std::string>& argv, bool quiet) {
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (quiet) {
+      std::freopen("/dev/null", "w", stdout);
+      std::freopen("/dev/null", "w", stderr);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A python3 that imports matplotlib: $TWELL_PYTHON, python3 on PATH, then /usr/bin/python3
+// (a pyenv python3 first on PATH often lacks the Debian packages).
+std::string find_python() {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("TWELL_PYTHON")) candidates.emplace_back(env);
+  candidates.emplace_back("python3");
+  candidates.emplace_back("/usr/bin/python3");
+  for (const std::string& py : candidates) {
+    if (spawn({py, "-c", "import matplotlib"}, true) == 0) return py;
+  }
+  return {};
+}
+
+int run_stats(std::span<const std::string> argv) {
+  const Spec spec{"stats",
+                  "Nonzeros per row and per (row, tile), overflow of candidate TwELL layouts (tile, C),\n"
+                  "bytes per format and the recommended layout of the matrix in a .mtx/.npy/.twell file.",
+                  "<file>",
+                  1,
+                  1,
+                  {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file (default fp32)"},
+                   {"tile", "T", "tile of the per (row, tile) distribution (default 256)"},
+                   {"json", "FILE", "also write the statistics as JSON"},
+                   {"png", "FILE", "also plot the histograms (needs python3 with matplotlib)"}}};
+  const Args args(spec, argv);
+  if (args.help()) {
+    std::cout << usage(spec);
+    return 0;
+  }
+  const std::string& path = args.positional()[0];
+  ReadOptions read;
+  StatsOptions options;
+  try {
+    read.dtype = parse_dtype(args.get("dtype", "fp32"));
+    file_type_of(path);
+    options.default_layout.tile = static_cast<std::int32_t>(args.get_int("tile", 256, 8, TwellLayout::kMaxTile));
+    check_layout(options.default_layout, "--tile");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  Progress progress(3);
+  progress.step("reading");
+  const AnyMatrix m = read_matrix(path, read);
+  progress.step("computing statistics");
+  const MatrixStats st = std::visit([&](const auto& x) { return stats(x.view(), options); }, m);
+  std::cout << path << "\n" << format_stats(st);
+  const std::string json = to_json(st, path);
+  if (args.has("json")) {
+    const std::string out = args.get("json", "");
+    write_file(out, std::span(reinterpret_cast<const std::byte*>(json.data()), json.size()));
+    std::cout << "statistics written to " << out << "\n";
+  }
+  if (args.has("png")) {
+    progress.step("plotting");
+    const std::string png = args.get("png", "");
+    const std::filesystem::path script = find_plot_script();
+    const std::string python = find_python();
+    if (script.empty() || python.empty()) {
+      std::cerr << "twell stats: no PNG written: " << (script.empty() ? "bench/plot_stats.py was not found (set TWELL_PLOT_STATS)"
+                                                                          : "no python3 with matplotlib (set TWELL_PYTHON)")
+                << "\n";
+      return 0;
+    }
+    const std::filesystem::path tmp = std::filesystem::path(png).string() + ".json";
+    write_file(tmp, std::span(reinterpret_cast<const std::byte*>(json.data()), json.size()));
+    const int rc = spawn({python, script.string(), tmp.string(), png}, false);
+    std::filesystem::remove(tmp);
+    if (rc != 0) fail(ErrorCode::io, "twell stats", python, " ", script.string(), " exited with status ", rc);
+    std::cout << "histograms plotted to " << png << "\n";
+  }
+  return 0;
+}
+
+[[maybe_unused]] const bool kRegistered =
+    register_command({"stats", "nonzero distributions, layout overflow and bytes of a matrix file", run_stats});
+
+}  // namespace
+}  // namespace twell::cli

@@ -1,0 +1,52 @@
+// `twell validate FILE`: reads a .mtx, .npy or .twell file, which checks every invariant of its
+// format (the readers run twell::validate), and says whether it holds.
+#include <iostream>
+
+#include <twell/io.hpp>
+
+#include "args.hpp"
+#include "cli.hpp"
+#include "progress.hpp"
+
+namespace twell::cli {
+namespace {
+
+int run_validate(std::span<const std::string> argv) {
+  const Spec spec{"validate",
+                  "Reads a matrix file and checks every invariant of its format: exit status 0 when it\n"
+                  "is valid, 1 when it is not, with the first violation and its byte offset or coordinates.",
+                  "<file.mtx|file.npy|file.twell>",
+                  1,
+                  1,
+                  {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file (default fp32)"}}};
+  const Args args(spec, argv);
+  if (args.help()) {
+    std::cout << usage(spec);
+    return 0;
+  }
+  const std::string& path = args.positional()[0];
+  ReadOptions options;
+  try {
+    options.dtype = parse_dtype(args.get("dtype", "fp32"));
+    file_type_of(path);
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  Progress progress(1);
+  progress.step("reading and validating");
+  try {
+    const AnyMatrix m = read_matrix(path, options);
+    std::cout << path << ": valid " << to_string(format(m)) << " " << to_string(dtype(m)) << " matrix, " << rows(m)
+              << " x " << cols(m) << "\n";
+    return 0;
+  } catch (const Error& e) {
+    std::cout << path << ": invalid (" << to_string(e.code()) << "): " << e.what() << "\n";
+    return 1;
+  }
+}
+
+[[maybe_unused]] const bool kRegistered =
+    register_command({"validate", "check a .mtx/.npy/.twell file against its format's invariants", run_validate});
+
+}  // namespace
+}  // namespace twell::cli
