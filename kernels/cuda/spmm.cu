@@ -1,6 +1,8 @@
 // cuda spmm: C = alpha * op(A) * B + beta * C for CSR, ELL, TwELL and Hybrid A.
-// op = none runs the format's own kernel; op = transpose converts A to CSR, transposes it
-// (stable radix sort, deterministic) and runs the CSR kernel on A^T (path ".../via_csr_transpose").
+// op = none runs the format's own kernel (TwELL and Hybrid: the weight-reuse kernel of
+// spmm_tiled.cu when its preconditions hold, else the pair-balanced one below); op = transpose
+// converts A to CSR, transposes it (stable radix sort, deterministic) and runs the CSR kernel on
+// A^T (path ".../via_csr_transpose").
 // Every path is deterministic: each output element is summed by one thread in a fixed order.
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <twell/kernels/backends.hpp>
 
 #include "sparse_common.cuh"
+#include "spmm_tiled.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -549,6 +552,11 @@ void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, f
     csr_transposed(csr.view(), b, c, alpha, beta, options);
     detail::report_path(options, "cuda/spmm/twell/via_csr_transpose");
   } else {
+    if (detail::spmm_tiled_applies(a, b, c)) {
+      detail::spmm_twell_tiled(a, nullptr, b, c, alpha, beta, detail::stream_of(options));
+      detail::report_path(options, "cuda/spmm/twell/tiled_weight_reuse");
+      return;
+    }
     launch_twell(a, nullptr, b, c, alpha, beta, detail::stream_of(options));
     detail::report_path(
         options, vector_ok(b, c) ? "cuda/spmm/twell/pair_balanced_vec16" : "cuda/spmm/twell/pair_balanced_scalar");
@@ -573,10 +581,21 @@ void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const cudaStream_t stream = detail::stream_of(options);
-  launch_twell(a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, b, c, alpha, beta, stream);
+  const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
+  const bool tiled = detail::spmm_tiled_applies(a.twell, b, c);
+  if (tiled) {
+    detail::spmm_twell_tiled(a.twell, shadow, b, c, alpha, beta, stream);
+  } else {
+    launch_twell(a.twell, shadow, b, c, alpha, beta, stream);
+  }
   overflow_rows(a, b, c, alpha, beta, stream);
-  detail::report_path(options, a.overflow.rows > 0 ? "cuda/spmm/hybrid/pair_balanced+cublas_overflow"
-                                                   : "cuda/spmm/hybrid/pair_balanced");
+  if (tiled) {
+    detail::report_path(options, a.overflow.rows > 0 ? "cuda/spmm/hybrid/tiled_weight_reuse+cublas_overflow"
+                                                     : "cuda/spmm/hybrid/tiled_weight_reuse");
+  } else {
+    detail::report_path(options, a.overflow.rows > 0 ? "cuda/spmm/hybrid/pair_balanced+cublas_overflow"
+                                                     : "cuda/spmm/hybrid/pair_balanced");
+  }
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                           \

@@ -16,7 +16,15 @@ void* allocate_host_bytes(std::size_t bytes);
 void* allocate_bytes(std::size_t bytes, MemorySpace space) {
   if (space == MemorySpace::host) return allocate_host_bytes(bytes);
   void* p = nullptr;
-  check_cuda(cudaMalloc(&p, bytes), "twell::Buffer (cudaMalloc)");
+  const cudaError_t status = cudaMalloc(&p, bytes);
+  // A build with the cuda backend on a machine without a usable GPU: the same answer as a
+  // build without it, so callers can tell "no device" from a failing one.
+  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    fail(ErrorCode::no_device, "twell::Buffer", "device memory requested, but no CUDA device is usable (",
+         cudaGetErrorName(status), ")");
+  }
+  check_cuda(status, "twell::Buffer (cudaMalloc)");
   return p;
 }
 
