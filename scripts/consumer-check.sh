@@ -4,8 +4,9 @@
 # when nvcc is present. Exit status 0 when every configuration built and ran.
 #
 # Environment: CONSUMER_CONFIGS ("cpu", "cuda" or "cpu cuda"; default cpu, plus cuda with nvcc),
-# CONSUMER_JOBS (build parallelism, default 2), KEEP_CONSUMER_DIR=1 keeps the
-# temporary directory for inspection.
+# CONSUMER_JOBS (build parallelism, default 2), CONSUMER_CUDA_BUILD (an existing build folder
+# configured with the cuda backend, e.g. build/test, installed as it is instead of building the
+# library again), KEEP_CONSUMER_DIR=1 keeps the temporary directory for inspection.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 jobs="${CONSUMER_JOBS:-2}"
@@ -27,11 +28,18 @@ for cfg in "${configs[@]}"; do
     cuda=ON
     command -v nvcc >/dev/null 2>&1 || extra+=(-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)
   fi
-  cmake -S "$root" -B "$tmp/build-$cfg" -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA="$cuda" \
-    -DTWELL_BUILD_TESTS=OFF -DTWELL_BUILD_BENCH=OFF -DTWELL_BUILD_TOOLS=OFF "${extra[@]}" \
-    -DCMAKE_INSTALL_PREFIX="$tmp/prefix-$cfg" >"$tmp/configure-$cfg.log"
-  cmake --build "$tmp/build-$cfg" -j "$jobs" >"$tmp/build-$cfg.log"
-  cmake --install "$tmp/build-$cfg" >"$tmp/install-$cfg.log"
+  if [ "$cfg" = cuda ] && [ -n "${CONSUMER_CUDA_BUILD:-}" ]; then
+    grep -q '^TWELL_HAS_CUDA:INTERNAL=ON' "$CONSUMER_CUDA_BUILD/CMakeCache.txt" 2>/dev/null ||
+      grep -q 'define TWELL_HAS_CUDA 1' "$CONSUMER_CUDA_BUILD/include/twell/config.hpp" ||
+      { echo "consumer check: $CONSUMER_CUDA_BUILD is not a cuda build" >&2; exit 1; }
+    cmake --install "$CONSUMER_CUDA_BUILD" --prefix "$tmp/prefix-$cfg" >"$tmp/install-$cfg.log"
+  else
+    cmake -S "$root" -B "$tmp/build-$cfg" -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA="$cuda" \
+      -DTWELL_BUILD_TESTS=OFF -DTWELL_BUILD_BENCH=OFF -DTWELL_BUILD_TOOLS=OFF "${extra[@]}" \
+      -DCMAKE_INSTALL_PREFIX="$tmp/prefix-$cfg" >"$tmp/configure-$cfg.log"
+    cmake --build "$tmp/build-$cfg" -j "$jobs" >"$tmp/build-$cfg.log"
+    cmake --install "$tmp/build-$cfg" >"$tmp/install-$cfg.log"
+  fi
   cmake -S "$root/tests/consumer" -B "$tmp/consumer-$cfg" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$tmp/prefix-$cfg" >"$tmp/consumer-configure-$cfg.log"
   cmake --build "$tmp/consumer-$cfg" -j "$jobs" >"$tmp/consumer-build-$cfg.log"

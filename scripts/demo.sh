@@ -15,6 +15,6 @@ if [[ -z "${TWELL_WITH_CUDA:-}" ]] && command -v nvidia-smi >/dev/null 2>&1 && n
 fi
 
 cmake -S "$root" -B "$root/build/demo" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA="$with_cuda" \
-  -DTWELL_BUILD_TESTS=OFF -DTWELL_BUILD_BENCH=OFF -DTWELL_BUILD_TOOLS=ON "${twell_cmake_cuda_args[@]}"
+  -DTWELL_BUILD_TESTS=OFF -DTWELL_BUILD_BENCH=OFF -DTWELL_BUILD_TOOLS=ON
 cmake --build "$root/build/demo" --target twell_cli -j "$(nproc)"
 "$root/build/demo/tools/twell" demo "$@"

@@ -8,6 +8,3 @@ if [[ -z "${CUDACXX:-}" ]] && command -v nvcc >/dev/null 2>&1; then
   export CUDACXX
 fi
 
-# CMake 3.25 does not know that nvcc 12 and later accept -std=c++20, so it refuses CUDA_STANDARD 20;
-# name the flag for it (newer CMake versions set the same value themselves).
-twell_cmake_cuda_args=(-DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)

@@ -82,10 +82,8 @@ nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 
 configure_and_build() {  # DIR ARCHS
   local dir="$1" archs="$2"
-  # CMake releases before 3.26 do not know nvcc's C++20 flag; naming it is harmless later.
   cmake -S "$root" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA=ON \
     -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
-    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
     >>"$log" 2>&1 || return 1
   cmake --build "$dir" -j "$jobs" >>"$log" 2>&1
 }

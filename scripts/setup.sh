@@ -3,7 +3,9 @@
 # run again, and a no-op without apt, root or network when everything is already there.
 set -euo pipefail
 
-packages=(cmake g++ ninja-build libeigen3-dev doctest-dev python3-scipy python3-numpy python3-matplotlib)
+# clang and its runtime libraries: the libFuzzer targets (scripts/fuzz.sh).
+packages=(cmake g++ ninja-build libeigen3-dev doctest-dev python3-scipy python3-numpy python3-matplotlib clang
+  libclang-rt-14-dev)
 
 if ! command -v dpkg-query >/dev/null; then
   echo "setup: not a Debian-like system; make sure these (or their equivalents) are installed: ${packages[*]}"

@@ -8,7 +8,6 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/env.sh"
 
 cmake -S "$root" -B "$root/build/test" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA=AUTO \
-  -DTWELL_WARNINGS_AS_ERRORS=ON -DTWELL_BUILD_TESTS=ON -DTWELL_BUILD_TOOLS=ON -DTWELL_BUILD_BENCH=ON \
-  "${twell_cmake_cuda_args[@]}"
+  -DTWELL_WARNINGS_AS_ERRORS=ON -DTWELL_BUILD_TESTS=ON -DTWELL_BUILD_TOOLS=ON -DTWELL_BUILD_BENCH=ON
 cmake --build "$root/build/test" -j "$(nproc)"
 ctest --test-dir "$root/build/test" -L cpu --output-on-failure
