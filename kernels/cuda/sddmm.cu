@@ -1,10 +1,26 @@
 // cuda sddmm: out(i, j) = alpha * (A op(B))(i, j) + beta * out(i, j) at the stored entries of a
-// CSR, ELL, TwELL or Hybrid pattern. A warp owns a row of the pattern and walks its entries in
-// order, so A's row is fetched from memory once and served from cache for the row's other entries;
-// each dot product is split over the lanes by k (16-byte loads when aligned) and reduced by a
-// fixed shuffle tree (deterministic). op(B) = B, whose columns are strided, is first transposed
-// into stream-ordered scratch so that every dot product reads two contiguous rows.
-// Results keep the pattern's structure (values may come out exactly zero).
+// CSR, ELL, TwELL or Hybrid pattern. Work is balanced by entries, not rows: the pattern's entry
+// positions (CSR entries, a row's ELL slots, a row's TwELL slots across its tiles, the columns of a
+// Hybrid overflow row) are cut into chunks of 32, a warp owns one chunk at a time (lane u owns
+// position u: it reads it, and writes it back, coalesced) and computes the dot products of the
+// chunk's entries one after another; each is split over the lanes by k (16-byte loads when
+// aligned) and reduced by a fixed shuffle tree. An entry's value depends on its own dot product
+// alone, whose order is fixed, so results are deterministic and the same bits whichever warp
+// computes them (CSR, ELL, TwELL and Hybrid agree bit for bit on the same entry).
+// Why chunks of positions: at the paper's shape (K = 2048, bf16) a dot product reads a 4 KB row of
+// A and a 4 KB column of op(B) (Wd, 23 MB, stays in L2). A warp per row serialised a token with
+// 800 nonzeros on one warp (800 dot products, 6.4 MB of loads; in a Hybrid also a walk over all
+// 5632 columns) while the mean token has 28, and its CTA waited for it. A chunk caps a warp at 32
+// dot products (256 KB) like a scan-built list of 32-entry work items would, without its pass
+// and workspace; chunks with few or no entries cost their 128 B of words, read and written once,
+// which is the copy of counts and unused slots the output needs anyway. M = 2048 rows of
+// TwELL(256, 16) make 22.5 K chunks (11 a row; an overflow row makes 176), about five per
+// resident warp of an H100 (60 registers on sm_90a: 4 CTAs an SM). Consecutive chunks go to the
+// warps of one CTA, so a row's 11 chunks fetch its A row from L2 at most 3 times (12 KB, against
+// 4 KB of op(B) per entry, 112 KB for the mean row); the chunk's other entries read it from L1.
+// op(B) = B, whose columns are strided, is first transposed into stream-ordered scratch so that
+// every dot product reads two contiguous rows. Results keep the pattern's structure (values may
+// come out exactly zero). Benchmark: bench/suites/sddmm.cpp (dh = dy Wd^T at the hidden pattern).
 #include <cstdint>
 
 #include <twell/instantiate.hpp>
@@ -17,6 +33,7 @@ namespace {
 
 constexpr const char* kWhere = "twell::cuda::sddmm";
 constexpr int kThreads = 256;
+constexpr int kChunk = 32;  // entry positions of a work item: one per lane
 
 struct Operands {
   std::int64_t k = 0;  // inner dimension
@@ -71,103 +88,168 @@ __device__ __forceinline__ float warp_dot(const T* a_row, const T* b, const Oper
   return __shfl_sync(0xffffffffu, s, 0);
 }
 
-// CSR (kEll false) and ELL patterns. Benchmark: bench/suites/sddmm.cpp. A warp owns a row; lane 0 writes
-// each entry's value. Preconditions: out shares the pattern's index arrays; valid pattern
-// (out-of-range columns are skipped).
-template <class T, bool kEll>
+// The dot products of a chunk: each lane with `flag` set names one entry (row, col); the warp
+// computes them in lane order and every flagged lane gets its own (the others get 0). All 32 lanes
+// must call it together.
+template <class T>
+__device__ __forceinline__ float chunk_dots(bool flag, std::int64_t row, std::int64_t col, const T* a, const T* b,
+                                            const Operands& o, int lane) {
+  float mine = 0.0f;
+  for (unsigned mask = __ballot_sync(0xffffffffu, flag); mask != 0; mask &= mask - 1) {
+    const int u = __ffs(static_cast<int>(mask)) - 1;
+    const std::int64_t i = __shfl_sync(0xffffffffu, row, u);
+    const std::int64_t j = __shfl_sync(0xffffffffu, col, u);
+    const float d = warp_dot(a + i * o.lda, b, o, j, lane);
+    if (lane == u) mine = d;
+  }
+  return mine;
+}
+
+__device__ __forceinline__ std::int64_t warp_id() {
+  return (blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x) / 32;
+}
+__device__ __forceinline__ std::int64_t warp_count() { return static_cast<std::int64_t>(gridDim.x) * (kThreads / 32); }
+
+// CSR pattern: a warp owns the 32 entries [32 w, 32 w + 32) of the entry arrays, whatever rows they
+// belong to; a lane finds its entry's row by binary search in row_ptr (its top levels stay in L1)
+// and writes the entry's value. Preconditions: out shares the pattern's index arrays; row_ptr
+// monotone with row_ptr[rows] <= nnz (entries outside [row_ptr[0], row_ptr[rows]) and
+// out-of-range columns are skipped).
+template <class T>
 __global__ void __launch_bounds__(kThreads)
-    row_sddmm_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* row_count, std::int64_t width,
-                     const std::int32_t* col_idx, T* out_values, const T* a, const T* b, Operands o, float alpha,
-                     float beta) {
+    csr_sddmm_kernel(std::int64_t rows, std::int64_t nnz, const std::int64_t* row_ptr, const std::int32_t* col_idx,
+                     T* out_values, const T* a, const T* b, Operands o, float alpha, float beta) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kThreads / 32);
-  for (std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x) / 32; i < rows; i += warps) {
-    std::int64_t begin, end;
-    if constexpr (kEll) {
-      begin = i * width;
-      end = begin + min(max(static_cast<std::int64_t>(row_count[i]), std::int64_t{0}), width);
-    } else {
-      begin = row_ptr[i];
-      end = row_ptr[i + 1];
-    }
-    for (std::int64_t e = begin; e < end; ++e) {
-      const std::int64_t j = col_idx[e];
-      if (j < 0 || j >= o.n) continue;
-      const float d = warp_dot(a + i * o.lda, b, o, j, lane);
-      if (lane == 0) {
-        float v = alpha * d;
-        if (beta != 0.0f) v += beta * detail::load_f(out_values + e);
-        detail::store_f(out_values + e, v);
+  const std::int64_t first = row_ptr[0], last = min(row_ptr[rows], nnz);
+  const std::int64_t chunks = (nnz + kChunk - 1) / kChunk;
+  for (std::int64_t w = warp_id(); w < chunks; w += warp_count()) {
+    const std::int64_t e = w * kChunk + lane;
+    const bool in = e >= first && e < last;
+    std::int64_t i = 0, j = -1;
+    if (in) {
+      std::int64_t hi = rows;  // row_ptr[i] <= e < row_ptr[hi]
+      while (hi - i > 1) {
+        const std::int64_t mid = i + (hi - i) / 2;
+        if (row_ptr[mid] <= e) {
+          i = mid;
+        } else {
+          hi = mid;
+        }
       }
+      j = col_idx[e];
+    }
+    const bool flag = in && j >= 0 && j < o.n;
+    const float d = chunk_dots(flag, i, j, a, b, o, lane);
+    if (flag) {
+      float v = alpha * d;
+      if (beta != 0.0f) v += beta * detail::load_f(out_values + e);
+      detail::store_f(out_values + e, v);
     }
   }
 }
 
-// TwELL pattern (all rows of a Hybrid's TwELL part too, shadows included). Benchmark:
-// bench/suites/sddmm.cpp (dh = dy Wd^T at the pattern). A warp owns a row: lanes first copy slot 0 and the
-// unused slots from the pattern (zeroing the fp32 value plane there), then each used slot gets
-// its value, written by lane 0 with the pattern's column. Preconditions: out has the pattern's
-// shape and layout (it may alias the pattern: each slot is read before it is written).
+// ELL pattern: a warp owns 32 consecutive slots of one row (chunks of a row beyond its count do
+// nothing); a lane writes its slot's value. Preconditions: out shares the pattern's index arrays
+// (out-of-range columns are skipped).
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    ell_sddmm_kernel(std::int64_t rows, const std::int32_t* row_count, std::int64_t width, const std::int32_t* col_idx,
+                     T* out_values, const T* a, const T* b, Operands o, float alpha, float beta) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t per_row = (width + kChunk - 1) / kChunk;
+  for (std::int64_t w = warp_id(); w < rows * per_row; w += warp_count()) {
+    const std::int64_t i = w / per_row;
+    const std::int64_t s = (w % per_row) * kChunk + lane;
+    const std::int64_t n = min(max(static_cast<std::int64_t>(row_count[i]), std::int64_t{0}), width);
+    const std::int64_t e = i * width + s;
+    const std::int64_t j = s < n ? col_idx[e] : -1;
+    const bool flag = j >= 0 && j < o.n;
+    const float d = chunk_dots(flag, i, j, a, b, o, lane);
+    if (flag) {
+      float v = alpha * d;
+      if (beta != 0.0f) v += beta * detail::load_f(out_values + e);
+      detail::store_f(out_values + e, v);
+    }
+  }
+}
+
+// TwELL pattern (all rows of a Hybrid's TwELL part too, shadows included): a warp owns 32
+// consecutive slots of a row's packed words, across tile boundaries when S < 32 (so at most 31
+// entries); a lane copies its slot when it is a count or unused (zeroing the fp32 value plane
+// there) and otherwise writes the entry's value with the pattern's column. Preconditions: out has
+// the pattern's shape and layout (it may alias the pattern: a slot is read and written by one lane
+// only, and a count is only ever rewritten with itself).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     twell_sddmm_kernel(std::int64_t rows, std::int64_t cols, TwellLayout layout, const std::uint32_t* pattern,
                        std::uint32_t* out, T* out_plane, const T* a, const T* b, Operands o, float alpha, float beta) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kThreads / 32);
-  const std::int64_t tiles = layout.tiles(cols);
   const int slots = layout.slots();
-  for (std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x) / 32; i < rows; i += warps) {
-    for (std::int64_t t = 0; t < tiles; ++t) {
-      const std::int64_t base = layout.slot_offset(i, t, cols);
-      const int n = static_cast<int>(min(pattern[base], static_cast<std::uint32_t>(layout.capacity())));
-      for (int s = lane; s < slots; s += 32) {
-        if (s == 0 || s > n) {
-          out[base + s] = pattern[base + s];
-          if constexpr (std::is_same_v<T, float>) out_plane[base + s] = 0.0f;
-        }
+  const std::int64_t width = layout.packed_width(cols);
+  const std::int64_t per_row = (width + kChunk - 1) / kChunk;
+  for (std::int64_t w = warp_id(); w < rows * per_row; w += warp_count()) {
+    const std::int64_t i = w / per_row;
+    const std::int64_t first = (w - i * per_row) * kChunk;  // the chunk's first slot in the row
+    const std::int64_t t0 = first / slots;
+    // Per lane only a 32-bit division: the chunk starts less than one tile's slots into tile t0.
+    const int from_t0 = static_cast<int>(first - t0 * slots) + lane;
+    const bool in = first + lane < width;
+    const std::int64_t t = in ? t0 + from_t0 / slots : 0;
+    const int s = in ? from_t0 % slots : 0;
+    const std::int64_t base = layout.slot_offset(i, t, cols);
+    std::uint32_t word = 0;
+    int n = 0;
+    if (in) {
+      word = pattern[base + s];
+      n = static_cast<int>(min(pattern[base], static_cast<std::uint32_t>(layout.capacity())));
+    }
+    const bool entry = in && s >= 1 && s <= n;
+    const std::int64_t j = layout.tile_begin(t) + TwellLayout::slot_column(word);
+    const float d = chunk_dots(entry && j < o.n, i, j, a, b, o, lane);
+    if (entry) {
+      float v = alpha * d;
+      if constexpr (std::is_same_v<T, float>) {
+        if (beta != 0.0f) v += beta * out_plane[base + s];
+        out[base + s] = word;
+        out_plane[base + s] = v;
+      } else {
+        if (beta != 0.0f) v += beta * detail::bits_to_f<T>(out[base + s] >> 16);
+        out[base + s] = TwellLayout::pack(detail::bits_of<T>(v), TwellLayout::slot_column(word));
       }
-      for (int s = 1; s <= n; ++s) {
-        const std::uint32_t word = pattern[base + s];
-        const std::int64_t j = layout.tile_begin(t) + TwellLayout::slot_column(word);
-        const bool ok = j < o.n;
-        const float d = ok ? warp_dot(a + i * o.lda, b, o, j, lane) : 0.0f;
-        if (lane == 0) {
-          float v = alpha * d;
-          if constexpr (std::is_same_v<T, float>) {
-            if (beta != 0.0f) v += beta * out_plane[base + s];
-            out[base + s] = word;
-            out_plane[base + s] = v;
-          } else {
-            if (beta != 0.0f) v += beta * detail::bits_to_f<T>(out[base + s] >> 16);
-            out[base + s] = TwellLayout::pack(detail::bits_of<T>(v), TwellLayout::slot_column(word));
-          }
-        }
-      }
+    } else if (in) {
+      out[base + s] = word;
+      if constexpr (std::is_same_v<T, float>) out_plane[base + s] = 0.0f;
     }
   }
 }
 
-// Hybrid overflow rows. A warp owns an overflow row; it walks the columns in order and samples
-// those where the pattern's dense row stores a value; the others become +0.
+// Hybrid overflow rows: a warp owns 32 consecutive columns of one overflow row and samples those
+// where the pattern's dense row stores a value; a lane writes its column (+0 where nothing is
+// stored). Preconditions: overflow_to_row names rows of A (others are skipped); out may alias the
+// pattern's block.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     overflow_sddmm_kernel(std::int64_t r_rows, std::int64_t cols, const std::int32_t* overflow_to_row, std::int64_t m,
                           const T* pattern, std::int64_t ldp, T* out, std::int64_t ldo, const T* a, const T* b,
                           Operands o, float alpha, float beta) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (kThreads / 32);
-  for (std::int64_t r = (blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x) / 32; r < r_rows; r += warps) {
+  const std::int64_t per_row = (cols + kChunk - 1) / kChunk;
+  for (std::int64_t w = warp_id(); w < r_rows * per_row; w += warp_count()) {
+    const std::int64_t r = w / per_row;
+    const std::int64_t j = (w % per_row) * kChunk + lane;
     const std::int64_t i = overflow_to_row[r];
-    if (i < 0 || i >= m) continue;
-    for (std::int64_t j = 0; j < cols; ++j) {
-      const float p = detail::load_f(pattern + r * ldp + j);
+    if (i < 0 || i >= m) continue;  // uniform across the warp
+    const bool in = j < cols;
+    const float p = in ? detail::load_f(pattern + r * ldp + j) : 0.0f;
+    const bool stored = in && !(fabsf(p) <= 0.0f);
+    const float d = chunk_dots(stored, i, j, a, b, o, lane);
+    if (in) {
       float v = 0.0f;
-      if (!(fabsf(p) <= 0.0f)) {
-        v = alpha * warp_dot(a + i * o.lda, b, o, j, lane);
+      if (stored) {
+        v = alpha * d;
         if (beta != 0.0f) v += beta * detail::load_f(out + r * ldo + j);
       }
-      __syncwarp();
-      if (lane == 0) detail::store_f(out + r * ldo + j, v);
+      detail::store_f(out + r * ldo + j, v);
     }
   }
 }
@@ -235,7 +317,9 @@ Operands check_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, std
   return Operands{a.cols, n, a.ld, b.ld, t};
 }
 
-unsigned warp_grid(std::int64_t rows) { return detail::grid_for(rows * 32, kThreads, 1 << 16); }
+// Enough warps for one chunk each (grid-stride beyond 2^16 CTAs), so consecutive chunks share a CTA.
+unsigned chunk_grid(std::int64_t chunks) { return detail::grid_for(chunks * 32, kThreads, 1 << 16); }
+std::int64_t chunks_of(std::int64_t positions) { return (positions + kChunk - 1) / kChunk; }
 
 template <class T>
 void launch_twell(DenseView<const T> a, const T* b, TwellView<const T> pattern, TwellView<T> out, const Operands& o,
@@ -246,9 +330,10 @@ void launch_twell(DenseView<const T> a, const T* b, TwellView<const T> pattern, 
           detail::shape(pattern.rows, pattern.cols), " with tile ", pattern.layout.tile, ", C ",
           pattern.layout.compression);
   if (pattern.rows == 0 || pattern.cols == 0) return;
-  twell_sddmm_kernel<T><<<warp_grid(pattern.rows), kThreads, 0, stream>>>(pattern.rows, pattern.cols, pattern.layout,
-                                                                          pattern.packed, out.packed, out.value_plane,
-                                                                          a.data, b, o, alpha, beta);
+  const std::int64_t chunks = pattern.rows * chunks_of(pattern.layout.packed_width(pattern.cols));
+  twell_sddmm_kernel<T><<<chunk_grid(chunks), kThreads, 0, stream>>>(pattern.rows, pattern.cols, pattern.layout,
+                                                                     pattern.packed, out.packed, out.value_plane,
+                                                                     a.data, b, o, alpha, beta);
   detail::check_launch("twell::cuda::sddmm (TwELL kernel)");
 }
 
@@ -267,12 +352,12 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<const T>
   require(out.rows == pattern.rows && out.cols == pattern.cols && out.nnz == pattern.nnz, ErrorCode::shape_mismatch,
           kWhere, "out is ", detail::shape(out.rows, out.cols), " with nnz ", out.nnz, " but the pattern is ",
           detail::shape(pattern.rows, pattern.cols), " with nnz ", pattern.nnz);
-  if (pattern.rows > 0) {
-    row_sddmm_kernel<T, false><<<warp_grid(pattern.rows), kThreads, 0, stream>>>(
-        pattern.rows, pattern.row_ptr, nullptr, 0, pattern.col_idx, out.values, a.data, bd, o, alpha, beta);
+  if (pattern.rows > 0 && pattern.nnz > 0) {
+    csr_sddmm_kernel<T><<<chunk_grid(chunks_of(pattern.nnz)), kThreads, 0, stream>>>(
+        pattern.rows, pattern.nnz, pattern.row_ptr, pattern.col_idx, out.values, a.data, bd, o, alpha, beta);
     detail::check_launch("twell::cuda::sddmm (CSR kernel)");
   }
-  detail::report_path(options, "cuda/sddmm/csr/warp_per_row");
+  detail::report_path(options, "cuda/sddmm/csr/entry_chunks");
 }
 
 template <Value T>
@@ -288,13 +373,12 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, EllView<const T>
   require(out.rows == pattern.rows && out.cols == pattern.cols && out.width == pattern.width, ErrorCode::shape_mismatch,
           kWhere, "out is ", detail::shape(out.rows, out.cols), " with width ", out.width, " but the pattern is ",
           detail::shape(pattern.rows, pattern.cols), " with width ", pattern.width);
-  if (pattern.rows > 0) {
-    row_sddmm_kernel<T, true>
-        <<<warp_grid(pattern.rows), kThreads, 0, stream>>>(pattern.rows, nullptr, pattern.row_count, pattern.width,
-                                                           pattern.col_idx, out.values, a.data, bd, o, alpha, beta);
+  if (pattern.rows > 0 && pattern.width > 0) {
+    ell_sddmm_kernel<T><<<chunk_grid(pattern.rows * chunks_of(pattern.width)), kThreads, 0, stream>>>(
+        pattern.rows, pattern.row_count, pattern.width, pattern.col_idx, out.values, a.data, bd, o, alpha, beta);
     detail::check_launch("twell::cuda::sddmm (ELL kernel)");
   }
-  detail::report_path(options, "cuda/sddmm/ell/warp_per_row");
+  detail::report_path(options, "cuda/sddmm/ell/slot_chunks");
 }
 
 template <Value T>
@@ -308,7 +392,7 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, TwellView<const 
   const T* bd = bt.data(b.data);
   set_vec(a, bd, o);
   launch_twell(a, bd, pattern, out, o, alpha, beta, stream);
-  detail::report_path(options, "cuda/sddmm/twell/warp_per_row");
+  detail::report_path(options, "cuda/sddmm/twell/slot_chunks");
 }
 
 template <Value T>
@@ -326,7 +410,7 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const
   launch_twell(a, bd, pattern.twell, out.twell, o, alpha, beta, stream);
   const std::int64_t r = pattern.overflow.rows;
   if (r > 0 && pattern.cols() > 0) {
-    overflow_sddmm_kernel<T><<<warp_grid(r), kThreads, 0, stream>>>(
+    overflow_sddmm_kernel<T><<<chunk_grid(r * chunks_of(pattern.cols())), kThreads, 0, stream>>>(
         r, pattern.cols(), pattern.overflow_to_row, pattern.rows(), pattern.overflow.data, pattern.overflow.ld,
         out.overflow.data, out.overflow.ld, a.data, bd, o, alpha, beta);
     detail::check_launch("twell::cuda::sddmm (overflow kernel)");
@@ -341,7 +425,8 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const
         cudaMemcpyAsync(out.overflow_to_row, pattern.overflow_to_row,
                         static_cast<std::size_t>(r) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice, stream),
         "twell::cuda::sddmm (overflow_to_row)");
-  detail::report_path(options, r > 0 ? "cuda/sddmm/hybrid/warp_per_row+overflow" : "cuda/sddmm/hybrid/warp_per_row");
+  detail::report_path(options,
+                      r > 0 ? "cuda/sddmm/hybrid/slot_chunks+overflow_chunks" : "cuda/sddmm/hybrid/slot_chunks");
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                           \

@@ -15,6 +15,7 @@
 
 #include <twell/converters/backends.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/workload.hpp>
 
 #include "random.hpp"
 
@@ -411,6 +412,76 @@ TEST_CASE_TEMPLATE("cuda sddmm matches the reference on every pattern format", T
         check_sddmm<T>("hybrid", a, op_b, b, f.hybrid, 2.0f, 0.0f, true);
       }
     }
+  }
+}
+
+namespace {
+
+// The cuda sddmm of `pattern` into a poisoned output (beta = 0), in dense form.
+template <class T, class HostM>
+DenseMatrix<T> device_sddmm_dense(const DenseMatrix<T>& a, Op op_b, const DenseMatrix<T>& b, const HostM& pattern) {
+  const auto a_dev = a.to(kDevice);
+  const auto b_dev = b.to(kDevice);
+  const auto p_dev = pattern.to(kDevice);
+  auto out = device_out(pattern, true);
+  dev::sddmm<T>(a_dev.view(), op_b, b_dev.view(), p_dev.view(), out.view(), 1.0f, 0.0f);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  return dense_of(out.to(kHost));
+}
+
+}  // namespace
+
+// The backward's dh = dy Wd^T at a token-skewed hidden pattern of the paper's FFN shape: heavy rows
+// are cut into many warps' chunks, and the heaviest overflow into the Hybrid's dense block. Layouts
+// with S = 32 (a chunk is a tile), S = 16 (a chunk spans two tiles) and S = 128 (a tile spans four
+// chunks). Each entry is one fixed-order dot product, so every format gives the same bits for it.
+TEST_CASE_TEMPLATE("cuda sddmm at the paper's shape with token skew", T, bf16, float) {
+  const std::int64_t m = 512, k = 2048, n = 5632;
+  for (const double density : {0.005, 0.05}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(density);
+    workload::ActivationOptions ao;
+    ao.tokens = m;
+    ao.units = n;
+    ao.density = density;
+    ao.distribution = workload::Distribution::token_skewed;
+    ao.seed = seed;
+    DenseMatrix<T> h = workload::activations<T>(ao);
+    const workload::RowProfile profile = workload::profile<T>(h.view());
+    CAPTURE(profile.mean);
+    CAPTURE(profile.max);
+    CHECK(static_cast<double>(profile.max) >= 3.0 * profile.mean);
+    // At M = 512 and 0.5 % a draw may have no (row, tile) past 31 entries: one token fills its
+    // first tile, so every layout below has an overflow row.
+    for (std::int64_t j = 0; j < 256; ++j) h.view().at(0, j) = from_float<T>(1.0f + 0.01f * static_cast<float>(j));
+    const auto dy = testing::random_dense<T>(m, k, 1.0f, seed + 1);
+    const auto wd = testing::random_dense<T>(n, k, 1.0f, seed + 2);
+    const auto wd_t = testing::random_dense<T>(k, n, 1.0f, seed + 3);
+
+    const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(h.view(), kPaper);
+    CHECK(hybrid.overflow_rows() > 0);
+    check_sddmm<T>("hybrid", dy, Op::transpose, wd, hybrid, 1.0f, 0.0f, false);
+    check_sddmm<T>("hybrid", dy, Op::transpose, wd, hybrid, 0.5f, -1.0f, false);
+    check_sddmm<T>("hybrid", dy, Op::none, wd_t, hybrid, 1.0f, 0.0f, false);
+    for (const TwellLayout layout : {TwellLayout{256, 16}, TwellLayout{256, 2}}) {
+      CAPTURE(layout.slots());
+      const HybridMatrix<T> other = ref::dense_to_hybrid<T>(h.view(), layout);
+      CHECK(other.overflow_rows() > 0);
+      check_sddmm<T>("hybrid", dy, Op::transpose, wd, other, 1.0f, 0.0f, false);
+    }
+    const CsrMatrix<T> csr = ref::dense_to_csr<T>(h.view());
+    const EllMatrix<T> ell = ref::dense_to_ell<T>(h.view());
+    check_sddmm<T>("csr", dy, Op::transpose, wd, csr, 1.0f, 0.0f, false);
+    check_sddmm<T>("csr", dy, Op::transpose, wd, csr, -2.0f, 0.25f, false);
+    check_sddmm<T>("ell", dy, Op::transpose, wd, ell, 1.0f, 0.0f, false);
+
+    const DenseMatrix<T> from_csr = device_sddmm_dense<T>(dy, Op::transpose, wd, csr);
+    CHECK(testing::bitwise_equal<T>(device_sddmm_dense<T>(dy, Op::transpose, wd, hybrid).view(), from_csr.view()));
+    CHECK(testing::bitwise_equal<T>(device_sddmm_dense<T>(dy, Op::transpose, wd, ell).view(), from_csr.view()));
+    CHECK(testing::bitwise_equal<T>(
+        device_sddmm_dense<T>(dy, Op::transpose, wd, ref::dense_to_hybrid<T>(h.view(), TwellLayout{256, 2})).view(),
+        from_csr.view()));
   }
 }
 
