@@ -14,6 +14,7 @@
 #include <twell/converters/backends.hpp>
 #include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/gemm_to_sparse_plan.hpp>
 
 #include "cuda_check.hpp"
 #include "gemm_to_sparse.cuh"
@@ -22,19 +23,25 @@ namespace twell::cuda {
 namespace {
 
 constexpr int kBM = 128;    // CTA rows
-constexpr int kBK = 32;     // K per pipeline stage
-constexpr int kStages = 4;  // cp.async pipeline depth
 constexpr int kThreads = 256;
 constexpr int kPad = 8;     // halves of padding per shared row: ldmatrix rows land in distinct banks
-constexpr int kALd = kBK + kPad;
+
+// The cp.async pipeline of a CTA of kBM x BN outputs. BN = 256 (1 CTA per SM: 220 registers)
+// takes 64 K per stage and 3 stages (157 KB), so the SM meets half as many barriers per FLOP as
+// with 32; BN = 128 (2 CTAs per SM) keeps 32 x 4 (76 KB), which also fits the 99 KB of sm_86/89.
+template <int BN>
+struct Pipe {
+  static constexpr int kBK = BN == 256 ? 64 : 32;   // K per stage
+  static constexpr int kStages = BN == 256 ? 3 : 4;
+  static constexpr int kALd = kBK + kPad;           // A stage: kBM x kBK, row-major, padded
+  static constexpr int kBLd = BN + kPad;            // B stage: kBK x BN, row-major, padded
+  static constexpr int kMinBlocks = BN == 256 ? 1 : 2;  // CTAs per SM the registers allow
+};
 
 template <int BN>
-constexpr int b_ld() {
-  return BN + kPad;
-}
-template <int BN>
 constexpr int smem_bytes() {
-  return kStages * (kBM * kALd + kBK * b_ld<BN>()) * 2;
+  using P = Pipe<BN>;
+  return P::kStages * (kBM * P::kALd + P::kBK * P::kBLd) * 2;
 }
 
 struct GemmArgs {
@@ -46,6 +53,9 @@ struct GemmArgs {
   std::int64_t m = 0, n = 0, k = 0;
   Activation kind = Activation::relu;
   float threshold = 0.0f;
+  // If set, rows at and past *m_limit are not computed: a row count known only on the device
+  // (the plan's overflow recompute, launched before the host knows R).
+  const unsigned long long* m_limit = nullptr;
 };
 
 struct TwellOut {
@@ -124,7 +134,10 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)
 template <int BN>
 __device__ __forceinline__ void load_stage(const GemmArgs& g, std::uint16_t* as, std::uint16_t* bs, std::int64_t m0,
                                            std::int64_t n0, std::int64_t k0, int tid) {
-  constexpr int kAChunksPerRow = kBK / 8;
+  using P = Pipe<BN>;
+  constexpr int kAChunksPerRow = P::kBK / 8;
+  static_assert(kBM * kAChunksPerRow % kThreads == 0 && P::kBK * (BN / 8) % kThreads == 0,
+                "every thread copies the same number of 16-byte chunks");
 #pragma unroll
   for (int i = 0; i < kBM * kAChunksPerRow / kThreads; ++i) {
     const int c = tid + i * kThreads;
@@ -138,18 +151,18 @@ __device__ __forceinline__ void load_stage(const GemmArgs& g, std::uint16_t* as,
       const std::int64_t row = g.x_rows != nullptr ? g.x_rows[gm] : gm;
       src = g.x + row * g.ldx + gk;
     }
-    cp_async16(as + r * kALd + kc, src, inside ? 16 : 0);
+    cp_async16(as + r * P::kALd + kc, src, inside ? 16 : 0);
   }
   constexpr int kBChunksPerRow = BN / 8;
 #pragma unroll
-  for (int i = 0; i < kBK * kBChunksPerRow / kThreads; ++i) {
+  for (int i = 0; i < P::kBK * kBChunksPerRow / kThreads; ++i) {
     const int c = tid + i * kThreads;
     const int r = c / kBChunksPerRow;
     const int nc = (c % kBChunksPerRow) * 8;
     const std::int64_t gk = k0 + r;
     const std::int64_t gn = n0 + nc;
     const bool inside = gk < g.k && gn < g.n;
-    cp_async16(bs + r * b_ld<BN>() + nc, inside ? g.w + gk * g.ldw + gn : g.w, inside ? 16 : 0);
+    cp_async16(bs + r * P::kBLd + nc, inside ? g.w + gk * g.ldw + gn : g.w, inside ? 16 : 0);
   }
 }
 
@@ -158,21 +171,22 @@ __device__ __forceinline__ void load_stage(const GemmArgs& g, std::uint16_t* as,
 template <class T, int BN>
 __device__ __forceinline__ void mma_stage(const std::uint16_t* as, const std::uint16_t* bs,
                                           float (&acc)[4][BN / 32][4], int warp_m, int warp_n, int lane) {
+  using P = Pipe<BN>;
   constexpr int kNi = BN / 32;
 #pragma unroll
-  for (int kk = 0; kk < kBK; kk += 16) {
+  for (int kk = 0; kk < P::kBK; kk += 16) {
     std::uint32_t a[4][4];
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
       const int row = warp_m * 64 + mi * 16 + (lane & 15);
-      ldmatrix_x4(a[mi], as + row * kALd + kk + (lane >> 4) * 8);
+      ldmatrix_x4(a[mi], as + row * P::kALd + kk + (lane >> 4) * 8);
     }
     std::uint32_t b[kNi][2];
 #pragma unroll
     for (int nj = 0; nj < kNi / 2; ++nj) {
       std::uint32_t r[4];
       const int col = warp_n * (BN / 4) + nj * 16 + (lane >> 4) * 8;
-      ldmatrix_x4_trans(r, bs + (kk + (lane & 15)) * b_ld<BN>() + col);
+      ldmatrix_x4_trans(r, bs + (kk + (lane & 15)) * P::kBLd + col);
       b[2 * nj][0] = r[0];
       b[2 * nj][1] = r[1];
       b[2 * nj + 1][0] = r[2];
@@ -190,13 +204,14 @@ __device__ __forceinline__ void mma_stage(const std::uint16_t* as, const std::ui
 template <class T, int BN>
 __device__ __forceinline__ void mainloop(const GemmArgs& g, std::uint16_t* smem, std::int64_t m0, std::int64_t n0,
                                          float (&acc)[4][BN / 32][4]) {
+  using P = Pipe<BN>;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  constexpr int kAStage = kBM * kALd;
-  constexpr int kBStage = kBK * b_ld<BN>();
+  constexpr int kAStage = kBM * P::kALd;
+  constexpr int kBStage = P::kBK * P::kBLd;
   std::uint16_t* a_base = smem;
-  std::uint16_t* b_base = smem + kStages * kAStage;
+  std::uint16_t* b_base = smem + P::kStages * kAStage;
 
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi)
@@ -205,22 +220,22 @@ __device__ __forceinline__ void mainloop(const GemmArgs& g, std::uint16_t* smem,
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
-  const int ktiles = static_cast<int>((g.k + kBK - 1) / kBK);
+  const int ktiles = static_cast<int>((g.k + P::kBK - 1) / P::kBK);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ktiles) load_stage<BN>(g, a_base + s * kAStage, b_base + s * kBStage, m0, n0, std::int64_t{s} * kBK, tid);
+  for (int s = 0; s < P::kStages - 1; ++s) {
+    if (s < ktiles) load_stage<BN>(g, a_base + s * kAStage, b_base + s * kBStage, m0, n0, std::int64_t{s} * P::kBK, tid);
     cp_async_commit();
   }
   for (int kt = 0; kt < ktiles; ++kt) {
-    cp_async_wait<kStages - 2>();
+    cp_async_wait<P::kStages - 2>();
     __syncthreads();  // stage kt landed for all threads; stage kt-1 is no longer read by anyone
-    const int next = kt + kStages - 1;
+    const int next = kt + P::kStages - 1;
     if (next < ktiles) {
-      const int s = next % kStages;
-      load_stage<BN>(g, a_base + s * kAStage, b_base + s * kBStage, m0, n0, std::int64_t{next} * kBK, tid);
+      const int s = next % P::kStages;
+      load_stage<BN>(g, a_base + s * kAStage, b_base + s * kBStage, m0, n0, std::int64_t{next} * P::kBK, tid);
     }
     cp_async_commit();
-    const int s = kt % kStages;
+    const int s = kt % P::kStages;
     mma_stage<T, BN>(a_base + s * kAStage, b_base + s * kBStage, acc, warp >> 2, warp & 3, lane);
   }
   cp_async_wait<0>();
@@ -234,10 +249,10 @@ __device__ __forceinline__ void mainloop(const GemmArgs& g, std::uint16_t* smem,
 // chunk one ballot gives the stored lanes, a popc prefix their slot, so slots come out in
 // column order. Every slot of every (row, tile) is written (unused ones zero), so the output
 // needs no initialisation. Preconditions: T 16-bit, layout.tile == BN, K % 8 == 0,
-// N % 8 == 0, 16-byte aligned x, w and leading dimensions; row_flags zeroed.
-// Benchmark: bench/ (gemm_to_sparse vs cuBLAS).
+// N % 8 == 0, 16-byte aligned x, w and leading dimensions; row_flags zeroed (the plan's ranking
+// kernel clears them after each run). Benchmark: bench/suites/gemm_to_sparse.cpp.
 template <class T, int BN>
-__global__ void __launch_bounds__(kThreads) gemm_twell_kernel(GemmArgs g, TwellOut o) {
+__global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_twell_kernel(GemmArgs g, TwellOut o) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto* smem = reinterpret_cast<std::uint16_t*>(smem_raw);
   const int tid = static_cast<int>(threadIdx.x);
@@ -303,16 +318,19 @@ __global__ void __launch_bounds__(kThreads) gemm_twell_kernel(GemmArgs g, TwellO
   if (lane == 0 && excess != 0) atomicAdd(o.excess_total, excess);
 }
 
-// Same mainloop, dense epilogue: out(i, j) = sparsified act of the product, for i < m, j < n.
-// CTA: 128 (gathered) rows x BN columns. Preconditions as gemm_twell_kernel except the tile.
+// Same mainloop, dense epilogue: out(i, j) = sparsified act of the product, for i < m, j < n
+// (m capped by *g.m_limit when set). CTA: 128 (gathered) rows x BN columns. Preconditions as
+// gemm_twell_kernel except the tile.
 template <class T, int BN>
-__global__ void __launch_bounds__(kThreads) gemm_dense_kernel(GemmArgs g, T* out, std::int64_t ldo) {
+__global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_dense_kernel(GemmArgs g, T* out, std::int64_t ldo) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto* smem = reinterpret_cast<std::uint16_t*>(smem_raw);
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const std::int64_t n0 = std::int64_t{blockIdx.x} * BN;
   const std::int64_t m0 = std::int64_t{blockIdx.y} * kBM;
+  if (g.m_limit != nullptr) g.m = min(g.m, static_cast<std::int64_t>(*g.m_limit));
+  if (m0 >= g.m) return;
   float acc[4][BN / 32][4];
   mainloop<T, BN>(g, smem, m0, n0, acc);
 #pragma unroll
@@ -379,11 +397,27 @@ __global__ void __launch_bounds__(256) gemm_simt_kernel(const T* x, std::int64_t
     }
 }
 
-// One CTA of 1024 threads walks the row flags in order: row_to_overflow gets each flagged row's
-// rank (or -1 for every row when !route), summary[0] the number of flagged rows and summary[1]
-// the first flagged row (-1 if none). Deterministic; M is at most a few hundred thousand.
-__global__ void __launch_bounds__(1024) overflow_scan_kernel(const std::int32_t* flags, std::int64_t m, bool route,
-                                                             std::int32_t* row_to_overflow, std::int32_t* summary) {
+// Words of the plan's device status. The fused epilogue adds into the two accumulators; the
+// ranking kernel moves them into the totals and zeroes them, so no memset precedes a run.
+enum StatusWord : int {
+  kStoredAcc = 0,
+  kExcessAcc = 1,
+  kFlaggedRows = 2,  // R (rows with an overflowed tile)
+  kFirstRowPlus1 = 3,  // first flagged row + 1, 0 if none
+  kStored = 4,
+  kExcess = 5,
+  kStatusWords = 6
+};
+
+// One CTA of 1024 threads walks the row flags in increasing row order (per 1024 rows: a ballot,
+// a warp scan of the 32 warp counts): row_to_overflow[i] = the rank of flagged row i (-1 for the
+// others, and for every row when !route), overflow_to_row[rank] = i for ranks below `capacity`,
+// and each flag is cleared for the next run. Then it fills the status words (see StatusWord).
+// Deterministic; one CTA because M is at most a few hundred thousand (16 steps at M = 16384).
+__global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* flags, std::int64_t m, bool route,
+                                                                  std::int64_t capacity, std::int32_t* row_to_overflow,
+                                                                  std::int32_t* overflow_to_row,
+                                                                  unsigned long long* status) {
   __shared__ std::int32_t warp_offset[32];
   __shared__ std::int32_t base;
   __shared__ std::int32_t first;
@@ -397,6 +431,7 @@ __global__ void __launch_bounds__(1024) overflow_scan_kernel(const std::int32_t*
   for (std::int64_t c0 = 0; c0 < m; c0 += 1024) {
     const std::int64_t i = c0 + tid;
     const bool flagged = i < m && flags[i] != 0;
+    if (flagged) flags[i] = 0;
     const std::uint32_t mask = __ballot_sync(0xffffffffu, flagged);
     if (lane == 0) warp_offset[warp] = __popc(mask);
     __syncthreads();
@@ -412,14 +447,19 @@ __global__ void __launch_bounds__(1024) overflow_scan_kernel(const std::int32_t*
     __syncthreads();
     const std::int32_t rank = base + warp_offset[warp] + __popc(mask & ((1u << lane) - 1u));
     if (i < m) row_to_overflow[i] = (route && flagged) ? rank : -1;
+    if (route && flagged && rank < capacity) overflow_to_row[rank] = static_cast<std::int32_t>(i);
     if (flagged) atomicMin(&first, static_cast<std::int32_t>(i));
     __syncthreads();
     if (tid == 1023) base = rank + (flagged ? 1 : 0);
     __syncthreads();
   }
   if (tid == 0) {
-    summary[0] = base;
-    summary[1] = first == INT_MAX ? -1 : first;
+    status[kFlaggedRows] = static_cast<unsigned long long>(base);
+    status[kFirstRowPlus1] = first == INT_MAX ? 0ull : static_cast<unsigned long long>(first) + 1ull;
+    status[kStored] = status[kStoredAcc];
+    status[kExcess] = status[kExcessAcc];
+    status[kStoredAcc] = 0;
+    status[kExcessAcc] = 0;
   }
 }
 
@@ -489,6 +529,13 @@ void fill(std::int32_t* p, std::int64_t n, std::int32_t v, cudaStream_t stream, 
   ::twell::detail::check_launch(where);
 }
 
+void check_activation(ActivationSpec act, const char* where) {
+  require(act.kind == Activation::relu || act.kind == Activation::silu || act.kind == Activation::gelu,
+          ErrorCode::invalid_argument, where, "activation kind ", static_cast<int>(act.kind), " is unknown");
+  require(act.threshold >= 0.0f, ErrorCode::invalid_argument, where, "activation threshold ", act.threshold,
+          " must be a non-negative number");
+}
+
 template <class T>
 void check_operands(DenseView<const T> x, DenseView<const T> w, ActivationSpec act, const char* where) {
   require(x.space == MemorySpace::device && w.space == MemorySpace::device, ErrorCode::space_mismatch, where,
@@ -501,35 +548,40 @@ void check_operands(DenseView<const T> x, DenseView<const T> w, ActivationSpec a
           "leading dimension below the column count: x.ld = ", x.ld, ", w.ld = ", w.ld);
   require((x.rows * x.cols == 0 || x.data != nullptr) && (w.rows * w.cols == 0 || w.data != nullptr),
           ErrorCode::invalid_argument, where, "null data pointer for a non-empty operand");
-  require(act.kind == Activation::relu || act.kind == Activation::silu || act.kind == Activation::gelu,
-          ErrorCode::invalid_argument, where, "activation kind ", static_cast<int>(act.kind), " is unknown");
-  require(act.threshold >= 0.0f, ErrorCode::invalid_argument, where, "activation threshold ", act.threshold,
-          " must be a non-negative number");
+  check_activation(act, where);
   require(x.rows <= INT32_MAX, ErrorCode::unsupported, where, "M = ", x.rows, " exceeds the 32-bit row maps");
 }
 
-// Any layout: a dense activated product, then the cuda dense -> TwELL/Hybrid converter.
+void check_policy(OverflowPolicy policy, const char* where) {
+  require(policy == OverflowPolicy::error || policy == OverflowPolicy::hybrid || policy == OverflowPolicy::drop,
+          ErrorCode::invalid_argument, where, "overflow policy ", static_cast<int>(policy), " is unknown");
+}
+
+// Any layout: a dense activated product into a temporary, then the cuda dense -> TwELL/Hybrid
+// converter (which allocates the result and synchronises).
 template <class T>
 HybridMatrix<T> generic_path(DenseView<const T> x, DenseView<const T> w, ActivationSpec act, TwellLayout layout,
-                             const ConvertOptions& convert, const KernelOptions& options, const char* where) {
-  const auto stream = static_cast<cudaStream_t>(options.stream.handle);
+                             OverflowPolicy policy, ConvertReport* report, Stream stream, std::string& path,
+                             const char* where) {
+  const auto cu_stream = static_cast<cudaStream_t>(stream.handle);
   DenseMatrix<T> dense(x.rows, w.cols, MemorySpace::device);
-  std::string path = detail::gemm_activate_dense<T>(x, nullptr, x.rows, w, act, dense.view(), stream);
-  ConvertOptions c = convert;
+  path = "generic:" + detail::gemm_activate_dense<T>(x, nullptr, x.rows, w, act, dense.view(), cu_stream);
+  ConvertOptions c;
+  c.overflow = policy;
   c.threshold = 0.0f;  // the threshold was applied in fp32 by the GEMM's epilogue
-  c.stream = options.stream;
+  c.stream = stream;
+  c.report = report;
   HybridMatrix<T> result;
-  if (convert.overflow == OverflowPolicy::hybrid) {
+  if (policy == OverflowPolicy::hybrid) {
     result = dense_to_hybrid<T>(DenseView<const T>(dense.view()), layout, c);
     path += "+dense_to_hybrid";
   } else {
     TwellMatrix<T> t = dense_to_twell<T>(DenseView<const T>(dense.view()), layout, c);
     result = HybridMatrix<T>(x.rows, w.cols, layout, 0, MemorySpace::device);
     result.twell() = std::move(t);
-    fill(result.row_to_overflow().data(), x.rows, -1, stream, where);
+    fill(result.row_to_overflow().data(), x.rows, -1, cu_stream, where);
     path += "+dense_to_twell";
   }
-  if (options.report != nullptr) options.report->path = "generic:" + path;
   return result;
 }
 
@@ -542,80 +594,26 @@ void launch_twell(const GemmArgs& g, const TwellOut& o, cudaStream_t stream, con
   ::twell::detail::check_launch(where);
 }
 
+// The tensor-core dense GEMM (128 x 128 CTAs) over g.m rows (fewer if g.m_limit says so).
 template <class T>
-HybridMatrix<T> fused_path(DenseView<const T> x, DenseView<const T> w, ActivationSpec act, TwellLayout layout,
-                           const ConvertOptions& convert, const KernelOptions& options, const char* where) {
-  const auto stream = static_cast<cudaStream_t>(options.stream.handle);
-  const std::int64_t m = x.rows, n = w.cols;
-  HybridMatrix<T> result(m, n, layout, 0, MemorySpace::device);
-  Buffer<std::int32_t> flags(static_cast<std::size_t>(m), MemorySpace::device);
-  Buffer<std::uint64_t> totals(2, MemorySpace::device);
-  Buffer<std::int32_t> summary(2, MemorySpace::device);
-  static_assert(sizeof(std::uint64_t) == sizeof(unsigned long long));
-  // Buffer zero-fills on the legacy stream; clear again on `stream` so the order is explicit.
-  if (m > 0) ::twell::detail::check_cuda(cudaMemsetAsync(flags.data(), 0, flags.bytes(), stream), where);
-  ::twell::detail::check_cuda(cudaMemsetAsync(totals.data(), 0, totals.bytes(), stream), where);
-
-  const GemmArgs g = make_args<T>(x, nullptr, m, w, act);
-  TwellOut o;
-  o.packed = result.twell().packed().data();
-  o.layout = layout;
-  o.row_flags = flags.data();
-  o.stored_total = reinterpret_cast<unsigned long long*>(totals.data());
-  o.excess_total = o.stored_total + 1;
-  o.clamp_count = convert.overflow == OverflowPolicy::drop;
-  if (m > 0 && n > 0) {
-    if (layout.tile == 128) {
-      launch_twell<T, 128>(g, o, stream, where);
-    } else {
-      launch_twell<T, 256>(g, o, stream, where);
-    }
-  }
-  const bool route = convert.overflow == OverflowPolicy::hybrid;
-  overflow_scan_kernel<<<1, 1024, 0, stream>>>(flags.data(), m, route, result.row_to_overflow().data(),
-                                                summary.data());
+void launch_dense(const GemmArgs& g, T* out, std::int64_t ldo, cudaStream_t stream, const char* where) {
+  constexpr int kSmem = smem_bytes<128>();
+  allow_smem(gemm_dense_kernel<T, 128>, kSmem, where);
+  gemm_dense_kernel<T, 128><<<grid_for(g.m, g.n, kBM, 128, where), kThreads, kSmem, stream>>>(g, out, ldo);
   ::twell::detail::check_launch(where);
+}
 
-  std::int32_t host_summary[2] = {0, -1};
-  std::uint64_t host_totals[2] = {0, 0};
-  ::twell::detail::check_cuda(cudaMemcpyAsync(host_summary, summary.data(), sizeof host_summary, cudaMemcpyDeviceToHost, stream),
-                     where);
-  ::twell::detail::check_cuda(cudaMemcpyAsync(host_totals, totals.data(), sizeof host_totals, cudaMemcpyDeviceToHost, stream),
-                     where);
-  ::twell::detail::check_cuda(cudaStreamSynchronize(stream), where);
-  const std::int32_t overflowed = host_summary[0];
-
-  if (convert.overflow == OverflowPolicy::error && overflowed > 0) {
-    const std::int64_t row = host_summary[1];
-    std::vector<std::uint32_t> packed(static_cast<std::size_t>(result.twell().packed_width()));
-    ::twell::detail::check_cuda(cudaMemcpy(packed.data(), result.twell().packed().data() + row * result.twell().packed_width(),
-                                  packed.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost),
-                       where);
-    std::int64_t t = 0;
-    while (t + 1 < layout.tiles(n) && !layout.overflows(packed[static_cast<std::size_t>(t * layout.slots())])) ++t;
-    fail(ErrorCode::overflow, where, "row ", row, ", tile ", t, " has ", packed[static_cast<std::size_t>(t * layout.slots())],
-         " nonzeros but TwELL(tile ", layout.tile, ", C ", layout.compression, ") holds ", layout.capacity(),
-         " per (row, tile); ", overflowed, " rows overflow (use OverflowPolicy::hybrid or drop)");
+// The fused kernel serves this plan's shape (operand alignment is checked per run).
+template <class T>
+bool fused_shape_ok(std::int64_t k, std::int64_t n, TwellLayout layout, const char* where) {
+  if constexpr (!ValueTraits<T>::packs_in_slot) {
+    return false;
+  } else {
+    if (layout.tile != 128 && layout.tile != 256) return false;
+    if (k % 8 != 0 || n % 8 != 0) return false;
+    const int need = layout.tile == 128 ? smem_bytes<128>() : smem_bytes<256>();
+    return need <= smem_optin(where);
   }
-  std::string path = layout.tile == 128 ? "fused_mma_sync_tile128" : "fused_mma_sync_tile256";
-  if (route && overflowed > 0) {
-    result.overflow() = DenseMatrix<T>(overflowed, n, MemorySpace::device);
-    result.overflow_to_row() = Buffer<std::int32_t>(static_cast<std::size_t>(overflowed), MemorySpace::device);
-    invert_overflow_map_kernel<<<static_cast<unsigned>((m + 255) / 256), 256, 0, stream>>>(
-        result.row_to_overflow().data(), m, result.overflow_to_row().data());
-    ::twell::detail::check_launch(where);
-    path += "+overflow:" + detail::gemm_activate_dense<T>(x, result.overflow_to_row().data(), overflowed, w, act,
-                                                           result.overflow().view(), stream);
-  }
-  if (convert.report != nullptr) {
-    const auto stored = static_cast<std::int64_t>(host_totals[0]);
-    const auto excess = static_cast<std::int64_t>(host_totals[1]);
-    convert.report->nnz = convert.overflow == OverflowPolicy::drop ? stored - excess : stored;
-    convert.report->dropped = convert.overflow == OverflowPolicy::drop ? excess : 0;
-    convert.report->overflow_rows = route ? overflowed : 0;
-  }
-  if (options.report != nullptr) options.report->path = path;
-  return result;
 }
 
 }  // namespace
@@ -629,11 +627,7 @@ std::string gemm_activate_dense(DenseView<const T> x, const std::int32_t* rows, 
   if (m == 0 || w.cols == 0) return "empty";
   if (tensor_core_ok<T>(x, w) && smem_bytes<128>() <= smem_optin(kWhere)) {
     if constexpr (ValueTraits<T>::packs_in_slot) {
-      constexpr int kSmem = smem_bytes<128>();
-      allow_smem(gemm_dense_kernel<T, 128>, kSmem, kWhere);
-      gemm_dense_kernel<T, 128><<<grid_for(m, w.cols, kBM, 128, kWhere), kThreads, kSmem, stream>>>(
-          make_args<T>(x, rows, m, w, act), out.data, out.ld);
-      ::twell::detail::check_launch(kWhere);
+      launch_dense<T>(make_args<T>(x, rows, m, w, act), out.data, out.ld, stream, kWhere);
       return "mma_sync_dense";
     }
   }
@@ -646,23 +640,241 @@ std::string gemm_activate_dense(DenseView<const T> x, const std::int32_t* rows, 
 }  // namespace detail
 
 template <Value T>
+GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64_t n, ActivationSpec act,
+                                      TwellLayout layout, std::int64_t overflow_capacity, OverflowPolicy policy,
+                                      Stream stream)
+    : m_(m), k_(k), n_(n), act_(act), layout_(layout), policy_(policy), stream_(stream) {
+  constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan";
+  require(m >= 0 && k >= 0 && n >= 0, ErrorCode::invalid_argument, kWhere, "negative shape: M = ", m, ", K = ", k,
+          ", N = ", n);
+  require(m <= INT32_MAX, ErrorCode::unsupported, kWhere, "M = ", m, " exceeds the 32-bit row maps");
+  check_layout(layout, kWhere);
+  check_activation(act, kWhere);
+  check_policy(policy, kWhere);
+  require(overflow_capacity >= 0 || overflow_capacity == kDefaultCapacity, ErrorCode::invalid_argument, kWhere,
+          "overflow_capacity ", overflow_capacity, " must be >= 0 (or kDefaultCapacity)");
+  fused_ = fused_shape_ok<T>(k, n, layout, kWhere);
+  if (!fused_) return;  // the generic path allocates its result per run
+  const std::int64_t capacity =
+      policy != OverflowPolicy::hybrid
+          ? 0
+          : std::min(m, overflow_capacity == kDefaultCapacity ? default_capacity(m) : overflow_capacity);
+  twell_ = TwellMatrix<T>(m, n, layout, MemorySpace::device);
+  overflow_ = DenseMatrix<T>(capacity, n, MemorySpace::device);
+  row_to_overflow_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
+  overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(capacity), MemorySpace::device);
+  flags_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
+  status_ = Buffer<std::uint64_t>(kStatusWords, MemorySpace::device);
+}
+
+template <Value T>
+void GemmToSparsePlan<T>::run_generic() {
+  ConvertReport report;
+  generic_ = generic_path<T>(x_, w_, act_, layout_, policy_, &report, stream_, path_,
+                             "twell::cuda::GemmToSparsePlan::run");
+  count_.rows = generic_.overflow_rows();
+  count_.nnz = report.nnz;
+  count_.dropped = report.dropped;
+}
+
+template <Value T>
+void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
+  constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan::run";
+  require(state_ != State::taken, ErrorCode::invalid_argument, kWhere,
+          "the plan's storage was moved out by take_result(); build a new plan");
+  check_operands<T>(x, w, act_, kWhere);
+  require(x.rows == m_ && x.cols == k_ && w.cols == n_, ErrorCode::shape_mismatch, kWhere, "the plan is for x ", m_,
+          " x ", k_, " and w ", k_, " x ", n_, "; got x ", x.rows, " x ", x.cols, " and w ", w.rows, " x ", w.cols);
+  state_ = State::idle;  // until the work is queued, there is no result to claim
+  x_ = x;
+  w_ = w;
+  count_ = {};
+  ran_fused_ = fused_ && tensor_core_ok<T>(x, w);
+  if (!ran_fused_) {
+    run_generic();  // synchronous; its count is reported by sync_overflow_count() as on the fused path
+    state_ = State::queued;
+    return;
+  }
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    const auto stream = static_cast<cudaStream_t>(stream_.handle);
+    auto* status = reinterpret_cast<unsigned long long*>(status_.data());
+    static_assert(sizeof(std::uint64_t) == sizeof(unsigned long long));
+    const GemmArgs g = make_args<T>(x, nullptr, m_, w, act_);
+    TwellOut o;
+    o.packed = twell_.packed().data();
+    o.layout = layout_;
+    o.row_flags = flags_.data();
+    o.stored_total = status + kStoredAcc;
+    o.excess_total = status + kExcessAcc;
+    o.clamp_count = policy_ == OverflowPolicy::drop;
+    if (m_ > 0 && n_ > 0) {
+      if (layout_.tile == 128) {
+        launch_twell<T, 128>(g, o, stream, kWhere);
+      } else {
+        launch_twell<T, 256>(g, o, stream, kWhere);
+      }
+    }
+    const bool route = policy_ == OverflowPolicy::hybrid;
+    rank_overflow_rows_kernel<<<1, 1024, 0, stream>>>(flags_.data(), m_, route, overflow_.rows(),
+                                                      row_to_overflow_.data(), overflow_to_row_.data(), status);
+    ::twell::detail::check_launch(kWhere);
+    path_ = layout_.tile == 128 ? "fused_mma_sync_tile128" : "fused_mma_sync_tile256";
+    if (route && overflow_.rows() > 0 && n_ > 0) {
+      // Launched for the whole block; CTAs past the device-side R return at once.
+      GemmArgs r = make_args<T>(x, overflow_to_row_.data(), overflow_.rows(), w, act_);
+      r.m_limit = status + kFlaggedRows;
+      launch_dense<T>(r, overflow_.view().data, n_, stream, kWhere);
+    }
+  }
+  state_ = State::queued;
+}
+
+template <Value T>
+OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
+  constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan::sync_overflow_count";
+  require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument, kWhere,
+          "nothing to count: call run() first");
+  if (state_ == State::synced) return count_;
+  if (!ran_fused_) {
+    state_ = State::synced;
+    return count_;
+  }
+  const auto stream = static_cast<cudaStream_t>(stream_.handle);
+  std::uint64_t words[kStatusWords - kFlaggedRows] = {};
+  ::twell::detail::check_cuda(
+      cudaMemcpyAsync(words, status_.data() + kFlaggedRows, sizeof words, cudaMemcpyDeviceToHost, stream), kWhere);
+  ::twell::detail::check_cuda(cudaStreamSynchronize(stream), kWhere);
+  const auto flagged = static_cast<std::int64_t>(words[kFlaggedRows - kFlaggedRows]);
+  const auto first_row = static_cast<std::int64_t>(words[kFirstRowPlus1 - kFlaggedRows]) - 1;
+  const auto stored = static_cast<std::int64_t>(words[kStored - kFlaggedRows]);
+  const auto excess = static_cast<std::int64_t>(words[kExcess - kFlaggedRows]);
+
+  if (policy_ == OverflowPolicy::error && flagged > 0) {
+    state_ = State::idle;
+    const std::int64_t width = twell_.packed_width();
+    std::vector<std::uint32_t> packed(static_cast<std::size_t>(width));
+    ::twell::detail::check_cuda(cudaMemcpy(packed.data(), twell_.packed().data() + first_row * width,
+                                           packed.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost),
+                                kWhere);
+    std::int64_t t = 0;
+    while (t + 1 < layout_.tiles(n_) && !layout_.overflows(packed[static_cast<std::size_t>(t * layout_.slots())])) ++t;
+    fail(ErrorCode::overflow, kWhere, "row ", first_row, ", tile ", t, " has ",
+         packed[static_cast<std::size_t>(t * layout_.slots())], " nonzeros but TwELL(tile ", layout_.tile, ", C ",
+         layout_.compression, ") holds ", layout_.capacity(), " per (row, tile); ", flagged,
+         " rows overflow (use OverflowPolicy::hybrid or drop)");
+  }
+  const bool drop = policy_ == OverflowPolicy::drop;
+  count_.nnz = drop ? stored - excess : stored;
+  count_.dropped = drop ? excess : 0;
+  if (policy_ == OverflowPolicy::hybrid) {
+    count_.rows = flagged;
+    const std::int64_t capacity = overflow_.rows();
+    if (flagged > 0) path_ += "+overflow:mma_sync_dense";
+    if (flagged > capacity) {
+      count_.exceeded_capacity = true;
+      count_.second_pass = true;
+      const std::int64_t grown = std::max(flagged, 2 * capacity);
+      DenseMatrix<T> block(grown, n_, MemorySpace::device);
+      Buffer<std::int32_t> map(static_cast<std::size_t>(grown), MemorySpace::device);
+      if (capacity > 0) {
+        ::twell::detail::check_cuda(cudaMemcpyAsync(block.view().data, overflow_.view().data,
+                                                    static_cast<std::size_t>(capacity * n_) * sizeof(T),
+                                                    cudaMemcpyDeviceToDevice, stream),
+                                    kWhere);
+        // The old block is freed below; its copy must have landed first.
+        ::twell::detail::check_cuda(cudaStreamSynchronize(stream), kWhere);
+      }
+      invert_overflow_map_kernel<<<static_cast<unsigned>((m_ + 255) / 256), 256, 0, stream>>>(row_to_overflow_.data(),
+                                                                                            m_, map.data());
+      ::twell::detail::check_launch(kWhere);
+      const DenseView<T> rest{block.view().data + capacity * n_, flagged - capacity, n_, n_, MemorySpace::device};
+      path_ += "+second_pass:" +
+               detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);
+      overflow_ = std::move(block);
+      overflow_to_row_ = std::move(map);
+    }
+  }
+  state_ = State::synced;
+  return count_;
+}
+
+template <Value T>
+HybridView<const T> GemmToSparsePlan<T>::result() const {
+  require(state_ == State::synced, ErrorCode::invalid_argument, "twell::cuda::GemmToSparsePlan::result",
+          "the result is valid from sync_overflow_count() until the next run()");
+  if (!ran_fused_) return generic_.view();
+  HybridView<const T> v;
+  v.twell = twell_.view();
+  v.overflow = overflow_.view();
+  v.overflow.rows = count_.rows;
+  v.row_to_overflow = row_to_overflow_.data();
+  v.overflow_to_row = overflow_to_row_.data();
+  return v;
+}
+
+template <Value T>
+HybridMatrix<T> GemmToSparsePlan<T>::take_result() && {
+  require(state_ == State::synced, ErrorCode::invalid_argument, "twell::cuda::GemmToSparsePlan::take_result",
+          "the result is valid from sync_overflow_count() until the next run()");
+  state_ = State::taken;
+  if (!ran_fused_) return std::move(generic_);
+  HybridMatrix<T> out;
+  out.twell() = std::move(twell_);
+  out.row_to_overflow() = std::move(row_to_overflow_);
+  const std::int64_t r = count_.rows;
+  if (overflow_.rows() == r) {
+    out.overflow() = std::move(overflow_);
+    out.overflow_to_row() = std::move(overflow_to_row_);
+    return out;
+  }
+  // A block larger than R: copy its first R rows into an exact one.
+  const auto stream = static_cast<cudaStream_t>(stream_.handle);
+  DenseMatrix<T> block(r, n_, MemorySpace::device);
+  Buffer<std::int32_t> map(static_cast<std::size_t>(r), MemorySpace::device);
+  if (r > 0) {
+    constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan::take_result";
+    ::twell::detail::check_cuda(cudaMemcpyAsync(block.view().data, overflow_.view().data,
+                                                static_cast<std::size_t>(r * n_) * sizeof(T), cudaMemcpyDeviceToDevice,
+                                                stream),
+                                kWhere);
+    ::twell::detail::check_cuda(cudaMemcpyAsync(map.data(), overflow_to_row_.data(), map.bytes(),
+                                                cudaMemcpyDeviceToDevice, stream),
+                                kWhere);
+    ::twell::detail::check_cuda(cudaStreamSynchronize(stream), kWhere);
+  }
+  out.overflow() = std::move(block);
+  out.overflow_to_row() = std::move(map);
+  return out;
+}
+
+template <Value T>
+const std::uint64_t* GemmToSparsePlan<T>::device_overflow_count() const {
+  return status_.data() == nullptr ? nullptr : status_.data() + kFlaggedRows;
+}
+
+// The allocating form: a plan with an empty overflow block, so that the block is allocated once
+// R is known and with exactly R rows (the plan's second pass computes them).
+template <Value T>
 HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, ActivationSpec act, TwellLayout layout,
                                const ConvertOptions& convert, const KernelOptions& options) {
   constexpr const char* kWhere = "twell::cuda::gemm_to_sparse";
   check_operands<T>(x, w, act, kWhere);
   check_layout(layout, kWhere);
-  require(convert.overflow == OverflowPolicy::error || convert.overflow == OverflowPolicy::hybrid ||
-              convert.overflow == OverflowPolicy::drop,
-          ErrorCode::invalid_argument, kWhere, "convert.overflow ", static_cast<int>(convert.overflow), " is unknown");
-  if constexpr (ValueTraits<T>::packs_in_slot) {
-    const int need = layout.tile == 128 ? smem_bytes<128>() : smem_bytes<256>();
-    if ((layout.tile == 128 || layout.tile == 256) && tensor_core_ok<T>(x, w) && need <= smem_optin(kWhere))
-      return fused_path<T>(x, w, act, layout, convert, options, kWhere);
+  check_policy(convert.overflow, kWhere);
+  GemmToSparsePlan<T> plan(x.rows, x.cols, w.cols, act, layout, 0, convert.overflow, options.stream);
+  plan.run(x, w);
+  const OverflowCount count = plan.sync_overflow_count();
+  if (convert.report != nullptr) {
+    convert.report->nnz = count.nnz;
+    convert.report->dropped = count.dropped;
+    convert.report->overflow_rows = count.rows;
   }
-  return generic_path<T>(x, w, act, layout, convert, options, kWhere);
+  if (options.report != nullptr) options.report->path = plan.path();
+  return std::move(plan).take_result();
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                       \
+  template class GemmToSparsePlan<T>;                                                                              \
   template HybridMatrix<T> gemm_to_sparse<T>(DenseView<const T>, DenseView<const T>, ActivationSpec, TwellLayout,  \
                                              const ConvertOptions&, const KernelOptions&);                         \
   template std::string detail::gemm_activate_dense<T>(DenseView<const T>, const std::int32_t*, std::int64_t,       \

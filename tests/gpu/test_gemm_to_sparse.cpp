@@ -2,18 +2,24 @@
 // fused (tile 128/256) and generic paths, ragged shapes, densities 0.3 % to ~50 %, token-skewed
 // overflow-heavy rows, every activation with and without threshold, all overflow policies.
 // Entries may differ in being stored only where the fp32 product sits within accumulation
-// rounding of the threshold; those are counted and bounded.
+// rounding of the threshold; those are counted and bounded. GemmToSparsePlan: bitwise equal to
+// the free function, outputs poisoned before each run, the capacity-exceeded second pass,
+// repeated runs.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include <Eigen/Dense>
+#include <cuda_runtime.h>
 
 #include <twell/converters/backends.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/gemm_to_sparse_plan.hpp>
 #include <twell/workload.hpp>
 
 #include "random.hpp"
@@ -321,4 +327,267 @@ TEST_CASE("gemm_to_sparse rejects bad input") {
   CHECK(code([&] {
           (void)cuda::gemm_to_sparse<bf16>(x.view(), wk.view(), {Activation::relu, -1.0f}, TwellLayout{}, {});
         }) == ErrorCode::invalid_argument);
+}
+
+namespace {
+
+void cuda_ok(cudaError_t e) { REQUIRE_MESSAGE(e == cudaSuccess, cudaGetErrorString(e)); }
+
+template <class U>
+void copy_down(U* dst, const U* src, std::int64_t n) {
+  if (n > 0) cuda_ok(cudaMemcpy(dst, src, static_cast<std::size_t>(n) * sizeof(U), cudaMemcpyDeviceToHost));
+}
+
+// A host copy of a device Hybrid view, bit for bit (the overflow view's R rows only).
+template <class T>
+HybridMatrix<T> to_host(HybridView<const T> v) {
+  const std::int64_t m = v.rows(), n = v.cols(), r = v.overflow_rows(), width = v.twell.packed_width();
+  HybridMatrix<T> h(m, n, v.twell.layout, r, MemorySpace::host);
+  copy_down(h.twell().packed().data(), v.twell.packed, m * width);
+  if (v.twell.value_plane != nullptr) copy_down(h.twell().value_plane().data(), v.twell.value_plane, m * width);
+  for (std::int64_t i = 0; i < r; ++i) copy_down(h.overflow().view().data + i * n, v.overflow.data + i * v.overflow.ld, n);
+  copy_down(h.row_to_overflow().data(), v.row_to_overflow, m);
+  copy_down(h.overflow_to_row().data(), v.overflow_to_row, r);
+  return h;
+}
+
+template <class U>
+bool same_bits(const Buffer<U>& a, const Buffer<U>& b) {
+  return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+}
+
+template <class T>
+void check_bitwise_equal(const HybridMatrix<T>& a, const HybridMatrix<T>& b) {
+  REQUIRE(a.rows() == b.rows());
+  REQUIRE(a.cols() == b.cols());
+  REQUIRE(a.overflow_rows() == b.overflow_rows());
+  CHECK(same_bits(a.twell().packed(), b.twell().packed()));
+  CHECK(same_bits(a.twell().value_plane(), b.twell().value_plane()));
+  CHECK(same_bits(a.overflow().values(), b.overflow().values()));
+  CHECK(same_bits(a.row_to_overflow(), b.row_to_overflow()));
+  CHECK(same_bits(a.overflow_to_row(), b.overflow_to_row()));
+}
+
+// 0xFF over every output word the plan owns (the whole overflow block, not just its R rows), so
+// a slot the next run fails to write shows. The result's pointers are the plan's storage.
+template <class T>
+void poison(const cuda::GemmToSparsePlan<T>& plan) {
+  const HybridView<const T> v = plan.result();
+  const std::int64_t m = v.rows(), width = v.twell.packed_width(), cap = plan.overflow_capacity();
+  auto bytes = [](std::int64_t count, std::size_t size) { return static_cast<std::size_t>(count) * size; };
+  auto wipe = [](const void* p, std::size_t b) {
+    if (b != 0) cuda_ok(cudaMemset(const_cast<void*>(p), 0xFF, b));
+  };
+  wipe(v.twell.packed, bytes(m * width, sizeof(std::uint32_t)));
+  if (v.twell.value_plane != nullptr) wipe(v.twell.value_plane, bytes(m * width, sizeof(T)));
+  if (plan.fused()) {
+    wipe(v.overflow.data, bytes(cap * v.cols(), sizeof(T)));
+    wipe(v.overflow_to_row, bytes(cap, sizeof(std::int32_t)));
+  }
+  wipe(v.row_to_overflow, bytes(m, sizeof(std::int32_t)));
+  cuda_ok(cudaDeviceSynchronize());
+}
+
+// The plan against the free function on the same device operands: a first run on other data
+// (state left behind must not leak), then two poisoned runs on x; both bitwise equal to the free
+// function's result, and the counts agree with its report.
+template <class T>
+void check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x_other, ActivationSpec act,
+                TwellLayout layout, OverflowPolicy policy, std::int64_t capacity, bool expect_fused) {
+  CAPTURE(layout.tile);
+  CAPTURE(layout.compression);
+  CAPTURE(static_cast<int>(policy));
+  CAPTURE(capacity);
+  ConvertOptions conv;
+  conv.overflow = policy;
+  ConvertReport report;
+  conv.report = &report;
+  const HybridMatrix<T> expect = cuda::gemm_to_sparse<T>(x, w, act, layout, conv).to(MemorySpace::host);
+  cuda::GemmToSparsePlan<T> plan(x.rows, x.cols, w.cols, act, layout, capacity, policy);
+  CHECK(plan.fused() == expect_fused);
+  plan.run(x_other, w);
+  (void)plan.sync_overflow_count();
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    poison(plan);
+    const std::int64_t cap_before = plan.overflow_capacity();
+    plan.run(x, w);
+    CHECK_THROWS_AS((void)plan.result(), Error);  // not before the count is synced
+    const cuda::OverflowCount c = plan.sync_overflow_count();
+    CAPTURE(plan.path());
+    CHECK(c.rows == expect.overflow_rows());
+    CHECK(c.nnz == report.nnz);
+    CHECK(c.dropped == report.dropped);
+    if (plan.fused()) {
+      CHECK(c.exceeded_capacity == (c.rows > cap_before));
+      CHECK(c.second_pass == c.exceeded_capacity);
+      CHECK(plan.overflow_capacity() >= c.rows);
+      CHECK(plan.overflow_capacity() == (c.exceeded_capacity ? std::max(c.rows, 2 * cap_before) : cap_before));
+    }
+    const HybridMatrix<T> got = to_host(plan.result());
+    check_bitwise_equal(got, expect);
+    if (policy == OverflowPolicy::hybrid) (void)decode_checked(got);
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: random dense inputs, poisoned outputs", T, bf16,
+                   fp16) {
+  struct Shape {
+    std::int64_t m, k, n;
+    std::int32_t tile;
+  };
+  for (const Shape s : {Shape{77, 96, 328, 256}, Shape{130, 40, 256, 128}, Shape{1, 8, 8, 256},
+                        Shape{300, 264, 520, 128}, Shape{600, 64, 512, 256}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(s.m);
+    CAPTURE(s.k);
+    CAPTURE(s.n);
+    const auto c = random_case<T>(s.m, s.k, s.n, seed);
+    const auto other = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 2).to(MemorySpace::device);
+    const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+    const auto cap = cuda::GemmToSparsePlan<T>::kDefaultCapacity;
+    for (const ActivationSpec act : {kActs[0], kActs[2]}) {
+      CAPTURE(static_cast<int>(act.kind));
+      // C = 2: few rows overflow, inside the default block; C = 8: most rows overflow, past it.
+      check_plan<T>(xd.view(), wd.view(), other.view(), act, TwellLayout{s.tile, 2}, OverflowPolicy::hybrid, cap,
+                    true);
+      check_plan<T>(xd.view(), wd.view(), other.view(), act, TwellLayout{s.tile, 8}, OverflowPolicy::hybrid, cap,
+                    true);
+      check_plan<T>(xd.view(), wd.view(), other.view(), act, TwellLayout{s.tile, 8}, OverflowPolicy::hybrid, s.m,
+                    true);
+      check_plan<T>(xd.view(), wd.view(), other.view(), act, TwellLayout{s.tile, 8}, OverflowPolicy::drop, cap, true);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: workload patterns, 0.3 % to 20 %", T, bf16, fp16) {
+  struct Setting {
+    std::int64_t m, k, n;
+    double density;
+    workload::Distribution d;
+  };
+  for (const Setting s : {Setting{512, 2048, 5632, 0.005, workload::Distribution::token_skewed},
+                          Setting{512, 2048, 5632, 0.003, workload::Distribution::uniform},
+                          Setting{384, 512, 1408, 0.05, workload::Distribution::token_skewed},
+                          Setting{256, 256, 1024, 0.2, workload::Distribution::neuron_skewed}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(s.density);
+    const auto c = workload_case<T>(s.m, s.k, s.n, s.density, s.d, seed);
+    const auto other = workload_case<T>(s.m, s.k, s.n, s.density, s.d, seed + 5);
+    const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+    const auto od = other.x.to(MemorySpace::device);
+    for (const std::int32_t tile : {256, 128}) {
+      CAPTURE(tile);
+      for (const std::int32_t compression : {8, 16}) {
+        check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
+                      OverflowPolicy::hybrid, cuda::GemmToSparsePlan<T>::kDefaultCapacity, true);
+        check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
+                      OverflowPolicy::hybrid, 4, true);
+      }
+      check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, 16}, OverflowPolicy::drop, 4, true);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("GemmToSparsePlan on the generic path equals gemm_to_sparse bitwise", T, bf16, fp16, float) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto ragged = random_case<T>(77, 96, 300, seed);  // N % 8 != 0
+  const auto other = testing::random_dense<T>(77, 96, 1.0f, seed + 3).to(MemorySpace::device);
+  const auto xd = ragged.x.to(MemorySpace::device), wd = ragged.w.to(MemorySpace::device);
+  check_plan<T>(xd.view(), wd.view(), other.view(), kActs[0], TwellLayout{256, 8}, OverflowPolicy::hybrid, 16, false);
+  check_plan<T>(xd.view(), wd.view(), other.view(), kActs[1], TwellLayout{64, 4}, OverflowPolicy::drop, 16, false);
+}
+
+TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows completed by the second pass", T, bf16, fp16) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto c = workload_case<T>(1024, 512, 1408, 0.05, workload::Distribution::token_skewed, seed);
+  const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+  const TwellLayout layout{256, 16};  // 15 slots per (row, tile): token-skewed rows overflow
+  ConvertOptions conv;
+  conv.overflow = OverflowPolicy::hybrid;
+  const HybridMatrix<T> expect = cuda::gemm_to_sparse<T>(xd.view(), wd.view(), {}, layout, conv).to(MemorySpace::host);
+  REQUIRE(expect.overflow_rows() > 8);  // the workload must produce many overflow rows
+  // Checked against the CPU reference too, not only against the free function.
+  const HybridMatrix<T> ref = reference::gemm_to_sparse<T>(c.x.view(), c.w.view(), {}, layout, conv);
+
+  cuda::GemmToSparsePlan<T> plan(1024, 512, 1408, {}, layout, 1, OverflowPolicy::hybrid);
+  CHECK(plan.overflow_capacity() == 1);
+  plan.run(xd.view(), wd.view());
+  CHECK(plan.device_overflow_count() != nullptr);
+  const cuda::OverflowCount first = plan.sync_overflow_count();
+  CHECK(first.rows == expect.overflow_rows());
+  CHECK(first.exceeded_capacity);
+  CHECK(first.second_pass);
+  CAPTURE(plan.path());
+  CHECK(plan.path().find("+second_pass:") != std::string::npos);
+  CHECK(plan.overflow_capacity() == first.rows);  // max(R, 2 * 1)
+  const HybridMatrix<T> got = to_host(plan.result());
+  check_bitwise_equal(got, expect);
+  const MatrixF xf = to_eigen<T>(c.x.view()), wf = to_eigen<T>(c.w.view());
+  const Outcome o = compare<T>(decode_checked(ref), decode_checked(got), xf * wf, xf.cwiseAbs() * wf.cwiseAbs(), {});
+  CHECK(o.wrong == 0);
+  CHECK(o.ambiguous <= 2 + o.stored / 1000);
+
+  // The grown block now holds every overflow row: a second run needs no second pass.
+  poison(plan);
+  plan.run(xd.view(), wd.view());
+  const cuda::OverflowCount again = plan.sync_overflow_count();
+  CHECK(again.rows == first.rows);
+  CHECK_FALSE(again.exceeded_capacity);
+  CHECK_FALSE(again.second_pass);
+  check_bitwise_equal(to_host(plan.result()), expect);
+
+  // take_result moves the storage out, trimmed to R rows, and retires the plan.
+  const HybridMatrix<T> taken = std::move(plan).take_result().to(MemorySpace::host);
+  check_bitwise_equal(taken, expect);
+}
+
+TEST_CASE("GemmToSparsePlan: error policy, misuse and bad input") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  auto c = random_case<bf16>(200, 64, 512, seed);
+  auto xv = c.x.view();
+  for (std::int64_t i = 0; i < 200; ++i)
+    for (std::int64_t k = 0; k < 64; ++k) xv.at(i, k) = from_float<bf16>(i == 150 ? 1.0f : 0.0f);
+  auto wv = c.w.view();
+  for (std::int64_t k = 0; k < 64; ++k)
+    for (std::int64_t j = 0; j < 512; ++j) wv.at(k, j) = from_float<bf16>(j >= 256 ? 0.25f : -0.25f);
+  const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+  cuda::GemmToSparsePlan<bf16> plan(200, 64, 512, {}, TwellLayout{256, 8}, 16, OverflowPolicy::error);
+  CHECK_THROWS_AS((void)plan.sync_overflow_count(), Error);  // nothing ran yet
+  plan.run(xd.view(), wd.view());
+  try {
+    (void)plan.sync_overflow_count();
+    FAIL("no overflow reported");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::overflow);
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(what.find("row 150, tile 1 has 256") != std::string::npos);
+  }
+  CHECK_THROWS_AS((void)plan.result(), Error);  // a failed count leaves no result
+
+  auto code = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return ErrorCode::io;
+  };
+  const auto x_small = testing::random_dense<bf16>(100, 64, 1.0f, seed + 1).to(MemorySpace::device);
+  CHECK(code([&] { plan.run(x_small.view(), wd.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code([&] { plan.run(c.x.view(), wd.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {}, TwellLayout{256, 3}); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {}, TwellLayout{}, -5); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {Activation::relu, -1.0f}, TwellLayout{}); }) ==
+        ErrorCode::invalid_argument);
 }

@@ -1,0 +1,121 @@
+// twell::cuda::GemmToSparsePlan: gemm_to_sparse bound to one shape and layout, owning its output
+// and workspace, so that the hot path allocates nothing and does not wait for the device
+// (docs/gemm_to_sparse.md, "The plan"). Host-includable: no CUDA headers. Available when
+// TWELL_HAS_CUDA.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <twell/converters/options.hpp>
+#include <twell/formats/dense.hpp>
+#include <twell/formats/hybrid.hpp>
+#include <twell/formats/layout.hpp>
+#include <twell/kernels/options.hpp>
+#include <twell/memory.hpp>
+
+namespace twell::cuda {
+
+// What sync_overflow_count() found for the latest run().
+struct OverflowCount {
+  std::int64_t rows = 0;           // R: rows in the overflow block (0 unless the policy is hybrid)
+  bool exceeded_capacity = false;  // R was larger than the block the run had
+  bool second_pass = false;        // so the block was grown and rows capacity .. R-1 computed now
+  std::int64_t nnz = 0;            // entries stored (drop: after dropping)
+  std::int64_t dropped = 0;        // entries removed by OverflowPolicy::drop
+};
+
+// Y = act(X W) as a Hybrid of `layout`, X: M x K, W: K x N, all device-resident.
+//
+// Storage, allocated once by the constructor: the TwELL part (M x packed width), an overflow
+// block of `overflow_capacity` dense rows, both row maps, per-row flags, a 64-bit device status
+// (overflow row count R, first overflowed row, nnz and excess totals).
+//
+// run(x, w) queues on the plan's stream, allocating nothing and never waiting for the device:
+// the fused GEMM with the TwELL epilogue (which flags rows with an overflowed tile), one kernel
+// that ranks the flagged rows in increasing row order into row_to_overflow / overflow_to_row
+// and the device count R, and (hybrid policy) the dense recompute of overflow rows 0 ..
+// min(R, capacity)-1 into the block. Then:
+//   - in stream order after run(): the TwELL part and row_to_overflow are final, and so are
+//     overflow rows r < min(R, capacity) and overflow_to_row[r]; device_overflow_count() holds R.
+//   - R on the host is known only after sync_overflow_count() (one 32-byte copy + a stream sync).
+//     If R > capacity (hybrid), that call grows the block and the map to max(R, 2 * capacity)
+//     rows (an allocation, off the hot path) and computes rows capacity .. R-1 by a second pass,
+//     and says so; the grown block stays for later runs. Under OverflowPolicy::error it throws
+//     ErrorCode::overflow naming the first overflowed row and tile; under drop, R is 0 and slot 0
+//     holds min(count, S-1).
+//   - result() is valid only between sync_overflow_count() and the next run(); it throws
+//     ErrorCode::invalid_argument otherwise. Its overflow view has exactly R rows.
+// x and w must stay alive and unchanged from run() until sync_overflow_count() returns (the
+// second pass reads them). run() while a previous result is still read by queued work on another
+// stream is the caller's race to avoid, as with any output buffer.
+//
+// Paths: the fused kernel needs a 16-bit T, layout.tile 128 or 256, K and N multiples of 8 and
+// (checked at each run) 16-byte aligned x, w and leading dimensions multiple of 8. Otherwise
+// run() takes the generic path (dense GEMM into a temporary, then the converter): it allocates
+// and synchronises inside run(), which then also throws the overflow error; fused() and path()
+// say which ran. The calling sequence and validity rules are the same on both paths.
+// Deterministic: same inputs, same bits, on either path.
+template <Value T>
+class GemmToSparsePlan {
+ public:
+  static constexpr std::int64_t kDefaultCapacity = -1;  // max(64, M / 64) rows
+  static std::int64_t default_capacity(std::int64_t m) { return m / 64 > 64 ? m / 64 : 64; }
+
+  GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64_t n, ActivationSpec act, TwellLayout layout,
+                   std::int64_t overflow_capacity = kDefaultCapacity, OverflowPolicy policy = OverflowPolicy::hybrid,
+                   Stream stream = {});
+  GemmToSparsePlan(const GemmToSparsePlan&) = delete;
+  GemmToSparsePlan& operator=(const GemmToSparsePlan&) = delete;
+  GemmToSparsePlan(GemmToSparsePlan&&) noexcept = default;
+  GemmToSparsePlan& operator=(GemmToSparsePlan&&) noexcept = default;
+  ~GemmToSparsePlan() = default;
+
+  void run(DenseView<const T> x, DenseView<const T> w);
+  OverflowCount sync_overflow_count();
+  HybridView<const T> result() const;
+  // The result as an owning matrix (overflow block trimmed to R rows); valid where result() is,
+  // and leaves the plan empty (run() then throws).
+  HybridMatrix<T> take_result() &&;
+
+  // R of the latest run, on the device, in stream order after run() (64-bit).
+  const std::uint64_t* device_overflow_count() const;
+  // Rows of the preallocated block: min(M, the requested capacity), grown by a second pass; 0
+  // for the error and drop policies and for plans without the fused path.
+  std::int64_t overflow_capacity() const { return overflow_.rows(); }
+  bool fused() const { return fused_; }        // the fused kernel serves aligned operands
+  const std::string& path() const { return path_; }  // the path of the latest run (+ second pass)
+  std::int64_t rows() const { return m_; }
+  std::int64_t cols() const { return n_; }
+  const TwellLayout& layout() const { return layout_; }
+  Stream stream() const { return stream_; }
+
+ private:
+  enum class State : std::uint8_t { idle, queued, synced, taken };
+
+  void run_generic();
+
+  std::int64_t m_ = 0, k_ = 0, n_ = 0;
+  ActivationSpec act_{};
+  TwellLayout layout_{};
+  OverflowPolicy policy_ = OverflowPolicy::hybrid;
+  Stream stream_{};
+  bool fused_ = false;
+
+  TwellMatrix<T> twell_;
+  DenseMatrix<T> overflow_;               // capacity x N
+  Buffer<std::int32_t> row_to_overflow_;  // M
+  Buffer<std::int32_t> overflow_to_row_;  // capacity
+  Buffer<std::int32_t> flags_;            // M, zero between runs (the ranking kernel clears them)
+  Buffer<std::uint64_t> status_;          // stored/excess accumulators, then R, first row + 1, nnz, excess
+
+  // The latest run's operands (for the second pass) and outcome.
+  DenseView<const T> x_{}, w_{};
+  bool ran_fused_ = false;
+  HybridMatrix<T> generic_;  // the generic path's result
+  OverflowCount count_{};
+  std::string path_;
+  State state_ = State::idle;
+};
+
+}  // namespace twell::cuda
