@@ -1,6 +1,9 @@
 // convert suite: dense M x 5632 activations -> TwELL / Hybrid on the device, against a plain
 // device copy of the dense matrix (the bandwidth ceiling of a pass over it) and cuSPARSE's
-// DenseToSparse into CSR.
+// DenseToSparse into CSR. dense->twell and dense->hybrid allocate their result (owning API);
+// dense->twell_into writes a preallocated TwELL (the hot path), with the overflow check, and
+// dense->twell_into_async without it (the kernel alone). GB/s: dense bytes read plus packed
+// bytes written.
 #include <cuda_runtime.h>
 
 #include <twell/bench/features.hpp>
@@ -64,10 +67,40 @@ void run_convert(Harness& h, Report& report) {
       // Plain TwELL only where nothing overflows: the error policy would throw otherwise.
       Case tw = base;
       tw.variant = "dense->twell";
+      Case into = base;
+      into.variant = "dense->twell_into";
+      Case into_async = base;
+      into_async.variant = "dense->twell_into_async";
       if (overflow_rows > 0) {
-        tw.status = "skipped: " + std::to_string(overflow_rows) + " rows overflow this layout (see dense->hybrid)";
-        report.cases.push_back(tw);
+        for (Case* c : {&tw, &into, &into_async}) {
+          c->status = "skipped: " + std::to_string(overflow_rows) + " rows overflow this layout (see dense->hybrid)";
+          report.cases.push_back(*c);
+        }
       } else {
+        // The hot path: a TwELL allocated once, outside the timing, written whole by every run.
+        TwellMatrix<T> dst(m, units, layout, MemorySpace::device);
+        const double twell_bytes = static_cast<double>(dst.packed().bytes());
+        detail::run_case(report, into, [&](Case& x) {
+          ConvertOptions o;
+          o.stream = h.stream();
+          x.timing = h.time([&] { cuda::dense_to_twell_into<T>(a, dst.view(), o); });
+          x.bytes = dense_bytes + twell_bytes;
+          x.extra["tile"] = layout.tile;
+          x.extra["C"] = layout.compression;
+          x.extra["includes"] = "overflow check (error policy): counters, one 24-byte read back and a stream sync";
+        });
+        // Nothing overflows this layout, so drop writes what error writes; without a report
+        // nothing is read back and the host never waits: the kernel alone.
+        detail::run_case(report, into_async, [&](Case& x) {
+          ConvertOptions o;
+          o.stream = h.stream();
+          o.overflow = OverflowPolicy::drop;
+          x.timing = h.time([&] { cuda::dense_to_twell_into<T>(a, dst.view(), o); });
+          x.bytes = dense_bytes + twell_bytes;
+          x.extra["tile"] = layout.tile;
+          x.extra["C"] = layout.compression;
+          x.extra["includes"] = "the packing kernel only (drop policy, no report: no read back, no sync)";
+        });
         detail::run_case(report, tw, [&](Case& x) {
           ConvertOptions o;
           o.stream = h.stream();
@@ -80,7 +113,7 @@ void run_convert(Harness& h, Report& report) {
         });
       }
 #else
-      for (const char* v : {"dense->hybrid", "dense->twell"}) {
+      for (const char* v : {"dense->hybrid", "dense->twell", "dense->twell_into", "dense->twell_into_async"}) {
         Case c = base;
         c.variant = v;
         detail::not_built(report, c, "converters/cuda/*.cu are not in this build");
@@ -112,7 +145,9 @@ void run_convert(Harness& h, Report& report) {
     if (c.suite != "convert" || c.status != "ok" || h.copy_gbps() <= 0) continue;
     c.extra["percent_of_copy_bandwidth"] = 100.0 * c.gbps() / h.copy_gbps();
   }
-  detail::link_baselines(report, "convert", {"dense->hybrid", "dense->twell"}, {"cusparse_dense_to_csr", "copy"});
+  detail::link_baselines(report, "convert",
+                         {"dense->hybrid", "dense->twell", "dense->twell_into", "dense->twell_into_async"},
+                         {"cusparse_dense_to_csr", "copy"});
 }
 
 }  // namespace twell::bench

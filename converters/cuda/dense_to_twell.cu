@@ -1,17 +1,47 @@
 // cuda dense -> twell: the performance path, one pass of dense_to_twell_kernel (twell_pack.cuh).
+// dense_to_twell is an allocation (not zero-filled: the kernel writes every slot) plus
+// dense_to_twell_into.
+#include <twell/converters/destination.hpp>
 #include <twell/instantiate.hpp>
 
 #include "twell_pack.cuh"
 
 namespace twell::cuda {
+namespace {
+
+template <class T>
+void convert_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& options, const char* where) {
+  detail::require_device(src.space, where);
+  twell::detail::check_twell_destination(src, dst, MemorySpace::device, where);
+  detail::check_threshold(options, where);
+  detail::require_twell_policy(options, where);
+  detail::pack_twell_into<T>(dst, options, where, [&](TwellView<T> out, detail::OverflowTarget target) {
+    detail::launch_dense_to_twell(src, out, options.threshold, target, detail::stream_of(options), where);
+  });
+}
+
+}  // namespace
 
 template <Value T>
 TwellMatrix<T> dense_to_twell(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::dense_to_twell";
-  return detail::dense_to_twell_as(src, layout, options, where);
+  detail::require_device(src.space, where);
+  detail::check_threshold(options, where);
+  check_layout(layout, where);
+  detail::require_twell_policy(options, where);
+  TwellMatrix<T> out(src.rows, src.cols, layout, MemorySpace::device, Uninitialized{});
+  convert_into(src, out.view(), options, where);
+  return out;
 }
 
-#define TWELL_INSTANTIATE(T) template TwellMatrix<T> dense_to_twell<T>(DenseView<const T>, TwellLayout, const ConvertOptions&);
+template <Value T>
+void dense_to_twell_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& options) {
+  convert_into(src, dst, options, "twell::cuda::dense_to_twell_into");
+}
+
+#define TWELL_INSTANTIATE(T)                                                                         \
+  template TwellMatrix<T> dense_to_twell<T>(DenseView<const T>, TwellLayout, const ConvertOptions&); \
+  template void dense_to_twell_into<T>(DenseView<const T>, TwellView<T>, const ConvertOptions&);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE
 

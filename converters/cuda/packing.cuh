@@ -15,7 +15,8 @@
 namespace twell::cuda::detail {
 
 // Where an overflowed (row, tile) goes: its key into first_overflow (error), its surplus into
-// dropped (drop), or a flag on its row (hybrid).
+// dropped (drop), or a flag on its row (hybrid). counters is null under drop when nothing is read
+// back (no report): kernels then skip every counter update, and the host never waits.
 struct OverflowTarget {
   OverflowPolicy policy = OverflowPolicy::error;
   Counters* counters = nullptr;
@@ -90,7 +91,8 @@ __device__ inline int finish_tile(TileSlots<T> slots, int slot_count, int capaci
           atomicMin(&overflow.counters->first_overflow, static_cast<unsigned long long>(key));
           break;
         case OverflowPolicy::drop:
-          atomicAdd(&overflow.counters->dropped, static_cast<unsigned long long>(count - capacity));
+          if (overflow.counters != nullptr)
+            atomicAdd(&overflow.counters->dropped, static_cast<unsigned long long>(count - capacity));
           break;
         case OverflowPolicy::hybrid:
           overflow.row_flags[row] = 1;

@@ -13,56 +13,107 @@
 
 namespace twell::cuda::detail {
 
-// dense -> TwELL, the performance path. A warp owns whole (row, tile) pairs, grid-stride in
-// row-major order, so no two warps touch the same slots and nothing synchronises globally; per
-// chunk of 32 * kPerLane columns a lane owns kPerLane consecutive columns, read with one 16-byte
-// load (kVector) or scalar loads (ragged tail, or kVector false), ranked by ballot-free popc + warp
-// scan in pack_chunk. Preconditions: device operands; kVector needs data and ld * sizeof(T)
-// 16-byte aligned (tile_begin is then aligned too, as tile is a multiple of 8); value_plane is
-// non-null exactly for fp32. Benchmark: bench/ dense -> TwELL conversion driver.
+// Pairs a warp of dense_to_twell_kernel takes at once: their first chunks are all loaded before
+// any is packed, so a lane has kDensePairsPerWarp 16-byte loads in flight instead of one.
+constexpr int kDensePairsPerWarp = 4;
+// Resident blocks per SM the register allocation must allow (at most 80 registers a thread):
+// 24 warps with four 16-byte loads a lane in flight is 48 KB per SM (one load a lane at 40 warps,
+// before, was 20 KB), which covers DRAM latency at full bandwidth.
+constexpr int kDenseMinBlocks = 3;
+
+// Lane's kPerLane consecutive candidates from columns [j0, j0 + kPerLane) of a tile of n columns
+// starting at `in`: one 16-byte streaming load when kVector and the chunk is whole, else scalar
+// loads with zeros past n.
+template <class T, bool kVector, int kPerLane>
+__device__ inline void load_candidates(const T* in, int j0, int n, T (&v)[kPerLane]) {
+  if (kVector && j0 + kPerLane <= n) {
+    const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(in + j0));  // read once: evict first
+    static_assert(sizeof raw == sizeof v);
+    memcpy(&v, &raw, sizeof v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) v[k] = j0 + k < n ? in[j0 + k] : T{};
+  }
+}
+
+template <class T, int kPerLane>
+__device__ inline int pack_candidates(TileSlots<T> slots, int capacity, int count, int j0, int n,
+                                      const T (&v)[kPerLane], float threshold) {
+  std::uint32_t local_col[kPerLane];
+  unsigned stored = 0;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    local_col[k] = static_cast<std::uint32_t>(j0 + k);
+    if (j0 + k < n && is_stored(v[k], threshold)) stored |= 1u << k;
+  }
+  return pack_chunk<T, kPerLane>(slots, capacity, count, stored, v, local_col);
+}
+
+// dense -> TwELL, the performance path. A warp owns groups of kDensePairsPerWarp consecutive
+// (row, tile) pairs in row-major order, grid-stride over groups, so no two warps touch the same
+// slots and nothing synchronises globally. Per chunk of 32 * kPerLane columns a lane owns kPerLane
+// consecutive columns, read with one 16-byte load (kVector) or scalar loads (ragged tail, or
+// kVector false), ranked by popc + warp scan in pack_chunk; the first chunk of every pair of a
+// group is loaded before the group is packed (memory-level parallelism: the kernel is bound by
+// the dense read). Every slot of every pair is written (entries, slot 0, zero padding), so the
+// output needs no zero fill. Preconditions: device operands; kVector needs data and
+// ld * sizeof(T) 16-byte aligned (tile_begin is then aligned too, as tile is a multiple of 8);
+// value_plane is non-null exactly for fp32. Benchmark: bench/suites/convert.cpp.
 template <class T, bool kVector>
-__global__ void __launch_bounds__(kBlockThreads) dense_to_twell_kernel(DenseView<const T> src, TwellLayout layout,
-                                                                       std::int64_t tiles, std::uint32_t* packed,
-                                                                       T* value_plane, float threshold,
-                                                                       OverflowTarget overflow) {
+__global__ void __launch_bounds__(kBlockThreads, kDenseMinBlocks)
+    dense_to_twell_kernel(DenseView<const T> src, TwellLayout layout, std::int64_t tiles, std::uint32_t* packed,
+                          T* value_plane, float threshold, OverflowTarget overflow) {
   constexpr int kPerLane = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunk = kWarpSize * kPerLane;
+  constexpr int kGroup = kDensePairsPerWarp;
   const int lane = lane_id();
+  const int j_lane = lane * kPerLane;
   const int slot_count = layout.slots();
   const int capacity = layout.capacity();
   const std::int64_t pairs = src.rows * tiles;
+  const std::int64_t groups = (pairs + kGroup - 1) / kGroup;
   std::int64_t held = 0;
-  for (std::int64_t p = global_warp(); p < pairs; p += warp_count()) {
-    const std::int64_t row = p / tiles;
-    const std::int64_t t = p - row * tiles;
-    const int n = layout.tile_cols(t, src.cols);
-    const T* in = src.data + row * src.ld + layout.tile_begin(t);
-    const std::int64_t off = layout.slot_offset(row, t, src.cols);
-    const TileSlots<T> slots{packed + off, value_plane != nullptr ? value_plane + off : nullptr};
-    int count = 0;
-    for (int c0 = 0; c0 < n; c0 += kChunk) {
-      const int j0 = c0 + lane * kPerLane;
-      T v[kPerLane];
-      if (kVector && j0 + kPerLane <= n) {
-        const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(in + j0));  // read once: evict first
-        static_assert(sizeof raw == sizeof v);
-        memcpy(&v, &raw, sizeof v);
-      } else {
+  for (std::int64_t g = global_warp(); g < groups; g += warp_count()) {
+    const std::int64_t p0 = g * kGroup;
+    const std::int64_t row0 = p0 / tiles;
+    const std::int64_t t0 = p0 - row0 * tiles;
+    T first[kGroup][kPerLane];
 #pragma unroll
-        for (int k = 0; k < kPerLane; ++k) v[k] = j0 + k < n ? in[j0 + k] : T{};
+    for (int b = 0; b < kGroup; ++b) {
+      std::int64_t row = row0;
+      std::int64_t t = t0 + b;
+      while (t >= tiles) {
+        t -= tiles;
+        ++row;
       }
-      std::uint32_t local_col[kPerLane];
-      unsigned stored = 0;
-#pragma unroll
-      for (int k = 0; k < kPerLane; ++k) {
-        local_col[k] = static_cast<std::uint32_t>(j0 + k);
-        if (j0 + k < n && is_stored(v[k], threshold)) stored |= 1u << k;
-      }
-      count = pack_chunk<T, kPerLane>(slots, capacity, count, stored, v, local_col);
+      if (p0 + b < pairs)
+        load_candidates<T, kVector>(src.data + row * src.ld + layout.tile_begin(t), j_lane,
+                                    layout.tile_cols(t, src.cols), first[b]);
     }
-    held += finish_tile(slots, slot_count, capacity, count, row, p, overflow);
+#pragma unroll
+    for (int b = 0; b < kGroup; ++b) {
+      const std::int64_t p = p0 + b;
+      if (p >= pairs) break;  // warp-uniform
+      std::int64_t row = row0;
+      std::int64_t t = t0 + b;
+      while (t >= tiles) {
+        t -= tiles;
+        ++row;
+      }
+      const int n = layout.tile_cols(t, src.cols);
+      const T* in = src.data + row * src.ld + layout.tile_begin(t);
+      const std::int64_t off = layout.slot_offset(row, t, src.cols);
+      const TileSlots<T> slots{packed + off, value_plane != nullptr ? value_plane + off : nullptr};
+      int count = pack_candidates<T, kPerLane>(slots, capacity, 0, j_lane, n, first[b], threshold);
+      for (int c0 = kChunk; c0 < n; c0 += kChunk) {
+        T v[kPerLane];
+        load_candidates<T, kVector>(in, c0 + j_lane, n, v);
+        count = pack_candidates<T, kPerLane>(slots, capacity, count, c0 + j_lane, n, v, threshold);
+      }
+      held += finish_tile(slots, slot_count, capacity, count, row, p, overflow);
+    }
   }
-  add_count(&overflow.counters->nnz, held);
+  if (overflow.counters != nullptr) add_count(&overflow.counters->nnz, held);
 }
 
 // First index in [0, n) whose column is >= col (n when none).
@@ -115,7 +166,7 @@ __global__ void __launch_bounds__(kBlockThreads) sparse_to_twell_kernel(Rows row
     }
     held += finish_tile(slots, slot_count, capacity, count, row, p, overflow);
   }
-  add_count(&overflow.counters->nnz, held);
+  if (overflow.counters != nullptr) add_count(&overflow.counters->nnz, held);
 }
 
 // A thread owns one row: its overflow rank from the inclusive scan of the flags, both maps.
@@ -139,37 +190,35 @@ static __global__ void __launch_bounds__(kBlockThreads) map_overflow_rows_kernel
   }
 }
 
-// Launches dense -> TwELL into out (allocated, on the device), vectorised when alignment allows.
+// Launches dense -> TwELL into out (on the device, src's shape), vectorised when alignment allows.
 template <class T>
-void launch_dense_to_twell(DenseView<const T> src, TwellMatrix<T>& out, float threshold, const OverflowTarget& overflow,
+void launch_dense_to_twell(DenseView<const T> src, TwellView<T> out, float threshold, const OverflowTarget& overflow,
                            cudaStream_t stream, const char* where) {
-  const TwellLayout layout = out.layout();
+  const TwellLayout layout = out.layout;
   const std::int64_t tiles = layout.tiles(src.cols);
-  const unsigned blocks = blocks_for_warps(src.rows * tiles);
+  const unsigned blocks = blocks_for_warps((src.rows * tiles + kDensePairsPerWarp - 1) / kDensePairsPerWarp);
   if (blocks == 0) return;
-  T* plane = TwellMatrix<T>::kHasValuePlane ? out.value_plane().data() : nullptr;
   const bool aligned = reinterpret_cast<std::uintptr_t>(src.data) % 16 == 0 &&
                        (static_cast<std::uint64_t>(src.ld) * sizeof(T)) % 16 == 0;
   if (aligned) {
-    dense_to_twell_kernel<T, true><<<blocks, kBlockThreads, 0, stream>>>(src, layout, tiles, out.packed().data(), plane,
-                                                                        threshold, overflow);
+    dense_to_twell_kernel<T, true><<<blocks, kBlockThreads, 0, stream>>>(src, layout, tiles, out.packed,
+                                                                        out.value_plane, threshold, overflow);
   } else {
-    dense_to_twell_kernel<T, false><<<blocks, kBlockThreads, 0, stream>>>(src, layout, tiles, out.packed().data(),
-                                                                         plane, threshold, overflow);
+    dense_to_twell_kernel<T, false><<<blocks, kBlockThreads, 0, stream>>>(src, layout, tiles, out.packed,
+                                                                         out.value_plane, threshold, overflow);
   }
   check_launch(where);
 }
 
 template <class T, class Rows>
-void launch_sparse_to_twell(Rows rows, std::int64_t n_rows, std::int64_t cols, TwellMatrix<T>& out, float threshold,
+void launch_sparse_to_twell(Rows rows, std::int64_t n_rows, std::int64_t cols, TwellView<T> out, float threshold,
                             const OverflowTarget& overflow, cudaStream_t stream, const char* where) {
-  const TwellLayout layout = out.layout();
+  const TwellLayout layout = out.layout;
   const std::int64_t tiles = layout.tiles(cols);
   const unsigned blocks = blocks_for_warps(n_rows * tiles);
   if (blocks == 0) return;
-  T* plane = TwellMatrix<T>::kHasValuePlane ? out.value_plane().data() : nullptr;
-  sparse_to_twell_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, n_rows, cols, layout, tiles,
-                                                                       out.packed().data(), plane, threshold, overflow);
+  sparse_to_twell_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, n_rows, cols, layout, tiles, out.packed,
+                                                                       out.value_plane, threshold, overflow);
   check_launch(where);
 }
 
@@ -180,24 +229,23 @@ inline void require_twell_policy(const ConvertOptions& options, const char* wher
           "(twell::to_hybrid / *_to_hybrid), which routes overflowed rows to a dense block");
 }
 
-// After a packing kernel under error / drop: throws on the first overflowed (row, tile), fills
-// the report. Reads back only when something must come back (error policy, or a report).
+// After a packing kernel under error / drop whose counters must come back (error policy, or a
+// report): one read of the counters, then throws on the first overflowed (row, tile) (one more
+// read, for its count) or fills the report.
 template <class T>
-void conclude_twell(const DeviceCounters& counters, const TwellMatrix<T>& out, const ConvertOptions& options,
+void conclude_twell(const DeviceCounters& counters, TwellView<const T> out, const ConvertOptions& options,
                     const char* where) {
-  if (options.overflow != OverflowPolicy::error && options.report == nullptr) return;
   const Counters c = counters.read();
   if (c.first_overflow != kNoOverflow) {
-    const TwellLayout layout = out.layout();
-    const std::int64_t tiles = layout.tiles(out.cols());
+    const TwellLayout layout = out.layout;
+    const std::int64_t tiles = layout.tiles(out.cols);
     const auto key = static_cast<std::int64_t>(c.first_overflow);
     const std::int64_t row = key / tiles;
     const std::int64_t tile = key % tiles;
     // Under the error policy slot 0 keeps the true count.
-    const std::uint32_t count = read_value(out.packed().data() + layout.slot_offset(row, tile, out.cols()),
-                                           stream_of(options));
+    const std::uint32_t count = read_value(out.packed + layout.slot_offset(row, tile, out.cols), stream_of(options));
     fail(ErrorCode::overflow, where, "row ", row, ", tile ", tile, " (columns ", layout.tile_begin(tile), "..",
-         layout.tile_begin(tile) + layout.tile_cols(tile, out.cols()) - 1, ") holds ", count,
+         layout.tile_begin(tile) + layout.tile_cols(tile, out.cols) - 1, ") holds ", count,
          " nonzeros but layout (tile ", layout.tile, ", C ", layout.compression, ") has capacity S-1 = ",
          layout.capacity(), "; convert to Hybrid (nothing lost), pick a smaller C, or use OverflowPolicy::drop");
   }
@@ -250,20 +298,31 @@ inline void check_hybrid_rows(std::int64_t rows, const char* where) {
           " does not fit the 32-bit row maps of a Hybrid");
 }
 
-// The whole of a conversion into TwELL (error / drop) once the source is known; `launch` runs
-// the packing kernel for (out, overflow target).
+// The whole of a conversion into a caller-owned TwELL `out` (error / drop; threshold, layout and
+// policy already checked); `launch` runs the packing kernel for (out, overflow target). Counters
+// (a stream-ordered temporary) exist only when something comes back: under drop without a
+// report nothing is read back and the host never waits.
+template <class T, class Launch>
+void pack_twell_into(TwellView<T> out, const ConvertOptions& options, const char* where, Launch&& launch) {
+  if (options.overflow != OverflowPolicy::error && options.report == nullptr) {
+    launch(out, OverflowTarget{options.overflow, nullptr, nullptr});
+    return;
+  }
+  DeviceCounters counters(stream_of(options));
+  launch(out, OverflowTarget{options.overflow, counters.get(), nullptr});
+  conclude_twell<T>(counters, out, options, where);
+}
+
+// The same into a new TwELL; the packing kernels write every slot, so it is not zero-filled
+// (and, with no memset on the legacy stream, needs no ordering against one).
 template <class T, class Launch>
 TwellMatrix<T> pack_twell(std::int64_t rows, std::int64_t cols, TwellLayout layout, const ConvertOptions& options,
                           const char* where, Launch&& launch) {
   check_threshold(options, where);
   check_layout(layout, where);
   require_twell_policy(options, where);
-  const cudaStream_t stream = stream_of(options);
-  TwellMatrix<T> out(rows, cols, layout, MemorySpace::device);
-  order_after_allocations(stream);
-  DeviceCounters counters(stream);
-  launch(out, OverflowTarget{options.overflow, counters.get(), nullptr});
-  conclude_twell(counters, out, options, where);
+  TwellMatrix<T> out(rows, cols, layout, MemorySpace::device, Uninitialized{});
+  pack_twell_into<T>(out.view(), options, where, launch);
   return out;
 }
 
@@ -276,31 +335,22 @@ HybridMatrix<T> pack_hybrid(std::int64_t n_rows, std::int64_t cols, TwellLayout 
   check_layout(layout, where);
   check_hybrid_rows(n_rows, where);
   const cudaStream_t stream = stream_of(options);
-  TwellMatrix<T> twell(n_rows, cols, layout, MemorySpace::device);
+  // The packing kernels write every slot of the TwELL part (shadow rows included).
+  TwellMatrix<T> twell(n_rows, cols, layout, MemorySpace::device, Uninitialized{});
   DeviceTemp<std::int32_t> flags(static_cast<std::size_t>(n_rows), stream);
-  order_after_allocations(stream);
   if (n_rows != 0)
     check_cuda(cudaMemsetAsync(flags.get(), 0, static_cast<std::size_t>(n_rows) * sizeof(std::int32_t), stream),
                where);
   DeviceCounters counters(stream);
-  launch(twell, OverflowTarget{OverflowPolicy::hybrid, counters.get(), flags.get()});
+  launch(twell.view(), OverflowTarget{OverflowPolicy::hybrid, counters.get(), flags.get()});
   return assemble_hybrid(std::move(twell), flags.get(), rows, counters, options, where);
-}
-
-template <class T>
-TwellMatrix<T> dense_to_twell_as(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options,
-                                 const char* where) {
-  require_device(src.space, where);
-  return pack_twell<T>(src.rows, src.cols, layout, options, where, [&](TwellMatrix<T>& out, OverflowTarget target) {
-    launch_dense_to_twell(src, out, options.threshold, target, stream_of(options), where);
-  });
 }
 
 template <class T>
 TwellMatrix<T> csr_to_twell_as(CsrView<const T> src, TwellLayout layout, const ConvertOptions& options,
                                const char* where) {
   require_device(src.space, where);
-  return pack_twell<T>(src.rows, src.cols, layout, options, where, [&](TwellMatrix<T>& out, OverflowTarget target) {
+  return pack_twell<T>(src.rows, src.cols, layout, options, where, [&](TwellView<T> out, OverflowTarget target) {
     launch_sparse_to_twell(CsrRows<T>(src), src.rows, src.cols, out, options.threshold, target, stream_of(options),
                            where);
   });
@@ -311,7 +361,7 @@ HybridMatrix<T> dense_to_hybrid_as(DenseView<const T> src, TwellLayout layout, c
                                    const char* where) {
   require_device(src.space, where);
   return pack_hybrid<T>(src.rows, src.cols, layout, DenseRows<T>(src), options, where,
-                        [&](TwellMatrix<T>& out, OverflowTarget target) {
+                        [&](TwellView<T> out, OverflowTarget target) {
                           launch_dense_to_twell(src, out, options.threshold, target, stream_of(options), where);
                         });
 }
@@ -321,7 +371,7 @@ HybridMatrix<T> csr_to_hybrid_as(CsrView<const T> src, TwellLayout layout, const
                                  const char* where) {
   require_device(src.space, where);
   return pack_hybrid<T>(src.rows, src.cols, layout, CsrRows<T>(src), options, where,
-                        [&](TwellMatrix<T>& out, OverflowTarget target) {
+                        [&](TwellView<T> out, OverflowTarget target) {
                           launch_sparse_to_twell(CsrRows<T>(src), src.rows, src.cols, out, options.threshold, target,
                                                  stream_of(options), where);
                         });

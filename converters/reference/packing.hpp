@@ -288,20 +288,29 @@ EllMatrix<T> build_ell(const Source& src, const ConvertOptions& options, const c
   return out;
 }
 
-template <class T, class Source>
-TwellMatrix<T> build_twell(const Source& src, TwellLayout layout, const ConvertOptions& options, const char* where) {
-  check_layout(layout, where);
+inline void refuse_hybrid_policy(const ConvertOptions& options, const char* where) {
   require(options.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, where,
           "options.overflow = hybrid cannot produce a plain TwELL matrix; convert to Hybrid instead "
           "(twell::to_hybrid / *_to_hybrid), which routes overflowed rows to a dense block");
-  TwellMatrix<T> out(src.rows(), src.cols(), layout);
+}
+
+// Packs every row of src into `out` (host, src's shape, checked layout). pack_twell_row leaves
+// the slots of empty tiles and the padding untouched, so `out` is cleared first: a caller-owned
+// destination may hold anything.
+template <class T, class Source>
+void build_twell_into(const Source& src, TwellView<T> out, const ConvertOptions& options, const char* where) {
+  refuse_hybrid_policy(options, where);
+  const TwellLayout& layout = out.layout;
+  const auto slots = static_cast<std::size_t>(out.rows * layout.packed_width(out.cols));
+  std::fill_n(out.packed, slots, 0u);
+  if constexpr (!ValueTraits<T>::packs_in_slot) std::fill_n(out.value_plane, slots, T{});
   const bool drop = options.overflow == OverflowPolicy::drop;
   Row<T> row;
   std::int64_t nnz = 0;
   std::int64_t dropped = 0;
   for (std::int64_t i = 0; i < src.rows(); ++i) {
     src.gather(i, row);
-    const RowPacking packing = pack_twell_row(out.view(), i, row, drop);
+    const RowPacking packing = pack_twell_row(out, i, row, drop);
     if (packing.first_overflow_tile >= 0 && !drop) {
       const std::int64_t t = packing.first_overflow_tile;
       fail(ErrorCode::overflow, where, "row ", i, ", tile ", t, " (columns ", layout.tile_begin(t), "..",
@@ -313,6 +322,14 @@ TwellMatrix<T> build_twell(const Source& src, TwellLayout layout, const ConvertO
     nnz += static_cast<std::int64_t>(row.size()) - packing.beyond_capacity;
   }
   fill_report(options, nnz, dropped, 0);
+}
+
+template <class T, class Source>
+TwellMatrix<T> build_twell(const Source& src, TwellLayout layout, const ConvertOptions& options, const char* where) {
+  check_layout(layout, where);
+  refuse_hybrid_policy(options, where);
+  TwellMatrix<T> out(src.rows(), src.cols(), layout, MemorySpace::host, Uninitialized{});
+  build_twell_into(src, out.view(), options, where);
   return out;
 }
 

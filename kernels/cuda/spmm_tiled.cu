@@ -1,6 +1,9 @@
 // cuda spmm, TwELL (and the TwELL part of a Hybrid) with op none: the weight-reuse path.
 // spmm.cu selects it when spmm_tiled_applies holds and keeps its pair-balanced kernel as the
-// generic fallback. Deterministic: each output element is summed by one thread in a fixed order.
+// generic fallback. Two kernels, one report path ("tiled_weight_reuse"), bit-identical results:
+// tiled_spmm_staged_kernel (slot words staged in shared memory; S from 4 to 32, the paper's
+// layouts) and tiled_spmm_kernel (slot words read from global memory; any S, e.g. C = 1).
+// Deterministic: each output element is summed by one thread in a fixed order.
 #include <algorithm>
 #include <cstdint>
 
@@ -28,8 +31,15 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
 }
+// Copies 16 bytes, or writes 16 zero bytes when `bytes` is 0 (src is then not read).
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, unsigned bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// All but the most recently committed group complete.
+__device__ __forceinline__ void cp_async_wait_prior() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 // Value of a 16-bit slot word (bits in the high half).
 template <class T>
@@ -72,6 +82,34 @@ __device__ __forceinline__ void add_entry(std::uint32_t word, std::uint32_t tile
   }
 }
 
+// C = alpha * acc + beta * C for a warp's tokens (rows row0 + 16 j; rows >= `rows` and shadow rows
+// skipped; beta == 0 never reads C), 8 bytes per lane, 256 per warp and row.
+template <class T>
+__device__ __forceinline__ void store_tokens(const float (&acc)[kTokensPerWarp][4], std::int64_t rows,
+                                             std::int64_t row0, const std::int32_t* __restrict__ shadow,
+                                             T* __restrict__ c, std::int64_t ldc, std::int64_t c0, int lane,
+                                             float alpha, float beta) {
+#pragma unroll
+  for (int j = 0; j < kTokensPerWarp; ++j) {
+    const std::int64_t row = row0 + kWarps * j;
+    if (row >= rows || (shadow != nullptr && shadow[row] >= 0)) continue;
+    uint2* p = reinterpret_cast<uint2*>(c + row * ldc + c0 + lane * 4);
+    float v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = alpha * acc[j][u];
+    if (beta != 0.0f) {
+      float old[4];
+      unpack4<T>(*p, old);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = fmaf(beta, old[u], v[u]);
+    }
+    uint2 o;
+    o.x = static_cast<std::uint32_t>(bits_of<T>(v[0])) | (static_cast<std::uint32_t>(bits_of<T>(v[1])) << 16);
+    o.y = static_cast<std::uint32_t>(bits_of<T>(v[2])) | (static_cast<std::uint32_t>(bits_of<T>(v[3])) << 16);
+    *p = o;
+  }
+}
+
 // Benchmark: bench/suites/spmm.cpp (the down projection: A 16384 x 5632 TwELL(256, 8) at 0.5 %,
 // B 5632 x 2048, C 16384 x 2048).
 // A CTA (16 warps) owns 256 rows (tokens) of A and one 128-column slice of B and C. Warp w owns
@@ -93,6 +131,8 @@ __device__ __forceinline__ void add_entry(std::uint32_t word, std::uint32_t tile
 // 132 SMs. Expected ~0.1 to 0.15 ms. Balance: the per-tile barrier waits for the warp with the
 // most entries in that tile; interleaving spreads heavy tokens, but one very heavy token still
 // serialises on its warp within each tile (bounded by the tile capacity S - 1 entries).
+// Taken when the staged kernel below is not (S above 32 or not a power of two, or its shared
+// memory does not fit the device).
 // Preconditions (spmm_tiled_applies): 16-bit T, layout.tile == kTile, B and C 16-byte aligned
 // with ld multiples of 8, Nb a multiple of 128. Counts above capacity are clipped; `shadow`
 // (Hybrid row_to_overflow, or null) marks rows left untouched, as do rows >= M.
@@ -224,29 +264,221 @@ __global__ void __launch_bounds__(kThreads, 1)
     word1 = word2;
   }
 
-  // C = alpha * acc + beta * C (beta == 0 never reads C), 8 bytes per lane, 256 per warp and row.
-#pragma unroll
-  for (int j = 0; j < kTokensPerWarp; ++j) {
-    const std::int64_t row = row0 + kWarps * j;
-    if (row >= rows || (shadow != nullptr && shadow[row] >= 0)) continue;
-    uint2* p = reinterpret_cast<uint2*>(c + row * ldc + c0 + lane * 4);
-    float v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = alpha * acc[j][u];
-    if (beta != 0.0f) {
-      float old[4];
-      unpack4<T>(*p, old);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = fmaf(beta, old[u], v[u]);
+  store_tokens<T>(acc, rows, row0, shadow, c, ldc, c0, lane, alpha, beta);
+}
+
+// Largest S (slots per tile) whose slot words the staged kernel keeps in shared memory.
+constexpr int kMaxStagedSlots = 32;
+
+// Position of slot w of token j in a warp's staged slot words of one tile (16 tokens x S words):
+// the 16-byte chunks of a token are XOR-swizzled by token so that the 16 lanes reading slot 0 or 1
+// of 16 tokens spread over the banks (unswizzled, a stride of 32 words puts them in one bank).
+__device__ __forceinline__ int staged_slot(int j, int w, int slots) {
+  const int chunks = slots >> 2;
+  return j * slots + ((((w >> 2) ^ j) & (chunks - 1)) << 2) + (w & 3);
+}
+
+// The weight-reuse kernel above with the block's slot words staged in shared memory, the path
+// taken whenever S is a power of two from 4 to 32 and the shared memory fits (H100/H200: 224 KB
+// at S = 32, tile 256).
+// Why: measured on an H200, the kernel above spends ~0.9 ns per (token, nonzero) pair, ~10 k
+// cycles per tile and CTA at 0.5 %. Its walk has no long chains except for tokens with more than
+// two entries in a tile (Poisson(1.28) at 0.5 %: ~14 % of tokens, ~2 per warp and tile; all of
+// them at 5 %): each such token costs two dependent global loads of slot words (one in mark, one
+// in the walk), ~1 k cycles each from L2 or DRAM, serialised within the warp, and the per-tile
+// barrier waits for the warp with the most of them. That matches the time growing with nnz at
+// ~4x the issue cost.
+// What changes: warp w copies its 16 tokens' slot words of tile t + 2 (swizzled 16-byte chunks,
+// only those up to each token's count, which a lane loaded from global memory one iteration
+// earlier; zeros for rows it must not touch) into a 3-deep per-warp ring with cp.async at the top
+// of iteration t, in its own commit group ahead of B's tile t + 1; before mark(t + 2) at the end
+// of the walk it waits for all but the newest group (B) and syncs the warp. Counts, the first two
+// entries and the entries past the second are then all read from shared memory (~30 cycles), so
+// no chain in the walk or in mark touches global memory. Everything else (ownership, mask ring,
+// B staging, entry order, arithmetic) is the kernel above, so C is bit-identical to it.
+// Estimate: the walk becomes shuffle -> shared load -> 4 FMA chains (~70 cycles each, 4 warps per
+// scheduler to overlap them): about 20 entries per warp and tile at 0.5 % gives ~350 cycles per
+// warp-tile per scheduler, ~0.12 ms at M = 16384 plus barriers and B staging (~1 k cycles per
+// tile of L2 traffic, overlapped): expected 0.15 to 0.25 ms (was 0.9 ms), and at 5 % ~1 ms
+// instead of 4.7 ms. Not measured yet. The next floor is B's staging traffic from L2 (~1 GB at
+// 0.5 %, ~0.15 ms): beyond that, more tokens per CTA (more reuse per staged row) is what pays.
+// Shared memory: 2 x kTile x 256 B (B) + 16 warps x 3 x 16 x S x 4 B (slot words) + masks.
+// Preconditions: those of the kernel above, plus S in {4, 8, 16, 32} and `packed` 16-byte aligned
+// (then every (row, tile) run of slot words is).
+template <class T, int kTile>
+__global__ void __launch_bounds__(kThreads, 1)
+    tiled_spmm_staged_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout,
+                             const std::uint32_t* __restrict__ packed, const std::int32_t* __restrict__ shadow,
+                             const T* __restrict__ b, std::int64_t ldb, T* __restrict__ c, std::int64_t ldc,
+                             float alpha, float beta) {
+  constexpr int kMaskWords = kTile / 32;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int slots = layout.slots();
+  const int ring = kTokensPerWarp * slots;  // words of one tile in a warp's ring
+  unsigned char* stage = smem;              // [2][kTile][kRowBytes]
+  std::uint32_t* words = reinterpret_cast<std::uint32_t*>(smem + 2 * kTile * kRowBytes);  // [kWarps][3][ring]
+  std::uint32_t* mask = words + kWarps * 3 * ring;                                        // [3][kMaskWords]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tiles = static_cast<int>(layout.tiles(k_cols));
+  const std::uint32_t cap = static_cast<std::uint32_t>(layout.capacity());
+  const std::int64_t pw = layout.packed_width(k_cols);
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * kSlice;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.y) * kBlockTokens + warp;  // token j: row0 + 16 j
+  std::uint32_t* my_words = words + warp * 3 * ring;
+
+  // Lane (j, h) = (lane & 15, lane >> 4) reads token j's count and entry h in mark and the walk.
+  const int j_mine = lane & 15;
+  const int h_mine = lane >> 4;
+  const std::int64_t my_row = row0 + kWarps * j_mine;
+  const unsigned live = __ballot_sync(kFull, lane < 16 && my_row < rows && (shadow == nullptr || shadow[my_row] < 0));
+
+  // Count of token j_mine in tile u, read from global memory one iteration before its words are
+  // staged (0 for rows the kernel must not touch).
+  const bool on_mine = (live >> j_mine) & 1u;
+  const std::uint32_t* my_counts = packed + (on_mine ? my_row * pw : 0);
+  auto load_count = [&](int u) -> std::uint32_t {
+    return on_mine && u < tiles ? min(__ldg(my_counts + static_cast<std::int64_t>(u) * slots), cap) : 0u;
+  };
+
+  // Copies the warp's slot words of tile u into ring slot u % 3, given lane j's count `count`:
+  // lane copies chunks lane, lane + 32, ... of the 16 x S / 4 chunks, but only those holding slot
+  // 0 or one of the token's entries (chunk k holds slots 4k..4k+3), so a light token costs one
+  // 32-byte sector as before; rows the kernel must not touch read as zero counts. Chunks left
+  // uncopied are stale and never read: every reader stops at the count.
+  const int chunk_shift = __ffs(slots >> 2) - 1;  // log2 of the chunks per token
+  const int chunks = kTokensPerWarp << chunk_shift;
+  auto stage_words = [&](int u, std::uint32_t count) {
+    if (u >= tiles) return;
+    std::uint32_t* dst = my_words + (u % 3) * ring;
+    for (int q0 = 0; q0 < chunks; q0 += 32) {
+      const int q = q0 + lane;
+      const int j = min(q, chunks - 1) >> chunk_shift;
+      const std::uint32_t n = __shfl_sync(kFull, count, j);
+      const int k = q - (j << chunk_shift);
+      if (q < chunks && (k == 0 || static_cast<std::uint32_t>(4 * k) <= n)) {
+        const bool on = (live >> j) & 1u;
+        const std::uint32_t* src =
+            on ? packed + (row0 + kWarps * j) * pw + static_cast<std::int64_t>(u) * slots + 4 * k : packed;
+        cp_async16_zfill(dst + staged_slot(j, 4 * k, slots), src, on ? 16u : 0u);
+      }
     }
-    uint2 o;
-    o.x = static_cast<std::uint32_t>(bits_of<T>(v[0])) | (static_cast<std::uint32_t>(bits_of<T>(v[1])) << 16);
-    o.y = static_cast<std::uint32_t>(bits_of<T>(v[2])) | (static_cast<std::uint32_t>(bits_of<T>(v[3])) << 16);
-    *p = o;
+  };
+
+  // Marks the rows of tile t that the warp's tokens use (its slot words staged and visible).
+  auto mark = [&](int t) {
+    if (t >= tiles) return;
+    const std::uint32_t* w = my_words + (t % 3) * ring;
+    std::uint32_t* m = mask + (t % 3) * kMaskWords;
+    const std::uint32_t tile_cols = static_cast<std::uint32_t>(layout.tile_cols(t, k_cols));
+    const std::uint32_t cnt = min(w[staged_slot(j_mine, 0, slots)], cap);
+    if (h_mine < static_cast<int>(cnt)) {
+      const std::uint32_t col = TwellLayout::slot_column(w[staged_slot(j_mine, 1 + h_mine, slots)]);
+      if (col < tile_cols) atomicOr(m + (col >> 5), 1u << (col & 31));
+    }
+    unsigned heavy = __ballot_sync(kFull, lane < 16 && cnt > 2);
+    while (heavy != 0) {
+      const int j = __ffs(heavy) - 1;
+      heavy &= heavy - 1;
+      const std::uint32_t n = __shfl_sync(kFull, cnt, j);
+      const std::uint32_t e = 2 + static_cast<std::uint32_t>(lane);  // n <= S - 1 <= 31: one pass
+      if (e < n) {
+        const std::uint32_t col = TwellLayout::slot_column(w[staged_slot(j, 1 + static_cast<int>(e), slots)]);
+        if (col < tile_cols) atomicOr(m + (col >> 5), 1u << (col & 31));
+      }
+    }
+  };
+
+  // Stages the marked rows of B's slice of tile u into buffer u & 1.
+  auto stage_tile = [&](int u) {
+    unsigned char* dst = stage + (u & 1) * (kTile * kRowBytes);
+    const std::uint32_t* m = mask + (u % 3) * kMaskWords;
+    const int chunk = tid % kChunks;
+    const T* src = b + layout.tile_begin(u) * ldb + c0 + chunk * (16 / sizeof(T));
+#pragma unroll
+    for (int r = tid / kChunks; r < kTile; r += kRowsPerPass) {
+      if ((m[r >> 5] >> (r & 31)) & 1u) cp_async16(dst + r * kRowBytes + chunk * 16, src + r * ldb);
+    }
+  };
+
+  float acc[kTokensPerWarp][4];
+#pragma unroll
+  for (int j = 0; j < kTokensPerWarp; ++j)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc[j][u] = 0.0f;
+
+  for (int i = tid; i < 3 * kMaskWords; i += kThreads) mask[i] = 0;
+  stage_words(0, load_count(0));
+  stage_words(1, load_count(1));
+  std::uint32_t count_next = load_count(2);  // tile t + 2's, staged at the top of iteration t
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();  // masks zeroed, slot words of tiles 0 and 1 visible
+  mark(0);
+  mark(1);
+  __syncthreads();
+  stage_tile(0);
+  cp_async_commit();
+
+  for (int t = 0; t < tiles; ++t) {
+    // After the barrier: tile t's B rows and slot words are staged, the mask of tile t + 1 is
+    // complete, and every warp is done with tile t - 1, whose buffers and ring slots are reused.
+    cp_async_wait_all();
+    __syncthreads();
+    if (tid < kMaskWords) mask[(t % 3) * kMaskWords + tid] = 0;  // next built for tile t + 3
+    stage_words(t + 2, count_next);                              // ring slot of tile t - 1
+    cp_async_commit();
+    count_next = load_count(t + 3);  // in flight during the walk
+    if (t + 1 < tiles) stage_tile(t + 1);
+    cp_async_commit();
+
+    const unsigned char* buf = stage + (t & 1) * (kTile * kRowBytes);
+    const std::uint32_t* w = my_words + (t % 3) * ring;
+    const std::uint32_t tile_cols = static_cast<std::uint32_t>(layout.tile_cols(t, k_cols));
+    const std::uint32_t cnt = min(w[staged_slot(j_mine, 0, slots)], cap);
+    const std::uint32_t word = w[staged_slot(j_mine, 1 + h_mine, slots)];
+#pragma unroll
+    for (int j = 0; j < kTokensPerWarp; ++j) {
+      const std::uint32_t n = __shfl_sync(kFull, cnt, j);
+      if (n == 0) continue;
+      const std::uint32_t e0 = __shfl_sync(kFull, word, j);
+      const std::uint32_t e1 = __shfl_sync(kFull, word, j + 16);
+      add_entry<T>(e0, tile_cols, buf, lane, acc[j]);
+      if (n > 1) add_entry<T>(e1, tile_cols, buf, lane, acc[j]);
+      if (n > 2) {  // entries past the second: n - 2 <= 29, one per lane
+        const std::uint32_t e_lane = 2 + static_cast<std::uint32_t>(lane);
+        const std::uint32_t extra = e_lane < n ? w[staged_slot(j, 1 + static_cast<int>(e_lane), slots)] : 0xffffu;
+        for (std::uint32_t e = 0; e < n - 2; ++e) add_entry<T>(__shfl_sync(kFull, extra, e), tile_cols, buf, lane, acc[j]);
+      }
+    }
+
+    cp_async_wait_prior();  // this warp's slot words of tile t + 2
+    __syncwarp();
+    mark(t + 2);
   }
+
+  store_tokens<T>(acc, rows, row0, shadow, c, ldc, c0, lane, alpha, beta);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+constexpr int shared_bytes(int tile, int staged_slots) {
+  return 2 * tile * kRowBytes + 3 * (tile / 32) * static_cast<int>(sizeof(std::uint32_t)) +
+         kWarps * 3 * kTokensPerWarp * staged_slots * static_cast<int>(sizeof(std::uint32_t));
+}
+
+// Whether the staged kernel takes A (given spmm_tiled_applies) on the current device.
+template <class T>
+bool staged_applies(TwellView<const T> a) {
+  const int s = a.layout.slots();
+  if (s < 4 || s > kMaxStagedSlots || (s & (s - 1)) != 0 || !aligned16(a.packed)) return false;
+  int device = 0;
+  int limit = 0;
+  check_cuda(cudaGetDevice(&device), "twell::cuda::spmm (cudaGetDevice)");
+  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "twell::cuda::spmm (cudaDeviceGetAttribute, shared memory per block)");
+  return shared_bytes(a.layout.tile, s) <= limit;
+}
 
 template <class T, int kTile>
 void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c, float alpha,
@@ -258,13 +490,14 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   require(slices <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, "B has too many columns: ", b.cols);
   require(a.layout.tiles(a.cols) <= 0x7fffffffLL, ErrorCode::unsupported, kWhere,
           "A has too many tiles: ", a.layout.tiles(a.cols));
-  constexpr int kShared = 2 * kTile * kRowBytes + 3 * (kTile / 32) * static_cast<int>(sizeof(std::uint32_t));
-  auto kernel = tiled_spmm_kernel<T, kTile>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kShared),
+  const bool staged = staged_applies(a);
+  const int shared = shared_bytes(kTile, staged ? a.layout.slots() : 0);
+  auto kernel = staged ? tiled_spmm_staged_kernel<T, kTile> : tiled_spmm_kernel<T, kTile>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared),
              "twell::cuda::spmm (cudaFuncSetAttribute, tiled TwELL kernel)");
   const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(row_blocks));
-  kernel<<<grid, kThreads, kShared, stream>>>(a.rows, a.cols, a.layout, a.packed, shadow, b.data, b.ld, c.data, c.ld,
-                                              alpha, beta);
+  kernel<<<grid, kThreads, shared, stream>>>(a.rows, a.cols, a.layout, a.packed, shadow, b.data, b.ld, c.data, c.ld,
+                                             alpha, beta);
   check_launch("twell::cuda::spmm (tiled TwELL kernel)");
 }
 

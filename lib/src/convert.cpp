@@ -104,6 +104,7 @@ template <class F>
 auto on_backend(MemorySpace space, [[maybe_unused]] const char* where, F&& f) {
   if (space == MemorySpace::host) return f(ReferenceBackend{});
 #if TWELL_HAS_CUDA
+  require_cuda_device(where);
   return f(CudaBackend{});
 #else
   fail(ErrorCode::no_device, where, "the source lives in device memory, but twell was built without the cuda backend");
@@ -276,6 +277,17 @@ void refuse_hybrid_policy(const ConvertOptions& o) {
           "overflowed rows to a dense block");
 }
 
+template <class T>
+void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unused]] TwellView<T> dst,
+                          [[maybe_unused]] const ConvertOptions& o, [[maybe_unused]] const char* where) {
+#if TWELL_HAS_CUDA
+  require_cuda_device(where);
+  cuda::dense_to_twell_into<T>(src, dst, o);
+#else
+  fail(ErrorCode::no_device, where, "the source lives in device memory, but twell was built without the cuda backend");
+#endif
+}
+
 }  // namespace
 
 #define TWELL_DEFINE_CONVERT_FROM(T, View)                                                                  \
@@ -298,6 +310,17 @@ void refuse_hybrid_policy(const ConvertOptions& o) {
     return on_backend(space_of(src), "twell::to_hybrid",                                                    \
                       [&](auto b) { return Compose<decltype(b)>::to_hybrid(src, layout, o); });             \
   }
+
+#define TWELL_DEFINE_CONVERT_INTO(T)                                                                         \
+  void to_twell_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& o) {                    \
+    constexpr const char* kWhere = "twell::to_twell_into";                                                   \
+    require(src.space == dst.space, ErrorCode::space_mismatch, kWhere, "src and dst live in different memory " \
+            "spaces; copy one of them first");                                                               \
+    if (src.space == MemorySpace::host) return reference::dense_to_twell_into<T>(src, dst, o);               \
+    to_twell_into_device(src, dst, o, kWhere);                                                               \
+  }
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_DEFINE_CONVERT_INTO)
+#undef TWELL_DEFINE_CONVERT_INTO
 
 #define TWELL_DEFINE_CONVERT(T)              \
   TWELL_DEFINE_CONVERT_FROM(T, DenseView)    \

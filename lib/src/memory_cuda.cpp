@@ -57,8 +57,17 @@ void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
 }  // namespace detail
 
 bool cuda_available() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  static const bool available = [] {
+    int count = 0;
+    const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    cudaGetLastError();  // a failed probe must not linger as the next call's error
+    return ok;
+  }();
+  return available;
+}
+
+void require_cuda_device(const char* where) {
+  if (!cuda_available()) fail(ErrorCode::no_device, where, "operands live in device memory, but no CUDA device is visible");
 }
 
 }  // namespace twell

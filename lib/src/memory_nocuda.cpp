@@ -35,4 +35,8 @@ void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
 
 bool cuda_available() { return false; }
 
+void require_cuda_device(const char* where) {
+  fail(ErrorCode::no_device, where, "operands live in device memory, but twell was built without the cuda backend");
+}
+
 }  // namespace twell

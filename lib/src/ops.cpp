@@ -43,10 +43,6 @@ MemorySpace common_space(const char* where, const Operand& first, const Ops&... 
   return first.space;
 }
 
-[[maybe_unused]] [[noreturn]] void no_device(const char* where) {
-  fail(ErrorCode::no_device, where, "operands live in device memory but this build of twell has no cuda backend");
-}
-
 }  // namespace
 
 // Runs `call` on the backend of `space`: twell::reference for host, twell::cuda for device.
@@ -54,13 +50,15 @@ MemorySpace common_space(const char* where, const Operand& first, const Ops&... 
 #define TWELL_DISPATCH(space, where, call)                    \
   do {                                                        \
     if ((space) == MemorySpace::host) return reference::call; \
+    require_cuda_device(where);                               \
     return cuda::call;                                        \
   } while (false)
 #else
 #define TWELL_DISPATCH(space, where, call)                    \
   do {                                                        \
     if ((space) == MemorySpace::host) return reference::call; \
-    no_device(where);                                         \
+    fail(ErrorCode::no_device, where,                         \
+         "operands live in device memory but this build of twell has no cuda backend"); \
   } while (false)
 #endif
 

@@ -581,3 +581,116 @@ TEST_CASE_TEMPLATE("bad input: every error path throws twell::Error with the rig
     CHECK(error_of([&] { (void)to_ell(on_device); }).code() == ErrorCode::no_device);
   }
 }
+
+namespace {
+
+// Every slot of a TwELL (both planes), so two results can be compared word for word.
+template <class T>
+bool same_slots(const TwellMatrix<T>& a, const TwellMatrix<T>& b) {
+  if (a.rows() != b.rows() || a.cols() != b.cols() || !(a.layout() == b.layout())) return false;
+  return std::memcmp(a.packed().data(), b.packed().data(), a.packed().bytes()) == 0 &&
+         std::memcmp(a.value_plane().data(), b.value_plane().data(), a.value_plane().bytes()) == 0;
+}
+
+// Every byte of dst set, so a slot the conversion leaves unwritten cannot pass for a zero.
+template <class T>
+void poison(TwellMatrix<T>& dst) {
+  std::memset(dst.packed().data(), 0xff, dst.packed().bytes());
+  std::memset(static_cast<void*>(dst.value_plane().data()), 0xff, dst.value_plane().bytes());
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("dense_to_twell_into a poisoned destination equals dense_to_twell", T, bf16, fp16, float) {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{1, 1}, {3, 257}, {17, 1000}, {40, 5632}};
+  for (const TwellLayout layout : {TwellLayout{256, 8}, TwellLayout{128, 16}, TwellLayout{64, 4}}) {
+    for (const auto& [rows, cols] : shapes) {
+      for (const double density : {0.0, 0.005, 0.05, 0.5, 1.0}) {
+        const std::uint64_t seed = fresh_seed();
+        CAPTURE(layout.tile);
+        CAPTURE(layout.compression);
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CAPTURE(density);
+        CAPTURE(seed);
+        const auto d = random_sparse_dense<T>(rows, cols, {.density = density, .specials = density == 0.05}, seed);
+        TwellMatrix<T> dst(rows, cols, layout);
+        for (const OverflowPolicy policy : {OverflowPolicy::error, OverflowPolicy::drop}) {
+          poison(dst);
+          ConvertReport want_report;
+          ConvertReport got_report;
+          std::string want_error;
+          std::string got_error;
+          TwellMatrix<T> want;
+          try {
+            want = reference::dense_to_twell<T>(d.view(), layout, {.overflow = policy, .report = &want_report});
+          } catch (const Error& e) {
+            REQUIRE(e.code() == ErrorCode::overflow);
+            want_error = e.what();
+          }
+          try {
+            reference::dense_to_twell_into<T>(d.view(), dst.view(), {.overflow = policy, .report = &got_report});
+          } catch (const Error& e) {
+            REQUIRE(e.code() == ErrorCode::overflow);
+            got_error = e.what();
+          }
+          // Same outcome; the messages differ only in the function named.
+          REQUIRE(want_error.empty() == got_error.empty());
+          if (!want_error.empty()) {
+            CHECK(policy == OverflowPolicy::error);
+            CHECK(want_error.substr(want_error.find(": ")) == got_error.substr(got_error.find(": ")));
+            continue;
+          }
+          CHECK(same_slots(dst, want));
+          CHECK(find_violation(dst.view()).empty());
+          CHECK(got_report.nnz == want_report.nnz);
+          CHECK(got_report.dropped == want_report.dropped);
+          // The public API dispatches a host pair to the reference.
+          poison(dst);
+          to_twell_into(d, dst, {.overflow = policy});
+          CHECK(same_slots(dst, want));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("dense_to_twell_into refuses a destination of the wrong shape, layout, space or policy", T, bf16,
+                   fp16, float) {
+  const auto d = random_sparse_dense<T>(5, 300, {.density = 0.05}, fresh_seed());
+  const TwellLayout layout{128, 8};
+  TwellMatrix<T> wrong_rows(4, 300, layout);
+  TwellMatrix<T> wrong_cols(5, 299, layout);
+  TwellMatrix<T> dst(5, 300, layout);
+  CHECK(error_of([&] { reference::dense_to_twell_into<T>(d.view(), wrong_rows.view()); }).code() ==
+        ErrorCode::shape_mismatch);
+  CHECK(error_of([&] { reference::dense_to_twell_into<T>(d.view(), wrong_cols.view()); }).code() ==
+        ErrorCode::shape_mismatch);
+  TwellView<T> bad_layout = dst.view();
+  bad_layout.layout = TwellLayout{128, 128};  // S = 1
+  CHECK(error_of([&] { reference::dense_to_twell_into<T>(d.view(), bad_layout); }).code() ==
+        ErrorCode::invalid_argument);
+  bad_layout.layout = TwellLayout{100, 4};  // tile not a multiple of 8
+  CHECK(error_of([&] { reference::dense_to_twell_into<T>(d.view(), bad_layout); }).code() ==
+        ErrorCode::invalid_argument);
+  TwellView<T> null_packed = dst.view();
+  null_packed.packed = nullptr;
+  CHECK(error_of([&] { reference::dense_to_twell_into<T>(d.view(), null_packed); }).code() ==
+        ErrorCode::invalid_argument);
+  if constexpr (std::is_same_v<T, float>) {
+    TwellView<T> null_plane = dst.view();
+    null_plane.value_plane = nullptr;
+    CHECK(error_of([&] { reference::dense_to_twell_into<T>(d.view(), null_plane); }).code() ==
+          ErrorCode::invalid_argument);
+  }
+  TwellView<T> device_dst = dst.view();
+  device_dst.space = MemorySpace::device;
+  CHECK(error_of([&] { reference::dense_to_twell_into<T>(d.view(), device_dst); }).code() ==
+        ErrorCode::space_mismatch);
+  CHECK(error_of([&] { to_twell_into(d.view(), device_dst); }).code() == ErrorCode::space_mismatch);
+  CHECK(error_of([&] {
+          reference::dense_to_twell_into<T>(d.view(), dst.view(), {.overflow = OverflowPolicy::hybrid});
+        }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { to_twell_into(d.view(), dst.view(), {.overflow = OverflowPolicy::hybrid}); }).code() ==
+        ErrorCode::invalid_argument);
+}

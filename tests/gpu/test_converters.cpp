@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <twell/convert.hpp>
 #include <twell/converters/backends.hpp>
 #include <twell/formats/validate.hpp>
 
@@ -29,8 +30,8 @@ constexpr MemorySpace kDevice = MemorySpace::device;
 void cuda_ok(cudaError_t status) { REQUIRE_MESSAGE(status == cudaSuccess, cudaGetErrorString(status)); }
 
 // Fresh cudaMalloc memory is often what the previous free released: fill a large block with 0xFF
-// and free it, so that an output word a kernel forgets to write is likely not zero. (Buffer
-// zero-fills its memory at construction, so this only bites if that ever changes.)
+// and free it, so that an output word a kernel forgets to write is likely not zero. (TwELL
+// outputs of the cuda converters are allocated without zero fill, so this matters for them.)
 void dirty_device_memory() {
   void* p = nullptr;
   const std::size_t bytes = std::size_t{32} << 20;
@@ -398,5 +399,125 @@ TEST_CASE("cuda converters refuse bad requests like the reference") {
   CHECK(code([&] { (void)gpu::dense_to_hybrid(d_dense.view(), TwellLayout{}, with(-1.0f, OverflowPolicy::error)); }) ==
         ErrorCode::invalid_argument);
   CHECK(code([&] { (void)gpu::dense_to_ell(d_dense.view(), with(0.0f, OverflowPolicy::error, -2)); }) ==
+        ErrorCode::invalid_argument);
+}
+
+namespace {
+
+// Every byte of a device TwELL set to 0xFF, so a slot that dense_to_twell_into leaves unwritten
+// shows in the bitwise comparison.
+template <Value T>
+void poison(TwellMatrix<T>& dst) {
+  if (!dst.packed().empty()) cuda_ok(cudaMemset(dst.packed().data(), 0xff, dst.packed().bytes()));
+  if (!dst.value_plane().empty()) cuda_ok(cudaMemset(dst.value_plane().data(), 0xff, dst.value_plane().bytes()));
+  cuda_ok(cudaDeviceSynchronize());
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda dense_to_twell_into a poisoned destination equals the reference dense_to_twell", T, bf16,
+                   fp16, float) {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {3, 257}, {17, 1000}, {2048, 5632}};
+  const double densities[] = {0.0, 0.005, 0.05, 0.5, 1.0};
+  const TwellLayout layouts[] = {{256, 8}, {128, 16}, {64, 4}};
+  for (const auto& [rows, cols] : shapes)
+    for (double density : densities) {
+      const std::uint64_t seed = fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(density);
+      SparseDenseOptions spec;
+      spec.density = density;
+      spec.specials = true;
+      const auto dense = random_sparse_dense<T>(rows, cols, spec, seed);
+      const auto d_dense = dense.to(kDevice);
+      const auto h = dense.view();
+      const auto g = d_dense.view();
+      for (const TwellLayout layout : layouts) {
+        CAPTURE(layout.tile);
+        CAPTURE(layout.compression);
+        TwellMatrix<T> dst(rows, cols, layout, kDevice);
+        for (OverflowPolicy policy : kPolicies) {
+          CAPTURE(static_cast<int>(policy));
+          // With a report (the counters are read back) and, error or not, the same outcome.
+          compare("dense_to_twell_into", with(0.0f, policy), [&](auto o) { return ref::dense_to_twell(h, layout, o); },
+                  [&](auto o) {
+                    poison(dst);
+                    gpu::dense_to_twell_into(g, dst.view(), o);
+                    return dst.to(kDevice);
+                  });
+          // Without a report: under drop nothing is read back (no counters at all).
+          if (policy != OverflowPolicy::drop) continue;
+          poison(dst);
+          gpu::dense_to_twell_into(g, dst.view(), with(0.0f, policy));
+          expect_same(dst.to(kHost), ref::dense_to_twell(h, layout, with(0.0f, policy)));
+          // The public entry point dispatches a device pair to the cuda backend.
+          poison(dst);
+          twell::to_twell_into(d_dense, dst, with(0.0f, policy));
+          expect_same(dst.to(kHost), ref::dense_to_twell(h, layout, with(0.0f, policy)));
+        }
+      }
+    }
+}
+
+TEST_CASE("cuda dense_to_twell_into under drop without a report runs on options.stream, host not waiting") {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  SparseDenseOptions spec;
+  spec.density = 0.02;
+  spec.full_row_share = 0.05;  // overflowing rows: drop has work to do
+  const auto dense = random_sparse_dense<bf16>(700, 3000, spec, seed);
+  const auto d_dense = dense.to(kDevice);
+  TwellMatrix<bf16> dst(700, 3000, TwellLayout{256, 16}, kDevice);
+  poison(dst);
+  ConvertOptions o = with(0.0f, OverflowPolicy::drop);
+  o.stream.handle = stream;
+  for (int i = 0; i < 3; ++i) gpu::dense_to_twell_into(d_dense.view(), dst.view(), o);
+  cuda_ok(cudaStreamSynchronize(stream));
+  expect_same(dst.to(kHost), ref::dense_to_twell(dense.view(), TwellLayout{256, 16}, with(0.0f, OverflowPolicy::drop)));
+  cuda_ok(cudaStreamDestroy(stream));
+}
+
+TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination of the wrong shape, layout, space or policy", T,
+                   bf16, fp16, float) {
+  namespace gpu = twell::cuda;
+  const auto dense = random_sparse_dense<T>(5, 300, SparseDenseOptions{}, fresh_seed());
+  const auto d_dense = dense.to(kDevice);
+  const auto g = d_dense.view();
+  const TwellLayout layout{128, 8};
+  const auto code = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    FAIL("no error");
+    return ErrorCode::cuda;
+  };
+  TwellMatrix<T> wrong_rows(4, 300, layout, kDevice);
+  TwellMatrix<T> wrong_cols(5, 301, layout, kDevice);
+  TwellMatrix<T> dst(5, 300, layout, kDevice);
+  TwellMatrix<T> host_dst(5, 300, layout, kHost);
+  CHECK(code([&] { gpu::dense_to_twell_into(g, wrong_rows.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code([&] { gpu::dense_to_twell_into(g, wrong_cols.view()); }) == ErrorCode::shape_mismatch);
+  TwellView<T> bad_layout = dst.view();
+  bad_layout.layout = TwellLayout{128, 3};
+  CHECK(code([&] { gpu::dense_to_twell_into(g, bad_layout); }) == ErrorCode::invalid_argument);
+  TwellView<T> null_packed = dst.view();
+  null_packed.packed = nullptr;
+  CHECK(code([&] { gpu::dense_to_twell_into(g, null_packed); }) == ErrorCode::invalid_argument);
+  CHECK(code([&] { gpu::dense_to_twell_into(g, host_dst.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code([&] { gpu::dense_to_twell_into(dense.view(), dst.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code([&] { twell::to_twell_into(dense.view(), dst.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code([&] { gpu::dense_to_twell_into(g, dst.view(), with(0.0f, OverflowPolicy::hybrid)); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code([&] { gpu::dense_to_twell_into(g, dst.view(), with(-1.0f, OverflowPolicy::error)); }) ==
         ErrorCode::invalid_argument);
 }

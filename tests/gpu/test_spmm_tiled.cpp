@@ -2,7 +2,9 @@
 // same fresh random input, at the down projection's shape (B 5632 x 2048): ragged token counts,
 // tiles of 256 and 128, densities from empty to half full, token-skewed workloads, Hybrid with
 // overflow rows, beta = 0 into NaN-poisoned C and beta != 0. Each case asserts through the
-// kernel report that the tiled path ran; operands it does not take must fall back.
+// kernel report that the tiled path ran; operands it does not take must fall back. Layouts cover
+// both tiled kernels: slot words staged in shared memory (S = 4 to 32) and read from global
+// memory (S = 64, 256).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -114,7 +116,10 @@ TEST_CASE_TEMPLATE("cuda tiled TwELL spmm matches the reference: shapes, tiles, 
       const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), layout);
       check_both<T>(a, b, "cuda/spmm/twell/tiled_weight_reuse", seed);
     }
-    for (const TwellLayout layout : {TwellLayout{256, 8}, TwellLayout{128, 4}}) {
+    // S = 32, 32, 16, 8, 4: every slot-word size of the staged kernel (C = 1 and 2 above, S = 256
+    // and 64, take the kernel that reads slot words from global memory).
+    for (const TwellLayout layout : {TwellLayout{256, 8}, TwellLayout{128, 4}, TwellLayout{256, 16},
+                                     TwellLayout{128, 16}, TwellLayout{256, 64}}) {
       CAPTURE(layout.tile);
       CAPTURE(layout.compression);
       const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
@@ -149,6 +154,8 @@ TEST_CASE_TEMPLATE("cuda tiled TwELL spmm under token skew, with Hybrid overflow
     check_both<T>(hybrid, b, hybrid_path(hybrid.overflow_rows()), seed);
     const HybridMatrix<T> narrow = ref::dense_to_hybrid<T>(a_dense.view(), TwellLayout{128, 4});
     check_both<T>(narrow, b, hybrid_path(narrow.overflow_rows()), seed);
+    const HybridMatrix<T> paper = ref::dense_to_hybrid<T>(a_dense.view(), TwellLayout{256, 16});
+    check_both<T>(paper, b, hybrid_path(paper.overflow_rows()), seed);
     const TwellMatrix<T> twell = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
     check_both<T>(twell, b, "cuda/spmm/twell/tiled_weight_reuse", seed);
   }

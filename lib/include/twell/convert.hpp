@@ -52,6 +52,22 @@ TWELL_FOR_EACH_VALUE_TYPE(TWELL_DECLARE_CONVERT)
 #undef TWELL_DECLARE_CONVERT
 #undef TWELL_DECLARE_CONVERT_FROM
 
+// Dense -> TwELL into a caller-owned TwELL: the hot path, nothing allocated for the result.
+// dst has src's rows and cols (ErrorCode::shape_mismatch), a valid layout, which is the target
+// (ErrorCode::invalid_argument), and lives where src lives (ErrorCode::space_mismatch); every
+// slot of dst is written, so it needs no zeroing. Overflow policy error or drop as to_twell
+// (hybrid is refused). On the device the work is queued on options.stream and the host waits
+// only under OverflowPolicy::error or when a report is requested (one small read at the end).
+#define TWELL_DECLARE_CONVERT_INTO(T) \
+  void to_twell_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& options = {});
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_DECLARE_CONVERT_INTO)
+#undef TWELL_DECLARE_CONVERT_INTO
+
+template <Value T>
+void to_twell_into(const DenseMatrix<T>& src, TwellMatrix<T>& dst, const ConvertOptions& options = {}) {
+  to_twell_into(src.view(), dst.view(), options);
+}
+
 // The same conversions from an owning matrix (through its const view).
 template <OwningMatrix M>
 auto to_dense(const M& src, const ConvertOptions& options = {}) {

@@ -17,8 +17,12 @@ struct Stream {
   void* handle = nullptr;
 };
 
-// True when this build has the cuda backend and a device is visible.
+// True when this build has the cuda backend and a device is visible (asked once per process).
 bool cuda_available();
+
+// Throws Error(no_device) naming `where` unless cuda_available(): the public API calls it before
+// routing device operands to the cuda backend, so a missing GPU reads the same in every build.
+void require_cuda_device(const char* where);
 
 namespace detail {
 void* allocate_bytes(std::size_t bytes, MemorySpace space);
@@ -27,6 +31,10 @@ void free_bytes(void* p, MemorySpace space) noexcept;
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes);
 void zero_bytes(void* p, MemorySpace space, std::size_t bytes);
 }  // namespace detail
+
+// Tag for Buffer's constructor that skips the zero fill: the contents are undefined until
+// written, so it is only for outputs that a kernel writes completely (every element).
+struct Uninitialized {};
 
 // A zero-filled array of n trivially copyable elements in one memory space.
 // Host memory is 64-byte aligned; device memory comes from cudaMalloc (256-byte aligned).
@@ -40,6 +48,10 @@ class Buffer {
     if (n == 0) return;
     data_ = static_cast<T*>(detail::allocate_bytes(n * sizeof(T), space));
     detail::zero_bytes(data_, space, n * sizeof(T));
+  }
+  // No zero fill (no memset, so nothing for a later stream to be ordered after).
+  Buffer(std::size_t n, MemorySpace space, Uninitialized) : size_(n), space_(space) {
+    if (n != 0) data_ = static_cast<T*>(detail::allocate_bytes(n * sizeof(T), space));
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;

@@ -36,6 +36,11 @@ class TwellMatrix {
       : rows_(rows), cols_(cols), layout_(checked(rows, cols, layout)),
         packed_(static_cast<std::size_t>(rows * layout.packed_width(cols)), space),
         value_plane_(kHasValuePlane ? static_cast<std::size_t>(rows * layout.packed_width(cols)) : 0, space) {}
+  // Slots left undefined (Buffer's Uninitialized): for a producer that writes every slot.
+  TwellMatrix(std::int64_t rows, std::int64_t cols, TwellLayout layout, MemorySpace space, Uninitialized tag)
+      : rows_(rows), cols_(cols), layout_(checked(rows, cols, layout)),
+        packed_(static_cast<std::size_t>(rows * layout.packed_width(cols)), space, tag),
+        value_plane_(kHasValuePlane ? static_cast<std::size_t>(rows * layout.packed_width(cols)) : 0, space, tag) {}
 
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }

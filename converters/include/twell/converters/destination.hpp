@@ -1,0 +1,29 @@
+// The checks on a caller-owned destination that both backends' *_into converters share, so that
+// they accept and refuse the same arguments with the same codes.
+#pragma once
+
+#include <twell/error.hpp>
+#include <twell/formats/dense.hpp>
+#include <twell/formats/twell_matrix.hpp>
+
+namespace twell::detail {
+
+// dst must live in `space` (the backend's), have src's shape and a valid layout, and point at
+// storage when it has any slots (fp32 also at its value plane).
+template <class T>
+void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpace space, const char* where) {
+  require(dst.space == space, ErrorCode::space_mismatch, where, "dst lives in ",
+          dst.space == MemorySpace::host ? "host" : "device", " memory, the source in ",
+          space == MemorySpace::host ? "host" : "device", " memory");
+  require(dst.rows == src.rows && dst.cols == src.cols, ErrorCode::shape_mismatch, where, "dst is ", dst.rows, " x ",
+          dst.cols, " but src is ", src.rows, " x ", src.cols);
+  check_layout(dst.layout, where);
+  if (dst.rows * dst.layout.packed_width(dst.cols) == 0) return;
+  require(dst.packed != nullptr, ErrorCode::invalid_argument, where, "dst.packed is null for a ", dst.rows, " x ",
+          dst.cols, " TwELL");
+  if constexpr (!ValueTraits<T>::packs_in_slot)
+    require(dst.value_plane != nullptr, ErrorCode::invalid_argument, where,
+            "dst.value_plane is null, but fp32 TwELL keeps its values there");
+}
+
+}  // namespace twell::detail
