@@ -12,8 +12,9 @@
 #                   racecheck) instead of benchmarking
 #   --suites LIST   benchmark suites (default all: convert,spmm,sddmm,gemm_to_sparse,ffn)
 #   --quick         small benchmark sizes (a smoke test, not a result)
-#   --arch80        also build for sm_80 alone (the portable mma.sync path) and run the gpu tests
-#                   with it: a Hopper runs sm_80 code
+#   --arch80        also build for compute_80 alone (the portable mma.sync path, as PTX that the
+#                   driver compiles for the GPU at hand: sm_80 machine code does not run on a
+#                   Hopper) and run the gpu tests with it
 #   --skip-build-80 no sm_80 build (the default)
 #   --skip-tests, --skip-bench   leave out a phase
 #   --reps N        timed runs per benchmark case (default 50)
@@ -156,7 +157,7 @@ fi
 
 if [ "$arch80" = 1 ]; then
   t0=$(now)
-  if configure_and_build "$build80" "80-real"; then
+  if configure_and_build "$build80" "80"; then
     (cd "$build80" && ctest -L gpu --output-on-failure --timeout 300) >"$out/gpu-tests-80.log" 2>&1
     rc=$?
     line="$(tests_line "$out/gpu-tests-80.log")"
