@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include <twell/error.hpp>
+
 namespace twell::cli {
 
 struct Command {
@@ -31,5 +33,17 @@ class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// Runs a parse of a name from the command line (a preset, a distribution, a dtype); a name the
+// library does not know is a mistake on the command line, so it is reported as usage.
+template <class F>
+auto named(F&& parse) {
+  try {
+    return parse();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::invalid_argument) throw;
+    throw UsageError(e.what());
+  }
+}
 
 }  // namespace twell::cli

@@ -33,3 +33,9 @@ expect(0 "relative difference" demo --shape small --tokens 128 --repeats 1 --den
 expect(0 "Hybrid(128, 4)" demo --shape small --tokens 128 --repeats 1 --dtype fp32 --tile 128 --compression 4
        --distribution uniform --seed 7)
 expect(1 "error (invalid_argument)" demo --shape small --tokens 64 --density 0.9)
+# generate -> stats: a workload written to a file and read back by another subcommand.
+set(generated "${CMAKE_CURRENT_BINARY_DIR}/cli_test_generated.twell")
+expect(0 "wrote 256 x 2816 bf16 hybrid" generate "${generated}" --shape small --tokens 256 --to hybrid)
+expect(0 "matrix 256 x 2816 bf16" stats "${generated}")
+expect(2 "is not one of" generate "${generated}" --to coo)
+file(REMOVE "${generated}")

@@ -334,17 +334,6 @@ int run_typed(const Settings& s, const Device& device) {
   return ok ? 0 : 1;
 }
 
-// A name the library does not know is a mistake on the command line: report it as usage.
-template <class F>
-auto named(F&& parse) {
-  try {
-    return parse();
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::invalid_argument) throw;
-    throw UsageError(e.what());
-  }
-}
-
 int run_demo(std::span<const std::string> argv) {
   const Args args(kSpec, argv);
   if (args.help()) {
