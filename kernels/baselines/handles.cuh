@@ -14,6 +14,7 @@
 #include <twell/error.hpp>
 #include <twell/formats/dense.hpp>
 #include <twell/kernels/baselines.hpp>
+#include <twell/kernels/detail/checks.hpp>
 
 #include "cuda_check.hpp"
 
@@ -70,9 +71,7 @@ constexpr cudaDataType_t cuda_type() {
   }
 }
 
-inline std::string shape(std::int64_t rows, std::int64_t cols) {
-  return std::to_string(rows) + " x " + std::to_string(cols);
-}
+using twell::detail::shape;
 
 inline void require_device(MemorySpace space, const char* where, const char* name) {
   require(space == MemorySpace::device, ErrorCode::space_mismatch, where, name,

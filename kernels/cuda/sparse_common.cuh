@@ -17,6 +17,7 @@
 #include <twell/formats/ell.hpp>
 #include <twell/formats/hybrid.hpp>
 #include <twell/formats/twell_matrix.hpp>
+#include <twell/kernels/detail/checks.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/types.hpp>
 
@@ -82,13 +83,9 @@ __device__ __forceinline__ float twell_value(std::uint32_t word, const T* value_
 
 inline cudaStream_t stream_of(const KernelOptions& options) { return static_cast<cudaStream_t>(options.stream.handle); }
 
-inline std::string shape(std::int64_t rows, std::int64_t cols) {
-  return std::to_string(rows) + " x " + std::to_string(cols);
-}
-
-inline void report_path(const KernelOptions& options, const char* path) {
-  if (options.report != nullptr) options.report->path = path;
-}
+using twell::detail::check_dense_geometry;
+using twell::detail::report_path;
+using twell::detail::shape;
 
 inline void require_device(MemorySpace space, const char* where, const char* name) {
   require(space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
@@ -98,12 +95,7 @@ inline void require_device(MemorySpace space, const char* where, const char* nam
 template <class T>
 void check_dense(DenseView<T> v, const char* where, const char* name) {
   require_device(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has negative shape ",
-          shape(v.rows, v.cols));
-  require(v.rows == 0 || v.ld >= v.cols, ErrorCode::invalid_argument, where, name, " has leading dimension ", v.ld,
-          " below its ", v.cols, " columns");
-  require(v.rows == 0 || v.cols == 0 || v.data != nullptr, ErrorCode::invalid_argument, where, name,
-          " is null with shape ", shape(v.rows, v.cols));
+  check_dense_geometry(v, where, name);
 }
 
 template <class T>

@@ -11,6 +11,7 @@
 #include <twell/error.hpp>
 #include <twell/formats/dense.hpp>
 #include <twell/formats/layout.hpp>
+#include <twell/kernels/detail/checks.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/types.hpp>
 
@@ -18,9 +19,9 @@ namespace twell::reference::detail {
 
 using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-inline std::string shape(std::int64_t rows, std::int64_t cols) {
-  return std::to_string(rows) + " x " + std::to_string(cols);
-}
+using twell::detail::check_dense_geometry;
+using twell::detail::report_path;
+using twell::detail::shape;
 
 inline void require_host(MemorySpace space, const char* where, const char* name) {
   require(space == MemorySpace::host, ErrorCode::space_mismatch, where, name,
@@ -30,12 +31,7 @@ inline void require_host(MemorySpace space, const char* where, const char* name)
 template <class T>
 void check_dense(DenseView<T> v, const char* where, const char* name) {
   require_host(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has negative shape ",
-          shape(v.rows, v.cols));
-  require(v.rows == 0 || v.ld >= v.cols, ErrorCode::invalid_argument, where, name, " has leading dimension ", v.ld,
-          " below its ", v.cols, " columns");
-  require(v.rows == 0 || v.cols == 0 || v.data != nullptr, ErrorCode::invalid_argument, where, name,
-          " is null with shape ", shape(v.rows, v.cols));
+  check_dense_geometry(v, where, name);
 }
 
 // Throws shape_mismatch naming both operands unless rows/cols match the expectation.
@@ -43,10 +39,6 @@ inline void require_shape(std::int64_t rows, std::int64_t cols, std::int64_t wan
                           const char* where, const char* name, const char* because) {
   require(rows == want_rows && cols == want_cols, ErrorCode::shape_mismatch, where, name, " is ", shape(rows, cols),
           " but ", because, " needs ", shape(want_rows, want_cols));
-}
-
-inline void report_path(const KernelOptions& options, const char* path) {
-  if (options.report != nullptr) options.report->path = path;
 }
 
 template <class V>

@@ -9,6 +9,7 @@
 
 #include <twell/twell.hpp>
 
+#include "fixtures.hpp"
 #include "random.hpp"
 
 namespace {
@@ -44,12 +45,7 @@ double error_vs(const RowMajorDense& want, const DenseMatrix<T>& got) {
   return (g - want).norm() / std::max(static_cast<double>(want.norm()), 1e-30);
 }
 
-template <Value T>
-double bound() {
-  if constexpr (std::is_same_v<T, float>) return 1e-5;
-  if constexpr (std::is_same_v<T, fp16>) return 2e-3;
-  return 1e-2;
-}
+using testing::relative_bound;
 
 }  // namespace
 
@@ -80,23 +76,23 @@ TEST_CASE_TEMPLATE("spmm of every format agrees with Eigen's SparseMatrix produc
       const TwellLayout layout{128, 4};
       DenseMatrix<T> c(s.m, s.n);
       spmm(Op::none, csr.view(), b.view(), c.view());
-      CHECK(error_vs(want, c) <= bound<T>());
+      CHECK(error_vs(want, c) <= relative_bound<T>());
       spmm(Op::none, to_ell(a).view(), b.view(), c.view());
-      CHECK(error_vs(want, c) <= bound<T>());
+      CHECK(error_vs(want, c) <= relative_bound<T>());
       spmm(Op::none, to_hybrid(a, layout).view(), b.view(), c.view());
-      CHECK(error_vs(want, c) <= bound<T>());
+      CHECK(error_vs(want, c) <= relative_bound<T>());
       ConvertOptions drop_nothing;
       drop_nothing.overflow = OverflowPolicy::error;
       if (density <= 0.05) {  // fits TwELL(128, 1) without overflow at these densities and widths
         spmm(Op::none, to_twell(a, TwellLayout{128, 1}, drop_nothing).view(), b.view(), c.view());
-        CHECK(error_vs(want, c) <= bound<T>());
+        CHECK(error_vs(want, c) <= relative_bound<T>());
       }
       // op(A) = A^T against Eigen's transpose product.
       const auto bt = testing::random_dense<T>(s.m, s.n, 1.0f, seed + 2);
       const RowMajorDense want_t = RowMajorDense(sa.transpose() * to_eigen<T>(bt.view()));
       DenseMatrix<T> ct(s.k, s.n);
       spmm(Op::transpose, to_hybrid(a, layout).view(), bt.view(), ct.view());
-      CHECK(error_vs(want_t, ct) <= bound<T>());
+      CHECK(error_vs(want_t, ct) <= relative_bound<T>());
     }
   }
 }

@@ -10,6 +10,8 @@
 #include <twell/ffn.hpp>
 #include <twell/kernels/ffn.hpp>
 
+#include "checks.hpp"
+#include "fp64.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -17,55 +19,31 @@ namespace ref = twell::reference;
 
 namespace {
 
-struct M64 {
-  std::int64_t rows = 0, cols = 0;
-  std::vector<double> v;
-  M64(std::int64_t r, std::int64_t c) : rows(r), cols(c), v(static_cast<std::size_t>(r * c), 0.0) {}
-  double& operator()(std::int64_t i, std::int64_t j) { return v[static_cast<std::size_t>(i * cols + j)]; }
-  double operator()(std::int64_t i, std::int64_t j) const { return v[static_cast<std::size_t>(i * cols + j)]; }
-};
+using testing::act64;
+using testing::Matrix64;
+using testing::to64;
 
-template <class T>
-M64 to64(DenseView<const T> d) {
-  M64 out(d.rows, d.cols);
-  for (std::int64_t i = 0; i < d.rows; ++i)
-    for (std::int64_t j = 0; j < d.cols; ++j) out(i, j) = to_float(d.at(i, j));
-  return out;
-}
-
-M64 matmul(const M64& a, const M64& b) {
-  M64 c(a.rows, b.cols);
+Matrix64 matmul(const Matrix64& a, const Matrix64& b) {
+  Matrix64 c(a.rows, b.cols);
   for (std::int64_t i = 0; i < a.rows; ++i)
     for (std::int64_t p = 0; p < a.cols; ++p)
       for (std::int64_t j = 0; j < b.cols; ++j) c(i, j) += a(i, p) * b(p, j);
   return c;
 }
 
-double act64(Activation a, double v) {
-  switch (a) {
-    case Activation::relu:
-      return v > 0 ? v : 0.0;
-    case Activation::silu:
-      return v / (1.0 + std::exp(-v));
-    case Activation::gelu:
-      return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-  }
-  return v;
-}
-
 // The hidden state h = act(x wg) * (x wu) (gated) or act(x wu) (not gated), threshold applied.
-M64 hidden64(const M64& x, const M64* wg, const M64& wu, ActivationSpec act) {
-  const M64 u = matmul(x, wu);
+Matrix64 hidden64(const Matrix64& x, const Matrix64* wg, const Matrix64& wu, ActivationSpec act) {
+  const Matrix64 u = matmul(x, wu);
   if (wg == nullptr) {
-    M64 h(u.rows, u.cols);
+    Matrix64 h(u.rows, u.cols);
     for (std::size_t e = 0; e < u.v.size(); ++e) {
       const double a = act64(act.kind, u.v[e]);
       h.v[e] = std::fabs(a) <= act.threshold ? 0.0 : a;
     }
     return h;
   }
-  const M64 g = matmul(x, *wg);
-  M64 h(u.rows, u.cols);
+  const Matrix64 g = matmul(x, *wg);
+  Matrix64 h(u.rows, u.cols);
   for (std::size_t e = 0; e < u.v.size(); ++e) {
     const double a = act64(act.kind, g.v[e]);
     h.v[e] = (std::fabs(a) <= act.threshold ? 0.0 : a) * u.v[e];
@@ -74,7 +52,7 @@ M64 hidden64(const M64& x, const M64* wg, const M64& wu, ActivationSpec act) {
 }
 
 template <class T>
-double rel_error(DenseView<const T> got, const M64& want) {
+double rel_error(DenseView<const T> got, const Matrix64& want) {
   double diff = 0.0, norm = 0.0;
   for (std::int64_t i = 0; i < want.rows; ++i)
     for (std::int64_t j = 0; j < want.cols; ++j) {
@@ -119,8 +97,8 @@ TEST_CASE_TEMPLATE("dense reference forward matches fp64", T, bf16, fp16, float)
       CAPTURE(s.n);
       CAPTURE(static_cast<int>(act.kind));
       const Weights<T> w(s, seed);
-      const M64 x = to64<T>(w.x.view()), wg = to64<T>(w.wg.view()), wu = to64<T>(w.wu.view());
-      const M64 wd = to64<T>(w.wd.view());
+      const Matrix64 x = to64<T>(w.x.view()), wg = to64<T>(w.wg.view()), wu = to64<T>(w.wu.view());
+      const Matrix64 wd = to64<T>(w.wd.view());
       DenseMatrix<T> y(s.m, s.k);
       ref::gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, y.view());
       CHECK(rel_error<T>(std::as_const(y).view(), matmul(hidden64(x, &wg, wu, act), wd)) < tolerance<T>());
@@ -148,7 +126,7 @@ TEST_CASE_TEMPLATE("composed sparse forward matches the dense reference", T, bf1
         for (auto& v : sparse.values().host_span()) v = from_float<T>(NAN);
         ref::gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, dense.view());
         sparse_gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, layout, sparse.view());
-        const M64 want = to64<T>(std::as_const(dense).view());
+        const Matrix64 want = to64<T>(std::as_const(dense).view());
         CHECK(rel_error<T>(std::as_const(sparse).view(), want) < 2 * tolerance<T>());
 
         for (auto& v : sparse.values().host_span()) v = from_float<T>(NAN);
@@ -163,10 +141,10 @@ TEST_CASE_TEMPLATE("composed sparse forward matches the dense reference", T, bf1
 namespace {
 
 // L = sum(y * R) + lambda * sum(|h|) / Z in fp64.
-double loss64(const M64& x, const M64& wg, const M64& wu, const M64& wd, const M64& r, ActivationSpec act,
-              double lambda, double z) {
-  const M64 h = hidden64(x, &wg, wu, act);
-  const M64 y = matmul(h, wd);
+double loss64(const Matrix64& x, const Matrix64& wg, const Matrix64& wu, const Matrix64& wd, const Matrix64& r,
+              ActivationSpec act, double lambda, double z) {
+  const Matrix64 h = hidden64(x, &wg, wu, act);
+  const Matrix64 y = matmul(h, wd);
   double l = 0.0, l1 = 0.0;
   for (std::size_t e = 0; e < y.v.size(); ++e) l += y.v[e] * r.v[e];
   for (const double v : h.v) l1 += std::fabs(v);
@@ -195,12 +173,12 @@ TEST_CASE("gated backward matches central finite differences (float)") {
         const double z = norm == L1Normalization::per_token ? double(s.m) : double(s.m * s.n);
         CHECK(grads.z == z);
 
-        M64 params[] = {to64<float>(w.x.view()), to64<float>(w.wg.view()), to64<float>(w.wu.view()),
-                        to64<float>(w.wd.view())};
-        const M64 r = to64<float>(dy.view());
+        Matrix64 params[] = {to64<float>(w.x.view()), to64<float>(w.wg.view()), to64<float>(w.wu.view()),
+                             to64<float>(w.wd.view())};
+        const Matrix64 r = to64<float>(dy.view());
         auto loss = [&] { return loss64(params[0], params[1], params[2], params[3], r, act, lambda, z); };
         {
-          const M64 h = hidden64(params[0], &params[1], params[2], act);
+          const Matrix64 h = hidden64(params[0], &params[1], params[2], act);
           double l1 = 0.0;
           for (const double v : h.v) l1 += std::fabs(v);
           CHECK(grads.l1_term == doctest::Approx(lambda * l1 / z).epsilon(1e-5));
@@ -210,7 +188,7 @@ TEST_CASE("gated backward matches central finite differences (float)") {
         for (int p = 0; p < 4; ++p) {
           const std::string name = names[p];
           CAPTURE(name);
-          M64 numeric(params[p].rows, params[p].cols);
+          Matrix64 numeric(params[p].rows, params[p].cols);
           for (std::size_t e = 0; e < params[p].v.size(); ++e) {
             const double keep = params[p].v[e];
             const double step = 1e-6;
@@ -263,15 +241,7 @@ TEST_CASE("bf16 backward and sparse forward agree with float") {
 }
 
 TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
-  auto code_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    FAIL("no twell::Error thrown");
-    return ErrorCode::invalid_argument;
-  };
+  using testing::code_of;
   const FfnShape s{4, 8, 12};
   const Weights<float> w(s, testing::fresh_seed());
   const auto wrong = testing::random_dense<float>(s.k + 1, s.n, 1.0f, testing::fresh_seed());

@@ -10,22 +10,14 @@
 
 #include <twell/twell.hpp>
 
+#include "checks.hpp"
 #include "random.hpp"
 
 using namespace twell;
 
 namespace {
 
-template <class F>
-ErrorCode code_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  FAIL("no twell::Error thrown");
-  return ErrorCode::unsupported;
-}
+using testing::code_of;
 
 // Every finite half value, in increasing order of value, for a nearest-value oracle.
 std::vector<std::pair<double, std::uint16_t>> finite_halves() {

@@ -10,6 +10,7 @@
 #include <twell/converters/backends.hpp>
 #include <twell/io.hpp>
 
+#include "checks.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -18,16 +19,7 @@ namespace {
 
 std::span<const std::byte> bytes_of(std::string_view s) { return {reinterpret_cast<const std::byte*>(s.data()), s.size()}; }
 
-template <class F>
-ErrorCode code_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  FAIL("no twell::Error was thrown");
-  return ErrorCode::invalid_argument;
-}
+using testing::code_of;
 
 template <class T>
 bool same_bits(const Buffer<T>& a, const Buffer<T>& b) {

@@ -14,6 +14,8 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/ops.hpp>
 
+#include "checks.hpp"
+#include "fp64.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -40,22 +42,9 @@ double tiny() {
   return std::is_same_v<T, fp16> ? 6e-8 : 1e-30;
 }
 
-// A plain fp64 matrix.
-struct D64 {
-  std::int64_t rows = 0, cols = 0;
-  std::vector<double> v;
-  D64(std::int64_t r, std::int64_t c) : rows(r), cols(c), v(static_cast<std::size_t>(r * c), 0.0) {}
-  double& operator()(std::int64_t i, std::int64_t j) { return v[static_cast<std::size_t>(i * cols + j)]; }
-  double operator()(std::int64_t i, std::int64_t j) const { return v[static_cast<std::size_t>(i * cols + j)]; }
-};
-
-template <class T>
-D64 to64(DenseView<const T> d) {
-  D64 out(d.rows, d.cols);
-  for (std::int64_t i = 0; i < d.rows; ++i)
-    for (std::int64_t j = 0; j < d.cols; ++j) out(i, j) = to_float(d.at(i, j));
-  return out;
-}
+using testing::act64;
+using testing::Matrix64;
+using testing::to64;
 
 // Stored iff nonzero: -0.0 is not, NaN is.
 bool stored64(double v) { return !(std::fabs(v) <= 0.0); }
@@ -163,7 +152,7 @@ TEST_CASE_TEMPLATE("spmm matches fp64 for every format, op, alpha and beta", T, 
           const auto a_dense = testing::random_sparse_dense<T>(tr ? s.k : s.m, tr ? s.m : s.k, so, seed);
           const auto b = testing::random_dense<T>(s.k, s.n, 1.0f, seed + 1);
           const auto c0 = testing::random_dense<T>(s.m, s.n, 1.0f, seed + 2);
-          const D64 a64 = to64<T>(a_dense.view()), b64 = to64<T>(b.view()), c64 = to64<T>(c0.view());
+          const Matrix64 a64 = to64<T>(a_dense.view()), b64 = to64<T>(b.view()), c64 = to64<T>(c0.view());
           const AllFormats<T> formats = all_formats<T>(a_dense.view());
           for (const auto& [alpha_, beta_] : kSpmmScales) {
             const float alpha = alpha_, beta = beta_;
@@ -223,7 +212,7 @@ TEST_CASE_TEMPLATE("sddmm samples A op(B) at the pattern, with and without beta"
         const auto p_dense = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
         const auto a = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 1);
         const auto b = testing::random_dense<T>(tr ? s.n : s.k, tr ? s.k : s.n, 1.0f, seed + 2);
-        const D64 p64 = to64<T>(p_dense.view()), a64 = to64<T>(a.view()), b64 = to64<T>(b.view());
+        const Matrix64 p64 = to64<T>(p_dense.view()), a64 = to64<T>(a.view()), b64 = to64<T>(b.view());
         const AllFormats<T> patterns = all_formats<T>(p_dense.view());
         for (const auto& [alpha_, beta_] : kSddmmScales) {
           const float alpha = alpha_, beta = beta_;
@@ -377,7 +366,7 @@ TEST_CASE_TEMPLATE("multiply_on_pattern, add_scaled_sign, l1_norm and l0_norm", 
             v = from_float<T>(0.5f);
           }
         }
-      const D64 x64 = to64<T>(xd.view()), y64 = to64<T>(yd.view());
+      const Matrix64 x64 = to64<T>(xd.view()), y64 = to64<T>(yd.view());
       const AllFormats<T> xs = all_formats<T>(xd.view()), ys = all_formats<T>(yd.view());
 
       double want_l1 = 0.0;
@@ -470,18 +459,6 @@ DenseMatrix<T> halves(std::int64_t rows, std::int64_t cols, std::uint64_t seed) 
   return m;
 }
 
-double act64(Activation a, double v) {
-  switch (a) {
-    case Activation::relu:
-      return v > 0 ? v : 0.0;
-    case Activation::silu:
-      return v / (1.0 + std::exp(-v));
-    case Activation::gelu:
-      return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-  }
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE_TEMPLATE("gemm_to_sparse stores exactly the dense reference's nonzeros", T, bf16, fp16, float) {
@@ -498,8 +475,8 @@ TEST_CASE_TEMPLATE("gemm_to_sparse stores exactly the dense reference's nonzeros
       CAPTURE(act.threshold);
       const auto x = halves<T>(s.m, s.k, seed);
       const auto w = halves<T>(s.k, s.n, seed + 1);
-      const D64 x64 = to64<T>(x.view()), w64 = to64<T>(w.view());
-      D64 want(s.m, s.n);
+      const Matrix64 x64 = to64<T>(x.view()), w64 = to64<T>(w.view());
+      Matrix64 want(s.m, s.n);
       for (std::int64_t i = 0; i < s.m; ++i)
         for (std::int64_t j = 0; j < s.n; ++j) {
           double dot = 0.0;
@@ -573,15 +550,7 @@ TEST_CASE_TEMPLATE("gemm_to_sparse stores exactly the dense reference's nonzeros
 
 TEST_CASE("every bad input throws twell::Error with the right code") {
   using T = float;
-  auto code_of = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    FAIL("no twell::Error thrown");
-    return ErrorCode::invalid_argument;
-  };
+  using testing::code_of;
   testing::SparseDenseOptions so;
   so.density = 0.3;
   const auto a = testing::random_sparse_dense<T>(6, 9, so, testing::fresh_seed());

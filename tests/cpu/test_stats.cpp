@@ -10,6 +10,7 @@
 
 #include <twell/twell.hpp>
 
+#include "checks.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -200,20 +201,12 @@ TEST_CASE("stats: empty shapes and a hand-made matrix") {
 
 TEST_CASE("stats: bad options and malformed input throw") {
   const auto csr = to_csr(testing::random_sparse_dense<float>(5, 50, {}, fresh_seed()));
-  const auto code = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    FAIL("no twell::Error thrown");
-    return ErrorCode::unsupported;
-  };
-  CHECK(code([&] { (void)stats(csr, StatsOptions{.tiles = {12}}); }) == ErrorCode::invalid_argument);
-  CHECK(code([&] { (void)stats(csr, StatsOptions{.compressions = {3}}); }) == ErrorCode::invalid_argument);
-  CHECK(code([&] { (void)stats(csr, StatsOptions{.default_layout = TwellLayout{256, 256}}); }) ==
+  using testing::code_of;
+  CHECK(code_of([&] { (void)stats(csr, StatsOptions{.tiles = {12}}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)stats(csr, StatsOptions{.compressions = {3}}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)stats(csr, StatsOptions{.default_layout = TwellLayout{256, 256}}); }) ==
         ErrorCode::invalid_argument);
   auto broken = to_csr(csr);
   broken.row_ptr().data()[5] = 0;
-  CHECK(code([&] { (void)stats(broken); }) == ErrorCode::malformed);
+  CHECK(code_of([&] { (void)stats(broken); }) == ErrorCode::malformed);
 }

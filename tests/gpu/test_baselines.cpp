@@ -16,6 +16,8 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/baselines.hpp>
 
+#include "device.hpp"
+#include "fixtures.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -26,20 +28,8 @@ namespace {
 constexpr MemorySpace kHost = MemorySpace::host;
 constexpr MemorySpace kDevice = MemorySpace::device;
 
-template <class T>
-double bound() {
-  if constexpr (std::is_same_v<T, bf16>) return 1e-2;
-  if constexpr (std::is_same_v<T, fp16>) return 2e-3;
-  return 1e-5;
-}
-
-template <class T>
-DenseMatrix<T> nan_dense(std::int64_t rows, std::int64_t cols) {
-  DenseMatrix<T> m(rows, cols);
-  for (std::int64_t i = 0; i < rows; ++i)
-    for (std::int64_t j = 0; j < cols; ++j) m.view().at(i, j) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
-  return m;
-}
+using testing::nan_dense;
+using testing::relative_bound;
 
 template <class T>
 double rel(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
@@ -114,7 +104,7 @@ TEST_CASE_TEMPLATE("cuSPARSE SpMM plans match the reference for every accepted a
             baseline::SpmmPlan<T> plan(handles, op, a_dev.view(), storage, alg, b_dev.view(), out.view(), alpha, beta);
             plan.run();
             REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-            CHECK(rel(out.to(kHost), want) <= bound<T>());
+            CHECK(rel(out.to(kHost), want) <= relative_bound<T>());
           }
         }
       }
@@ -142,8 +132,7 @@ TEST_CASE_TEMPLATE("cuSPARSE SDDMM plan matches the reference", T, bf16, float) 
         CsrMatrix<T> want = pattern.to(kHost);
         ref::sddmm<T>(a.view(), op_b, b.view(), pattern.view(), want.view(), alpha, beta);
         CsrMatrix<T> out = pattern.to(kDevice);
-        if (beta == 0.0f && out.values().bytes() > 0)
-          REQUIRE(cudaMemset(out.values().data(), 0xff, out.values().bytes()) == cudaSuccess);
+        if (beta == 0.0f) testing::poison_device(out.values());
         const auto a_dev = a.to(kDevice);
         const auto b_dev = b.to(kDevice);
         baseline::SddmmPlan<T> plan(handles, a_dev.view(), op_b, b_dev.view(), out.view(), alpha, beta);
@@ -151,7 +140,7 @@ TEST_CASE_TEMPLATE("cuSPARSE SDDMM plan matches the reference", T, bf16, float) 
         plan.run();
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
         const auto got = ref::csr_to_dense<T>(out.to(kHost).view());
-        CHECK(rel(got, ref::csr_to_dense<T>(want.view())) <= bound<T>());
+        CHECK(rel(got, ref::csr_to_dense<T>(want.view())) <= relative_bound<T>());
       }
     }
   }
@@ -218,7 +207,7 @@ TEST_CASE_TEMPLATE("cuBLAS GEMM and cuBLASLt ReLU GEMM match fp64", T, bf16, fp1
         DenseMatrix<T> c = c0.to(kDevice);
         baseline::gemm<T>(handles, op_a, a.to(kDevice).view(), op_b, b.to(kDevice).view(), c.view(), 0.75f, -0.5f);
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        CHECK(rel(c.to(kHost), want) <= bound<T>());
+        CHECK(rel(c.to(kHost), want) <= relative_bound<T>());
       }
     }
     const std::uint64_t seed = testing::fresh_seed();
@@ -230,7 +219,7 @@ TEST_CASE_TEMPLATE("cuBLAS GEMM and cuBLASLt ReLU GEMM match fp64", T, bf16, fp1
     baseline::gemm_relu<T>(handles, a.to(kDevice).view(), b.to(kDevice).view(), c.view());
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     const auto got = c.to(kHost);
-    CHECK(rel(got, want) <= bound<T>());
+    CHECK(rel(got, want) <= relative_bound<T>());
     bool relu_applied = true;
     for (std::int64_t i = 0; i < m; ++i)
       for (std::int64_t j = 0; j < n; ++j) relu_applied = relu_applied && to_float(got.view().at(i, j)) >= 0.0f;
@@ -263,6 +252,6 @@ TEST_CASE_TEMPLATE("dense gated FFN baseline matches fp64 with the same rounding
     baseline::dense_gated_ffn_forward<T>(x_dev.view(), wg_dev.view(), wu_dev.view(), wd_dev.view(), y.view(),
                                          workspace);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(rel(y.to(kHost), want) <= 2 * bound<T>());
+    CHECK(rel(y.to(kHost), want) <= 2 * relative_bound<T>());
   }
 }

@@ -15,19 +15,20 @@
 #include <twell/converters/backends.hpp>
 #include <twell/formats/validate.hpp>
 
+#include "checks.hpp"
+#include "device.hpp"
 #include "random.hpp"
 
 namespace {
 
 using namespace twell;
+using twell::testing::cuda_ok;
 using twell::testing::fresh_seed;
 using twell::testing::random_sparse_dense;
 using twell::testing::SparseDenseOptions;
 
 constexpr MemorySpace kHost = MemorySpace::host;
 constexpr MemorySpace kDevice = MemorySpace::device;
-
-void cuda_ok(cudaError_t status) { REQUIRE_MESSAGE(status == cudaSuccess, cudaGetErrorString(status)); }
 
 // Fresh cudaMalloc memory is often what the previous free released: fill a large block with 0xFF
 // and free it, so that an output word a kernel forgets to write is likely not zero. (TwELL
@@ -382,23 +383,19 @@ TEST_CASE("cuda converters refuse bad requests like the reference") {
   namespace gpu = twell::cuda;
   const auto dense = random_sparse_dense<fp16>(4, 40, SparseDenseOptions{}, fresh_seed());
   const auto d_dense = dense.to(kDevice);
-  const auto code = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    FAIL("no error");
-    return ErrorCode::cuda;
-  };
-  CHECK(code([&] { (void)gpu::dense_to_twell(dense.view(), TwellLayout{}); }) == ErrorCode::space_mismatch);
-  CHECK(code([&] { (void)gpu::dense_to_csr(dense.view()); }) == ErrorCode::space_mismatch);
-  CHECK(code([&] { (void)gpu::dense_to_twell(d_dense.view(), TwellLayout{256, 3}); }) == ErrorCode::invalid_argument);
-  CHECK(code([&] { (void)gpu::dense_to_twell(d_dense.view(), TwellLayout{}, with(0.0f, OverflowPolicy::hybrid)); }) ==
-        ErrorCode::invalid_argument);
-  CHECK(code([&] { (void)gpu::dense_to_hybrid(d_dense.view(), TwellLayout{}, with(-1.0f, OverflowPolicy::error)); }) ==
-        ErrorCode::invalid_argument);
-  CHECK(code([&] { (void)gpu::dense_to_ell(d_dense.view(), with(0.0f, OverflowPolicy::error, -2)); }) ==
+  using testing::code_of;
+  CHECK(code_of([&] { (void)gpu::dense_to_twell(dense.view(), TwellLayout{}); }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] { (void)gpu::dense_to_csr(dense.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] {
+          (void)gpu::dense_to_twell(d_dense.view(), TwellLayout{256, 3});
+        }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          (void)gpu::dense_to_twell(d_dense.view(), TwellLayout{}, with(0.0f, OverflowPolicy::hybrid));
+        }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          (void)gpu::dense_to_hybrid(d_dense.view(), TwellLayout{}, with(-1.0f, OverflowPolicy::error));
+        }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)gpu::dense_to_ell(d_dense.view(), with(0.0f, OverflowPolicy::error, -2)); }) ==
         ErrorCode::invalid_argument);
 }
 
@@ -408,8 +405,8 @@ namespace {
 // shows in the bitwise comparison.
 template <Value T>
 void poison(TwellMatrix<T>& dst) {
-  if (!dst.packed().empty()) cuda_ok(cudaMemset(dst.packed().data(), 0xff, dst.packed().bytes()));
-  if (!dst.value_plane().empty()) cuda_ok(cudaMemset(dst.value_plane().data(), 0xff, dst.value_plane().bytes()));
+  testing::poison_device(dst.packed());
+  testing::poison_device(dst.value_plane());
   cuda_ok(cudaDeviceSynchronize());
 }
 
@@ -492,32 +489,24 @@ TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination of the wrong 
   const auto d_dense = dense.to(kDevice);
   const auto g = d_dense.view();
   const TwellLayout layout{128, 8};
-  const auto code = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    FAIL("no error");
-    return ErrorCode::cuda;
-  };
+  using testing::code_of;
   TwellMatrix<T> wrong_rows(4, 300, layout, kDevice);
   TwellMatrix<T> wrong_cols(5, 301, layout, kDevice);
   TwellMatrix<T> dst(5, 300, layout, kDevice);
   TwellMatrix<T> host_dst(5, 300, layout, kHost);
-  CHECK(code([&] { gpu::dense_to_twell_into(g, wrong_rows.view()); }) == ErrorCode::shape_mismatch);
-  CHECK(code([&] { gpu::dense_to_twell_into(g, wrong_cols.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { gpu::dense_to_twell_into(g, wrong_rows.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { gpu::dense_to_twell_into(g, wrong_cols.view()); }) == ErrorCode::shape_mismatch);
   TwellView<T> bad_layout = dst.view();
   bad_layout.layout = TwellLayout{128, 3};
-  CHECK(code([&] { gpu::dense_to_twell_into(g, bad_layout); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { gpu::dense_to_twell_into(g, bad_layout); }) == ErrorCode::invalid_argument);
   TwellView<T> null_packed = dst.view();
   null_packed.packed = nullptr;
-  CHECK(code([&] { gpu::dense_to_twell_into(g, null_packed); }) == ErrorCode::invalid_argument);
-  CHECK(code([&] { gpu::dense_to_twell_into(g, host_dst.view()); }) == ErrorCode::space_mismatch);
-  CHECK(code([&] { gpu::dense_to_twell_into(dense.view(), dst.view()); }) == ErrorCode::space_mismatch);
-  CHECK(code([&] { twell::to_twell_into(dense.view(), dst.view()); }) == ErrorCode::space_mismatch);
-  CHECK(code([&] { gpu::dense_to_twell_into(g, dst.view(), with(0.0f, OverflowPolicy::hybrid)); }) ==
+  CHECK(code_of([&] { gpu::dense_to_twell_into(g, null_packed); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { gpu::dense_to_twell_into(g, host_dst.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] { gpu::dense_to_twell_into(dense.view(), dst.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] { twell::to_twell_into(dense.view(), dst.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] { gpu::dense_to_twell_into(g, dst.view(), with(0.0f, OverflowPolicy::hybrid)); }) ==
         ErrorCode::invalid_argument);
-  CHECK(code([&] { gpu::dense_to_twell_into(g, dst.view(), with(-1.0f, OverflowPolicy::error)); }) ==
+  CHECK(code_of([&] { gpu::dense_to_twell_into(g, dst.view(), with(-1.0f, OverflowPolicy::error)); }) ==
         ErrorCode::invalid_argument);
 }

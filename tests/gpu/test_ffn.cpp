@@ -12,6 +12,8 @@
 #include <twell/kernels/ffn_cuda.hpp>
 #include <twell/workload.hpp>
 
+#include "checks.hpp"
+#include "fixtures.hpp"
 #include "random.hpp"
 
 namespace {
@@ -70,34 +72,20 @@ void check_ffn(const workload::FfnInputs<T>& in, ActivationSpec act, bool expect
   CHECK(err_plain < tolerance<T>());
 }
 
-template <class T>
-workload::FfnInputs<T> inputs(std::int64_t m, std::int64_t k, std::int64_t n, double density,
-                              workload::Distribution d, std::uint64_t seed) {
-  workload::ActivationOptions o;
-  o.tokens = m;
-  o.units = n;
-  o.density = density;
-  o.distribution = d;
-  o.seed = seed;
-  return workload::ffn_inputs<T>(o, k);
-}
+using testing::workload_inputs;
 
 }  // namespace
 
 TEST_CASE_TEMPLATE("fused gated FFN forward matches the dense reference on workload patterns", T, bf16, fp16) {
-  struct Setting {
-    std::int64_t m, k, n;
-    double density;
-    workload::Distribution d;
-  };
-  for (const Setting s : {Setting{512, 2048, 5632, 0.005, workload::Distribution::token_skewed},
-                          Setting{512, 2048, 5632, 0.005, workload::Distribution::uniform},
-                          Setting{300, 512, 1408, 0.05, workload::Distribution::token_skewed},
-                          Setting{200, 256, 1024, 0.3, workload::Distribution::neuron_skewed}}) {
+  using testing::WorkloadSetting;
+  for (const WorkloadSetting s : {WorkloadSetting{512, 2048, 5632, 0.005, workload::Distribution::token_skewed},
+                                  WorkloadSetting{512, 2048, 5632, 0.005, workload::Distribution::uniform},
+                                  WorkloadSetting{300, 512, 1408, 0.05, workload::Distribution::token_skewed},
+                                  WorkloadSetting{200, 256, 1024, 0.3, workload::Distribution::neuron_skewed}}) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(s.density);
-    const auto in = inputs<T>(s.m, s.k, s.n, s.density, s.d, seed);
+    const auto in = workload_inputs<T>(s, seed);
     check_ffn<T>(in, {Activation::relu, 0.0f}, true);
   }
 }
@@ -106,37 +94,30 @@ TEST_CASE_TEMPLATE("fused FFN forward: ragged shapes, thresholded activations, f
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   // K = 96, N = 300: aligned K (vector path), ragged N (generic gate path).
-  const auto a = inputs<T>(77, 96, 300, 0.05, workload::Distribution::token_skewed, seed);
+  const auto a = workload_inputs<T>({77, 96, 300, 0.05, workload::Distribution::token_skewed}, seed);
   for (const ActivationSpec act : {ActivationSpec{Activation::relu, 0.0f}, ActivationSpec{Activation::silu, 0.05f},
                                    ActivationSpec{Activation::gelu, 0.05f}}) {
     CAPTURE(static_cast<int>(act.kind));
     check_ffn<T>(a, act, true);
   }
   // K = 99: no 16-byte rows, the scalar path.
-  const auto b = inputs<T>(33, 99, 256, 0.1, workload::Distribution::uniform, seed + 1);
+  const auto b = workload_inputs<T>({33, 99, 256, 0.1, workload::Distribution::uniform}, seed + 1);
   check_ffn<T>(b, {Activation::relu, 0.0f}, false);
 }
 
 TEST_CASE("fused FFN forward rejects bad input") {
-  const auto in = inputs<bf16>(8, 32, 64, 0.1, workload::Distribution::uniform, 5);
+  const auto in = workload_inputs<bf16>({8, 32, 64, 0.1, workload::Distribution::uniform}, 5);
   const auto x = in.x.to(MemorySpace::device), wg = in.wg.to(MemorySpace::device);
   const auto wu = in.wu.to(MemorySpace::device), wd = in.wd.to(MemorySpace::device);
   auto y = poisoned<bf16>(8, 32);
   auto bad_y = poisoned<bf16>(8, 31);
-  auto code = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    return ErrorCode::io;
-  };
-  CHECK(code([&] {
+  using testing::code_of;
+  CHECK(code_of([&] {
           cuda::gated_ffn_forward<bf16>(x.view(), wg.view(), wu.view(), wd.view(), {}, bad_y.view());
         }) == ErrorCode::shape_mismatch);
-  CHECK(code([&] {
+  CHECK(code_of([&] {
           cuda::gated_ffn_forward<bf16>(x.view(), wg.view(), wu.view(), in.wd.view(), {}, y.view());
         }) == ErrorCode::space_mismatch);
-  CHECK(code([&] { cuda::ffn_forward<bf16>(x.view(), wu.view(), wu.view(), {}, y.view()); }) ==
+  CHECK(code_of([&] { cuda::ffn_forward<bf16>(x.view(), wu.view(), wu.view(), {}, y.view()); }) ==
         ErrorCode::shape_mismatch);
 }

@@ -22,12 +22,22 @@
 #include <twell/kernels/gemm_to_sparse_plan.hpp>
 #include <twell/workload.hpp>
 
+#include "checks.hpp"
+#include "device.hpp"
+#include "fixtures.hpp"
 #include "random.hpp"
 
 namespace {
 
 using namespace twell;
 using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Workload patterns from 0.3 % to 20 % density; token-skewed ones overflow the TwELL slots.
+constexpr testing::WorkloadSetting kWorkloadSettings[] = {
+    {512, 2048, 5632, 0.005, workload::Distribution::token_skewed},
+    {512, 2048, 5632, 0.003, workload::Distribution::uniform},
+    {384, 512, 1408, 0.05, workload::Distribution::token_skewed},
+    {256, 256, 1024, 0.2, workload::Distribution::neuron_skewed}};
 
 template <class T>
 MatrixF to_eigen(DenseView<const T> v) {
@@ -155,15 +165,8 @@ Case<T> random_case(std::int64_t m, std::int64_t k, std::int64_t n, std::uint64_
 }
 
 template <class T>
-Case<T> workload_case(std::int64_t m, std::int64_t k, std::int64_t n, double density, workload::Distribution d,
-                      std::uint64_t seed) {
-  workload::ActivationOptions o;
-  o.tokens = m;
-  o.units = n;
-  o.density = density;
-  o.distribution = d;
-  o.seed = seed;
-  auto in = workload::ffn_inputs<T>(o, k);
+Case<T> workload_case(const testing::WorkloadSetting& s, std::uint64_t seed) {
+  auto in = testing::workload_inputs<T>(s, seed);
   return {std::move(in.x), std::move(in.wg)};
 }
 
@@ -248,19 +251,11 @@ TEST_CASE_TEMPLATE("gemm_to_sparse generic paths: other tiles, unaligned shapes,
 
 TEST_CASE_TEMPLATE("gemm_to_sparse on workload patterns, densities 0.3 % to 20 %, token-skewed overflow", T, bf16,
                    fp16) {
-  struct Setting {
-    std::int64_t m, k, n;
-    double density;
-    workload::Distribution d;
-  };
-  for (const Setting s : {Setting{512, 2048, 5632, 0.005, workload::Distribution::token_skewed},
-                          Setting{512, 2048, 5632, 0.003, workload::Distribution::uniform},
-                          Setting{384, 512, 1408, 0.05, workload::Distribution::token_skewed},
-                          Setting{256, 256, 1024, 0.2, workload::Distribution::neuron_skewed}}) {
+  for (const testing::WorkloadSetting& s : kWorkloadSettings) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(s.density);
-    const auto c = workload_case<T>(s.m, s.k, s.n, s.density, s.d, seed);
+    const auto c = workload_case<T>(s, seed);
     for (const std::int32_t tile : {256, 128}) {
       CAPTURE(tile);
       run_case<T>(c, kActs[0], TwellLayout{tile, 8}, OverflowPolicy::hybrid, "fused_mma_sync_tile");
@@ -310,28 +305,21 @@ TEST_CASE("gemm_to_sparse rejects bad input") {
   const auto w = testing::random_dense<bf16>(24, 64, 1.0f, 2).to(MemorySpace::device);
   const auto wh = testing::random_dense<bf16>(32, 64, 1.0f, 3);
   const auto wk = wh.to(MemorySpace::device);
-  auto code = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    return ErrorCode::io;  // nothing thrown: no code of the expected ones
-  };
-  CHECK(code([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), w.view(), {}, TwellLayout{}, {}); }) ==
+  using testing::code_of;
+  CHECK(code_of([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), w.view(), {}, TwellLayout{}, {}); }) ==
         ErrorCode::shape_mismatch);
-  CHECK(code([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), wh.view(), {}, TwellLayout{}, {}); }) ==
+  CHECK(code_of([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), wh.view(), {}, TwellLayout{}, {}); }) ==
         ErrorCode::space_mismatch);
-  CHECK(code([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), wk.view(), {}, TwellLayout{256, 3}, {}); }) ==
+  CHECK(code_of([&] { (void)cuda::gemm_to_sparse<bf16>(x.view(), wk.view(), {}, TwellLayout{256, 3}, {}); }) ==
         ErrorCode::invalid_argument);
-  CHECK(code([&] {
+  CHECK(code_of([&] {
           (void)cuda::gemm_to_sparse<bf16>(x.view(), wk.view(), {Activation::relu, -1.0f}, TwellLayout{}, {});
         }) == ErrorCode::invalid_argument);
 }
 
 namespace {
 
-void cuda_ok(cudaError_t e) { REQUIRE_MESSAGE(e == cudaSuccess, cudaGetErrorString(e)); }
+using testing::cuda_ok;
 
 template <class U>
 void copy_down(U* dst, const U* src, std::int64_t n) {
@@ -464,20 +452,12 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: random dense
 }
 
 TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: workload patterns, 0.3 % to 20 %", T, bf16, fp16) {
-  struct Setting {
-    std::int64_t m, k, n;
-    double density;
-    workload::Distribution d;
-  };
-  for (const Setting s : {Setting{512, 2048, 5632, 0.005, workload::Distribution::token_skewed},
-                          Setting{512, 2048, 5632, 0.003, workload::Distribution::uniform},
-                          Setting{384, 512, 1408, 0.05, workload::Distribution::token_skewed},
-                          Setting{256, 256, 1024, 0.2, workload::Distribution::neuron_skewed}}) {
+  for (const testing::WorkloadSetting& s : kWorkloadSettings) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(s.density);
-    const auto c = workload_case<T>(s.m, s.k, s.n, s.density, s.d, seed);
-    const auto other = workload_case<T>(s.m, s.k, s.n, s.density, s.d, seed + 5);
+    const auto c = workload_case<T>(s, seed);
+    const auto other = workload_case<T>(s, seed + 5);
     const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
     const auto od = other.x.to(MemorySpace::device);
     for (const std::int32_t tile : {256, 128}) {
@@ -506,7 +486,7 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan on the generic path equals gemm_to_sparse b
 TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows completed by the second pass", T, bf16, fp16) {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const auto c = workload_case<T>(1024, 512, 1408, 0.05, workload::Distribution::token_skewed, seed);
+  const auto c = workload_case<T>({1024, 512, 1408, 0.05, workload::Distribution::token_skewed}, seed);
   const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
   const TwellLayout layout{256, 16};  // 15 slots per (row, tile): token-skewed rows overflow
   ConvertOptions conv;
@@ -573,21 +553,14 @@ TEST_CASE("GemmToSparsePlan: error policy, misuse and bad input") {
   }
   CHECK_THROWS_AS((void)plan.result(), Error);  // a failed count leaves no result
 
-  auto code = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.code();
-    }
-    return ErrorCode::io;
-  };
+  using testing::code_of;
   const auto x_small = testing::random_dense<bf16>(100, 64, 1.0f, seed + 1).to(MemorySpace::device);
-  CHECK(code([&] { plan.run(x_small.view(), wd.view()); }) == ErrorCode::shape_mismatch);
-  CHECK(code([&] { plan.run(c.x.view(), wd.view()); }) == ErrorCode::space_mismatch);
-  CHECK(code([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {}, TwellLayout{256, 3}); }) ==
+  CHECK(code_of([&] { plan.run(x_small.view(), wd.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { plan.run(c.x.view(), wd.view()); }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {}, TwellLayout{256, 3}); }) ==
         ErrorCode::invalid_argument);
-  CHECK(code([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {}, TwellLayout{}, -5); }) ==
+  CHECK(code_of([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {}, TwellLayout{}, -5); }) ==
         ErrorCode::invalid_argument);
-  CHECK(code([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {Activation::relu, -1.0f}, TwellLayout{}); }) ==
+  CHECK(code_of([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {Activation::relu, -1.0f}, TwellLayout{}); }) ==
         ErrorCode::invalid_argument);
 }

@@ -17,6 +17,8 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/workload.hpp>
 
+#include "device.hpp"
+#include "fixtures.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -30,13 +32,9 @@ constexpr MemorySpace kDevice = MemorySpace::device;
 constexpr TwellLayout kPaper{256, 8};
 constexpr TwellLayout kNarrow{16, 4};
 
-// Relative Frobenius bounds: one rounding into T plus fp32 accumulation in another order.
-template <class T>
-double bound() {
-  if constexpr (std::is_same_v<T, bf16>) return 1e-2;
-  if constexpr (std::is_same_v<T, fp16>) return 2e-3;
-  return 1e-5;
-}
+using testing::nan_dense;
+using testing::poison_device;
+using testing::relative_bound;
 
 TwellLayout wide_layout(std::int64_t cols) { return TwellLayout{static_cast<std::int32_t>((cols / 8 + 1) * 8), 1}; }
 
@@ -72,19 +70,6 @@ Formats<T> to_device(const Formats<T>& h) {
   return {h.csr.to(kDevice), h.ell.to(kDevice), h.twell.to(kDevice), h.hybrid.to(kDevice)};
 }
 
-template <class T>
-DenseMatrix<T> nan_dense(std::int64_t rows, std::int64_t cols) {
-  DenseMatrix<T> m(rows, cols);
-  auto v = m.view();
-  for (std::int64_t i = 0; i < rows; ++i)
-    for (std::int64_t j = 0; j < cols; ++j) v.at(i, j) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
-  return m;
-}
-
-template <class T>
-void poison(Buffer<T>& b) {
-  if (b.bytes() > 0) REQUIRE(cudaMemset(b.data(), 0xff, b.bytes()) == cudaSuccess);
-}
 
 template <class T>
 double rel(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
@@ -148,7 +133,7 @@ void check_spmm(const char* name, Op op, const HostM& a_host, const DenseMatrix<
   CHECK(cuda_path(report));
   const DenseMatrix<T> got = c_dev.to(kHost);
   const double err = rel(got, want);
-  CHECK(err <= bound<T>());  // NaN (poison leaked or unwritten) fails too
+  CHECK(err <= relative_bound<T>());  // NaN (poison leaked or unwritten) fails too
 }
 
 }  // namespace
@@ -250,7 +235,7 @@ TEST_CASE_TEMPLATE("cuda spmm on misaligned B and C takes the scalar path and st
     CHECK(std::isnan(to_float(host.view().at(i, 0))));  // neighbours untouched
     CHECK(std::isnan(to_float(host.view().at(i, 38))));
   }
-  CHECK(rel(got, want) <= bound<T>());
+  CHECK(rel(got, want) <= relative_bound<T>());
 }
 
 TEST_CASE("cuda spmm rejects host operands and bad shapes") {
@@ -299,7 +284,7 @@ bool same_maps(const HybridMatrix<T>& a, const HybridMatrix<T>& b) {
 template <class T>
 CsrMatrix<T> device_out(const CsrMatrix<T>& p, bool poisoned) {
   CsrMatrix<T> o = p.to(kDevice);
-  if (poisoned) poison(o.values());
+  if (poisoned) poison_device(o.values());
   return o;
 }
 template <class T>
@@ -321,19 +306,19 @@ template <class T>
 TwellMatrix<T> device_out(const TwellMatrix<T>& p, bool poisoned) {
   if (!poisoned) return p.to(kDevice);
   TwellMatrix<T> o(p.rows(), p.cols(), p.layout(), kDevice);
-  poison(o.packed());
-  poison(o.value_plane());
+  poison_device(o.packed());
+  poison_device(o.value_plane());
   return o;
 }
 template <class T>
 HybridMatrix<T> device_out(const HybridMatrix<T>& p, bool poisoned) {
   if (!poisoned) return p.to(kDevice);
   HybridMatrix<T> o(p.rows(), p.cols(), p.layout(), p.overflow_rows(), kDevice);
-  poison(o.twell().packed());
-  poison(o.twell().value_plane());
-  poison(o.overflow().values());
-  poison(o.row_to_overflow());
-  poison(o.overflow_to_row());
+  poison_device(o.twell().packed());
+  poison_device(o.twell().value_plane());
+  poison_device(o.overflow().values());
+  poison_device(o.row_to_overflow());
+  poison_device(o.overflow_to_row());
   return o;
 }
 
@@ -376,7 +361,7 @@ void check_sddmm(const char* name, const DenseMatrix<T>& a, Op op_b, const Dense
   const HostM got = target.to(kHost);
   check_structure(got, want);
   const double err = rel(dense_of(got), dense_of(want));
-  CHECK(err <= bound<T>());
+  CHECK(err <= relative_bound<T>());
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/workload.hpp>
 
+#include "fixtures.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -31,20 +32,8 @@ constexpr MemorySpace kDevice = MemorySpace::device;
 constexpr std::int64_t kK = 5632;
 constexpr std::int64_t kN = 2048;
 
-template <class T>
-double bound() {
-  if constexpr (std::is_same_v<T, bf16>) return 1e-2;
-  return 2e-3;
-}
-
-template <class T>
-DenseMatrix<T> nan_dense(std::int64_t rows, std::int64_t cols) {
-  DenseMatrix<T> m(rows, cols);
-  auto v = m.view();
-  for (std::int64_t i = 0; i < rows; ++i)
-    for (std::int64_t j = 0; j < cols; ++j) v.at(i, j) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
-  return m;
-}
+using testing::nan_dense;
+using testing::relative_bound;
 
 // Runs both backends on the same A, B, C0 and returns the cuda path taken.
 template <class T, class HostM>
@@ -67,7 +56,7 @@ std::string check_spmm(const HostM& a_host, const DenseMatrix<T>& b, const Dense
   CAPTURE(report.path);
   const DenseMatrix<T> got = c_dev.to(kHost);
   const double err = testing::relative_error<T, T>(got.view(), want.view());
-  CHECK(err <= bound<T>());  // NaN (poison leaked or an element unwritten) fails too
+  CHECK(err <= relative_bound<T>());  // NaN (poison leaked or an element unwritten) fails too
   return report.path;
 }
 
