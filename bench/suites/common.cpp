@@ -104,6 +104,27 @@ double bytes_of_dense(std::int64_t rows, std::int64_t cols) {
   return static_cast<double>(rows) * static_cast<double>(cols) * sizeof(T);
 }
 
+Case sweep_case(const std::string& suite, const std::string& op, const workload::FfnShape& shape, std::int64_t m,
+                std::int64_t k, std::int64_t n, workload::Distribution dist, double density,
+                const DeviceActivations& act) {
+  Case c;
+  c.suite = suite;
+  c.op = op;
+  c.shape = shape.name;
+  c.m = m;
+  c.k = k;
+  c.n = n;
+  c.distribution = workload::to_string(dist);
+  c.density_target = density;
+  c.density_realized = act.realized_density;
+  return c;
+}
+
+Case with_variant(Case base, const std::string& variant) {
+  base.variant = variant;
+  return base;
+}
+
 void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
   try {
     body(c);

@@ -57,6 +57,14 @@ void clear_caches();
 double bytes_of(const HybridMatrix<T>& h);
 double bytes_of_dense(std::int64_t rows, std::int64_t cols);
 
+// The fields every case of one sweep point shares: suite, op, the shape's name, M, K, N, the
+// distribution and the target and realized densities (variant and results are each case's own).
+Case sweep_case(const std::string& suite, const std::string& op, const workload::FfnShape& shape, std::int64_t m,
+                std::int64_t k, std::int64_t n, workload::Distribution dist, double density,
+                const DeviceActivations& act);
+// `base` as the given variant.
+Case with_variant(Case base, const std::string& variant);
+
 // Runs body(c) for a case: on success c keeps its numbers; ErrorCode::unsupported becomes
 // "not built: ...", any other exception "failed: ...". The case is appended either way.
 void run_case(Report& report, Case c, const std::function<void(Case&)>& body);

@@ -31,23 +31,12 @@ void run_convert(Harness& h, Report& report) {
     for (const double density : detail::sweep_densities(quick)) {
       const auto& act = detail::activations(m, units, density, dist, h.config().seed);
       const DenseView<const T> a{act.dense.values().data(), m, units, units, MemorySpace::device};
-      Case base;
-      base.suite = "convert";
-      base.op = "dense_to_twell";
-      base.shape = shape.name;
-      base.m = m;
-      base.k = units;
-      base.n = 0;
-      base.distribution = workload::to_string(dist);
-      base.density_target = density;
-      base.density_realized = act.realized_density;
+      const Case base = detail::sweep_case("convert", "dense_to_twell", shape, m, units, 0, dist, density, act);
       const TwellLayout layout = detail::layout_for_density(density);
 
 #if TWELL_BENCH_CUDA_CONVERT
       std::int64_t overflow_rows = 0;
-      Case hy = base;
-      hy.variant = "dense->hybrid";
-      detail::run_case(report, hy, [&](Case& x) {
+      detail::run_case(report, detail::with_variant(base, "dense->hybrid"), [&](Case& x) {
         ConvertOptions o;
         o.overflow = OverflowPolicy::hybrid;
         o.stream = h.stream();
@@ -65,43 +54,35 @@ void run_convert(Harness& h, Report& report) {
         x.extra["includes"] = "allocation of the result (the API returns an owning matrix)";
       });
       // Plain TwELL only where nothing overflows: the error policy would throw otherwise.
-      Case tw = base;
-      tw.variant = "dense->twell";
-      Case into = base;
-      into.variant = "dense->twell_into";
-      Case into_async = base;
-      into_async.variant = "dense->twell_into_async";
       if (overflow_rows > 0) {
-        for (Case* c : {&tw, &into, &into_async}) {
-          c->status = "skipped: " + std::to_string(overflow_rows) + " rows overflow this layout (see dense->hybrid)";
-          report.cases.push_back(*c);
+        for (const char* v : {"dense->twell", "dense->twell_into", "dense->twell_into_async"}) {
+          Case c = detail::with_variant(base, v);
+          c.status = "skipped: " + std::to_string(overflow_rows) + " rows overflow this layout (see dense->hybrid)";
+          report.cases.push_back(c);
         }
       } else {
         // The hot path: a TwELL allocated once, outside the timing, written whole by every run.
         TwellMatrix<T> dst(m, units, layout, MemorySpace::device);
         const double twell_bytes = static_cast<double>(dst.packed().bytes());
-        detail::run_case(report, into, [&](Case& x) {
-          ConvertOptions o;
-          o.stream = h.stream();
-          x.timing = h.time([&] { cuda::dense_to_twell_into<T>(a, dst.view(), o); });
-          x.bytes = dense_bytes + twell_bytes;
-          x.extra["tile"] = layout.tile;
-          x.extra["C"] = layout.compression;
-          x.extra["includes"] = "overflow check (error policy): counters, one 24-byte read back and a stream sync";
-        });
+        const auto time_into = [&](const char* variant, OverflowPolicy policy, const char* includes) {
+          detail::run_case(report, detail::with_variant(base, variant), [&](Case& x) {
+            ConvertOptions o;
+            o.stream = h.stream();
+            o.overflow = policy;
+            x.timing = h.time([&] { cuda::dense_to_twell_into<T>(a, dst.view(), o); });
+            x.bytes = dense_bytes + twell_bytes;
+            x.extra["tile"] = layout.tile;
+            x.extra["C"] = layout.compression;
+            x.extra["includes"] = includes;
+          });
+        };
+        time_into("dense->twell_into", OverflowPolicy::error,
+                  "overflow check (error policy): counters, one 24-byte read back and a stream sync");
         // Nothing overflows this layout, so drop writes what error writes; without a report
         // nothing is read back and the host never waits: the kernel alone.
-        detail::run_case(report, into_async, [&](Case& x) {
-          ConvertOptions o;
-          o.stream = h.stream();
-          o.overflow = OverflowPolicy::drop;
-          x.timing = h.time([&] { cuda::dense_to_twell_into<T>(a, dst.view(), o); });
-          x.bytes = dense_bytes + twell_bytes;
-          x.extra["tile"] = layout.tile;
-          x.extra["C"] = layout.compression;
-          x.extra["includes"] = "the packing kernel only (drop policy, no report: no read back, no sync)";
-        });
-        detail::run_case(report, tw, [&](Case& x) {
+        time_into("dense->twell_into_async", OverflowPolicy::drop,
+                  "the packing kernel only (drop policy, no report: no read back, no sync)");
+        detail::run_case(report, detail::with_variant(base, "dense->twell"), [&](Case& x) {
           ConvertOptions o;
           o.stream = h.stream();
           const TwellMatrix<T> once = cuda::dense_to_twell<T>(a, layout, o);
@@ -113,16 +94,11 @@ void run_convert(Harness& h, Report& report) {
         });
       }
 #else
-      for (const char* v : {"dense->hybrid", "dense->twell", "dense->twell_into", "dense->twell_into_async"}) {
-        Case c = base;
-        c.variant = v;
-        detail::not_built(report, c, "converters/cuda/*.cu are not in this build");
-      }
+      for (const char* v : {"dense->hybrid", "dense->twell", "dense->twell_into", "dense->twell_into_async"})
+        detail::not_built(report, detail::with_variant(base, v), "converters/cuda/*.cu are not in this build");
 #endif
 
-      Case cp = base;
-      cp.variant = "copy";
-      detail::run_case(report, cp, [&](Case& x) {
+      detail::run_case(report, detail::with_variant(base, "copy"), [&](Case& x) {
         const auto s = static_cast<cudaStream_t>(h.stream().handle);
         x.timing = h.time([&] {
           const cudaError_t st = cudaMemcpyAsync(copy_dst.values().data(), a.data,
@@ -135,9 +111,8 @@ void run_convert(Harness& h, Report& report) {
 #if TWELL_BENCH_BASELINES
       detail::convert_baselines(h, report, base, a);
 #else
-      Case cs = base;
-      cs.variant = "cusparse_dense_to_csr";
-      detail::not_built(report, cs, "kernels/include/twell/kernels/baselines.hpp is not in this build");
+      detail::not_built(report, detail::with_variant(base, "cusparse_dense_to_csr"),
+                        "kernels/include/twell/kernels/baselines.hpp is not in this build");
 #endif
     }
   }

@@ -32,21 +32,11 @@ void run_sddmm(Harness& h, Report& report) {
     for (const double density : detail::sweep_densities(quick)) {
       const auto& act = detail::activations(m, units, density, dist, h.config().seed);
       const DenseView<const T> a_dense{act.dense.values().data(), m, units, units, MemorySpace::device};
-      Case base;
-      base.suite = "sddmm";
-      base.op = "sddmm";
-      base.shape = shape.name;
-      base.m = m;
-      base.k = hidden;
-      base.n = units;
-      base.distribution = workload::to_string(dist);
-      base.density_target = density;
-      base.density_realized = act.realized_density;
+      const Case base = detail::sweep_case("sddmm", "sddmm", shape, m, hidden, units, dist, density, act);
       const double flops = 2.0 * act.realized_density * static_cast<double>(m) * static_cast<double>(units) *
                            static_cast<double>(hidden);
 
-      Case tw = base;
-      tw.variant = "twell";
+      const Case tw = detail::with_variant(base, "twell");
 #if TWELL_BENCH_CUDA_SDDMM && TWELL_BENCH_CUDA_CONVERT
       detail::run_case(report, tw, [&](Case& x) {
         const TwellLayout layout = detail::layout_for_density(density);
@@ -78,9 +68,8 @@ void run_sddmm(Harness& h, Report& report) {
       detail::sddmm_baselines(h, report, base, DenseView<const T>(dy.view()), DenseView<const T>(wd.view()), a_dense,
                               flops, dense_in);
 #else
-      Case cs = base;
-      cs.variant = "cusparse_sddmm";
-      detail::not_built(report, cs, "kernels/include/twell/kernels/baselines.hpp is not in this build");
+      detail::not_built(report, detail::with_variant(base, "cusparse_sddmm"),
+                        "kernels/include/twell/kernels/baselines.hpp is not in this build");
 #endif
     }
   }

@@ -22,6 +22,16 @@ struct RowSpan {
   const std::int32_t* cols;
   const T* values;
   std::int64_t size;
+
+  // The span's entries in warp-wide chunks, as a row source hands them out.
+  template <class F>
+  __device__ void for_each_chunk(F&& f) const {
+    for (std::int64_t i0 = 0; i0 < size; i0 += kWarpSize) {
+      const std::int64_t i = i0 + lane_id();
+      const bool ok = i < size;
+      f(ok, ok ? static_cast<std::int64_t>(cols[i]) : 0, ok ? values[i] : T{});
+    }
+  }
 };
 
 template <class T>
@@ -56,12 +66,7 @@ struct CsrRows {
   }
   template <class F>
   __device__ void for_each_chunk(std::int64_t row, F&& f) const {
-    const RowSpan<T> s = span(row);
-    for (std::int64_t i0 = 0; i0 < s.size; i0 += kWarpSize) {
-      const std::int64_t i = i0 + lane_id();
-      const bool ok = i < s.size;
-      f(ok, ok ? static_cast<std::int64_t>(s.cols[i]) : 0, ok ? s.values[i] : T{});
-    }
+    span(row).for_each_chunk(f);
   }
 };
 
@@ -81,12 +86,7 @@ struct EllRows {
   }
   template <class F>
   __device__ void for_each_chunk(std::int64_t row, F&& f) const {
-    const RowSpan<T> s = span(row);
-    for (std::int64_t i0 = 0; i0 < s.size; i0 += kWarpSize) {
-      const std::int64_t i = i0 + lane_id();
-      const bool ok = i < s.size;
-      f(ok, ok ? static_cast<std::int64_t>(s.cols[i]) : 0, ok ? s.values[i] : T{});
-    }
+    span(row).for_each_chunk(f);
   }
 };
 
@@ -97,7 +97,8 @@ struct TwellRows {
   const std::uint32_t* packed;
   const T* value_plane;
 
-  explicit TwellRows(TwellView<const T> v) : cols(v.cols), layout(v.layout), packed(v.packed), value_plane(v.value_plane) {}
+  explicit TwellRows(TwellView<const T> v)
+      : cols(v.cols), layout(v.layout), packed(v.packed), value_plane(v.value_plane) {}
   template <class F>
   __device__ void for_each_chunk(std::int64_t row, F&& f) const {
     const std::int64_t tiles = layout.tiles(cols);
@@ -164,8 +165,8 @@ __device__ std::int64_t for_each_stored(const Rows& rows, std::int64_t row, floa
 // Preconditions: a valid source on the device; counts has n_rows entries.
 // Benchmark: bench/ conversion drivers (to CSR / ELL).
 template <class T, class Rows>
-__global__ void __launch_bounds__(kBlockThreads) count_rows_kernel(Rows rows, std::int64_t n_rows, float threshold,
-                                                                   std::int64_t* counts) {
+__global__ void __launch_bounds__(kBlockThreads)
+    count_rows_kernel(Rows rows, std::int64_t n_rows, float threshold, std::int64_t* counts) {
   for (std::int64_t row = global_warp(); row < n_rows; row += warp_count()) {
     const std::int64_t n = for_each_stored<T>(rows, row, threshold, [](std::int64_t, std::int64_t, T) {});
     if (lane_id() == 0) counts[row] = n;
@@ -176,9 +177,9 @@ __global__ void __launch_bounds__(kBlockThreads) count_rows_kernel(Rows rows, st
 // Preconditions: row_ptr is the exclusive scan of count_rows_kernel's counts for the same
 // source and threshold (so every write lands inside nnz). Benchmark: bench/ conversion drivers.
 template <class T, class Rows>
-__global__ void __launch_bounds__(kBlockThreads) fill_csr_kernel(Rows rows, std::int64_t n_rows, float threshold,
-                                                                 const std::int64_t* row_ptr, std::int32_t* col_idx,
-                                                                 T* values) {
+__global__ void __launch_bounds__(kBlockThreads)
+    fill_csr_kernel(Rows rows, std::int64_t n_rows, float threshold, const std::int64_t* row_ptr, std::int32_t* col_idx,
+                    T* values) {
   for (std::int64_t row = global_warp(); row < n_rows; row += warp_count()) {
     const std::int64_t base = row_ptr[row];
     for_each_stored<T>(rows, row, threshold, [&](std::int64_t rank, std::int64_t col, T v) {
@@ -190,12 +191,12 @@ __global__ void __launch_bounds__(kBlockThreads) fill_csr_kernel(Rows rows, std:
 
 // A warp owns whole rows (grid-stride): the first min(count, width) stored entries, zero padding
 // up to width, row_count; a longer row is flagged by row number (error; row_count then keeps the
-// true count for the message) or its surplus counted (drop, row_count = what is left). Preconditions: outputs of n_rows * width entries. Benchmark: bench/ conversion drivers.
+// true count for the message) or its surplus counted (drop, row_count = what is left).
+// Preconditions: outputs of n_rows * width entries. Benchmark: bench/ conversion drivers.
 template <class T, class Rows>
-__global__ void __launch_bounds__(kBlockThreads) fill_ell_kernel(Rows rows, std::int64_t n_rows, float threshold,
-                                                                 std::int64_t width, std::int32_t* row_count,
-                                                                 std::int32_t* col_idx, T* values,
-                                                                 OverflowPolicy policy, Counters* counters) {
+__global__ void __launch_bounds__(kBlockThreads)
+    fill_ell_kernel(Rows rows, std::int64_t n_rows, float threshold, std::int64_t width, std::int32_t* row_count,
+                    std::int32_t* col_idx, T* values, OverflowPolicy policy, Counters* counters) {
   std::int64_t kept_total = 0;
   for (std::int64_t row = global_warp(); row < n_rows; row += warp_count()) {
     std::int32_t* cols_out = col_idx + row * width;
@@ -231,9 +232,9 @@ __global__ void __launch_bounds__(kBlockThreads) fill_ell_kernel(Rows rows, std:
 // Preconditions: out has n_out_rows * cols entries, leading dimension cols; map entries are
 // valid source rows. counters may be null (nnz not wanted). Benchmark: bench/ conversion drivers.
 template <class T, class Rows>
-__global__ void __launch_bounds__(kBlockThreads) to_dense_kernel(Rows rows, std::int64_t n_out_rows,
-                                                                 const std::int32_t* map, float threshold, T* out,
-                                                                 std::int64_t cols, Counters* counters) {
+__global__ void __launch_bounds__(kBlockThreads)
+    to_dense_kernel(Rows rows, std::int64_t n_out_rows, const std::int32_t* map, float threshold, T* out,
+                    std::int64_t cols, Counters* counters) {
   std::int64_t stored_total = 0;
   for (std::int64_t r = global_warp(); r < n_out_rows; r += warp_count()) {
     const std::int64_t src_row = map != nullptr ? map[r] : r;

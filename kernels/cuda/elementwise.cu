@@ -2,8 +2,8 @@
 // One thread per stored slot; no reduction, so results are deterministic by construction.
 #include <cstdint>
 
-#include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 
 #include "sparse_common.cuh"
 
@@ -93,12 +93,6 @@ __global__ void overflow_kernel(std::int64_t r_rows, std::int64_t cols, const T*
 
 #undef TWELL_GRID_STRIDE
 
-template <class V, class W>
-void same_shape(V x, W out, const char* where, const char* name) {
-  require(x.rows == out.rows && x.cols == out.cols, ErrorCode::shape_mismatch, where, name, " is ",
-          detail::shape(out.rows, out.cols), " but x is ", detail::shape(x.rows, x.cols));
-}
-
 template <class T, class F>
 void run(CsrView<const T> x, const T* y, CsrView<T> out, F f, const char* where, const KernelOptions& options) {
   require(out.nnz == x.nnz, ErrorCode::shape_mismatch, where, "out has nnz ", out.nnz, " but x has ", x.nnz);
@@ -164,25 +158,10 @@ void run(HybridView<const T> x, HybridView<const T>* y, HybridView<T> out, F f, 
         where);
 }
 
-template <class T>
-std::int64_t rows_of(const T& v) {
-  if constexpr (requires { v.twell; }) {
-    return v.rows();
-  } else {
-    return v.rows;
-  }
-}
-template <class T>
-std::int64_t cols_of(const T& v) {
-  if constexpr (requires { v.twell; }) {
-    return v.cols();
-  } else {
-    return v.cols;
-  }
-}
-
 template <class View, class Out>
 void check_pair(View x, Out out, const char* where, const char* name) {
+  using twell::detail::cols_of;
+  using twell::detail::rows_of;
   require(rows_of(x) == rows_of(out) && cols_of(x) == cols_of(out), ErrorCode::shape_mismatch, where, name, " is ",
           detail::shape(rows_of(out), cols_of(out)), " but x is ", detail::shape(rows_of(x), cols_of(x)));
 }
@@ -198,7 +177,7 @@ auto values_of(View& v) {
 }
 
 template <class View, class Out>
-void multiply_impl(View x, View y, Out out, const KernelOptions& options, const char* path) {
+void multiply_impl(View x, View y, Out out, const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::cuda::multiply_on_pattern";
   detail::check_view(x, where, "x");
   detail::check_view(y, where, "y");
@@ -206,67 +185,23 @@ void multiply_impl(View x, View y, Out out, const KernelOptions& options, const 
   check_pair(x, y, where, "y");
   check_pair(x, out, where, "out");
   run(x, values_of(y), out, Multiply{}, where, options);
-  detail::report_path(options, path);
+  twell::detail::report_format_path(options, "cuda/multiply_on_pattern", format);
 }
 
 template <class View, class Out>
-void add_scaled_sign_impl(View x, float s, Out out, const KernelOptions& options, const char* path) {
+void add_scaled_sign_impl(View x, float s, Out out, const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::cuda::add_scaled_sign";
   detail::check_view(x, where, "x");
   detail::check_view(out, where, "out");
   check_pair(x, out, where, "out");
   using Y = decltype(values_of(x));
   run(x, Y{nullptr}, out, AddScaledSign{s}, where, options);
-  detail::report_path(options, path);
+  twell::detail::report_format_path(options, "cuda/add_scaled_sign", format);
 }
 
 }  // namespace
 
-template <Value T>
-void multiply_on_pattern(CsrView<const T> x, CsrView<const T> y, CsrView<T> out, const KernelOptions& options) {
-  multiply_impl(x, y, out, options, "cuda/multiply_on_pattern/csr");
-}
-template <Value T>
-void multiply_on_pattern(EllView<const T> x, EllView<const T> y, EllView<T> out, const KernelOptions& options) {
-  multiply_impl(x, y, out, options, "cuda/multiply_on_pattern/ell");
-}
-template <Value T>
-void multiply_on_pattern(TwellView<const T> x, TwellView<const T> y, TwellView<T> out, const KernelOptions& options) {
-  multiply_impl(x, y, out, options, "cuda/multiply_on_pattern/twell");
-}
-template <Value T>
-void multiply_on_pattern(HybridView<const T> x, HybridView<const T> y, HybridView<T> out,
-                         const KernelOptions& options) {
-  multiply_impl(x, y, out, options, "cuda/multiply_on_pattern/hybrid");
-}
-
-template <Value T>
-void add_scaled_sign(CsrView<const T> x, float s, CsrView<T> out, const KernelOptions& options) {
-  add_scaled_sign_impl(x, s, out, options, "cuda/add_scaled_sign/csr");
-}
-template <Value T>
-void add_scaled_sign(EllView<const T> x, float s, EllView<T> out, const KernelOptions& options) {
-  add_scaled_sign_impl(x, s, out, options, "cuda/add_scaled_sign/ell");
-}
-template <Value T>
-void add_scaled_sign(TwellView<const T> x, float s, TwellView<T> out, const KernelOptions& options) {
-  add_scaled_sign_impl(x, s, out, options, "cuda/add_scaled_sign/twell");
-}
-template <Value T>
-void add_scaled_sign(HybridView<const T> x, float s, HybridView<T> out, const KernelOptions& options) {
-  add_scaled_sign_impl(x, s, out, options, "cuda/add_scaled_sign/hybrid");
-}
-
-#define TWELL_INSTANTIATE(T)                                                                                           \
-  template void multiply_on_pattern<T>(CsrView<const T>, CsrView<const T>, CsrView<T>, const KernelOptions&);          \
-  template void multiply_on_pattern<T>(EllView<const T>, EllView<const T>, EllView<T>, const KernelOptions&);          \
-  template void multiply_on_pattern<T>(TwellView<const T>, TwellView<const T>, TwellView<T>, const KernelOptions&);    \
-  template void multiply_on_pattern<T>(HybridView<const T>, HybridView<const T>, HybridView<T>, const KernelOptions&); \
-  template void add_scaled_sign<T>(CsrView<const T>, float, CsrView<T>, const KernelOptions&);                         \
-  template void add_scaled_sign<T>(EllView<const T>, float, EllView<T>, const KernelOptions&);                         \
-  template void add_scaled_sign<T>(TwellView<const T>, float, TwellView<T>, const KernelOptions&);                     \
-  template void add_scaled_sign<T>(HybridView<const T>, float, HybridView<T>, const KernelOptions&);
-TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
-#undef TWELL_INSTANTIATE
+TWELL_FOR_EACH_SPARSE_VIEW(TWELL_DEFINE_ELEMENTWISE)
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE_ELEMENTWISE)
 
 }  // namespace twell::cuda

@@ -4,8 +4,8 @@
 // in index order. Counts are integers, so their order never matters.
 #include <cstdint>
 
-#include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 
 #include "sparse_common.cuh"
 
@@ -65,6 +65,22 @@ struct DenseSource {
   }
 };
 
+// Adds every thread's (sum, count) into s_sum[0] and s_count[0] by a fixed shared-memory tree.
+// All kThreads threads of the block call it; the result is visible to all of them on return.
+__device__ __forceinline__ void tree_reduce(double* s_sum, unsigned long long* s_count, double sum,
+                                            unsigned long long count) {
+  s_sum[threadIdx.x] = sum;
+  s_count[threadIdx.x] = count;
+  __syncthreads();
+  for (int d = kThreads / 2; d > 0; d >>= 1) {
+    if (threadIdx.x < d) {
+      s_sum[threadIdx.x] += s_sum[threadIdx.x + d];
+      s_count[threadIdx.x] += s_count[threadIdx.x + d];
+    }
+    __syncthreads();
+  }
+}
+
 // A block owns the indices blockIdx.x + j * gridDim.x (in units of kThreads); thread partials are
 // reduced by a fixed tree. Precondition: the source's view is valid. One memory-bound pass; no
 // dedicated bench/ case (it runs inside the FFN training step's L1 term).
@@ -83,16 +99,7 @@ __global__ void __launch_bounds__(kThreads)
       count += v != 0.0f ? 1 : 0;
     }
   }
-  s_sum[threadIdx.x] = sum;
-  s_count[threadIdx.x] = count;
-  __syncthreads();
-  for (int d = kThreads / 2; d > 0; d >>= 1) {
-    if (threadIdx.x < d) {
-      s_sum[threadIdx.x] += s_sum[threadIdx.x + d];
-      s_count[threadIdx.x] += s_count[threadIdx.x + d];
-    }
-    __syncthreads();
-  }
+  tree_reduce(s_sum, s_count, sum, count);
   if (threadIdx.x == 0) {
     sums[blockIdx.x] += s_sum[0];
     counts[blockIdx.x] += s_count[0];
@@ -110,16 +117,7 @@ __global__ void __launch_bounds__(kThreads) final_kernel(const double* sums, con
     sum += sums[i];
     count += counts[i];
   }
-  s_sum[threadIdx.x] = sum;
-  s_count[threadIdx.x] = count;
-  __syncthreads();
-  for (int d = kThreads / 2; d > 0; d >>= 1) {
-    if (threadIdx.x < d) {
-      s_sum[threadIdx.x] += s_sum[threadIdx.x + d];
-      s_count[threadIdx.x] += s_count[threadIdx.x + d];
-    }
-    __syncthreads();
-  }
+  tree_reduce(s_sum, s_count, sum, count);
   if (threadIdx.x == 0) {
     *sum_out = s_sum[0];
     *count_out = s_count[0];
@@ -172,99 +170,51 @@ class Reducer {
   int blocks_ = 0;
 };
 
+// The sources of each format, added to one Reducer (a Hybrid adds its overflow block too).
 template <class T>
-Totals reduce(CsrView<const T> x, const KernelOptions& options, const char* where) {
-  detail::check_view(x, where, "x");
-  Reducer r(detail::stream_of(options), where);
+void add_sources(Reducer& r, CsrView<const T> x) {
   r.add(CsrSource<T>{x.values}, x.nnz);
-  return r.finish();
 }
 template <class T>
-Totals reduce(EllView<const T> x, const KernelOptions& options, const char* where) {
-  detail::check_view(x, where, "x");
-  Reducer r(detail::stream_of(options), where);
+void add_sources(Reducer& r, EllView<const T> x) {
   r.add(EllSource<T>{x.values, x.row_count, x.width}, x.rows * x.width);
-  return r.finish();
 }
 template <class T>
-Totals reduce(TwellView<const T> x, const KernelOptions& options, const char* where) {
-  detail::check_view(x, where, "x");
-  Reducer r(detail::stream_of(options), where);
+void add_sources(Reducer& r, TwellView<const T> x) {
   r.add(TwellSource<T>{x.packed, x.value_plane, nullptr, x.layout, x.packed_width()}, x.rows * x.packed_width());
-  return r.finish();
 }
 template <class T>
-Totals reduce(HybridView<const T> x, const KernelOptions& options, const char* where) {
-  detail::check_view(x, where, "x");
-  Reducer r(detail::stream_of(options), where);
+void add_sources(Reducer& r, HybridView<const T> x) {
   const std::int32_t* shadow = x.overflow.rows > 0 ? x.row_to_overflow : nullptr;
   r.add(TwellSource<T>{x.twell.packed, x.twell.value_plane, shadow, x.twell.layout, x.twell.packed_width()},
         x.rows() * x.twell.packed_width());
   if (x.cols() > 0) r.add(DenseSource<T>{x.overflow.data, x.cols(), x.overflow.ld}, x.overflow.rows * x.cols());
+}
+
+template <class View>
+Totals reduce(View x, const KernelOptions& options, const char* where) {
+  detail::check_view(x, where, "x");
+  Reducer r(detail::stream_of(options), where);
+  add_sources(r, x);
   return r.finish();
+}
+
+template <class View>
+double l1_impl(View x, const KernelOptions& options, const char* format) {
+  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
+  twell::detail::report_format_path(options, "cuda/l1_norm", format, "tree");
+  return v;
+}
+template <class View>
+std::int64_t l0_impl(View x, const KernelOptions& options, const char* format) {
+  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
+  twell::detail::report_format_path(options, "cuda/l0_norm", format, "tree");
+  return v;
 }
 
 }  // namespace
 
-template <Value T>
-double l1_norm(CsrView<const T> x, const KernelOptions& options) {
-  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
-  detail::report_path(options, "cuda/l1_norm/csr/tree");
-  return v;
-}
-template <Value T>
-double l1_norm(EllView<const T> x, const KernelOptions& options) {
-  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
-  detail::report_path(options, "cuda/l1_norm/ell/tree");
-  return v;
-}
-template <Value T>
-double l1_norm(TwellView<const T> x, const KernelOptions& options) {
-  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
-  detail::report_path(options, "cuda/l1_norm/twell/tree");
-  return v;
-}
-template <Value T>
-double l1_norm(HybridView<const T> x, const KernelOptions& options) {
-  const double v = reduce(x, options, "twell::cuda::l1_norm").l1;
-  detail::report_path(options, "cuda/l1_norm/hybrid/tree");
-  return v;
-}
-template <Value T>
-std::int64_t l0_norm(CsrView<const T> x, const KernelOptions& options) {
-  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
-  detail::report_path(options, "cuda/l0_norm/csr/tree");
-  return v;
-}
-template <Value T>
-std::int64_t l0_norm(EllView<const T> x, const KernelOptions& options) {
-  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
-  detail::report_path(options, "cuda/l0_norm/ell/tree");
-  return v;
-}
-template <Value T>
-std::int64_t l0_norm(TwellView<const T> x, const KernelOptions& options) {
-  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
-  detail::report_path(options, "cuda/l0_norm/twell/tree");
-  return v;
-}
-template <Value T>
-std::int64_t l0_norm(HybridView<const T> x, const KernelOptions& options) {
-  const std::int64_t v = reduce(x, options, "twell::cuda::l0_norm").l0;
-  detail::report_path(options, "cuda/l0_norm/hybrid/tree");
-  return v;
-}
-
-#define TWELL_INSTANTIATE(T)                                                  \
-  template double l1_norm<T>(CsrView<const T>, const KernelOptions&);         \
-  template double l1_norm<T>(EllView<const T>, const KernelOptions&);         \
-  template double l1_norm<T>(TwellView<const T>, const KernelOptions&);       \
-  template double l1_norm<T>(HybridView<const T>, const KernelOptions&);      \
-  template std::int64_t l0_norm<T>(CsrView<const T>, const KernelOptions&);   \
-  template std::int64_t l0_norm<T>(EllView<const T>, const KernelOptions&);   \
-  template std::int64_t l0_norm<T>(TwellView<const T>, const KernelOptions&); \
-  template std::int64_t l0_norm<T>(HybridView<const T>, const KernelOptions&);
-TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
-#undef TWELL_INSTANTIATE
+TWELL_FOR_EACH_SPARSE_VIEW(TWELL_DEFINE_NORMS)
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE_NORMS)
 
 }  // namespace twell::cuda

@@ -23,10 +23,11 @@
 // come out exactly zero). Benchmark: bench/suites/sddmm.cpp (dh = dy Wd^T at the hidden pattern).
 #include <cstdint>
 
-#include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 
 #include "sparse_common.cuh"
+#include "vec16.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -44,23 +45,6 @@ struct Operands {
   bool vec = false;           // rows of A and B^T 16-byte aligned with k a multiple of 16 / sizeof(T)
 };
 
-template <class T>
-__device__ __forceinline__ void unpack16(const uint4& u, float (&out)[16 / sizeof(T)]) {
-  if constexpr (std::is_same_v<T, float>) {
-    out[0] = __uint_as_float(u.x);
-    out[1] = __uint_as_float(u.y);
-    out[2] = __uint_as_float(u.z);
-    out[3] = __uint_as_float(u.w);
-  } else {
-    const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      out[2 * q] = detail::bits_to_f<T>(w[q] & 0xffffu);
-      out[2 * q + 1] = detail::bits_to_f<T>(w[q] >> 16);
-    }
-  }
-}
-
 // Dot product of row `a_row` of A with column j of op(B); every lane returns lane 0's total.
 template <class T>
 __device__ __forceinline__ float warp_dot(const T* a_row, const T* b, const Operands& o, std::int64_t j, int lane) {
@@ -71,8 +55,8 @@ __device__ __forceinline__ float warp_dot(const T* a_row, const T* b, const Oper
     const uint4* br = reinterpret_cast<const uint4*>(b + j * o.ldb);
     for (std::int64_t q = lane; q < o.k / kV; q += 32) {
       float x[kV], y[kV];
-      unpack16<T>(__ldg(ar + q), x);
-      unpack16<T>(__ldg(br + q), y);
+      detail::unpack16<T>(__ldg(ar + q), x);
+      detail::unpack16<T>(__ldg(br + q), y);
 #pragma unroll
       for (int u = 0; u < kV; ++u) s = fmaf(x[u], y[u], s);
     }
@@ -103,6 +87,14 @@ __device__ __forceinline__ float chunk_dots(bool flag, std::int64_t row, std::in
     if (lane == u) mine = d;
   }
   return mine;
+}
+
+// *p = alpha * d + beta * *p; beta == 0 never reads *p.
+template <class T>
+__device__ __forceinline__ void store_scaled(T* p, float d, float alpha, float beta) {
+  float v = alpha * d;
+  if (beta != 0.0f) v += beta * detail::load_f(p);
+  detail::store_f(p, v);
 }
 
 __device__ __forceinline__ std::int64_t warp_id() {
@@ -140,11 +132,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     const bool flag = in && j >= 0 && j < o.n;
     const float d = chunk_dots(flag, i, j, a, b, o, lane);
-    if (flag) {
-      float v = alpha * d;
-      if (beta != 0.0f) v += beta * detail::load_f(out_values + e);
-      detail::store_f(out_values + e, v);
-    }
+    if (flag) store_scaled(out_values + e, d, alpha, beta);
   }
 }
 
@@ -165,11 +153,7 @@ __global__ void __launch_bounds__(kThreads)
     const std::int64_t j = s < n ? col_idx[e] : -1;
     const bool flag = j >= 0 && j < o.n;
     const float d = chunk_dots(flag, i, j, a, b, o, lane);
-    if (flag) {
-      float v = alpha * d;
-      if (beta != 0.0f) v += beta * detail::load_f(out_values + e);
-      detail::store_f(out_values + e, v);
-    }
+    if (flag) store_scaled(out_values + e, d, alpha, beta);
   }
 }
 
@@ -272,39 +256,19 @@ __global__ void transpose_tile_kernel(const T* in, std::int64_t rows, std::int64
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-// B^T of a row-major B in stream-ordered scratch, and the operands that read it contiguously.
-template <class T>
-class TransposedB {
- public:
-  TransposedB(DenseView<const T> b, Operands& o, cudaStream_t stream)
-      : scratch_(o.b_transposed ? 0 : static_cast<std::size_t>(b.rows * b.cols) * sizeof(T), stream, kWhere) {
-    if (o.b_transposed || b.rows * b.cols == 0) return;
-    require(b.cols <= 65535LL * 32 && b.rows <= 65535LL * 32, ErrorCode::unsupported, kWhere, "B is ",
-            detail::shape(b.rows, b.cols), "; at most 2097120 rows and columns");
-    const dim3 grid(static_cast<unsigned>((b.cols + 31) / 32), static_cast<unsigned>((b.rows + 31) / 32));
-    transpose_tile_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(b.data, b.rows, b.cols, b.ld, scratch_.as<T>());
-    detail::check_launch("twell::cuda::sddmm (transpose B)");
-    data_ = scratch_.as<T>();
-    o.b_transposed = true;
-    o.ldb = b.rows;
-  }
-  const T* data(const T* original) const { return data_ != nullptr ? data_ : original; }
-
- private:
-  detail::Scratch scratch_;
-  const T* data_ = nullptr;
-};
-
 template <class T>
 void set_vec(DenseView<const T> a, const T* b, Operands& o) {
   constexpr std::int64_t v = 16 / sizeof(T);
-  o.vec = o.b_transposed && aligned16(a.data) && aligned16(b) && o.k % v == 0 && o.lda % v == 0 && o.ldb % v == 0;
+  o.vec = o.b_transposed && detail::aligned16(a.data) && detail::aligned16(b) && o.k % v == 0 && o.lda % v == 0 &&
+          o.ldb % v == 0;
 }
 
-template <class T>
-Operands check_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, std::int64_t m, std::int64_t n) {
+// Checks the pattern, out, A and B (in that order) against each other.
+template <class T, class Pattern, class Out>
+Operands check_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pattern, Out out) {
+  detail::check_view(pattern, kWhere, "pattern");
+  detail::check_view(out, kWhere, "out");
+  const std::int64_t m = twell::detail::rows_of(pattern), n = twell::detail::cols_of(pattern);
   detail::check_dense(a, kWhere, "A");
   detail::check_dense(b, kWhere, "B");
   require(op_b == Op::none || op_b == Op::transpose, ErrorCode::invalid_argument, kWhere, "op_b ",
@@ -315,6 +279,47 @@ Operands check_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, std
           detail::shape(a.rows, a.cols), " and op(B) is ", detail::shape(bk, bn), " but the pattern is ",
           detail::shape(m, n));
   return Operands{a.cols, n, a.ld, b.ld, t};
+}
+
+// The checked operands of one call, with op(B)'s columns as contiguous rows (for op_b = none, B^T
+// in stream-ordered scratch that lives as long as this object) and the 16-byte path chosen.
+template <class T>
+class Prepared {
+ public:
+  template <class Pattern, class Out>
+  Prepared(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pattern, Out out, cudaStream_t stream)
+      : o_(check_operands(a, op_b, b, pattern, out)),
+        scratch_(o_.b_transposed ? 0 : static_cast<std::size_t>(b.rows * b.cols) * sizeof(T), stream, kWhere),
+        b_(b.data) {
+    if (!o_.b_transposed && b.rows * b.cols != 0) {
+      require(b.cols <= 65535LL * 32 && b.rows <= 65535LL * 32, ErrorCode::unsupported, kWhere, "B is ",
+              detail::shape(b.rows, b.cols), "; at most 2097120 rows and columns");
+      const dim3 grid(static_cast<unsigned>((b.cols + 31) / 32), static_cast<unsigned>((b.rows + 31) / 32));
+      transpose_tile_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(b.data, b.rows, b.cols, b.ld, scratch_.as<T>());
+      detail::check_launch("twell::cuda::sddmm (transpose B)");
+      b_ = scratch_.as<T>();
+      o_.b_transposed = true;
+      o_.ldb = b.rows;
+    }
+    set_vec(a, b_, o_);
+  }
+  const Operands& operands() const { return o_; }
+  const T* b() const { return b_; }
+
+ private:
+  Operands o_;
+  detail::Scratch scratch_;
+  const T* b_;
+};
+
+// CSR and ELL: out shares the pattern's index arrays, so it has the pattern's shape and size
+// (`what`: nnz or width).
+template <class Out, class Pattern>
+void require_index_shape(const Out& out, const Pattern& pattern, const char* what, std::int64_t out_size,
+                         std::int64_t pattern_size) {
+  require(out.rows == pattern.rows && out.cols == pattern.cols && out_size == pattern_size, ErrorCode::shape_mismatch,
+          kWhere, "out is ", detail::shape(out.rows, out.cols), " with ", what, " ", out_size, " but the pattern is ",
+          detail::shape(pattern.rows, pattern.cols), " with ", what, " ", pattern_size);
 }
 
 // Enough warps for one chunk each (grid-stride beyond 2^16 CTAs), so consecutive chunks share a CTA.
@@ -342,19 +347,13 @@ void launch_twell(DenseView<const T> a, const T* b, TwellView<const T> pattern, 
 template <Value T>
 void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<const T> pattern, CsrView<T> out, float alpha,
            float beta, const KernelOptions& options) {
-  detail::check_view(pattern, kWhere, "pattern");
-  detail::check_view(out, kWhere, "out");
-  Operands o = check_operands(a, op_b, b, pattern.rows, pattern.cols);
   const cudaStream_t stream = detail::stream_of(options);
-  const TransposedB<T> bt(b, o, stream);
-  const T* bd = bt.data(b.data);
-  set_vec(a, bd, o);
-  require(out.rows == pattern.rows && out.cols == pattern.cols && out.nnz == pattern.nnz, ErrorCode::shape_mismatch,
-          kWhere, "out is ", detail::shape(out.rows, out.cols), " with nnz ", out.nnz, " but the pattern is ",
-          detail::shape(pattern.rows, pattern.cols), " with nnz ", pattern.nnz);
+  const Prepared<T> p(a, op_b, b, pattern, out, stream);
+  require_index_shape(out, pattern, "nnz", out.nnz, pattern.nnz);
   if (pattern.rows > 0 && pattern.nnz > 0) {
     csr_sddmm_kernel<T><<<chunk_grid(chunks_of(pattern.nnz)), kThreads, 0, stream>>>(
-        pattern.rows, pattern.nnz, pattern.row_ptr, pattern.col_idx, out.values, a.data, bd, o, alpha, beta);
+        pattern.rows, pattern.nnz, pattern.row_ptr, pattern.col_idx, out.values, a.data, p.b(), p.operands(), alpha,
+        beta);
     detail::check_launch("twell::cuda::sddmm (CSR kernel)");
   }
   detail::report_path(options, "cuda/sddmm/csr/entry_chunks");
@@ -363,19 +362,13 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<const T>
 template <Value T>
 void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, EllView<const T> pattern, EllView<T> out, float alpha,
            float beta, const KernelOptions& options) {
-  detail::check_view(pattern, kWhere, "pattern");
-  detail::check_view(out, kWhere, "out");
-  Operands o = check_operands(a, op_b, b, pattern.rows, pattern.cols);
   const cudaStream_t stream = detail::stream_of(options);
-  const TransposedB<T> bt(b, o, stream);
-  const T* bd = bt.data(b.data);
-  set_vec(a, bd, o);
-  require(out.rows == pattern.rows && out.cols == pattern.cols && out.width == pattern.width, ErrorCode::shape_mismatch,
-          kWhere, "out is ", detail::shape(out.rows, out.cols), " with width ", out.width, " but the pattern is ",
-          detail::shape(pattern.rows, pattern.cols), " with width ", pattern.width);
+  const Prepared<T> p(a, op_b, b, pattern, out, stream);
+  require_index_shape(out, pattern, "width", out.width, pattern.width);
   if (pattern.rows > 0 && pattern.width > 0) {
     ell_sddmm_kernel<T><<<chunk_grid(pattern.rows * chunks_of(pattern.width)), kThreads, 0, stream>>>(
-        pattern.rows, pattern.row_count, pattern.width, pattern.col_idx, out.values, a.data, bd, o, alpha, beta);
+        pattern.rows, pattern.row_count, pattern.width, pattern.col_idx, out.values, a.data, p.b(), p.operands(), alpha,
+        beta);
     detail::check_launch("twell::cuda::sddmm (ELL kernel)");
   }
   detail::report_path(options, "cuda/sddmm/ell/slot_chunks");
@@ -384,35 +377,25 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, EllView<const T>
 template <Value T>
 void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, TwellView<const T> pattern, TwellView<T> out,
            float alpha, float beta, const KernelOptions& options) {
-  detail::check_view(pattern, kWhere, "pattern");
-  detail::check_view(out, kWhere, "out");
-  Operands o = check_operands(a, op_b, b, pattern.rows, pattern.cols);
   const cudaStream_t stream = detail::stream_of(options);
-  const TransposedB<T> bt(b, o, stream);
-  const T* bd = bt.data(b.data);
-  set_vec(a, bd, o);
-  launch_twell(a, bd, pattern, out, o, alpha, beta, stream);
+  const Prepared<T> p(a, op_b, b, pattern, out, stream);
+  launch_twell(a, p.b(), pattern, out, p.operands(), alpha, beta, stream);
   detail::report_path(options, "cuda/sddmm/twell/slot_chunks");
 }
 
 template <Value T>
 void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const T> pattern, HybridView<T> out,
            float alpha, float beta, const KernelOptions& options) {
-  detail::check_view(pattern, kWhere, "pattern");
-  detail::check_view(out, kWhere, "out");
-  Operands o = check_operands(a, op_b, b, pattern.rows(), pattern.cols());
   const cudaStream_t stream = detail::stream_of(options);
-  const TransposedB<T> bt(b, o, stream);
-  const T* bd = bt.data(b.data);
-  set_vec(a, bd, o);
+  const Prepared<T> p(a, op_b, b, pattern, out, stream);
   require(out.overflow.rows == pattern.overflow.rows, ErrorCode::shape_mismatch, kWhere, "out has ", out.overflow.rows,
           " overflow rows but the pattern has ", pattern.overflow.rows);
-  launch_twell(a, bd, pattern.twell, out.twell, o, alpha, beta, stream);
+  launch_twell(a, p.b(), pattern.twell, out.twell, p.operands(), alpha, beta, stream);
   const std::int64_t r = pattern.overflow.rows;
   if (r > 0 && pattern.cols() > 0) {
     overflow_sddmm_kernel<T><<<chunk_grid(r * chunks_of(pattern.cols())), kThreads, 0, stream>>>(
         r, pattern.cols(), pattern.overflow_to_row, pattern.rows(), pattern.overflow.data, pattern.overflow.ld,
-        out.overflow.data, out.overflow.ld, a.data, bd, o, alpha, beta);
+        out.overflow.data, out.overflow.ld, a.data, p.b(), p.operands(), alpha, beta);
     detail::check_launch("twell::cuda::sddmm (overflow kernel)");
   }
   if (pattern.rows() > 0 && out.row_to_overflow != pattern.row_to_overflow)
@@ -429,16 +412,6 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const
                       r > 0 ? "cuda/sddmm/hybrid/slot_chunks+overflow_chunks" : "cuda/sddmm/hybrid/slot_chunks");
 }
 
-#define TWELL_INSTANTIATE(T)                                                                                           \
-  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, CsrView<const T>, CsrView<T>, float, float,       \
-                         const KernelOptions&);                                                                        \
-  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, EllView<const T>, EllView<T>, float, float,       \
-                         const KernelOptions&);                                                                        \
-  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, TwellView<const T>, TwellView<T>, float, float,   \
-                         const KernelOptions&);                                                                        \
-  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, HybridView<const T>, HybridView<T>, float, float, \
-                         const KernelOptions&);
-TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
-#undef TWELL_INSTANTIATE
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE_SDDMM)
 
 }  // namespace twell::cuda

@@ -6,8 +6,8 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <twell/converters/backends.hpp>
-#include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 
 #include "sparse_common.cuh"
 
@@ -66,6 +66,23 @@ int key_bits(std::int64_t cols) {
   int bits = 1;
   while (bits < 32 && (std::int64_t{1} << bits) < cols) ++bits;
   return bits;
+}
+
+// TwELL and Hybrid: to CSR with `to_csr`, transpose, and into a Hybrid of the given layout; only
+// the outer path is reported.
+template <class T, class View, class ToCsr>
+HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOptions& options, ToCsr to_csr,
+                                    const char* path) {
+  detail::check_view(a, kWhere, "A");
+  check_layout(layout, kWhere);
+  KernelOptions inner = options;
+  inner.report = nullptr;
+  const ConvertOptions convert{.overflow = OverflowPolicy::hybrid, .stream = options.stream};
+  const CsrMatrix<T> csr = to_csr(a, convert);
+  const CsrMatrix<T> t = transpose(csr.view(), inner);
+  HybridMatrix<T> out = cuda::csr_to_hybrid(t.view(), layout, convert);
+  detail::report_path(options, path);
+  return out;
 }
 
 }  // namespace
@@ -128,38 +145,14 @@ EllMatrix<T> transpose(EllView<const T> a, const KernelOptions& options) {
 
 template <Value T>
 HybridMatrix<T> transpose(TwellView<const T> a, TwellLayout layout, const KernelOptions& options) {
-  detail::check_view(a, kWhere, "A");
-  check_layout(layout, kWhere);
-  KernelOptions inner = options;
-  inner.report = nullptr;
-  const ConvertOptions convert{.overflow = OverflowPolicy::hybrid, .stream = options.stream};
-  const CsrMatrix<T> csr = cuda::twell_to_csr(a, convert);
-  const CsrMatrix<T> t = transpose(csr.view(), inner);
-  HybridMatrix<T> out = cuda::csr_to_hybrid(t.view(), layout, convert);
-  detail::report_path(options, "cuda/transpose/twell/via_csr");
-  return out;
+  return transpose_to_hybrid<T>(a, layout, options, &cuda::twell_to_csr<T>, "cuda/transpose/twell/via_csr");
 }
 
 template <Value T>
 HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const KernelOptions& options) {
-  detail::check_view(a, kWhere, "A");
-  check_layout(layout, kWhere);
-  KernelOptions inner = options;
-  inner.report = nullptr;
-  const ConvertOptions convert{.overflow = OverflowPolicy::hybrid, .stream = options.stream};
-  const CsrMatrix<T> csr = cuda::hybrid_to_csr(a, convert);
-  const CsrMatrix<T> t = transpose(csr.view(), inner);
-  HybridMatrix<T> out = cuda::csr_to_hybrid(t.view(), layout, convert);
-  detail::report_path(options, "cuda/transpose/hybrid/via_csr");
-  return out;
+  return transpose_to_hybrid<T>(a, layout, options, &cuda::hybrid_to_csr<T>, "cuda/transpose/hybrid/via_csr");
 }
 
-#define TWELL_INSTANTIATE(T)                                                                    \
-  template CsrMatrix<T> transpose<T>(CsrView<const T>, const KernelOptions&);                   \
-  template EllMatrix<T> transpose<T>(EllView<const T>, const KernelOptions&);                   \
-  template HybridMatrix<T> transpose<T>(TwellView<const T>, TwellLayout, const KernelOptions&); \
-  template HybridMatrix<T> transpose<T>(HybridView<const T>, TwellLayout, const KernelOptions&);
-TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
-#undef TWELL_INSTANTIATE
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE_TRANSPOSE)
 
 }  // namespace twell::cuda

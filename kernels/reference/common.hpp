@@ -12,6 +12,7 @@
 #include <twell/formats/dense.hpp>
 #include <twell/formats/layout.hpp>
 #include <twell/kernels/detail/checks.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/types.hpp>
 
@@ -20,7 +21,10 @@ namespace twell::reference::detail {
 using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 using twell::detail::check_dense_geometry;
+using twell::detail::cols_of;
+using twell::detail::report_format_path;
 using twell::detail::report_path;
+using twell::detail::rows_of;
 using twell::detail::shape;
 
 inline void require_host(MemorySpace space, const char* where, const char* name) {
@@ -39,23 +43,6 @@ inline void require_shape(std::int64_t rows, std::int64_t cols, std::int64_t wan
                           const char* where, const char* name, const char* because) {
   require(rows == want_rows && cols == want_cols, ErrorCode::shape_mismatch, where, name, " is ", shape(rows, cols),
           " but ", because, " needs ", shape(want_rows, want_cols));
-}
-
-template <class V>
-std::int64_t rows_of(const V& v) {
-  if constexpr (requires { v.twell; }) {
-    return v.rows();
-  } else {
-    return v.rows;
-  }
-}
-template <class V>
-std::int64_t cols_of(const V& v) {
-  if constexpr (requires { v.twell; }) {
-    return v.cols();
-  } else {
-    return v.cols;
-  }
 }
 
 template <class T>

@@ -1,6 +1,6 @@
 // Reference sddmm: out = alpha * (A op(B)) + beta * out at the stored entries of a pattern.
-#include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 
 #include "visit.hpp"
 
@@ -9,7 +9,7 @@ namespace {
 
 template <class T, class Pattern, class Out>
 void sddmm_impl(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pattern, Out out, float alpha, float beta,
-                const KernelOptions& options, const char* path) {
+                const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::reference::sddmm";
   detail::check_dense(a, where, "A");
   detail::check_dense(b, where, "B");
@@ -35,42 +35,12 @@ void sddmm_impl(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pat
     if (beta != 0.0f) v += beta * detail::load(out, e);
     return v;
   });
-  detail::report_path(options, path);
+  detail::report_format_path(options, "reference/sddmm", format);
 }
 
 }  // namespace
 
-template <Value T>
-void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<const T> pattern, CsrView<T> out, float alpha,
-           float beta, const KernelOptions& options) {
-  sddmm_impl(a, op_b, b, pattern, out, alpha, beta, options, "reference/sddmm/csr");
-}
-template <Value T>
-void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, EllView<const T> pattern, EllView<T> out, float alpha,
-           float beta, const KernelOptions& options) {
-  sddmm_impl(a, op_b, b, pattern, out, alpha, beta, options, "reference/sddmm/ell");
-}
-template <Value T>
-void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, TwellView<const T> pattern, TwellView<T> out,
-           float alpha, float beta, const KernelOptions& options) {
-  sddmm_impl(a, op_b, b, pattern, out, alpha, beta, options, "reference/sddmm/twell");
-}
-template <Value T>
-void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const T> pattern, HybridView<T> out,
-           float alpha, float beta, const KernelOptions& options) {
-  sddmm_impl(a, op_b, b, pattern, out, alpha, beta, options, "reference/sddmm/hybrid");
-}
-
-#define TWELL_INSTANTIATE(T)                                                                                           \
-  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, CsrView<const T>, CsrView<T>, float, float,       \
-                         const KernelOptions&);                                                                        \
-  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, EllView<const T>, EllView<T>, float, float,       \
-                         const KernelOptions&);                                                                        \
-  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, TwellView<const T>, TwellView<T>, float, float,   \
-                         const KernelOptions&);                                                                        \
-  template void sddmm<T>(DenseView<const T>, Op, DenseView<const T>, HybridView<const T>, HybridView<T>, float, float, \
-                         const KernelOptions&);
-TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
-#undef TWELL_INSTANTIATE
+TWELL_FOR_EACH_SPARSE_VIEW(TWELL_DEFINE_SDDMM)
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE_SDDMM)
 
 }  // namespace twell::reference

@@ -1,6 +1,6 @@
 // Reference spmm: C = alpha * op(A) * B + beta * C for every sparse format, one walker each.
-#include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 
 #include "visit.hpp"
 
@@ -9,7 +9,7 @@ namespace {
 
 template <class T, class View>
 void spmm_impl(Op op_a, View a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-               const KernelOptions& options, const char* path) {
+               const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::reference::spmm";
   detail::check_view(a, where, "A");
   detail::check_dense(b, where, "B");
@@ -37,38 +37,12 @@ void spmm_impl(Op op_a, View a, DenseView<const T> b, DenseView<T> c, float alph
   acc *= alpha;
   if (beta != 0.0f) acc += beta * detail::to_matrix(DenseView<const T>(c));
   detail::store_matrix(acc, c);
-  detail::report_path(options, path);
+  detail::report_format_path(options, "reference/spmm", format);
 }
 
 }  // namespace
 
-template <Value T>
-void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-          const KernelOptions& options) {
-  spmm_impl(op_a, a, b, c, alpha, beta, options, "reference/spmm/csr");
-}
-template <Value T>
-void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-          const KernelOptions& options) {
-  spmm_impl(op_a, a, b, c, alpha, beta, options, "reference/spmm/ell");
-}
-template <Value T>
-void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-          const KernelOptions& options) {
-  spmm_impl(op_a, a, b, c, alpha, beta, options, "reference/spmm/twell");
-}
-template <Value T>
-void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-          const KernelOptions& options) {
-  spmm_impl(op_a, a, b, c, alpha, beta, options, "reference/spmm/hybrid");
-}
-
-#define TWELL_INSTANTIATE(T)                                                                                           \
-  template void spmm<T>(Op, CsrView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);   \
-  template void spmm<T>(Op, EllView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);   \
-  template void spmm<T>(Op, TwellView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&); \
-  template void spmm<T>(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);
-TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
-#undef TWELL_INSTANTIATE
+TWELL_FOR_EACH_SPARSE_VIEW(TWELL_DEFINE_SPMM)
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE_SPMM)
 
 }  // namespace twell::reference

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include <twell/converters/backends.hpp>
-#include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 
 #include "visit.hpp"
 
@@ -83,12 +83,6 @@ HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const Kerne
   return transpose_to_hybrid<T>(a, layout, options, "reference/transpose/hybrid");
 }
 
-#define TWELL_INSTANTIATE(T)                                                                    \
-  template CsrMatrix<T> transpose<T>(CsrView<const T>, const KernelOptions&);                   \
-  template EllMatrix<T> transpose<T>(EllView<const T>, const KernelOptions&);                   \
-  template HybridMatrix<T> transpose<T>(TwellView<const T>, TwellLayout, const KernelOptions&); \
-  template HybridMatrix<T> transpose<T>(HybridView<const T>, TwellLayout, const KernelOptions&);
-TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
-#undef TWELL_INSTANTIATE
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE_TRANSPOSE)
 
 }  // namespace twell::reference

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include <twell/convert.hpp>
 #include <twell/converters/backends.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/ops.hpp>
@@ -17,6 +18,7 @@
 #include "checks.hpp"
 #include "fp64.hpp"
 #include "random.hpp"
+#include "shapes.hpp"
 
 using namespace twell;
 namespace ref = twell::reference;
@@ -44,6 +46,7 @@ double tiny() {
 
 using testing::act64;
 using testing::Matrix64;
+using testing::Shape;
 using testing::to64;
 
 // Stored iff nonzero: -0.0 is not, NaN is.
@@ -97,38 +100,30 @@ void each(const AllFormats<T>& m, F&& f) {
 }
 
 template <class T>
-DenseMatrix<T> dense_of(CsrView<const T> v) {
-  return ref::csr_to_dense<T>(v);
-}
-template <class T>
-DenseMatrix<T> dense_of(EllView<const T> v) {
-  return ref::ell_to_dense<T>(v);
-}
-template <class T>
-DenseMatrix<T> dense_of(TwellView<const T> v) {
-  return ref::twell_to_dense<T>(v);
-}
-template <class T>
-DenseMatrix<T> dense_of(HybridView<const T> v) {
-  return ref::hybrid_to_dense<T>(v);
-}
-
-template <class T>
 void fill_nan(DenseView<T> c) {
   for (std::int64_t i = 0; i < c.rows; ++i)
     for (std::int64_t j = 0; j < c.cols; ++j) c.at(i, j) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
 }
 
-struct Shape {
-  std::int64_t m, k, n;
-};
-
 std::vector<Shape> shapes() {
-  std::vector<Shape> s = {{1, 1, 1}, {3, 5, 2}, {17, 33, 7}, {64, 100, 19}, {40, 16, 3}, {130, 520, 9}};
-  std::mt19937_64 rng(testing::fresh_seed());
-  std::uniform_int_distribution<std::int64_t> dim(1, 70);
-  for (int r = 0; r < 2; ++r) s.push_back({dim(rng), dim(rng), dim(rng)});
-  return s;
+  const std::vector<Shape> fixed = {{1, 1, 1}, {3, 5, 2}, {17, 33, 7}, {64, 100, 19}, {40, 16, 3}, {130, 520, 9}};
+  return testing::with_random_shapes(fixed, 70, 1);
+}
+
+// Calls body(s, d, seed) for every shape and density with a fresh s.m x s.n sparse matrix d
+// (NaN, Inf and -0.0 included); seed, shape and density are captured for failure messages.
+template <class T, class Body>
+void for_each_sparse_input(Body&& body) {
+  for (const Shape& s : shapes()) {
+    for (const double density : kDensities) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s);
+      CAPTURE(density);
+      const testing::SparseDenseOptions so{.density = density, .specials = true};
+      body(s, testing::random_sparse_dense<T>(s.m, s.n, so, seed), seed);
+    }
+  }
 }
 
 }  // namespace
@@ -140,15 +135,11 @@ TEST_CASE_TEMPLATE("spmm matches fp64 for every format, op, alpha and beta", T, 
         for (const Op op : {Op::none, Op::transpose}) {
           const std::uint64_t seed = testing::fresh_seed();
           CAPTURE(seed);
-          CAPTURE(s.m);
-          CAPTURE(s.k);
-          CAPTURE(s.n);
+          CAPTURE(s);
           CAPTURE(density);
           CAPTURE(specials);
           const bool tr = op == Op::transpose;
-          testing::SparseDenseOptions so;
-          so.density = density;
-          so.specials = specials;
+          const testing::SparseDenseOptions so{.density = density, .specials = specials};
           const auto a_dense = testing::random_sparse_dense<T>(tr ? s.k : s.m, tr ? s.m : s.k, so, seed);
           const auto b = testing::random_dense<T>(s.k, s.n, 1.0f, seed + 1);
           const auto c0 = testing::random_dense<T>(s.m, s.n, 1.0f, seed + 2);
@@ -197,97 +188,86 @@ TEST_CASE_TEMPLATE("spmm matches fp64 for every format, op, alpha and beta", T, 
 }
 
 TEST_CASE_TEMPLATE("sddmm samples A op(B) at the pattern, with and without beta", T, bf16, fp16, float) {
-  for (const Shape& s : shapes()) {
-    for (const double density : kDensities) {
-      for (const Op op : {Op::none, Op::transpose}) {
-        const std::uint64_t seed = testing::fresh_seed();
-        CAPTURE(seed);
-        CAPTURE(s.m);
-        CAPTURE(s.k);
-        CAPTURE(s.n);
-        CAPTURE(density);
-        const bool tr = op == Op::transpose;
-        testing::SparseDenseOptions so;
-        so.density = density;
-        const auto p_dense = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
-        const auto a = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 1);
-        const auto b = testing::random_dense<T>(tr ? s.n : s.k, tr ? s.k : s.n, 1.0f, seed + 2);
-        const Matrix64 p64 = to64<T>(p_dense.view()), a64 = to64<T>(a.view()), b64 = to64<T>(b.view());
-        const AllFormats<T> patterns = all_formats<T>(p_dense.view());
-        for (const auto& [alpha_, beta_] : kSddmmScales) {
-          const float alpha = alpha_, beta = beta_;
-          // out starts as a second copy of the pattern: same structure in separate arrays.
-          AllFormats<T> outs = all_formats<T>(p_dense.view());
-          if (beta == 0.0f) {  // poison what the kernel must overwrite whole
-            for (auto& w : outs.twell.packed().host_span()) w = 0xdeadbeefu;
-            for (auto& v : outs.twell.value_plane().host_span()) v = from_float<T>(NAN);
-            for (auto& w : outs.hybrid.twell().packed().host_span()) w = 0xdeadbeefu;
-            for (auto& v : outs.hybrid.overflow().values().host_span()) v = from_float<T>(NAN);
-            for (auto& v : outs.csr.values().host_span()) v = from_float<T>(NAN);
-            for (std::int64_t i = 0; i < s.m; ++i)  // ELL padding must stay zero: poison stored slots only
-              for (std::int64_t k = 0; k < outs.ell.row_count().data()[i]; ++k)
-                outs.ell.values().data()[i * outs.ell.width() + k] = from_float<T>(NAN);
+  testing::for_each_product_case(shapes(), kDensities, [&](const Shape& s, double density, Op op, std::uint64_t seed) {
+    const bool tr = op == Op::transpose;
+    const testing::SparseDenseOptions so{.density = density};
+    const auto p_dense = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
+    const auto a = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 1);
+    const auto b = testing::random_dense<T>(tr ? s.n : s.k, tr ? s.k : s.n, 1.0f, seed + 2);
+    const Matrix64 p64 = to64<T>(p_dense.view()), a64 = to64<T>(a.view()), b64 = to64<T>(b.view());
+    const AllFormats<T> patterns = all_formats<T>(p_dense.view());
+    for (const auto& [alpha_, beta_] : kSddmmScales) {
+      const float alpha = alpha_, beta = beta_;
+      // out starts as a second copy of the pattern: same structure in separate arrays.
+      AllFormats<T> outs = all_formats<T>(p_dense.view());
+      if (beta == 0.0f) {  // poison what the kernel must overwrite whole
+        for (auto& w : outs.twell.packed().host_span()) w = 0xdeadbeefu;
+        for (auto& v : outs.twell.value_plane().host_span()) v = from_float<T>(NAN);
+        for (auto& w : outs.hybrid.twell().packed().host_span()) w = 0xdeadbeefu;
+        for (auto& v : outs.hybrid.overflow().values().host_span()) v = from_float<T>(NAN);
+        for (auto& v : outs.csr.values().host_span()) v = from_float<T>(NAN);
+        for (std::int64_t i = 0; i < s.m; ++i)  // ELL padding must stay zero: poison stored slots only
+          for (std::int64_t k = 0; k < outs.ell.row_count().data()[i]; ++k)
+            outs.ell.values().data()[i * outs.ell.width() + k] = from_float<T>(NAN);
+      }
+      auto check = [&](const char* name, auto out_view) {
+        const std::string format = name;
+        CAPTURE(format);
+        CAPTURE(alpha);
+        CAPTURE(beta);
+        const auto got = to_dense(out_view);
+        int bad = 0;
+        for (std::int64_t i = 0; i < s.m; ++i)
+          for (std::int64_t j = 0; j < s.n; ++j) {
+            const double g = to_float(got.view().at(i, j));
+            if (!stored64(p64(i, j))) {
+              if (g != 0.0) ++bad;
+              continue;
+            }
+            double dot = 0.0, mag = 0.0;
+            for (std::int64_t p = 0; p < s.k; ++p) {
+              const double x = a64(i, p) * (tr ? b64(j, p) : b64(p, j));
+              dot += x;
+              mag += std::fabs(x);
+            }
+            const double want = alpha * dot + beta * p64(i, j);
+            mag = std::fabs(alpha) * mag + std::fabs(beta * p64(i, j));
+            if (!close(g, want, eps<T>() * mag + tiny<T>())) ++bad;
           }
-          auto check = [&](const char* name, auto out_view) {
-            const std::string format = name;
-            CAPTURE(format);
-            CAPTURE(alpha);
-            CAPTURE(beta);
-            const auto got = dense_of<T>(out_view);
-            int bad = 0;
-            for (std::int64_t i = 0; i < s.m; ++i)
-              for (std::int64_t j = 0; j < s.n; ++j) {
-                const double g = to_float(got.view().at(i, j));
-                if (!stored64(p64(i, j))) {
-                  if (g != 0.0) ++bad;
-                  continue;
-                }
-                double dot = 0.0, mag = 0.0;
-                for (std::int64_t p = 0; p < s.k; ++p) {
-                  const double x = a64(i, p) * (tr ? b64(j, p) : b64(p, j));
-                  dot += x;
-                  mag += std::fabs(x);
-                }
-                const double want = alpha * dot + beta * p64(i, j);
-                mag = std::fabs(alpha) * mag + std::fabs(beta * p64(i, j));
-                if (!close(g, want, eps<T>() * mag + tiny<T>())) ++bad;
-              }
-            CHECK(bad == 0);
-          };
-          ref::sddmm<T>(a.view(), op, b.view(), patterns.csr.view(), outs.csr.view(), alpha, beta);
-          check("csr", std::as_const(outs.csr).view());
-          ref::sddmm<T>(a.view(), op, b.view(), patterns.ell.view(), outs.ell.view(), alpha, beta);
-          check("ell", std::as_const(outs.ell).view());
-          ref::sddmm<T>(a.view(), op, b.view(), patterns.twell.view(), outs.twell.view(), alpha, beta);
-          check("twell", std::as_const(outs.twell).view());
-          ref::sddmm<T>(a.view(), op, b.view(), patterns.hybrid.view(), outs.hybrid.view(), alpha, beta);
-          check("hybrid", std::as_const(outs.hybrid).view());
-          // The structure of the pattern survives, including shadow slots and maps.
-          CHECK(std::equal(outs.hybrid.row_to_overflow().data(), outs.hybrid.row_to_overflow().data() + s.m,
-                           patterns.hybrid.row_to_overflow().data()));
-          if constexpr (ValueTraits<T>::packs_in_slot) {
-            const auto& pw = patterns.hybrid.twell().packed();
-            const auto& ow = outs.hybrid.twell().packed();
-            int diff = 0;
-            for (std::size_t w = 0; w < pw.size(); ++w)
-              diff += (pw.data()[w] & 0xffffu) != (ow.data()[w] & 0xffffu) ? 1 : 0;
-            CHECK(diff == 0);
-          } else {
-            CHECK(std::memcmp(outs.hybrid.twell().packed().data(), patterns.hybrid.twell().packed().data(),
-                              patterns.hybrid.twell().packed().bytes()) == 0);
-          }
-        }
-        // out aliasing the pattern (in place).
-        AllFormats<T> inplace = all_formats<T>(p_dense.view());
-        const auto h = inplace.hybrid.view();
-        ref::sddmm<T>(a.view(), op, b.view(), h, h, 1.0f, 0.0f);
-        const auto via_alias = ref::hybrid_to_dense<T>(std::as_const(inplace.hybrid).view());
-        HybridMatrix<T> fresh(s.m, s.n, kNarrow, patterns.hybrid.overflow_rows());
-        ref::sddmm<T>(a.view(), op, b.view(), patterns.hybrid.view(), fresh.view(), 1.0f, 0.0f);
-        CHECK(testing::bitwise_equal<T>(via_alias.view(), ref::hybrid_to_dense<T>(std::as_const(fresh).view()).view()));
+        CHECK(bad == 0);
+      };
+      ref::sddmm<T>(a.view(), op, b.view(), patterns.csr.view(), outs.csr.view(), alpha, beta);
+      check("csr", std::as_const(outs.csr).view());
+      ref::sddmm<T>(a.view(), op, b.view(), patterns.ell.view(), outs.ell.view(), alpha, beta);
+      check("ell", std::as_const(outs.ell).view());
+      ref::sddmm<T>(a.view(), op, b.view(), patterns.twell.view(), outs.twell.view(), alpha, beta);
+      check("twell", std::as_const(outs.twell).view());
+      ref::sddmm<T>(a.view(), op, b.view(), patterns.hybrid.view(), outs.hybrid.view(), alpha, beta);
+      check("hybrid", std::as_const(outs.hybrid).view());
+      // The structure of the pattern survives, including shadow slots and maps.
+      CHECK(std::equal(outs.hybrid.row_to_overflow().data(), outs.hybrid.row_to_overflow().data() + s.m,
+                       patterns.hybrid.row_to_overflow().data()));
+      if constexpr (ValueTraits<T>::packs_in_slot) {
+        const auto& pw = patterns.hybrid.twell().packed();
+        const auto& ow = outs.hybrid.twell().packed();
+        int diff = 0;
+        for (std::size_t w = 0; w < pw.size(); ++w)
+          diff += (pw.data()[w] & 0xffffu) != (ow.data()[w] & 0xffffu) ? 1 : 0;
+        CHECK(diff == 0);
+      } else {
+        CHECK(std::memcmp(outs.hybrid.twell().packed().data(), patterns.hybrid.twell().packed().data(),
+                          patterns.hybrid.twell().packed().bytes()) == 0);
       }
     }
-  }
+    // out aliasing the pattern (in place).
+    AllFormats<T> inplace = all_formats<T>(p_dense.view());
+    const auto h = inplace.hybrid.view();
+    ref::sddmm<T>(a.view(), op, b.view(), h, h, 1.0f, 0.0f);
+    const auto via_alias = ref::hybrid_to_dense<T>(std::as_const(inplace.hybrid).view());
+    HybridMatrix<T> fresh(s.m, s.n, kNarrow, patterns.hybrid.overflow_rows());
+    ref::sddmm<T>(a.view(), op, b.view(), patterns.hybrid.view(), fresh.view(), 1.0f, 0.0f);
+    CHECK(testing::bitwise_equal<T>(via_alias.view(), ref::hybrid_to_dense<T>(std::as_const(fresh).view()).view()));
+  });
 }
 
 namespace {
@@ -307,142 +287,120 @@ DenseMatrix<T> canonical(DenseView<const T> d, bool transposed) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("transpose matches the dense transpose and twice is the identity", T, bf16, fp16, float) {
-  for (const Shape& s : shapes()) {
-    for (const double density : kDensities) {
-      const std::uint64_t seed = testing::fresh_seed();
-      CAPTURE(seed);
-      CAPTURE(s.m);
-      CAPTURE(s.n);
-      CAPTURE(density);
-      testing::SparseDenseOptions so;
-      so.density = density;
-      so.specials = true;
-      const auto d = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
-      const auto want_t = canonical<T>(d.view(), true);
-      const auto want = canonical<T>(d.view(), false);
-      const AllFormats<T> f = all_formats<T>(d.view());
+  for_each_sparse_input<T>([&](const Shape&, const DenseMatrix<T>& d, std::uint64_t) {
+    const auto want_t = canonical<T>(d.view(), true);
+    const auto want = canonical<T>(d.view(), false);
+    const AllFormats<T> f = all_formats<T>(d.view());
 
-      const auto csr_t = ref::transpose<T>(f.csr.view());
-      CHECK(testing::bitwise_equal<T>(dense_of<T>(csr_t.view()).view(), want_t.view()));
-      CHECK(testing::bitwise_equal<T>(dense_of<T>(ref::transpose<T>(csr_t.view()).view()).view(), want.view()));
+    const auto csr_t = ref::transpose<T>(f.csr.view());
+    CHECK(testing::bitwise_equal<T>(to_dense(csr_t.view()).view(), want_t.view()));
+    CHECK(testing::bitwise_equal<T>(to_dense(ref::transpose<T>(csr_t.view()).view()).view(), want.view()));
 
-      const auto ell_t = ref::transpose<T>(f.ell.view());
-      CHECK(testing::bitwise_equal<T>(dense_of<T>(ell_t.view()).view(), want_t.view()));
-      CHECK(testing::bitwise_equal<T>(dense_of<T>(ref::transpose<T>(ell_t.view()).view()).view(), want.view()));
+    const auto ell_t = ref::transpose<T>(f.ell.view());
+    CHECK(testing::bitwise_equal<T>(to_dense(ell_t.view()).view(), want_t.view()));
+    CHECK(testing::bitwise_equal<T>(to_dense(ref::transpose<T>(ell_t.view()).view()).view(), want.view()));
 
-      for (const TwellLayout layout : {kNarrow, TwellLayout{}, TwellLayout{8, 2}}) {
-        const auto tw_t = ref::transpose<T>(f.twell.view(), layout);
-        CHECK(tw_t.layout() == layout);
-        CHECK(testing::bitwise_equal<T>(dense_of<T>(tw_t.view()).view(), want_t.view()));
-        const auto hy_t = ref::transpose<T>(f.hybrid.view(), layout);
-        CHECK(testing::bitwise_equal<T>(dense_of<T>(hy_t.view()).view(), want_t.view()));
-        const auto hy_tt = ref::transpose<T>(hy_t.view(), kNarrow);
-        CHECK(testing::bitwise_equal<T>(dense_of<T>(hy_tt.view()).view(), want.view()));
-      }
+    for (const TwellLayout layout : {kNarrow, TwellLayout{}, TwellLayout{8, 2}}) {
+      const auto tw_t = ref::transpose<T>(f.twell.view(), layout);
+      CHECK(tw_t.layout() == layout);
+      CHECK(testing::bitwise_equal<T>(to_dense(tw_t.view()).view(), want_t.view()));
+      const auto hy_t = ref::transpose<T>(f.hybrid.view(), layout);
+      CHECK(testing::bitwise_equal<T>(to_dense(hy_t.view()).view(), want_t.view()));
+      const auto hy_tt = ref::transpose<T>(hy_t.view(), kNarrow);
+      CHECK(testing::bitwise_equal<T>(to_dense(hy_tt.view()).view(), want.view()));
     }
-  }
+  });
 }
 
 TEST_CASE_TEMPLATE("multiply_on_pattern, add_scaled_sign, l1_norm and l0_norm", T, bf16, fp16, float) {
-  for (const Shape& s : shapes()) {
-    for (const double density : kDensities) {
-      const std::uint64_t seed = testing::fresh_seed();
-      CAPTURE(seed);
-      CAPTURE(s.m);
-      CAPTURE(s.n);
-      CAPTURE(density);
-      testing::SparseDenseOptions so;
-      so.density = density;
-      so.specials = true;
-      const auto xd = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
-      // y: fresh nonzero values on x's stored entries, so both share one structure.
-      auto yd = testing::random_dense<T>(s.m, s.n, 2.0f, seed + 1);
+  for_each_sparse_input<T>([&](const Shape& s, const DenseMatrix<T>& xd, std::uint64_t seed) {
+    // y: fresh nonzero values on x's stored entries, so both share one structure.
+    auto yd = testing::random_dense<T>(s.m, s.n, 2.0f, seed + 1);
+    for (std::int64_t i = 0; i < s.m; ++i)
+      for (std::int64_t j = 0; j < s.n; ++j) {
+        T& v = yd.view().at(i, j);
+        if (!is_stored(xd.view().at(i, j))) {
+          v = T{};
+        } else if (!is_stored(v)) {
+          v = from_float<T>(0.5f);
+        }
+      }
+    const Matrix64 x64 = to64<T>(xd.view()), y64 = to64<T>(yd.view());
+    const AllFormats<T> xs = all_formats<T>(xd.view()), ys = all_formats<T>(yd.view());
+
+    double want_l1 = 0.0;
+    std::int64_t want_l0 = 0;
+    for (const double v : x64.v)
+      if (stored64(v)) {
+        want_l1 += std::fabs(v);
+        want_l0 += v != 0.0 ? 1 : 0;
+      }
+    each(xs, [&](const char* name, auto x) {
+      const std::string format = name;
+      CAPTURE(format);
+      const double l1 = ref::l1_norm<T>(x);
+      if (std::isnan(want_l1)) {
+        CHECK(std::isnan(l1));
+      } else if (std::isinf(want_l1)) {
+        CHECK(l1 == want_l1);
+      } else {
+        CHECK(l1 == doctest::Approx(want_l1).epsilon(1e-12));
+      }
+      CHECK(ref::l0_norm<T>(x) == want_l0);
+    });
+
+    // Compare a result in the structure of x against f(x, y) in fp64 on x's stored entries.
+    auto check = [&](const char* name, const DenseMatrix<T>& got, auto&& f) {
+      const std::string format = name;
+      CAPTURE(format);
+      int bad = 0;
       for (std::int64_t i = 0; i < s.m; ++i)
         for (std::int64_t j = 0; j < s.n; ++j) {
-          T& v = yd.view().at(i, j);
-          if (!is_stored(xd.view().at(i, j))) {
-            v = T{};
-          } else if (!is_stored(v)) {
-            v = from_float<T>(0.5f);
-          }
+          const double g = to_float(got.view().at(i, j));
+          const double want = stored64(x64(i, j)) ? f(x64(i, j), y64(i, j)) : 0.0;
+          if (!close(g, want, eps<T>() * std::fabs(want) + tiny<T>())) ++bad;
         }
-      const Matrix64 x64 = to64<T>(xd.view()), y64 = to64<T>(yd.view());
-      const AllFormats<T> xs = all_formats<T>(xd.view()), ys = all_formats<T>(yd.view());
-
-      double want_l1 = 0.0;
-      std::int64_t want_l0 = 0;
-      for (const double v : x64.v)
-        if (stored64(v)) {
-          want_l1 += std::fabs(v);
-          want_l0 += v != 0.0 ? 1 : 0;
-        }
-      each(xs, [&](const char* name, auto x) {
-        const std::string format = name;
-        CAPTURE(format);
-        const double l1 = ref::l1_norm<T>(x);
-        if (std::isnan(want_l1)) {
-          CHECK(std::isnan(l1));
-        } else if (std::isinf(want_l1)) {
-          CHECK(l1 == want_l1);
-        } else {
-          CHECK(l1 == doctest::Approx(want_l1).epsilon(1e-12));
-        }
-        CHECK(ref::l0_norm<T>(x) == want_l0);
-      });
-
-      // Compare a result in the structure of x against f(x, y) in fp64 on x's stored entries.
-      auto check = [&](const char* name, const DenseMatrix<T>& got, auto&& f) {
-        const std::string format = name;
-        CAPTURE(format);
-        int bad = 0;
-        for (std::int64_t i = 0; i < s.m; ++i)
-          for (std::int64_t j = 0; j < s.n; ++j) {
-            const double g = to_float(got.view().at(i, j));
-            const double want = stored64(x64(i, j)) ? f(x64(i, j), y64(i, j)) : 0.0;
-            if (!close(g, want, eps<T>() * std::fabs(want) + tiny<T>())) ++bad;
-          }
-        CHECK(bad == 0);
+      CHECK(bad == 0);
+    };
+    const auto product = [](double x, double y) { return x * y; };
+    for (const float sc : {0.25f, -0.125f}) {
+      CAPTURE(sc);
+      const auto with_sign = [sc](double x, double) {
+        return std::isnan(x) ? x : x + sc * (x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0));
       };
-      const auto product = [](double x, double y) { return x * y; };
-      for (const float sc : {0.25f, -0.125f}) {
-        CAPTURE(sc);
-        const auto with_sign = [sc](double x, double) {
-          return std::isnan(x) ? x : x + sc * (x > 0 ? 1.0 : (x < 0 ? -1.0 : 0.0));
-        };
-        AllFormats<T> outs = all_formats<T>(xd.view());
-        ref::add_scaled_sign<T>(xs.csr.view(), sc, outs.csr.view());
-        check("csr", dense_of<T>(std::as_const(outs.csr).view()), with_sign);
-        ref::add_scaled_sign<T>(xs.ell.view(), sc, outs.ell.view());
-        check("ell", dense_of<T>(std::as_const(outs.ell).view()), with_sign);
-        ref::add_scaled_sign<T>(xs.twell.view(), sc, outs.twell.view());
-        check("twell", dense_of<T>(std::as_const(outs.twell).view()), with_sign);
-        ref::add_scaled_sign<T>(xs.hybrid.view(), sc, outs.hybrid.view());
-        check("hybrid", dense_of<T>(std::as_const(outs.hybrid).view()), with_sign);
-      }
-      {
-        AllFormats<T> outs = all_formats<T>(xd.view());
-        for (auto& w : outs.twell.packed().host_span()) w = 0xdeadbeefu;
-        for (auto& v : outs.hybrid.overflow().values().host_span()) v = from_float<T>(NAN);
-        ref::multiply_on_pattern<T>(xs.csr.view(), ys.csr.view(), outs.csr.view());
-        check("csr", dense_of<T>(std::as_const(outs.csr).view()), product);
-        ref::multiply_on_pattern<T>(xs.ell.view(), ys.ell.view(), outs.ell.view());
-        check("ell", dense_of<T>(std::as_const(outs.ell).view()), product);
-        ref::multiply_on_pattern<T>(xs.twell.view(), ys.twell.view(), outs.twell.view());
-        check("twell", dense_of<T>(std::as_const(outs.twell).view()), product);
-        ref::multiply_on_pattern<T>(xs.hybrid.view(), ys.hybrid.view(), outs.hybrid.view());
-        check("hybrid", dense_of<T>(std::as_const(outs.hybrid).view()), product);
-      }
-      {  // in place: out aliases x
-        AllFormats<T> inplace = all_formats<T>(xd.view());
-        const auto h = inplace.hybrid.view();
-        ref::multiply_on_pattern<T>(h, ys.hybrid.view(), h);
-        check("hybrid in place", dense_of<T>(std::as_const(inplace.hybrid).view()), product);
-        const auto c = inplace.csr.view();
-        ref::multiply_on_pattern<T>(c, ys.csr.view(), c);
-        check("csr in place", dense_of<T>(std::as_const(inplace.csr).view()), product);
-      }
+      AllFormats<T> outs = all_formats<T>(xd.view());
+      ref::add_scaled_sign<T>(xs.csr.view(), sc, outs.csr.view());
+      check("csr", to_dense(std::as_const(outs.csr).view()), with_sign);
+      ref::add_scaled_sign<T>(xs.ell.view(), sc, outs.ell.view());
+      check("ell", to_dense(std::as_const(outs.ell).view()), with_sign);
+      ref::add_scaled_sign<T>(xs.twell.view(), sc, outs.twell.view());
+      check("twell", to_dense(std::as_const(outs.twell).view()), with_sign);
+      ref::add_scaled_sign<T>(xs.hybrid.view(), sc, outs.hybrid.view());
+      check("hybrid", to_dense(std::as_const(outs.hybrid).view()), with_sign);
     }
-  }
+    {
+      AllFormats<T> outs = all_formats<T>(xd.view());
+      for (auto& w : outs.twell.packed().host_span()) w = 0xdeadbeefu;
+      for (auto& v : outs.hybrid.overflow().values().host_span()) v = from_float<T>(NAN);
+      ref::multiply_on_pattern<T>(xs.csr.view(), ys.csr.view(), outs.csr.view());
+      check("csr", to_dense(std::as_const(outs.csr).view()), product);
+      ref::multiply_on_pattern<T>(xs.ell.view(), ys.ell.view(), outs.ell.view());
+      check("ell", to_dense(std::as_const(outs.ell).view()), product);
+      ref::multiply_on_pattern<T>(xs.twell.view(), ys.twell.view(), outs.twell.view());
+      check("twell", to_dense(std::as_const(outs.twell).view()), product);
+      ref::multiply_on_pattern<T>(xs.hybrid.view(), ys.hybrid.view(), outs.hybrid.view());
+      check("hybrid", to_dense(std::as_const(outs.hybrid).view()), product);
+    }
+    {  // in place: out aliases x
+      AllFormats<T> inplace = all_formats<T>(xd.view());
+      const auto h = inplace.hybrid.view();
+      ref::multiply_on_pattern<T>(h, ys.hybrid.view(), h);
+      check("hybrid in place", to_dense(std::as_const(inplace.hybrid).view()), product);
+      const auto c = inplace.csr.view();
+      ref::multiply_on_pattern<T>(c, ys.csr.view(), c);
+      check("csr in place", to_dense(std::as_const(inplace.csr).view()), product);
+    }
+  });
 }
 
 namespace {
@@ -468,9 +426,7 @@ TEST_CASE_TEMPLATE("gemm_to_sparse stores exactly the dense reference's nonzeros
     for (const ActivationSpec& act : acts) {
       const std::uint64_t seed = testing::fresh_seed();
       CAPTURE(seed);
-      CAPTURE(s.m);
-      CAPTURE(s.k);
-      CAPTURE(s.n);
+      CAPTURE(s);
       CAPTURE(static_cast<int>(act.kind));
       CAPTURE(act.threshold);
       const auto x = halves<T>(s.m, s.k, seed);
@@ -551,8 +507,7 @@ TEST_CASE_TEMPLATE("gemm_to_sparse stores exactly the dense reference's nonzeros
 TEST_CASE("every bad input throws twell::Error with the right code") {
   using T = float;
   using testing::code_of;
-  testing::SparseDenseOptions so;
-  so.density = 0.3;
+  const testing::SparseDenseOptions so{.density = 0.3};
   const auto a = testing::random_sparse_dense<T>(6, 9, so, testing::fresh_seed());
   const auto csr = ref::dense_to_csr<T>(a.view());
   const auto b = testing::random_dense<T>(9, 4, 1.0f, testing::fresh_seed());
@@ -647,8 +602,7 @@ TEST_CASE("every bad input throws twell::Error with the right code") {
 TEST_CASE_TEMPLATE("the public API runs host operands on the reference backend", T, bf16, float) {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  testing::SparseDenseOptions so;
-  so.density = 0.2;
+  const testing::SparseDenseOptions so{.density = 0.2};
   const auto d = testing::random_sparse_dense<T>(20, 40, so, seed);
   auto hybrid = ref::dense_to_hybrid<T>(d.view(), kNarrow);  // mutable: views convert to const ones
   auto b = testing::random_dense<T>(40, 5, 1.0f, seed + 1);

@@ -59,36 +59,43 @@ std::string first_difference(const Buffer<U>& a, const Buffer<U>& b) {
 
 #define EXPECT_SAME_BUFFER(a, b) CHECK_MESSAGE(same_bytes(a, b), #a, ": first difference at ", first_difference(a, b))
 
-template <Value T>
-void expect_same(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+template <class M>
+void expect_same_shape(const M& got, const M& want) {
   CHECK(got.rows() == want.rows());
   CHECK(got.cols() == want.cols());
+}
+
+// CSR and ELL keep their entries in the col_idx and values arrays.
+template <class M>
+void expect_same_entries(const M& got, const M& want) {
+  EXPECT_SAME_BUFFER(got.col_idx(), want.col_idx());
+  EXPECT_SAME_BUFFER(got.values(), want.values());
+}
+
+template <Value T>
+void expect_same(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+  expect_same_shape(got, want);
   EXPECT_SAME_BUFFER(got.values(), want.values());
 }
 
 template <Value T>
 void expect_same(const CsrMatrix<T>& got, const CsrMatrix<T>& want) {
-  CHECK(got.rows() == want.rows());
-  CHECK(got.cols() == want.cols());
+  expect_same_shape(got, want);
   EXPECT_SAME_BUFFER(got.row_ptr(), want.row_ptr());
-  EXPECT_SAME_BUFFER(got.col_idx(), want.col_idx());
-  EXPECT_SAME_BUFFER(got.values(), want.values());
+  expect_same_entries(got, want);
 }
 
 template <Value T>
 void expect_same(const EllMatrix<T>& got, const EllMatrix<T>& want) {
-  CHECK(got.rows() == want.rows());
-  CHECK(got.cols() == want.cols());
+  expect_same_shape(got, want);
   CHECK(got.width() == want.width());
   EXPECT_SAME_BUFFER(got.row_count(), want.row_count());
-  EXPECT_SAME_BUFFER(got.col_idx(), want.col_idx());
-  EXPECT_SAME_BUFFER(got.values(), want.values());
+  expect_same_entries(got, want);
 }
 
 template <Value T>
 void expect_same(const TwellMatrix<T>& got, const TwellMatrix<T>& want) {
-  CHECK(got.rows() == want.rows());
-  CHECK(got.cols() == want.cols());
+  expect_same_shape(got, want);
   CHECK(got.layout() == want.layout());
   EXPECT_SAME_BUFFER(got.packed(), want.packed());
   EXPECT_SAME_BUFFER(got.value_plane(), want.value_plane());
@@ -155,6 +162,13 @@ void compare(const char* what, const ConvertOptions& options, Ref&& ref, Gpu&& g
   CHECK(gpu_report.overflow_rows == ref_report.overflow_rows);
 }
 
+// compare() of one conversion: ref::fn on `host` and gpu::fn on `device`, each followed by the
+// extra arguments (a layout) and the options. Needs the namespace aliases ref and gpu in scope.
+#define COMPARE_CONVERSION(fn, options, host, device, ...)                                     \
+  compare(                                                                                     \
+      #fn, options, [&](auto opts) { return ref::fn(host, __VA_ARGS__ __VA_OPT__(, ) opts); }, \
+      [&](auto opts) { return gpu::fn(device, __VA_ARGS__ __VA_OPT__(, ) opts); })
+
 // Every conversion of the signatures, from sources that all describe the same host matrix.
 template <Value T>
 void check_all(const DenseMatrix<T>& dense, TwellLayout layout, TwellLayout relayout, const ConvertOptions& options) {
@@ -184,42 +198,26 @@ void check_all(const DenseMatrix<T>& dense, TwellLayout layout, TwellLayout rela
   const auto d_hybrid = hybrid.to(kDevice);
 
   // Into ELL and TwELL the caller's overflow policy applies; elsewhere only the threshold.
-  compare("dense_to_csr", options, [&](auto o) { return ref::dense_to_csr(h_dense, o); },
-          [&](auto o) { return gpu::dense_to_csr(g_dense, o); });
-  compare("dense_to_ell", options, [&](auto o) { return ref::dense_to_ell(h_dense, o); },
-          [&](auto o) { return gpu::dense_to_ell(g_dense, o); });
-  compare("dense_to_twell", options, [&](auto o) { return ref::dense_to_twell(h_dense, layout, o); },
-          [&](auto o) { return gpu::dense_to_twell(g_dense, layout, o); });
-  compare("dense_to_hybrid", options, [&](auto o) { return ref::dense_to_hybrid(h_dense, layout, o); },
-          [&](auto o) { return gpu::dense_to_hybrid(g_dense, layout, o); });
+  COMPARE_CONVERSION(dense_to_csr, options, h_dense, g_dense);
+  COMPARE_CONVERSION(dense_to_ell, options, h_dense, g_dense);
+  COMPARE_CONVERSION(dense_to_twell, options, h_dense, g_dense, layout);
+  COMPARE_CONVERSION(dense_to_hybrid, options, h_dense, g_dense, layout);
 
-  compare("csr_to_dense", options, [&](auto o) { return ref::csr_to_dense(csr.view(), o); },
-          [&](auto o) { return gpu::csr_to_dense(d_csr.view(), o); });
-  compare("csr_to_ell", options, [&](auto o) { return ref::csr_to_ell(csr.view(), o); },
-          [&](auto o) { return gpu::csr_to_ell(d_csr.view(), o); });
-  compare("csr_to_twell", options, [&](auto o) { return ref::csr_to_twell(csr.view(), layout, o); },
-          [&](auto o) { return gpu::csr_to_twell(d_csr.view(), layout, o); });
-  compare("csr_to_hybrid", options, [&](auto o) { return ref::csr_to_hybrid(csr.view(), layout, o); },
-          [&](auto o) { return gpu::csr_to_hybrid(d_csr.view(), layout, o); });
+  COMPARE_CONVERSION(csr_to_dense, options, csr.view(), d_csr.view());
+  COMPARE_CONVERSION(csr_to_ell, options, csr.view(), d_csr.view());
+  COMPARE_CONVERSION(csr_to_twell, options, csr.view(), d_csr.view(), layout);
+  COMPARE_CONVERSION(csr_to_hybrid, options, csr.view(), d_csr.view(), layout);
 
-  compare("ell_to_dense", options, [&](auto o) { return ref::ell_to_dense(ell.view(), o); },
-          [&](auto o) { return gpu::ell_to_dense(d_ell.view(), o); });
-  compare("ell_to_csr", options, [&](auto o) { return ref::ell_to_csr(ell.view(), o); },
-          [&](auto o) { return gpu::ell_to_csr(d_ell.view(), o); });
+  COMPARE_CONVERSION(ell_to_dense, options, ell.view(), d_ell.view());
+  COMPARE_CONVERSION(ell_to_csr, options, ell.view(), d_ell.view());
 
-  compare("twell_to_dense", options, [&](auto o) { return ref::twell_to_dense(twell.view(), o); },
-          [&](auto o) { return gpu::twell_to_dense(d_twell.view(), o); });
-  compare("twell_to_csr", options, [&](auto o) { return ref::twell_to_csr(twell.view(), o); },
-          [&](auto o) { return gpu::twell_to_csr(d_twell.view(), o); });
-  compare("twell_to_hybrid", options, [&](auto o) { return ref::twell_to_hybrid(twell.view(), relayout, o); },
-          [&](auto o) { return gpu::twell_to_hybrid(d_twell.view(), relayout, o); });
+  COMPARE_CONVERSION(twell_to_dense, options, twell.view(), d_twell.view());
+  COMPARE_CONVERSION(twell_to_csr, options, twell.view(), d_twell.view());
+  COMPARE_CONVERSION(twell_to_hybrid, options, twell.view(), d_twell.view(), relayout);
 
-  compare("hybrid_to_dense", options, [&](auto o) { return ref::hybrid_to_dense(hybrid.view(), o); },
-          [&](auto o) { return gpu::hybrid_to_dense(d_hybrid.view(), o); });
-  compare("hybrid_to_csr", options, [&](auto o) { return ref::hybrid_to_csr(hybrid.view(), o); },
-          [&](auto o) { return gpu::hybrid_to_csr(d_hybrid.view(), o); });
-  compare("hybrid_to_twell", options, [&](auto o) { return ref::hybrid_to_twell(hybrid.view(), relayout, o); },
-          [&](auto o) { return gpu::hybrid_to_twell(d_hybrid.view(), relayout, o); });
+  COMPARE_CONVERSION(hybrid_to_dense, options, hybrid.view(), d_hybrid.view());
+  COMPARE_CONVERSION(hybrid_to_csr, options, hybrid.view(), d_hybrid.view());
+  COMPARE_CONVERSION(hybrid_to_twell, options, hybrid.view(), d_hybrid.view(), relayout);
 }
 
 ConvertOptions with(float threshold, OverflowPolicy policy, std::int64_t ell_width = -1) {
@@ -234,10 +232,9 @@ constexpr OverflowPolicy kPolicies[] = {OverflowPolicy::error, OverflowPolicy::d
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("cuda converters match the reference: tiny and ragged shapes, all densities", T, bf16, fp16,
-                   float) {
-  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {1, 7}, {3, 257}, {17, 1000}, {5, 5633}, {0, 9},
-                                                          {4, 0}};
+TEST_CASE_TEMPLATE("cuda converters match the reference: tiny and ragged shapes, all densities", T, bf16, fp16, float) {
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1},    {1, 7}, {3, 257}, {17, 1000},
+                                                          {5, 5633}, {0, 9}, {4, 0}};
   const double densities[] = {0.0, 0.005, 0.05, 0.5, 1.0};
   const TwellLayout layouts[] = {{256, 8}, {64, 4}, {8, 4}};
   for (const auto& [rows, cols] : shapes)
@@ -310,10 +307,8 @@ TEST_CASE_TEMPLATE("cuda ELL with a fixed width: error names the same row, drop 
     for (OverflowPolicy policy : {OverflowPolicy::error, OverflowPolicy::drop, OverflowPolicy::hybrid}) {
       CAPTURE(width);
       const ConvertOptions o = with(0.0f, policy, width);
-      compare("dense_to_ell", o, [&](auto x) { return ref::dense_to_ell(dense.view(), x); },
-              [&](auto x) { return gpu::dense_to_ell(d_dense.view(), x); });
-      compare("csr_to_ell", o, [&](auto x) { return ref::csr_to_ell(csr.view(), x); },
-              [&](auto x) { return gpu::csr_to_ell(d_csr.view(), x); });
+      COMPARE_CONVERSION(dense_to_ell, o, dense.view(), d_dense.view());
+      COMPARE_CONVERSION(csr_to_ell, o, csr.view(), d_csr.view());
     }
 }
 
@@ -336,12 +331,9 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL reads strided and unaligned views", T, b
       const DenseView<const T> g{d_dense.view().data + first, 20, cols, 320, kDevice};
       for (OverflowPolicy policy : kPolicies) {
         const ConvertOptions o = with(0.0f, policy);
-        compare("dense_to_twell", o, [&](auto x) { return ref::dense_to_twell(h, TwellLayout{64, 2}, x); },
-                [&](auto x) { return gpu::dense_to_twell(g, TwellLayout{64, 2}, x); });
-        compare("dense_to_hybrid", o, [&](auto x) { return ref::dense_to_hybrid(h, TwellLayout{64, 8}, x); },
-                [&](auto x) { return gpu::dense_to_hybrid(g, TwellLayout{64, 8}, x); });
-        compare("dense_to_csr", o, [&](auto x) { return ref::dense_to_csr(h, x); },
-                [&](auto x) { return gpu::dense_to_csr(g, x); });
+        COMPARE_CONVERSION(dense_to_twell, o, h, g, TwellLayout{64, 2});
+        COMPARE_CONVERSION(dense_to_hybrid, o, h, g, TwellLayout{64, 8});
+        COMPARE_CONVERSION(dense_to_csr, o, h, g);
       }
     }
 }
@@ -366,12 +358,15 @@ TEST_CASE("cuda converters queue their work on options.stream") {
     cuda_ok(cudaStreamSynchronize(stream));
     return m;
   };
-  compare("dense_to_twell", o, [&](auto x) { return ref::dense_to_twell(dense.view(), TwellLayout{}, x); },
-          [&](auto x) { return synced(gpu::dense_to_twell(d_dense.view(), TwellLayout{}, x)); });
-  compare("dense_to_hybrid", o, [&](auto x) { return ref::dense_to_hybrid(dense.view(), TwellLayout{}, x); },
-          [&](auto x) { return synced(gpu::dense_to_hybrid(d_dense.view(), TwellLayout{}, x)); });
-  compare("dense_to_csr", o, [&](auto x) { return ref::dense_to_csr(dense.view(), x); },
-          [&](auto x) { return synced(gpu::dense_to_csr(d_dense.view(), x)); });
+  compare(
+      "dense_to_twell", o, [&](auto x) { return ref::dense_to_twell(dense.view(), TwellLayout{}, x); },
+      [&](auto x) { return synced(gpu::dense_to_twell(d_dense.view(), TwellLayout{}, x)); });
+  compare(
+      "dense_to_hybrid", o, [&](auto x) { return ref::dense_to_hybrid(dense.view(), TwellLayout{}, x); },
+      [&](auto x) { return synced(gpu::dense_to_hybrid(d_dense.view(), TwellLayout{}, x)); });
+  compare(
+      "dense_to_csr", o, [&](auto x) { return ref::dense_to_csr(dense.view(), x); },
+      [&](auto x) { return synced(gpu::dense_to_csr(d_dense.view(), x)); });
   ConvertOptions quiet = o;
   quiet.report = nullptr;  // drop without a report: nothing read back, the call may return early
   const auto twell = synced(gpu::dense_to_twell(d_dense.view(), TwellLayout{}, quiet)).to(kHost);
@@ -412,8 +407,8 @@ void poison(TwellMatrix<T>& dst) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("cuda dense_to_twell_into a poisoned destination equals the reference dense_to_twell", T, bf16,
-                   fp16, float) {
+TEST_CASE_TEMPLATE("cuda dense_to_twell_into a poisoned destination equals the reference dense_to_twell", T, bf16, fp16,
+                   float) {
   namespace ref = twell::reference;
   namespace gpu = twell::cuda;
   const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {3, 257}, {17, 1000}, {2048, 5632}};
@@ -440,12 +435,13 @@ TEST_CASE_TEMPLATE("cuda dense_to_twell_into a poisoned destination equals the r
         for (OverflowPolicy policy : kPolicies) {
           CAPTURE(static_cast<int>(policy));
           // With a report (the counters are read back) and, error or not, the same outcome.
-          compare("dense_to_twell_into", with(0.0f, policy), [&](auto o) { return ref::dense_to_twell(h, layout, o); },
-                  [&](auto o) {
-                    poison(dst);
-                    gpu::dense_to_twell_into(g, dst.view(), o);
-                    return dst.to(kDevice);
-                  });
+          compare(
+              "dense_to_twell_into", with(0.0f, policy), [&](auto o) { return ref::dense_to_twell(h, layout, o); },
+              [&](auto o) {
+                poison(dst);
+                gpu::dense_to_twell_into(g, dst.view(), o);
+                return dst.to(kDevice);
+              });
           // Without a report: under drop nothing is read back (no counters at all).
           if (policy != OverflowPolicy::drop) continue;
           poison(dst);

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <twell/convert.hpp>
 #include <twell/converters/backends.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/workload.hpp>
@@ -20,6 +21,7 @@
 #include "device.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "shapes.hpp"
 
 using namespace twell;
 namespace ref = twell::reference;
@@ -70,7 +72,6 @@ Formats<T> to_device(const Formats<T>& h) {
   return {h.csr.to(kDevice), h.ell.to(kDevice), h.twell.to(kDevice), h.hybrid.to(kDevice)};
 }
 
-
 template <class T>
 double rel(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
   return testing::relative_error<T, T>(got.view(), want.view());
@@ -78,33 +79,11 @@ double rel(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
 
 bool cuda_path(const KernelReport& r) { return r.path.rfind("cuda/", 0) == 0; }
 
-template <class T>
-DenseMatrix<T> dense_of(const CsrMatrix<T>& m) {
-  return ref::csr_to_dense<T>(m.view());
-}
-template <class T>
-DenseMatrix<T> dense_of(const EllMatrix<T>& m) {
-  return ref::ell_to_dense<T>(m.view());
-}
-template <class T>
-DenseMatrix<T> dense_of(const TwellMatrix<T>& m) {
-  return ref::twell_to_dense<T>(m.view());
-}
-template <class T>
-DenseMatrix<T> dense_of(const HybridMatrix<T>& m) {
-  return ref::hybrid_to_dense<T>(m.view());
-}
-
-struct Shape {
-  std::int64_t m, k, n;
-};
+using testing::Shape;
 
 std::vector<Shape> small_shapes() {
-  std::vector<Shape> s = {{1, 1, 1}, {3, 5, 2}, {17, 33, 7}, {40, 300, 64}, {70, 520, 130}, {33, 17, 250}};
-  std::mt19937_64 rng(testing::fresh_seed());
-  std::uniform_int_distribution<std::int64_t> dim(1, 90);
-  for (int r = 0; r < 2; ++r) s.push_back({dim(rng), dim(rng) * 3, dim(rng)});
-  return s;
+  const std::vector<Shape> fixed = {{1, 1, 1}, {3, 5, 2}, {17, 33, 7}, {40, 300, 64}, {70, 520, 130}, {33, 17, 250}};
+  return testing::with_random_shapes(fixed, 90, 3);
 }
 
 constexpr double kDensities[] = {0.0, 0.005, 0.05, 0.5, 1.0};
@@ -139,21 +118,12 @@ void check_spmm(const char* name, Op op, const HostM& a_host, const DenseMatrix<
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda spmm matches the reference: formats, ops, densities, alpha/beta", T, bf16, fp16, float) {
-  for (const Shape& s : small_shapes()) {
-    for (const double density : kDensities) {
-      for (const Op op : {Op::none, Op::transpose}) {
-        const std::uint64_t seed = testing::fresh_seed();
-        CAPTURE(seed);
-        CAPTURE(s.m);
-        CAPTURE(s.k);
-        CAPTURE(s.n);
-        CAPTURE(density);
+  testing::for_each_product_case(
+      small_shapes(), kDensities, [&](const Shape& s, double density, Op op, std::uint64_t seed) {
         const bool tr = op == Op::transpose;
-        CAPTURE(tr);
-        testing::SparseDenseOptions so;
-        so.density = density;
-        so.full_row_share = density > 0.0 && density < 0.5 ? 0.05 : 0.0;  // skewed rows that overflow
-        so.empty_row_share = 0.1;
+        // full_row_share: skewed rows that overflow.
+        const testing::SparseDenseOptions so{
+            .density = density, .empty_row_share = 0.1, .full_row_share = density > 0.0 && density < 0.5 ? 0.05 : 0.0};
         const auto a_dense = testing::random_sparse_dense<T>(tr ? s.k : s.m, tr ? s.m : s.k, so, seed);
         const auto b = testing::random_dense<T>(s.k, s.n, 1.0f, seed + 1);
         const auto c0 = testing::random_dense<T>(s.m, s.n, 1.0f, seed + 2);
@@ -164,9 +134,7 @@ TEST_CASE_TEMPLATE("cuda spmm matches the reference: formats, ops, densities, al
           check_spmm<T>("twell", op, f.twell, b, c0, alpha, beta);
           check_spmm<T>("hybrid", op, f.hybrid, b, c0, alpha, beta);
         }
-      }
-    }
-  }
+      });
 }
 
 // A paper-like down projection (K = 5632 in tiles of 256, C = 8) with token-skewed rows, some of
@@ -179,9 +147,7 @@ TEST_CASE_TEMPLATE("cuda spmm at the paper's layout with token skew", T, bf16, f
       CAPTURE(n);
       CAPTURE(density);
       const std::int64_t m = 700, k = 5632;
-      testing::SparseDenseOptions so;
-      so.density = density;
-      so.full_row_share = 0.01;
+      const testing::SparseDenseOptions so{.density = density, .full_row_share = 0.01};
       auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
       // A few heavy rows that stay within capacity: they must be spread over warps, not overflow.
       for (std::int64_t i = 1; i < m; i += 97)
@@ -210,8 +176,7 @@ TEST_CASE_TEMPLATE("cuda spmm at the paper's layout with token skew", T, bf16, f
 TEST_CASE_TEMPLATE("cuda spmm on misaligned B and C takes the scalar path and stays right", T, bf16, float) {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  testing::SparseDenseOptions so;
-  so.density = 0.05;
+  const testing::SparseDenseOptions so{.density = 0.05};
   const auto a_dense = testing::random_sparse_dense<T>(50, 700, so, seed);
   const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), twell_layout_for<T>(a_dense.view()));
   const auto b = testing::random_dense<T>(700, 37, 1.0f, seed + 1);
@@ -360,7 +325,7 @@ void check_sddmm(const char* name, const DenseMatrix<T>& a, Op op_b, const Dense
   CHECK(cuda_path(report));
   const HostM got = target.to(kHost);
   check_structure(got, want);
-  const double err = rel(dense_of(got), dense_of(want));
+  const double err = rel(to_dense(got), to_dense(want));
   CHECK(err <= relative_bound<T>());
 }
 
@@ -368,36 +333,24 @@ void check_sddmm(const char* name, const DenseMatrix<T>& a, Op op_b, const Dense
 
 TEST_CASE_TEMPLATE("cuda sddmm matches the reference on every pattern format", T, bf16, fp16, float) {
   const std::vector<Shape> shapes = {{1, 1, 1}, {5, 3, 7}, {37, 64, 45}, {64, 2048 / 8, 300}, {20, 130, 70}};
-  for (const Shape& s : shapes) {
-    for (const double density : kDensities) {
-      for (const Op op_b : {Op::none, Op::transpose}) {
-        const std::uint64_t seed = testing::fresh_seed();
-        CAPTURE(seed);
-        CAPTURE(s.m);
-        CAPTURE(s.k);
-        CAPTURE(s.n);
-        CAPTURE(density);
-        const bool tr = op_b == Op::transpose;
-        CAPTURE(tr);
-        testing::SparseDenseOptions so;
-        so.density = density;
-        so.full_row_share = density > 0.0 && density < 0.5 ? 0.1 : 0.0;
-        const auto pattern_dense = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
-        const auto a = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 1);
-        const auto b = tr ? testing::random_dense<T>(s.n, s.k, 1.0f, seed + 2)
-                          : testing::random_dense<T>(s.k, s.n, 1.0f, seed + 2);
-        const Formats<T> f = host_formats<T>(pattern_dense.view(), kNarrow);
-        for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.75f, -1.5f}}) {
-          check_sddmm<T>("csr", a, op_b, b, f.csr, alpha, beta, false);
-          check_sddmm<T>("ell", a, op_b, b, f.ell, alpha, beta, false);
-          check_sddmm<T>("twell", a, op_b, b, f.twell, alpha, beta, false);
-          check_sddmm<T>("hybrid", a, op_b, b, f.hybrid, alpha, beta, false);
-        }
-        check_sddmm<T>("twell", a, op_b, b, f.twell, 1.0f, 0.5f, true);
-        check_sddmm<T>("hybrid", a, op_b, b, f.hybrid, 2.0f, 0.0f, true);
-      }
+  testing::for_each_product_case(shapes, kDensities, [&](const Shape& s, double density, Op op_b, std::uint64_t seed) {
+    const bool tr = op_b == Op::transpose;
+    const testing::SparseDenseOptions so{.density = density,
+                                         .full_row_share = density > 0.0 && density < 0.5 ? 0.1 : 0.0};
+    const auto pattern_dense = testing::random_sparse_dense<T>(s.m, s.n, so, seed);
+    const auto a = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 1);
+    const auto b =
+        tr ? testing::random_dense<T>(s.n, s.k, 1.0f, seed + 2) : testing::random_dense<T>(s.k, s.n, 1.0f, seed + 2);
+    const Formats<T> f = host_formats<T>(pattern_dense.view(), kNarrow);
+    for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.75f, -1.5f}}) {
+      check_sddmm<T>("csr", a, op_b, b, f.csr, alpha, beta, false);
+      check_sddmm<T>("ell", a, op_b, b, f.ell, alpha, beta, false);
+      check_sddmm<T>("twell", a, op_b, b, f.twell, alpha, beta, false);
+      check_sddmm<T>("hybrid", a, op_b, b, f.hybrid, alpha, beta, false);
     }
-  }
+    check_sddmm<T>("twell", a, op_b, b, f.twell, 1.0f, 0.5f, true);
+    check_sddmm<T>("hybrid", a, op_b, b, f.hybrid, 2.0f, 0.0f, true);
+  });
 }
 
 namespace {
@@ -411,7 +364,7 @@ DenseMatrix<T> device_sddmm_dense(const DenseMatrix<T>& a, Op op_b, const DenseM
   auto out = device_out(pattern, true);
   dev::sddmm<T>(a_dev.view(), op_b, b_dev.view(), p_dev.view(), out.view(), 1.0f, 0.0f);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  return dense_of(out.to(kHost));
+  return to_dense(out.to(kHost));
 }
 
 }  // namespace
@@ -501,7 +454,7 @@ void check_elementwise(const char* name, const HostM& x, const HostM& y) {
     CHECK(cuda_path(report));
     const HostM got = out.to(kHost);
     check_structure(got, want);
-    CHECK(testing::bitwise_equal<T>(dense_of(got).view(), dense_of(want).view()));
+    CHECK(testing::bitwise_equal<T>(to_dense(got).view(), to_dense(want).view()));
   }
   {
     const float s = 0.375f;
@@ -512,12 +465,12 @@ void check_elementwise(const char* name, const HostM& x, const HostM& y) {
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     const HostM got = out.to(kHost);
     check_structure(got, want);
-    CHECK(rel(dense_of(got), dense_of(want)) <= 1e-6);
+    CHECK(rel(to_dense(got), to_dense(want)) <= 1e-6);
     // In place: out aliases x.
     auto inplace = x.to(kDevice);
     dev::add_scaled_sign<T>(inplace.view(), s, inplace.view(), options);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(rel(dense_of(inplace.to(kHost)), dense_of(want)) <= 1e-6);
+    CHECK(rel(to_dense(inplace.to(kHost)), to_dense(want)) <= 1e-6);
   }
   {
     KernelOptions plain;
@@ -542,9 +495,8 @@ TEST_CASE_TEMPLATE("cuda elementwise kernels and reductions match the reference"
       CAPTURE(m);
       CAPTURE(n);
       CAPTURE(density);
-      testing::SparseDenseOptions so;
-      so.density = density;
-      so.full_row_share = density > 0.0 && density < 0.5 ? 0.05 : 0.0;
+      const testing::SparseDenseOptions so{.density = density,
+                                           .full_row_share = density > 0.0 && density < 0.5 ? 0.05 : 0.0};
       const auto x = testing::random_sparse_dense<T>(m, n, so, seed);
       const auto y = same_pattern<T>(x.view(), seed + 1);
       const Formats<T> fx = host_formats<T>(x.view(), kNarrow);
@@ -561,10 +513,7 @@ TEST_CASE_TEMPLATE("cuda elementwise kernels and reductions match the reference"
 TEST_CASE_TEMPLATE("cuda reductions count NaN, skip -0.0 and Hybrid shadows", T, bf16, float) {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  testing::SparseDenseOptions so;
-  so.density = 0.1;
-  so.full_row_share = 0.1;
-  so.specials = true;
+  const testing::SparseDenseOptions so{.density = 0.1, .specials = true, .full_row_share = 0.1};
   const auto x = testing::random_sparse_dense<T>(200, 90, so, seed);
   const Formats<T> f = host_formats<T>(x.view(), kNarrow);
   REQUIRE(f.hybrid.overflow_rows() > 0);
@@ -592,7 +541,7 @@ void check_transpose_bitwise(const char* name, const HostM& a) {
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(cuda_path(report));
   const auto host = got.to(kHost);
-  CHECK(testing::bitwise_equal<T>(dense_of(host).view(), dense_of(want).view()));
+  CHECK(testing::bitwise_equal<T>(to_dense(host).view(), to_dense(want).view()));
 }
 
 template <class T, class HostM>
@@ -604,7 +553,7 @@ void check_transpose_hybrid(const char* name, const HostM& a, TwellLayout layout
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const auto host = got.to(kHost);
   CHECK(host.overflow_rows() == want.overflow_rows());
-  CHECK(testing::bitwise_equal<T>(dense_of(host).view(), dense_of(want).view()));
+  CHECK(testing::bitwise_equal<T>(to_dense(host).view(), to_dense(want).view()));
 }
 
 }  // namespace
@@ -618,9 +567,7 @@ TEST_CASE_TEMPLATE("cuda transpose matches the reference bit for bit", T, bf16, 
       CAPTURE(m);
       CAPTURE(n);
       CAPTURE(density);
-      testing::SparseDenseOptions so;
-      so.density = density;
-      so.specials = true;
+      const testing::SparseDenseOptions so{.density = density, .specials = true};
       const auto x = testing::random_sparse_dense<T>(m, n, so, seed);
       const Formats<T> f = host_formats<T>(x.view(), kNarrow);
       check_transpose_bitwise<T>("csr", f.csr);

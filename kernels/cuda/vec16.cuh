@@ -1,0 +1,35 @@
+// Internal to the cuda kernels: 16-byte vector accesses of stored values (4 fp32 or 8 bf16/fp16
+// in one uint4). Not installed.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include "sparse_common.cuh"
+
+namespace twell::cuda::detail {
+
+// Whether p may be read or written as a uint4.
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// The 16 / sizeof(T) values of one 16-byte word as floats, in memory order.
+template <class T>
+__device__ __forceinline__ void unpack16(const uint4& u, float (&out)[16 / sizeof(T)]) {
+  if constexpr (std::is_same_v<T, float>) {
+    out[0] = __uint_as_float(u.x);
+    out[1] = __uint_as_float(u.y);
+    out[2] = __uint_as_float(u.z);
+    out[3] = __uint_as_float(u.w);
+  } else {
+    const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      out[2 * q] = bits_to_f<T>(w[q] & 0xffffu);
+      out[2 * q + 1] = bits_to_f<T>(w[q] >> 16);
+    }
+  }
+}
+
+}  // namespace twell::cuda::detail
