@@ -18,6 +18,8 @@
 
 #include "cuda_check.hpp"
 #include "gemm_to_sparse.cuh"
+#include "gemm_to_sparse_sm90.cuh"
+#include "twell_epilogue.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -58,34 +60,8 @@ struct GemmArgs {
   const unsigned long long* m_limit = nullptr;
 };
 
-struct TwellOut {
-  std::uint32_t* packed = nullptr;
-  TwellLayout layout{};
-  std::int32_t* row_flags = nullptr;              // set to 1 for a row with an overflowed tile
-  unsigned long long* stored_total = nullptr;     // sum of true counts
-  unsigned long long* excess_total = nullptr;     // sum of count - capacity over overflowed tiles
-  bool clamp_count = false;                       // drop policy: slot 0 = min(count, capacity)
-};
-
-__device__ __forceinline__ float activate(Activation kind, float v) {
-  switch (kind) {
-    case Activation::relu: return v < 0.0f ? 0.0f : v;
-    case Activation::silu: return v / (1.0f + expf(-v));
-    case Activation::gelu: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-  }
-  return v;
-}
-
-// The activated value with the threshold applied in fp32 (|a| <= threshold becomes 0), rounded
-// once to T; a result that rounds to -0 comes out +0, so "stored" is simply "bits != 0". This is
-// the reference's order: threshold in fp32, round, then keep what did not round to zero.
-template <class T>
-__device__ __forceinline__ T sparsified(float acc, Activation kind, float threshold) {
-  float a = activate(kind, acc);
-  if (fabsf(a) <= threshold) a = 0.0f;
-  const T v = from_float<T>(a);
-  return is_stored(v) ? v : from_float<T>(0.0f);
-}
+using detail::sparsified;
+using detail::TwellOut;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -277,45 +253,20 @@ __global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_twell_ker
       for (int h = 0; h < 2; ++h) {
         const int r = warp_m * 64 + mi * 16 + (lane >> 2) + h * 8;
         const int c = warp_n * (BN / 4) + ni * 8 + (lane & 3) * 2;
-        const std::uint32_t lo = ValueTraits<T>::to_bits(sparsified<T>(acc[mi][ni][2 * h], g.kind, g.threshold));
-        const std::uint32_t hi = ValueTraits<T>::to_bits(sparsified<T>(acc[mi][ni][2 * h + 1], g.kind, g.threshold));
-        *reinterpret_cast<std::uint32_t*>(vals + r * kLd + c) = lo | (hi << 16);
+        detail::stage_pair<T>(vals + r * kLd, c, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], g.kind, g.threshold);
       }
   __syncthreads();
 
   const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - n0));
-  const int capacity = o.layout.capacity();
-  const int slots = o.layout.slots();
-  const std::uint32_t lanes_below = (1u << lane) - 1u;
+  const detail::TwellRows geo = detail::twell_rows(o, g.n);
+  std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n);  // row m0's; rows are geo.width apart
   unsigned long long stored = 0, excess = 0;
   for (int r = warp; r < kBM; r += kThreads / 32) {
     const std::int64_t row = m0 + r;
     if (row >= g.m) break;
-    std::uint32_t* out = o.packed + o.layout.slot_offset(row, tile, g.n);
-    int count = 0;
-#pragma unroll
-    for (int c0 = 0; c0 < BN; c0 += 32) {
-      const int col = c0 + lane;
-      const std::uint16_t bits = vals[r * kLd + col];
-      const bool here = bits != 0 && col < tile_cols;  // +0 marks "not stored" (sparsified)
-      const std::uint32_t mask = __ballot_sync(0xffffffffu, here);
-      const int pos = count + __popc(mask & lanes_below);
-      if (here && pos < capacity) out[1 + pos] = TwellLayout::pack(bits, static_cast<std::uint32_t>(col));
-      count += __popc(mask);
-    }
-    const int written = min(count, capacity);
-    for (int s = 1 + written + lane; s < slots; s += 32) out[s] = 0u;
-    if (lane == 0) {
-      out[0] = static_cast<std::uint32_t>(o.clamp_count ? written : count);
-      if (count > capacity) {
-        o.row_flags[row] = 1;
-        excess += static_cast<unsigned long long>(count - capacity);
-      }
-      stored += static_cast<unsigned long long>(count);
-    }
+    detail::pack_twell_row<BN>(vals + r * kLd, groups + r * geo.width, row, tile_cols, geo, o, lane, stored, excess);
   }
-  if (lane == 0 && stored != 0) atomicAdd(o.stored_total, stored);
-  if (lane == 0 && excess != 0) atomicAdd(o.excess_total, excess);
+  detail::flush_twell_totals(o, lane, stored, excess);
 }
 
 // Same mainloop, dense epilogue: out(i, j) = sparsified act of the product, for i < m, j < n
@@ -642,7 +593,7 @@ std::string gemm_activate_dense(DenseView<const T> x, const std::int32_t* rows, 
 template <Value T>
 GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64_t n, ActivationSpec act,
                                       TwellLayout layout, std::int64_t overflow_capacity, OverflowPolicy policy,
-                                      Stream stream)
+                                      Stream stream, FusedMainloop mainloop)
     : m_(m), k_(k), n_(n), act_(act), layout_(layout), policy_(policy), stream_(stream) {
   constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan";
   require(m >= 0 && k >= 0 && n >= 0, ErrorCode::invalid_argument, kWhere, "negative shape: M = ", m, ", K = ", k,
@@ -653,8 +604,11 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
   check_policy(policy, kWhere);
   require(overflow_capacity >= 0 || overflow_capacity == kDefaultCapacity, ErrorCode::invalid_argument, kWhere,
           "overflow_capacity ", overflow_capacity, " must be >= 0 (or kDefaultCapacity)");
+  require(mainloop == FusedMainloop::best || mainloop == FusedMainloop::portable, ErrorCode::invalid_argument, kWhere,
+          "fused mainloop ", static_cast<int>(mainloop), " is unknown");
   fused_ = fused_shape_ok<T>(k, n, layout, kWhere);
   if (!fused_) return;  // the generic path allocates its result per run
+  hopper_ = mainloop == FusedMainloop::best && detail::gemm_twell_sm90_available<T>(layout.tile, kWhere);
   const std::int64_t capacity =
       policy != OverflowPolicy::hybrid
           ? 0
@@ -707,7 +661,20 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
     o.stored_total = status + kStoredAcc;
     o.excess_total = status + kExcessAcc;
     o.clamp_count = policy_ == OverflowPolicy::drop;
-    if (m_ > 0 && n_ > 0) {
+    detail::Sm90Gemm h;
+    h.x = x.data;
+    h.ldx = x.ld;
+    h.w = w.data;
+    h.ldw = w.ld;
+    h.m = m_;
+    h.n = n_;
+    h.k = k_;
+    h.kind = act_.kind;
+    h.threshold = act_.threshold;
+    const bool wgmma = hopper_ && detail::gemm_twell_sm90_applies(h);
+    if (wgmma) {
+      detail::launch_gemm_twell_sm90<T>(h, o, stream, kWhere);
+    } else if (m_ > 0 && n_ > 0) {
       if (layout_.tile == 128) {
         launch_twell<T, 128>(g, o, stream, kWhere);
       } else {
@@ -718,7 +685,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
     rank_overflow_rows_kernel<<<1, 1024, 0, stream>>>(flags_.data(), m_, route, overflow_.rows(),
                                                       row_to_overflow_.data(), overflow_to_row_.data(), status);
     ::twell::detail::check_launch(kWhere);
-    path_ = layout_.tile == 128 ? "fused_mma_sync_tile128" : "fused_mma_sync_tile256";
+    path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") + (layout_.tile == 128 ? "128" : "256");
     if (route && overflow_.rows() > 0 && n_ > 0) {
       // Launched for the whole block; CTAs past the device-side R return at once.
       GemmArgs r = make_args<T>(x, overflow_to_row_.data(), overflow_.rows(), w, act_);

@@ -25,6 +25,14 @@ struct OverflowCount {
   std::int64_t dropped = 0;        // entries removed by OverflowPolicy::drop
 };
 
+// Which mainloop the fused kernel may use. best: on a compute capability 9.0 device whose loaded
+// image is the sm_90a one, 16-bit operands that also suit TMA (M, N, K > 0) run the wgmma + TMA
+// kernel (path "fused_wgmma_tma_tile256" / "..._tile128"); everything else the fused kernel
+// takes runs the portable mma.sync one ("fused_mma_sync_tile256" / "..._tile128"). Both share
+// the epilogue and write the same bits. portable: always the mma.sync kernel (so that tests
+// cover both on Hopper).
+enum class FusedMainloop : std::uint8_t { best, portable };
+
 // Y = act(X W) as a Hybrid of `layout`, X: M x K, W: K x N, all device-resident.
 //
 // Storage, allocated once by the constructor: the TwELL part (M x packed width), an overflow
@@ -55,7 +63,8 @@ struct OverflowCount {
 // run() takes the generic path (dense GEMM into a temporary, then the converter): it allocates
 // and synchronises inside run(), which then also throws the overflow error; fused() and path()
 // say which ran. The calling sequence and validity rules are the same on both paths.
-// Deterministic: same inputs, same bits, on either path.
+// Deterministic: same inputs, same bits, on either path. `mainloop` picks the fused kernel's
+// mainloop (FusedMainloop above).
 template <Value T>
 class GemmToSparsePlan {
  public:
@@ -64,7 +73,7 @@ class GemmToSparsePlan {
 
   GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64_t n, ActivationSpec act, TwellLayout layout,
                    std::int64_t overflow_capacity = kDefaultCapacity, OverflowPolicy policy = OverflowPolicy::hybrid,
-                   Stream stream = {});
+                   Stream stream = {}, FusedMainloop mainloop = FusedMainloop::best);
   GemmToSparsePlan(const GemmToSparsePlan&) = delete;
   GemmToSparsePlan& operator=(const GemmToSparsePlan&) = delete;
   GemmToSparsePlan(GemmToSparsePlan&&) noexcept = default;
@@ -74,6 +83,24 @@ class GemmToSparsePlan {
   void run(DenseView<const T> x, DenseView<const T> w);
   OverflowCount sync_overflow_count();
   HybridView<const T> result() const;
+  // The result as the work queued by run() leaves it, for consumers queued after run() on the
+  // plan's stream (the fused FFN reads its gate this way, without a host sync). Its overflow view
+  // spans the block's rows: overflow row r is final iff r < min(R, overflow view rows); a row
+  // whose row_to_overflow is at or past the view's rows is complete only after
+  // sync_overflow_count(), so such a consumer must treat it itself. On the generic path this
+  // equals result() (R rows, all final). Valid from run() until the next run(). (Added for the
+  // fused FFN, inline so that it needs no change to gemm_to_sparse.cu.)
+  HybridView<const T> queued_result() const {
+    require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument,
+            "twell::cuda::GemmToSparsePlan::queued_result", "nothing queued: call run() first");
+    if (!ran_fused_) return generic_.view();
+    HybridView<const T> v;
+    v.twell = twell_.view();
+    v.overflow = overflow_.view();
+    v.row_to_overflow = row_to_overflow_.data();
+    v.overflow_to_row = overflow_to_row_.data();
+    return v;
+  }
   // The result as an owning matrix (overflow block trimmed to R rows); valid where result() is,
   // and leaves the plan empty (run() then throws).
   HybridMatrix<T> take_result() &&;
@@ -101,6 +128,7 @@ class GemmToSparsePlan {
   OverflowPolicy policy_ = OverflowPolicy::hybrid;
   Stream stream_{};
   bool fused_ = false;
+  bool hopper_ = false;  // the wgmma kernel serves this plan's shape on this device
 
   TwellMatrix<T> twell_;
   DenseMatrix<T> overflow_;               // capacity x N

@@ -1,0 +1,469 @@
+// The Hopper (sm_90a) fused GEMM + TwELL epilogue of gemm_to_sparse: Y = act(X W) with X
+// (M x K) and W (K x N) row-major bf16/fp16, fp32 accumulation, written as TwELL by the same
+// epilogue code as the portable mma.sync kernel (twell_epilogue.cuh), so both produce the same
+// bits. Mainloop: TMA (cp.async.bulk.tensor) into a ring of shared-memory stages completed on
+// mbarriers, wgmma m64nBNk16 from shared-memory descriptors; a producer warpgroup and two
+// consumer warpgroups; persistent CTAs. Raw PTX, no CUTLASS (docs/gemm_to_sparse.md says why).
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda.h>  // CUtensorMap and its enums only: the driver is reached through the runtime's entry-point query
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <twell/error.hpp>
+#include <twell/instantiate.hpp>
+
+#include "cuda_check.hpp"
+#include "gemm_to_sparse_sm90.cuh"
+
+// wgmma, setmaxnreg and the sm_90a descriptors exist only in the architecture-specific target;
+// every other device pass compiles an empty kernel that the host never launches.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TWELL_SM90A_DEVICE 1
+#else
+#define TWELL_SM90A_DEVICE 0
+#endif
+
+namespace twell::cuda::detail {
+namespace {
+
+constexpr int kBM = 128;  // CTA rows: two consumer warpgroups of 64
+constexpr int kBK = 64;   // K per stage: one 128-byte swizzle row of 16-bit values
+constexpr int kThreads = 384;
+constexpr int kConsumerWarps = 8;
+
+// Shared memory of a CTA of kBM x BN outputs, from a 1024-byte aligned base (what the 128-byte
+// swizzle of TMA and wgmma needs): kStages x (A: kBM rows x 128 B, B: BN / 64 boxes of 64 K-rows x
+// 128 B), then the epilogue's staging rows (8 rows of kLd 16-bit values per consumer warp, their
+// own space so that the producer refills the stages while the consumers pack), then the
+// full/empty mbarriers. A stage is released one K step after its wgmmas were issued, so
+// kStages - 2 stages are in flight while the tensor cores work: 4 x 48 KB (BN 256) and
+// 6 x 32 KB (BN 128) are what fits next to the staging rows in 227 KB.
+template <int BN>
+struct Sm90Tile {
+  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kABytes = kBM * kBK * 2;
+  static constexpr int kBBoxBytes = kBK * 64 * 2;
+  static constexpr int kBBytes = (BN / 64) * kBBoxBytes;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kLd = BN + 8;  // 16-bit words; fragment stores hit 32 distinct banks
+  static constexpr int kEpilogueBytes = kConsumerWarps * 8 * kLd * 2;
+  static constexpr int kBarrierOffset = kStages * kStageBytes + kEpilogueBytes;
+  static constexpr int kSmem = 1024 + kBarrierOffset + 2 * kStages * 8;
+  static constexpr int kAccumulators = BN / 2;  // per consumer thread: 64 x BN over 128 threads
+  static_assert(kSmem <= 227 * 1024, "beyond the shared memory of an sm_90 block");
+};
+
+#if TWELL_SM90A_DEVICE
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
+  const std::uint32_t addr = smem_u32(bar);
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+// One box of a 2-D tensor map into shared memory; the bytes complete on `bar`. Out-of-bounds
+// elements arrive as zeros (and count toward the bytes), which handles ragged M, N and K.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
+                                            int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+      "[%2];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer)
+      : "memory");
+}
+
+// wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
+// >> 4, 14 bits each at bits 0, 16 and 32), base offset 0 (every swizzle atom is 1024-byte
+// aligned), swizzle mode 1 = 128 B at bits 62-63.
+__device__ __forceinline__ std::uint64_t smem_desc(std::uint32_t addr, std::uint32_t lbo, std::uint32_t sbo) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (static_cast<std::uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) |
+         (static_cast<std::uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Pins the accumulators at this point of the instruction stream: the compiler may not move their
+// reads or writes across it (wgmma writes them asynchronously, behind its back).
+template <int N>
+__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D(64 x 256, fp32) (+)= A(64 x 16, K-major) B(16 x 256, MN-major: imm-trans-b = 1), both from shared memory.
+template <class T>
+__device__ __forceinline__ void wgmma_256(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b, std::uint32_t accumulate) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  } else {
+    asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
+}
+
+// D(64 x 128, fp32) (+)= A(64 x 16, K-major) B(16 x 128, MN-major: imm-trans-b = 1), both from shared memory.
+template <class T>
+__device__ __forceinline__ void wgmma_128(float (&d)[64], std::uint64_t desc_a, std::uint64_t desc_b, std::uint32_t accumulate) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  } else {
+    asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
+}
+
+template <class T, int BN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], std::uint64_t desc_a, std::uint64_t desc_b,
+                                           std::uint32_t accumulate) {
+  if constexpr (BN == 256) {
+    wgmma_256<T>(d, desc_a, desc_b, accumulate);
+  } else {
+    wgmma_128<T>(d, desc_a, desc_b, accumulate);
+  }
+}
+
+#endif  // TWELL_SM90A_DEVICE
+
+// Fused GEMM + activation + TwELL packing, persistent: CTA b takes output tiles b, b + grid, ...
+// (tile t = row block t / tiles_n, TwELL tile t % tiles_n: the CTAs of a wave share row blocks
+// and walk all of W, which stays in L2). Warpgroup 0 is the producer: one thread issues, per K
+// step, the TMA box of X (128 rows x 64 K) and BN / 64 boxes of W (64 K x 64 columns) into the
+// next free stage (waiting on its "empty" mbarrier, arming its "full" one with the byte count).
+// Warpgroups 1 and 2 are the consumers: consumer c owns rows 64c .. 64c+63 of the tile as the
+// m64nBN fp32 accumulator of wgmma (warp q of it rows 16q .. 16q+15: per 8-column chunk i,
+// d[4i + 2h + e] is row lane/4 + 8h, column 8i + 2 (lane % 4) + e), issues 4 wgmma k16 steps
+// per stage and releases a stage once the next stage's wgmmas are issued and the older group
+// has retired. Epilogue: each warp sparsifies its 16 x BN fragment, 8 rows at a time, into its
+// own 8 staging rows and packs them with pack_twell_row (warp-local: only __syncwarp), while the
+// producer already fills the stages of the next tile. Shared-memory layouts: A K-major, 128-byte
+// swizzle (TMA SWIZZLE_128B), descriptor SBO 1024 (8 rows of 128 B), k16 step +32 B; B MN-major,
+// 128-byte swizzle, descriptor LBO 8192 (from one 64-column box to the next), SBO 1024 (8 K-rows),
+// k16 step +2048 B (16 K-rows). Preconditions: gemm_twell_sm90_applies, o.layout.tile == BN,
+// row_flags zeroed. Benchmark: bench/suites/gemm_to_sparse.cpp.
+template <class T, int BN>
+__global__ void __launch_bounds__(kThreads, 1)
+    gemm_twell_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                           Sm90Gemm g, TwellOut o) {
+#if TWELL_SM90A_DEVICE
+  using P = Sm90Tile<BN>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  auto* full = reinterpret_cast<std::uint64_t*>(smem + P::kBarrierOffset);
+  std::uint64_t* empty = full + P::kStages;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const std::int64_t tiles_n = (g.n + BN - 1) / BN;
+  const std::int64_t tiles = tiles_n * ((g.m + kBM - 1) / kBM);
+  const int ktiles = static_cast<int>((g.k + kBK - 1) / kBK);
+
+  if (tid == 0) {
+    for (int s = 0; s < P::kStages; ++s) {
+      mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
+      mbar_init(&empty[s], kConsumerWarps);  // lane 0 of every consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp < 4) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_x)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_w)) : "memory");
+      std::uint32_t it = 0;
+      for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int n0 = static_cast<int>((t % tiles_n) * BN);
+        const int m0 = static_cast<int>((t / tiles_n) * kBM);
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+          const std::uint32_t s = it % P::kStages;
+          mbar_wait(&empty[s], ((it / P::kStages) & 1u) ^ 1u);  // a fresh barrier passes parity 1
+          unsigned char* a = smem + s * P::kStageBytes;
+          unsigned char* b = a + P::kABytes;
+          mbar_expect_tx(&full[s], P::kStageBytes);
+          tma_load_2d(a, &map_x, &full[s], kt * kBK, m0);
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j) tma_load_2d(b + j * P::kBBoxBytes, &map_w, &full[s], n0 + 64 * j, kt * kBK);
+        }
+      }
+    }
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = (warp >> 2) - 1;  // consumer warpgroup: rows 64c .. 64c+63 of the tile
+    const int q = warp & 3;         // warp in the warpgroup: rows 16q .. 16q+15 of those
+    auto* staged = reinterpret_cast<std::uint16_t*>(smem + P::kStages * P::kStageBytes) + (warp - 4) * 8 * P::kLd;
+    float acc[P::kAccumulators];
+#pragma unroll
+    for (int i = 0; i < P::kAccumulators; ++i) acc[i] = 0.0f;
+    unsigned long long stored = 0, excess = 0;
+    std::uint32_t it = 0;
+    for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const std::int64_t tile = t % tiles_n;
+      const std::int64_t n0 = tile * BN;
+      const std::int64_t m0 = (t / tiles_n) * kBM;
+      for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        const std::uint32_t s = it % P::kStages;
+        mbar_wait(&full[s], (it / P::kStages) & 1u);
+        const std::uint32_t a = smem_u32(smem + s * P::kStageBytes) + c * (64 * 128);
+        const std::uint32_t b = smem_u32(smem + s * P::kStageBytes + P::kABytes);
+        fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          wgmma_tile<T, BN>(acc, smem_desc(a + kk * 32, 16, 1024), smem_desc(b + kk * 2048, P::kBBoxBytes, 1024),
+                            (kt | kk) != 0 ? 1u : 0u);
+        wgmma_commit();
+        fence_accumulators(acc);
+        if (kt > 0) {
+          wgmma_wait<1>();  // the previous stage's group has retired: its buffers are free
+          if (lane == 0) mbar_arrive(&empty[(it - 1) % P::kStages]);
+        }
+      }
+      wgmma_wait<0>();
+      fence_accumulators(acc);
+      if (lane == 0) mbar_arrive(&empty[(it - 1) % P::kStages]);
+
+      const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - n0));
+      const TwellRows geo = twell_rows(o, g.n);
+      std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        __syncwarp();  // the previous packing has read the staged rows
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i)
+          stage_pair<T>(staged + (lane >> 2) * P::kLd, 8 * i + 2 * (lane & 3), acc[4 * i + 2 * h],
+                        acc[4 * i + 2 * h + 1], g.kind, g.threshold);
+        __syncwarp();
+        for (int r = 0; r < 8; ++r) {
+          const std::int64_t row = m0 + c * 64 + q * 16 + 8 * h + r;
+          if (row >= g.m) break;
+          pack_twell_row<BN>(staged + r * P::kLd, groups + (c * 64 + q * 16 + 8 * h + r) * geo.width, row, tile_cols,
+                             geo, o, lane, stored, excess);
+        }
+      }
+    }
+    flush_twell_totals(o, lane, stored, excess);
+  }
+#endif
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A row-major rows x cols 16-bit matrix with leading dimension ld, read in boxes of box_rows x
+// 64 columns (128 bytes: one swizzle row), 128-byte swizzled, zeros outside.
+template <class T>
+CUtensorMap tensor_map(const void* base, std::int64_t rows, std::int64_t cols, std::int64_t ld, int box_rows,
+                       const char* where) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &map, std::is_same_v<T, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  require(r == CUDA_SUCCESS, ErrorCode::cuda, where, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
+          ") for a ", rows, " x ", cols, " matrix with leading dimension ", ld);
+  return map;
+}
+
+template <class T, int BN>
+bool available(const char* where) {
+  int device = 0, major = 0, minor = 0, optin = 0;
+  ::twell::detail::check_cuda(cudaGetDevice(&device), where);
+  ::twell::detail::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), where);
+  ::twell::detail::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), where);
+  ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
+  if (major != 9 || minor != 0 || optin < Sm90Tile<BN>::kSmem) return false;
+  cudaFuncAttributes attr{};
+  ::twell::detail::check_cuda(cudaFuncGetAttributes(&attr, gemm_twell_sm90_kernel<T, BN>), where);
+  return attr.binaryVersion == 90 && tensor_map_encoder() != nullptr;
+}
+
+template <class T, int BN>
+void launch(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
+  using P = Sm90Tile<BN>;
+  const CUtensorMap map_x = tensor_map<T>(g.x, g.m, g.k, g.ldx, kBM, where);
+  const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
+  ::twell::detail::check_cuda(
+      cudaFuncSetAttribute(gemm_twell_sm90_kernel<T, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmem), where);
+  int device = 0, sms = 0;
+  ::twell::detail::check_cuda(cudaGetDevice(&device), where);
+  ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
+  const std::int64_t tiles = ((g.n + BN - 1) / BN) * ((g.m + kBM - 1) / kBM);
+  const auto grid = static_cast<unsigned>(std::min<std::int64_t>(tiles, sms));
+  gemm_twell_sm90_kernel<T, BN><<<grid, kThreads, P::kSmem, stream>>>(map_x, map_w, g, o);
+  ::twell::detail::check_launch(where);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+template <class T>
+bool gemm_twell_sm90_available(int tile, const char* where) {
+  if constexpr (!std::is_same_v<T, bf16> && !std::is_same_v<T, fp16>) {
+    return false;
+  } else {
+    if (tile == 256) return available<T, 256>(where);
+    if (tile == 128) return available<T, 128>(where);
+    return false;
+  }
+}
+
+bool gemm_twell_sm90_applies(const Sm90Gemm& g) {
+  return g.m > 0 && g.n > 0 && g.k > 0 && g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX &&
+         g.k % 8 == 0 && g.n % 8 == 0 && g.ldx % 8 == 0 && g.ldw % 8 == 0 && aligned16(g.x) && aligned16(g.w);
+}
+
+template <class T>
+void launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
+    if (o.layout.tile == 256) {
+      launch<T, 256>(g, o, stream, where);
+    } else {
+      launch<T, 128>(g, o, stream, where);
+    }
+  }
+}
+
+#define TWELL_INSTANTIATE(T)                                                       \
+  template bool gemm_twell_sm90_available<T>(int, const char*);                    \
+  template void launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, cudaStream_t, const char*);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda::detail

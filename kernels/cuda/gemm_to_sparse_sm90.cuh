@@ -1,0 +1,43 @@
+// Internal to the cuda kernels: the Hopper (sm_90a) fused GEMM + TwELL epilogue of
+// gemm_to_sparse (wgmma fed by TMA; docs/gemm_to_sparse.md, "The Hopper path"). Implemented in
+// gemm_to_sparse_sm90.cu, launched by GemmToSparsePlan::run. Not installed.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "twell_epilogue.cuh"
+
+namespace twell::cuda::detail {
+
+// The operands of one fused run: X (M x K) and W (K x N), row-major 16-bit, device pointers.
+struct Sm90Gemm {
+  const void* x = nullptr;
+  std::int64_t ldx = 0;
+  const void* w = nullptr;
+  std::int64_t ldw = 0;
+  std::int64_t m = 0, n = 0, k = 0;
+  Activation kind = Activation::relu;
+  float threshold = 0.0f;
+};
+
+// Whether the wgmma kernel for T (bf16 or fp16) and this tile (128 or 256) can run on the
+// current device: compute capability 9.0, the sm_90a image of the kernel is the one the runtime
+// loaded (a build without 90a code reports another binary version), the shared memory fits, and
+// the driver provides cuTensorMapEncodeTiled. Host-side, a few attribute queries.
+template <class T>
+bool gemm_twell_sm90_available(int tile, const char* where);
+
+// Whether one run's operands fit the kernel's preconditions (given gemm_twell_sm90_available):
+// M, N, K > 0, K and N multiples of 8, leading dimensions multiples of 8 and 16-byte aligned
+// base pointers (TMA's 16-byte global strides and addresses).
+bool gemm_twell_sm90_applies(const Sm90Gemm& g);
+
+// Queues the fused kernel on `stream`: every (row, tile) slot group of o.packed is written, rows
+// with an overflowed tile flagged in o.row_flags, totals added to o's accumulators, exactly as
+// gemm_twell_kernel does. Preconditions: both checks above; layout.tile == `tile`.
+template <class T>
+void launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where);
+
+}  // namespace twell::cuda::detail
