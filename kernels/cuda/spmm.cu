@@ -1,6 +1,7 @@
 // cuda spmm: C = alpha * op(A) * B + beta * C for CSR, ELL, TwELL and Hybrid A.
-// op = none runs the format's own kernel (TwELL and Hybrid: the weight-reuse kernel of
-// spmm_tiled.cu when its preconditions hold, else the pair-balanced one below); op = transpose
+// op = none runs the format's own kernel (TwELL and Hybrid: the compaction pre-pass and weight-reuse
+// kernel of spmm_compact.cu when its preconditions hold, else the pair-balanced one below; Hybrid
+// overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
 // converts A to CSR, transposes it (stable radix sort, deterministic) and runs the CSR kernel on
 // A^T (path ".../via_csr_transpose").
 // Every path is deterministic: each output element is summed by one thread in a fixed order.
@@ -12,9 +13,10 @@
 #include <twell/converters/backends.hpp>
 #include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/spmm_plan.hpp>
 
 #include "sparse_common.cuh"
-#include "spmm_tiled.cuh"
+#include "spmm_compact.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -468,18 +470,19 @@ cublasHandle_t cublas_handle() {
 }
 
 // Overflow rows: tmp = overflow * B in fp32 by cuBLAS, then scattered into C with alpha/beta.
+// `tmp` holds r x Nb floats, or is null and then allocated here (stream-ordered).
 template <class T>
 void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, float* tmp) {
   const std::int64_t r = a.overflow.rows;
   if (r == 0 || b.cols == 0) return;
-  detail::Scratch tmp(static_cast<std::size_t>(r * b.cols) * sizeof(float), stream, "twell::cuda::spmm (overflow)");
+  const std::size_t bytes = static_cast<std::size_t>(r * b.cols) * sizeof(float);
+  detail::Scratch own(tmp == nullptr ? bytes : 0, stream, "twell::cuda::spmm (overflow)");
+  if (tmp == nullptr) tmp = own.as<float>();
   const cudaDataType_t type =
       std::is_same_v<T, bf16> ? CUDA_R_16BF : (std::is_same_v<T, fp16> ? CUDA_R_16F : CUDA_R_32F);
   if (a.cols() == 0) {
-    detail::check_cuda(
-        cudaMemsetAsync(tmp.as<float>(), 0, static_cast<std::size_t>(r * b.cols) * sizeof(float), stream),
-        "twell::cuda::spmm (overflow)");
+    detail::check_cuda(cudaMemsetAsync(tmp, 0, bytes, stream), "twell::cuda::spmm (overflow)");
   } else {
     cublasHandle_t h = cublas_handle();
     detail::check_cublas(cublasSetStream(h, stream), "twell::cuda::spmm (cublasSetStream)");
@@ -487,12 +490,12 @@ void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
     // Row-major tmp (r x nb) = overflow (r x K) B (K x nb) is column-major tmp^T = B^T overflow^T.
     detail::check_cublas(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(b.cols), static_cast<int>(r),
                                       static_cast<int>(a.cols()), &one, b.data, type, static_cast<int>(b.ld),
-                                      a.overflow.data, type, static_cast<int>(a.overflow.ld), &zero, tmp.as<float>(),
-                                      CUDA_R_32F, static_cast<int>(b.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                      a.overflow.data, type, static_cast<int>(a.overflow.ld), &zero, tmp, CUDA_R_32F,
+                                      static_cast<int>(b.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                          "twell::cuda::spmm (cublasGemmEx of the overflow block)");
   }
   scatter_rows_kernel<T><<<detail::grid_for(r * b.cols, 256), 256, 0, stream>>>(
-      r, b.cols, tmp.as<float>(), a.overflow_to_row, c.data, c.ld, c.rows, alpha, beta);
+      r, b.cols, tmp, a.overflow_to_row, c.data, c.ld, c.rows, alpha, beta);
   detail::check_launch("twell::cuda::spmm (overflow scatter)");
 }
 
@@ -500,16 +503,64 @@ void require_int(std::int64_t v, const char* what) {
   require(v <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, what, " ", v, " exceeds the 32-bit range of cuBLAS");
 }
 
+// The TwELL rows of op none whose shadow entry is negative (all when shadow is null): the
+// weight-reuse path when it applies, else the pair-balanced kernel. `workspace` holds
+// spmm_compact_workspace_bytes, or is null and then allocated here (stream-ordered). Returns the
+// path's name.
+template <class T>
+const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
+                       float alpha, float beta, cudaStream_t stream, void* workspace) {
+  if (detail::spmm_compact_applies(a, b, c)) {
+    const std::size_t bytes = detail::spmm_compact_workspace_bytes(a.rows, a.cols, a.layout);
+    detail::Scratch own(workspace == nullptr ? bytes : 0, stream, "twell::cuda::spmm (compaction workspace)");
+    detail::spmm_twell_compact(a, shadow, b, c, alpha, beta, workspace != nullptr ? workspace : own.as<void>(),
+                               stream);
+    return "compact_weight_reuse";
+  }
+  launch_twell(a, shadow, b, c, alpha, beta, stream);
+  return vector_ok(b, c) ? "pair_balanced_vec16" : "pair_balanced_scalar";
+}
+
+// Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows.
+template <class T>
+std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+                        cudaStream_t stream, void* workspace, float* overflow_tmp) {
+  require_int(b.cols, "B columns");
+  require_int(a.cols(), "A columns");
+  require_int(b.ld, "B leading dimension");
+  require_int(a.overflow.ld, "overflow leading dimension");
+  const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
+  std::string path = twell_none(a.twell, shadow, b, c, alpha, beta, stream, workspace);
+  if (path != "compact_weight_reuse") path = "pair_balanced";
+  overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp);
+  return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
+}
+
+// Checks shared by every format; true for op = transpose.
+template <class T, class View>
+bool check_spmm(Op op_a, View a, std::int64_t rows, std::int64_t cols, DenseView<const T> b, DenseView<T> c) {
+  check_op(op_a);
+  detail::check_view(a, kWhere, "A");
+  const bool t = op_a == Op::transpose;
+  check_operands(t ? cols : rows, t ? rows : cols, b, c);
+  return t;
+}
+
+// op = transpose for every format: A as CSR (`to_csr`), transposed, then the CSR kernel.
+template <class T, class ToCsr>
+void transposed(const char* format, ToCsr to_csr, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+                const KernelOptions& options) {
+  const CsrMatrix<T> csr = to_csr(ConvertOptions{.stream = options.stream});
+  csr_transposed(csr.view(), b, c, alpha, beta, options);
+  detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_csr_transpose").c_str());
+}
+
 }  // namespace
 
 template <Value T>
 void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  check_op(op_a);
-  detail::check_view(a, kWhere, "A");
-  const bool t = op_a == Op::transpose;
-  check_operands(t ? a.cols : a.rows, t ? a.rows : a.cols, b, c);
-  if (t) {
+  if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     csr_transposed(a, b, c, alpha, beta, options);
     detail::report_path(options, "cuda/spmm/csr/via_csr_transpose");
   } else {
@@ -521,88 +572,94 @@ void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, flo
 template <Value T>
 void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  check_op(op_a);
-  detail::check_view(a, kWhere, "A");
-  const bool t = op_a == Op::transpose;
-  check_operands(t ? a.cols : a.rows, t ? a.rows : a.cols, b, c);
-  if (t) {
-    const CsrMatrix<T> csr = cuda::ell_to_csr(a, ConvertOptions{.stream = options.stream});
-    csr_transposed(csr.view(), b, c, alpha, beta, options);
-    detail::report_path(options, "cuda/spmm/ell/via_csr_transpose");
-  } else {
-    if (a.cols == 0) {
-      launch_scale(c, beta, detail::stream_of(options));
-    } else {
-      launch_rows<T>(a.rows, nullptr, a.row_count, a.width, a.col_idx, a.values, a.cols, b, c, alpha, beta,
-                     detail::stream_of(options), true);
-    }
-    detail::report_path(options, "cuda/spmm/ell/warp_per_row");
+  if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
+    transposed<T>("ell", [&](const ConvertOptions& o) { return cuda::ell_to_csr(a, o); }, b, c, alpha, beta, options);
+    return;
   }
+  if (a.cols == 0) {
+    launch_scale(c, beta, detail::stream_of(options));
+  } else {
+    launch_rows<T>(a.rows, nullptr, a.row_count, a.width, a.col_idx, a.values, a.cols, b, c, alpha, beta,
+                   detail::stream_of(options), true);
+  }
+  detail::report_path(options, "cuda/spmm/ell/warp_per_row");
 }
 
 template <Value T>
 void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  check_op(op_a);
-  detail::check_view(a, kWhere, "A");
-  const bool t = op_a == Op::transpose;
-  check_operands(t ? a.cols : a.rows, t ? a.rows : a.cols, b, c);
-  if (t) {
-    const CsrMatrix<T> csr = cuda::twell_to_csr(a, ConvertOptions{.stream = options.stream});
-    csr_transposed(csr.view(), b, c, alpha, beta, options);
-    detail::report_path(options, "cuda/spmm/twell/via_csr_transpose");
-  } else {
-    if (detail::spmm_tiled_applies(a, b, c)) {
-      detail::spmm_twell_tiled(a, nullptr, b, c, alpha, beta, detail::stream_of(options));
-      detail::report_path(options, "cuda/spmm/twell/tiled_weight_reuse");
-      return;
-    }
-    launch_twell(a, nullptr, b, c, alpha, beta, detail::stream_of(options));
-    detail::report_path(
-        options, vector_ok(b, c) ? "cuda/spmm/twell/pair_balanced_vec16" : "cuda/spmm/twell/pair_balanced_scalar");
+  if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
+    transposed<T>("twell", [&](const ConvertOptions& o) { return cuda::twell_to_csr(a, o); }, b, c, alpha, beta,
+                  options);
+    return;
   }
+  const char* path = twell_none(a, nullptr, b, c, alpha, beta, detail::stream_of(options), nullptr);
+  detail::report_path(options, (std::string("cuda/spmm/twell/") + path).c_str());
 }
 
 template <Value T>
 void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  check_op(op_a);
-  detail::check_view(a, kWhere, "A");
-  const bool t = op_a == Op::transpose;
-  check_operands(t ? a.cols() : a.rows(), t ? a.rows() : a.cols(), b, c);
-  if (t) {
-    const CsrMatrix<T> csr = cuda::hybrid_to_csr(a, ConvertOptions{.stream = options.stream});
-    csr_transposed(csr.view(), b, c, alpha, beta, options);
-    detail::report_path(options, "cuda/spmm/hybrid/via_csr_transpose");
+  if (check_spmm(op_a, a, a.rows(), a.cols(), b, c)) {
+    transposed<T>("hybrid", [&](const ConvertOptions& o) { return cuda::hybrid_to_csr(a, o); }, b, c, alpha, beta,
+                  options);
     return;
   }
-  require_int(b.cols, "B columns");
-  require_int(a.cols(), "A columns");
-  require_int(b.ld, "B leading dimension");
-  require_int(a.overflow.ld, "overflow leading dimension");
-  const cudaStream_t stream = detail::stream_of(options);
-  const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  const bool tiled = detail::spmm_tiled_applies(a.twell, b, c);
-  if (tiled) {
-    detail::spmm_twell_tiled(a.twell, shadow, b, c, alpha, beta, stream);
-  } else {
-    launch_twell(a.twell, shadow, b, c, alpha, beta, stream);
+  const std::string path = hybrid_none(a, b, c, alpha, beta, detail::stream_of(options), nullptr, nullptr);
+  detail::report_path(options, path.c_str());
+}
+
+// ---- SpmmPlan ------------------------------------------------------------------------------------
+
+template <Value T>
+SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream stream)
+    : m_(m), k_(k), layout_(layout), stream_(stream) {
+  constexpr const char* where = "twell::cuda::SpmmPlan";
+  require(m >= 0 && k >= 0, ErrorCode::invalid_argument, where, "shape ", detail::shape(m, k), " is negative");
+  check_layout(layout, where);
+  if (m > 0 && k > 0) {
+    const std::size_t bytes = detail::spmm_compact_workspace_bytes(m, k, layout);
+    workspace_ = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
   }
-  overflow_rows(a, b, c, alpha, beta, stream);
-  if (tiled) {
-    detail::report_path(options, a.overflow.rows > 0 ? "cuda/spmm/hybrid/tiled_weight_reuse+cublas_overflow"
-                                                     : "cuda/spmm/hybrid/tiled_weight_reuse");
-  } else {
-    detail::report_path(options, a.overflow.rows > 0 ? "cuda/spmm/hybrid/pair_balanced+cublas_overflow"
-                                                     : "cuda/spmm/hybrid/pair_balanced");
-  }
+}
+
+template <Value T>
+void SpmmPlan<T>::check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const {
+  require(rows == m_ && cols == k_ && layout.tile == layout_.tile && layout.compression == layout_.compression,
+          ErrorCode::shape_mismatch, "twell::cuda::SpmmPlan::run", "A is ", detail::shape(rows, cols), " in tiles of ",
+          layout.tile, " (C = ", layout.compression, ") but the plan was made for ", detail::shape(m_, k_),
+          " in tiles of ", layout_.tile, " (C = ", layout_.compression, ")");
+}
+
+template <Value T>
+void SpmmPlan<T>::reserve_overflow(std::int64_t rows, std::int64_t b_cols) {
+  const auto need = static_cast<std::size_t>(std::max<std::int64_t>(rows, 0) * std::max<std::int64_t>(b_cols, 0));
+  if (need > overflow_.size()) overflow_ = Buffer<float>(need, MemorySpace::device, Uninitialized{});
+}
+
+template <Value T>
+void SpmmPlan<T>::run(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
+  check_spmm(Op::none, a, a.rows, a.cols, b, c);
+  check_a(a.rows, a.cols, a.layout);
+  const auto stream = static_cast<cudaStream_t>(stream_.handle);
+  path_ = std::string("cuda/spmm/twell/") + twell_none(a, nullptr, b, c, alpha, beta, stream, workspace_.data());
+}
+
+template <Value T>
+void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
+  check_spmm(Op::none, a, a.rows(), a.cols(), b, c);
+  check_a(a.rows(), a.cols(), a.twell.layout);
+  reserve_overflow(a.overflow.rows, b.cols);
+  const auto stream = static_cast<cudaStream_t>(stream_.handle);
+  path_ = hybrid_none(a, b, c, alpha, beta, stream, workspace_.data(), overflow_.data());
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                           \
   template void spmm<T>(Op, CsrView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);   \
   template void spmm<T>(Op, EllView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);   \
   template void spmm<T>(Op, TwellView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&); \
-  template void spmm<T>(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&);
+  template void spmm<T>(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float, const KernelOptions&); \
+  template class SpmmPlan<T>;
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE
 

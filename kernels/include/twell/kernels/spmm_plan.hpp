@@ -1,0 +1,65 @@
+// twell::cuda::SpmmPlan: spmm with op none of a TwELL or Hybrid A (M x K, one layout) bound to
+// its shape, owning the workspace of the weight-reuse path, so that run() allocates nothing on
+// the hot path. Host-includable: no CUDA headers. Available when TWELL_HAS_CUDA.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <twell/formats/dense.hpp>
+#include <twell/formats/hybrid.hpp>
+#include <twell/formats/layout.hpp>
+#include <twell/formats/twell_matrix.hpp>
+#include <twell/kernels/options.hpp>
+#include <twell/memory.hpp>
+
+namespace twell::cuda {
+
+// C = alpha * A B + beta * C, exactly what twell::cuda::spmm(Op::none, ...) computes (same
+// paths, same bits), with A of m rows, k columns and `layout`.
+//
+// Storage, allocated by the constructor: the compaction workspace of the weight-reuse path
+// (about the size of A's packed slots: M x tiles x (S - 1) words, plus 18 bytes per 16 rows and
+// tile). The Hybrid overflow rows go through cuBLAS into an fp32 buffer of R x Nb, allocated by
+// the first run that needs more than the plan holds and kept (so a steady state allocates
+// nothing; reserve_overflow() allocates it up front).
+//
+// run() queues on the plan's stream and never waits for the device. Operands that the
+// weight-reuse path does not take (fp32, tiles other than 128 and 256, B columns not a multiple
+// of 128, misaligned B or C) run the generic kernel, as spmm() does. The workspace is reused by
+// every run: two runs of one plan must not execute concurrently on different streams.
+// Errors: A's rows, columns or layout differ from the plan's, or the spmm argument checks
+// (shape_mismatch, space_mismatch, invalid_argument).
+template <Value T>
+class SpmmPlan {
+ public:
+  SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream stream = {});
+  SpmmPlan(const SpmmPlan&) = delete;
+  SpmmPlan& operator=(const SpmmPlan&) = delete;
+  SpmmPlan(SpmmPlan&&) noexcept = default;
+  SpmmPlan& operator=(SpmmPlan&&) noexcept = default;
+  ~SpmmPlan() = default;
+
+  void run(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f, float beta = 0.0f);
+  void run(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f, float beta = 0.0f);
+  // Holds an overflow buffer for `rows` overflow rows times `b_cols` columns of B.
+  void reserve_overflow(std::int64_t rows, std::int64_t b_cols);
+
+  const std::string& path() const { return path_; }  // the path of the latest run
+  std::int64_t rows() const { return m_; }
+  std::int64_t cols() const { return k_; }
+  const TwellLayout& layout() const { return layout_; }
+  Stream stream() const { return stream_; }
+
+ private:
+  void check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const;
+
+  std::int64_t m_ = 0, k_ = 0;
+  TwellLayout layout_{};
+  Stream stream_{};
+  Buffer<std::uint64_t> workspace_;  // 8-byte elements: cudaMalloc's alignment, and the kernels need 16
+  Buffer<float> overflow_;           // R x Nb products of the overflow rows
+  std::string path_;
+};
+
+}  // namespace twell::cuda
