@@ -21,7 +21,7 @@ TWELL_VARIANTS = {
     "sddmm": ["twell"],
     "convert": ["dense->hybrid", "dense->twell"],
     "gemm_to_sparse": ["twell"],
-    "ffn": ["fused", "unfused"],
+    "ffn": ["fused", "unfused", "fused_plain"],
 }
 SUITE_ORDER = ["spmm", "sddmm", "convert", "gemm_to_sparse", "ffn"]
 DISTRIBUTIONS = ["uniform", "neuron_skewed", "token_skewed"]

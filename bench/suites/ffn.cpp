@@ -1,7 +1,10 @@
 // ffn suite: the gated FFN forward y = (relu(x Wg) * (x Wu)) Wd at three shapes, fused
-// (twell::cuda::GatedFfnPlan), composed of unfused twell kernels, and dense (the strongest
-// dense path: cuBLASLt ReLU epilogue, fused product, cuBLAS). Also energy per token and the
-// bytes of the hidden state as TwELL/Hybrid against dense.
+// (twell::cuda::GatedFfnPlan::forward), composed of unfused twell kernels, and dense (the strongest
+// dense path: cuBLASLt ReLU epilogue, fused product, cuBLAS); the gate alone
+// (GemmToSparsePlan::run, variant fused_gate_only) so that the up/down kernel's share reads as
+// fused - fused_gate_only; and the non-gated FFN y = relu(x Wu) Wd, fused (FfnPlan::forward,
+// variant fused_plain) against dense (cuBLASLt ReLU GEMM + cuBLAS GEMM, variant dense_plain).
+// Also energy per token and the bytes of the hidden state as TwELL/Hybrid against dense.
 #include <cmath>
 #include <optional>
 
@@ -10,6 +13,9 @@
 #include <twell/kernels/backends.hpp>
 #if TWELL_BENCH_CUDA_FFN
 #include <twell/kernels/ffn_cuda.hpp>
+#endif
+#if TWELL_BENCH_CUDA_GEMM_TO_SPARSE
+#include <twell/kernels/gemm_to_sparse_plan.hpp>
 #endif
 #if TWELL_BENCH_BASELINES
 #include <twell/kernels/baselines.hpp>
@@ -59,6 +65,15 @@ void add_energy(Harness& h, Case& c, const std::function<void()>& op) {
     c.extra["joules_per_token"] = *j / static_cast<double>(c.m);
   else
     c.extra["joules_per_token"] = "unavailable";
+}
+
+// The pattern statistics of a plan's untimed sizing call.
+void add_stats(Case& c, const FfnStats& s) {
+  c.extra["mean_row_nnz"] = s.tokens > 0 ? static_cast<double>(s.nnz) / static_cast<double>(s.tokens) : 0.0;
+  c.extra["max_row_nnz"] = static_cast<std::int64_t>(s.max_row_nnz);
+  c.extra["plan_overflow_rows"] = s.overflow_rows;
+  c.extra["plan_overflow_capacity"] = s.overflow_capacity;
+  c.extra["plan_fallback_rows_first_call"] = s.fallback_rows;
 }
 
 }  // namespace
@@ -122,21 +137,47 @@ void run_ffn(Harness& h, Report& report) {
 #if TWELL_BENCH_CUDA_FFN
     detail::run_case(report, fused, [&](Case& c) {
       const KernelOptions ko{h.stream(), nullptr, false};
-      const cuda::GatedFfnPlan<T> plan(wg, wu, wd, layout, ko);
+      cuda::GatedFfnPlan<T> plan(m, wg, wu, wd, ActivationSpec{}, layout, cuda::GatedFfnPlan<T>::kDefaultCapacity, ko);
       const DenseView<T> yv = y_fused.view();
-      KernelReport kr;
-      plan.forward(x, ActivationSpec{}, yv, KernelOptions{h.stream(), &kr, false});
-      auto op = [&] { plan.forward(x, ActivationSpec{}, yv, ko); };
+      // One untimed call with stats: it sizes the overflow block (a plan in a model would have
+      // grown it on earlier batches) and gives the pattern's statistics.
+      FfnStats stats;
+      plan.forward(x, yv, &stats);
+      auto op = [&] { plan.forward(x, yv); };
       c.timing = h.time(op);
       c.flops = dense_flops;
       c.bytes = weight_bytes + io_bytes;
-      c.extra["path"] = kr.path;
-      c.extra["includes"] = "gate gemm_to_sparse (with its allocation) and the fused up/down kernel; plan built once";
+      c.extra["path"] = plan.path();
+      c.extra["includes"] =
+          "GatedFfnPlan::forward: GemmToSparsePlan::run (gate GEMM + TwELL epilogue, overflow ranking, dense "
+          "recompute of overflow rows into the preallocated block) and the up/down kernel; no allocation, no host "
+          "sync; plan construction (Wu transpose) and one sizing call with stats outside the timed region";
+      add_stats(c, stats);
       add_energy(h, c, op);
     });
 #else
     detail::not_built(report, fused,
                       "kernels/include/twell/kernels/ffn_cuda.hpp or kernels/cuda/*ffn*.cu is not in this build");
+#endif
+
+    Case gate_only = base;
+    gate_only.variant = "fused_gate_only";
+#if TWELL_BENCH_CUDA_GEMM_TO_SPARSE
+    detail::run_case(report, gate_only, [&](Case& c) {
+      cuda::GemmToSparsePlan<T> plan(m, k, n, ActivationSpec{}, layout, cuda::GemmToSparsePlan<T>::kDefaultCapacity,
+                                     OverflowPolicy::hybrid, h.stream());
+      plan.run(x, wg);
+      plan.sync_overflow_count();
+      c.timing = h.time([&] { plan.run(x, wg); });
+      plan.sync_overflow_count();
+      c.flops = dense_flops / 3;
+      c.bytes = detail::bytes_of_dense(k, n) + detail::bytes_of_dense(m, k);
+      c.extra["path"] = plan.path();
+      c.extra["includes"] = "GemmToSparsePlan::run alone (the gate of the fused variant); the up/down kernel's "
+                            "time is fused - fused_gate_only";
+    });
+#else
+    detail::not_built(report, gate_only, "kernels/cuda/gemm_to_sparse.cu is not in this build");
 #endif
 
     Case unfused = base;
@@ -187,7 +228,7 @@ void run_ffn(Harness& h, Report& report) {
     if (dense_case.variant == "dense" && dense_case.status == "ok") {
       for (std::size_t i = first; i + 1 < report.cases.size(); ++i) {
         Case& c = report.cases[i];
-        if (c.status != "ok") continue;
+        if (c.status != "ok" || (c.variant != "fused" && c.variant != "unfused")) continue;
         const DenseMatrix<T>& y = c.variant == "fused" ? y_fused : y_unfused;
         try {
           const double err = detail::relative_error(y.view(), y_dense.view());
@@ -197,9 +238,72 @@ void run_ffn(Harness& h, Report& report) {
         }
       }
     }
+
+    // The non-gated FFN y = relu(x Wu) Wd, with Wg as its Wu so that the hidden state has this
+    // point's pattern. Its own variant names keep link_baselines from pairing it with the gated
+    // cases of the same point.
+    Case plain_base = base;
+    plain_base.op = "ffn_forward";
+    const double plain_flops = 2 * 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+    const double plain_weight_bytes = 2 * detail::bytes_of_dense(k, n);
+    const std::size_t plain_first = report.cases.size();
+    Case fused_plain = plain_base;
+    fused_plain.variant = "fused_plain";
+#if TWELL_BENCH_CUDA_FFN
+    detail::run_case(report, fused_plain, [&](Case& c) {
+      const KernelOptions ko{h.stream(), nullptr, false};
+      cuda::FfnPlan<T> plan(m, wg, wd, ActivationSpec{}, layout, cuda::FfnPlan<T>::kDefaultCapacity, ko);
+      const DenseView<T> yv = y_fused.view();
+      FfnStats stats;
+      plan.forward(x, yv, &stats);
+      auto op = [&] { plan.forward(x, yv); };
+      c.timing = h.time(op);
+      c.flops = plain_flops;
+      c.bytes = plain_weight_bytes + io_bytes;
+      c.extra["path"] = plan.path();
+      c.extra["includes"] =
+          "FfnPlan::forward: GemmToSparsePlan::run and the down kernel; no allocation, no host sync; plan "
+          "construction and one sizing call with stats outside the timed region";
+      add_stats(c, stats);
+    });
+#else
+    detail::not_built(report, fused_plain,
+                      "kernels/include/twell/kernels/ffn_cuda.hpp or kernels/cuda/*ffn*.cu is not in this build");
+#endif
+
+    Case dense_plain = plain_base;
+    dense_plain.variant = "dense_plain";
+#if TWELL_BENCH_BASELINES
+    detail::run_case(report, dense_plain, [&](Case& c) {
+      baseline::Handles handles(h.stream());
+      DenseMatrix<T> hidden(m, n, MemorySpace::device);
+      const DenseView<T> hv = hidden.view(), yv = y_dense.view();
+      auto op = [&] {
+        baseline::gemm_relu<T>(handles, x, wg, hv);
+        baseline::gemm<T>(handles, Op::none, DenseView<const T>(hv), Op::none, wd, yv, 1.0f, 0.0f);
+      };
+      c.timing = h.time(op);
+      c.flops = plain_flops;
+      c.bytes = plain_weight_bytes + io_bytes + 2 * detail::bytes_of_dense(m, n);
+      c.extra["dense_path"] = "cuBLASLt GEMM with fused ReLU into an M x N buffer (allocated once), cuBLAS down GEMM";
+    });
+#else
+    detail::not_built(report, dense_plain, "kernels/include/twell/kernels/baselines.hpp is not in this build");
+#endif
+    if (report.cases.size() == plain_first + 2 && report.cases[plain_first].status == "ok" &&
+        report.cases[plain_first + 1].status == "ok") {
+      Case& c = report.cases[plain_first];
+      try {
+        const double err = detail::relative_error(y_fused.view(), y_dense.view());
+        c.extra["rel_error_vs_dense"] = std::isfinite(err) ? Json(err) : Json("not finite");
+      } catch (const Error& e) {
+        c.extra["rel_error_vs_dense"] = std::string("failed: ") + e.what();
+      }
+    }
   }
   detail::clear_ffn_cache();
   detail::link_baselines(report, "ffn", {"fused", "unfused"}, {"dense"});
+  detail::link_baselines(report, "ffn", {"fused_plain"}, {"dense_plain"});
 }
 
 }  // namespace twell::bench

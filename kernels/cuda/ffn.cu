@@ -1,9 +1,11 @@
 // twell::cuda fused FFN inference forward: the gate through gemm_to_sparse (Hybrid), then one
 // kernel that walks each token's gate nonzeros, computes the up projection only there, and
 // accumulates h Wd without writing h to global memory (docs/gemm_to_sparse.md, "FFN").
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -22,6 +24,7 @@ constexpr int kThreads = 256;
 constexpr std::int64_t kMaxK = 8192;  // y accumulators live in registers: K / 256 per thread
 
 struct FfnArgs {
+  std::int64_t m = 0;
   const void* x = nullptr;
   std::int64_t ldx = 0;
   const void* wu_t = nullptr;  // N x K; null for the non-gated FFN (h = gate)
@@ -31,7 +34,7 @@ struct FfnArgs {
   void* y = nullptr;  // M x K
   std::int64_t ldy = 0;
   std::int64_t k = 0;
-  // The gate, a Hybrid M x N.
+  // The gate, a Hybrid M x N whose overflow block holds the first `block_rows` ranks.
   std::int64_t n = 0;
   TwellLayout layout{};
   const std::uint32_t* packed = nullptr;
@@ -39,6 +42,13 @@ struct FfnArgs {
   const std::int32_t* row_to_overflow = nullptr;
   const void* overflow = nullptr;
   std::int64_t ld_overflow = 0;
+  std::int64_t block_rows = 0;
+  // For overflow rows ranked at or past block_rows: the gate GEMM's weights (K x N) and activation.
+  const void* w_gate = nullptr;
+  std::int64_t ld_w_gate = 0;
+  Activation act = Activation::relu;
+  float threshold = 0.0f;
+  std::int32_t* row_nnz = nullptr;  // M
 };
 
 // Hardware conversions (the portable ones in types.hpp round identically but cost registers).
@@ -113,51 +123,89 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[V]) {
   }
 }
 
+// gemm_to_sparse's rule for one gate entry (docs/gemm_to_sparse.md, "What is stored"): the
+// activation in fp32, |a| <= threshold becomes 0, one rounding to T. Returns the stored value as a
+// float; +-0 means "not stored" (a value that rounds to -0 is not stored either).
+template <class T>
+__device__ __forceinline__ float gate_entry(float acc, Activation kind, float threshold) {
+  float a = acc;
+  switch (kind) {
+    case Activation::relu: a = acc < 0.0f ? 0.0f : acc; break;
+    case Activation::silu: a = acc / (1.0f + expf(-acc)); break;
+    case Activation::gelu: a = 0.5f * acc * (1.0f + erff(acc * 0.70710678118654752f)); break;
+  }
+  if (fabsf(a) <= threshold) return 0.0f;
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    return bits_to_float<T>(float_to_bits<T>(a));
+  } else {
+    return a;
+  }
+}
+
 // Sparse up and down projection of one token. CTA: one row of the gate (blockIdx.x) and the
 // whole output row y(row, :); a thread owns the output columns tid*V + c*256*V in registers.
-// The row's nonzeros are enumerated in column order, 256 candidates at a time (TwELL slots, or
-// the dense overflow row for a Hybrid overflow row), compacted in order into shared memory by
-// ballots; for the gated FFN each warp then takes nonzeros j and reduces x . Wu^T(j, :) over
-// K (x staged in shared memory as fp32), h_j = gate_j * u_j stays in shared memory; finally
-// every thread adds h_j * Wd(j, own columns) for each j. Deterministic: fixed order throughout.
-// Preconditions: K <= kMaxK; V == 8 needs K, every leading dimension and every pointer aligned
-// to 8 elements (16 bytes for 16-bit types). Benchmark: bench/ (gated FFN forward).
-template <class T, int V>
-__global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
-  extern __shared__ float smem[];
+// The row's nonzeros are enumerated in column order, 256 candidates at a time, from one of three
+// sources chosen by row_to_overflow[row] = o: o < 0, the TwELL slots; 0 <= o < block_rows, the
+// dense row o of the overflow block; o >= block_rows (an overflow row the preallocated block
+// could not hold; the host does not know it happened), the gate row recomputed here, column by
+// column, as gemm_to_sparse's rule applied to x . Wg(:, j) in fp32 (sequential over K, so
+// deterministic). Candidates are compacted in order into shared memory by ballots; for the gated
+// FFN each warp then takes nonzeros j and reduces x . Wu^T(j, :) over K (x staged in shared
+// memory as fp32), h_j = gate_j * u_j stays in shared memory; finally every thread adds
+// h_j * Wd(j, own columns) for each j, and thread 0 writes the row's nonzero count to row_nnz.
+// Deterministic: fixed order throughout. Preconditions: K <= kMaxK; V == 8 needs K, every leading
+// dimension and every pointer aligned to 8 elements (16 bytes for 16-bit types); dynamic shared
+// memory K floats + 2 x 256 words. The body is ffn_token (below), which the block kernel also
+// runs for the tokens it routes here (overflow rows, very long rows). Benchmark:
+// bench/suites/ffn.cpp.
+//
+// ffn_token: the whole CTA on one token; kChunks * 256 * V >= K; starts with a barrier so that a
+// CTA may call it again (or after other work) on the same shared memory.
+template <class T, int V, int kChunks>
+__device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, float* smem) {
   const bool gated = a.wu_t != nullptr;
-  float* xs = smem;                                                    // K floats (gated only)
-  auto* list_col = reinterpret_cast<std::int32_t*>(smem + (gated ? a.k : 0));  // kThreads
-  float* list_val = reinterpret_cast<float*>(list_col + kThreads);     // kThreads
+  float* xs = smem;                                                 // K floats
+  auto* list_col = reinterpret_cast<std::int32_t*>(smem + a.k);     // kThreads
+  float* list_val = reinterpret_cast<float*>(list_col + kThreads);  // kThreads
   __shared__ std::int32_t warp_count[kThreads / 32];
 
-  const std::int64_t row = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
+  __syncthreads();
+  const std::int32_t orow = a.row_to_overflow[row];
+  const bool recompute = orow >= a.block_rows;
   const T* x = static_cast<const T*>(a.x) + row * a.ldx;
-  if (gated)
+  if (gated || recompute) {
     for (std::int64_t k = tid; k < a.k; k += kThreads) xs[k] = dev_float(x[k]);
+    __syncthreads();
+  }
 
-  constexpr int kChunks = static_cast<int>(kMaxK / (kThreads * V));
   float acc[kChunks][V];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c)
 #pragma unroll
     for (int e = 0; e < V; ++e) acc[c][e] = 0.0f;
 
-  const std::int32_t orow = a.row_to_overflow[row];
   const std::int64_t pw = a.layout.packed_width(a.n);
   const int slots = a.layout.slots();
   const std::int64_t candidates = orow >= 0 ? a.n : pw;
   const std::uint32_t* packed_row = a.packed + row * pw;
 
+  std::int64_t nnz = 0;
   for (std::int64_t c0 = 0; c0 < candidates; c0 += kThreads) {
     const std::int64_t v = c0 + tid;
     bool here = false;
     std::int32_t col = 0;
     float val = 0.0f;
     if (v < candidates) {
-      if (orow >= 0) {
+      if (recompute) {
+        const T* wcol = static_cast<const T*>(a.w_gate) + v;
+        float dot = 0.0f;
+        for (std::int64_t k = 0; k < a.k; ++k) dot = fmaf(xs[k], dev_float(wcol[k * a.ld_w_gate]), dot);
+        col = static_cast<std::int32_t>(v);
+        val = gate_entry<T>(dot, a.act, a.threshold);
+        here = val != 0.0f;
+      } else if (orow >= 0) {
         const T g = static_cast<const T*>(a.overflow)[orow * a.ld_overflow + v];
         here = is_stored(g);
         col = static_cast<std::int32_t>(v);
@@ -192,6 +240,7 @@ __global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
       list_val[at] = val;
     }
     __syncthreads();
+    nnz += total;
 
     if (gated) {
       for (int e = warp; e < total; e += kThreads / 32) {
@@ -232,6 +281,302 @@ __global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
     const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * V;
     if (k0 < a.k) store_vec<T, V>(y + k0, acc[c]);
   }
+  if (tid == 0) a.row_nnz[row] = static_cast<std::int32_t>(nnz);
+}
+
+template <class T, int V>
+__global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
+  extern __shared__ float smem[];
+  ffn_token<T, V, static_cast<int>(kMaxK / (kThreads * V))>(a, blockIdx.x, smem);
+}
+
+constexpr int kBlockTokens = 16;  // tokens per CTA of the block kernel (8 when K > 2048)
+constexpr int kListCap = 1024;     // gate entries per round of the block kernel
+constexpr int kBatchColumns = 16;  // 16-byte Wd loads in flight per thread in the down projection
+
+// sum_i x_i w_i over 8 packed 16-bit values, accumulated into s in element order.
+template <class T>
+__device__ __forceinline__ float dot8(uint4 xv, uint4 wv, float s) {
+  const std::uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w}, ws[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    s = fmaf(bits_to_float<T>(static_cast<std::uint16_t>(xs[i] & 0xffffu)),
+             bits_to_float<T>(static_cast<std::uint16_t>(ws[i] & 0xffffu)), s);
+    s = fmaf(bits_to_float<T>(static_cast<std::uint16_t>(xs[i] >> 16)),
+             bits_to_float<T>(static_cast<std::uint16_t>(ws[i] >> 16)), s);
+  }
+  return s;
+}
+
+// Dynamic shared memory of the block kernel: x of bt tokens as T, then the round's entry list
+// (column, gate value then h, partial up product, sorted position, group start, token).
+__host__ __device__ constexpr std::size_t block_smem_bytes(int bt, std::int64_t k) {
+  return static_cast<std::size_t>(bt) * static_cast<std::size_t>(k) * 2 +
+         static_cast<std::size_t>(kListCap) * (4 + 4 + 4 + 2) + static_cast<std::size_t>(kListCap + 2) * 2 +
+         static_cast<std::size_t>(kListCap);
+}
+
+// Sparse up and down projection of a block of tokens (16-bit T, 16-byte aligned operands,
+// K <= kChunks * 2048). CTA: tokens r0 .. r0 + bt - 1 (bt = 16 for K <= 2048, else 8) and their
+// whole output rows; 8 warps.
+//   1. x of the block staged in shared memory as T (16-byte copies). Each warp counts a token's
+//      gate entries from the slot-0 words of its tiles (no candidate scan): a TwELL token with
+//      at most kListCap entries is "listed"; an overflow row (row_to_overflow >= 0, in the block
+//      or past it) or a longer row is "routed" to ffn_token (the per-token body above, run by the
+//      whole CTA after the rounds; it reads dense rows, or recomputes a gate row past the block).
+//   2. Rounds: consecutive listed tokens whose entries fit kListCap. A warp per token copies its
+//      slots into a token-major list (column order; the tile offsets by a warp scan of the
+//      slot-0 words). Gated: each entry's rank in (unit, token) order is its index in its own
+//      token plus, for every other token, a binary search in that token's sorted columns; the
+//      entries are placed by rank, group starts (first entry of each unit) compacted by
+//      ballots. A warp per unit loads Wu^T(j, :) once (8 x 16 bytes per lane in flight per 2048
+//      columns) and dots it with x of every token of the block that uses j (partial sums per
+//      2048-column step added in step order), h = gate * u.
+//   3. Down projection token by token: a thread owns 8 consecutive output columns per 2048
+//      (kChunks chunks) in registers and adds h_e * Wd(j_e, own columns) over the token's
+//      entries in column order, 16 loads of 16 bytes in flight per thread (16 rows, or 8 rows x 2
+//      chunks when K > 2048); y written once, rounded to T.
+// Deterministic: every sum has a fixed order (no atomics). Results equal ffn_token's up to the
+// order of the up product's partial sums when K > 2048.
+// Estimate at M = 16384, K = 2048, N = 5632, 0.5 % uniform (about 459k (token, unit) pairs,
+// bt = 16): Wu^T rows fetched once per distinct (block, unit): N (1 - (1 - p)^16) = 434 per
+// block against 448 pairs (3 % saved; neuron-skewed data shares far more), 1.82 GB; Wd rows
+// 4 KB per pair, 1.88 GB; slot words 46 MB (read twice, the second from L2), x 64 MB, y 64 MB:
+// about 3.9 GB from L2, 0.5 ms at 8 TB/s, against the per-token kernel's 2.7 TB/s effective.
+// Instructions per pair: up ~200 warp-instructions (64 FMA + 64 converts of x + 8 LDS.128 + 5
+// SHFL per lane, the weight converts shared by the unit's tokens), down ~185 (8 warps x (LDG.128,
+// 8 converts, 8 FMA, ~6 overhead)): 177M warp-instructions, about 0.17 ms of issue on 132 SMs.
+// Memory in flight per SM (2 CTAs, 120-124 registers): up 16 warps x 4 KB = 64 KB, down
+// 2 x 256 threads x 16 x 16 B = 128 KB; each warp's up loads are a burst per unit (a second
+// slice in flight would need 32 more registers and spills; cp.async into shared memory is the
+// way to deepen it), so expect the up phase to be latency-bound at ~64 KB per L2 round trip.
+// Shared memory (block_smem_bytes): 64 KB of x + 17 KB of list = 81 KB, 2 CTAs per SM on sm_90.
+// Benchmark: bench/suites/ffn.cpp.
+template <class T, int kChunks>
+__global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int bt) {
+  static_assert(ValueTraits<T>::packs_in_slot, "the block kernel stages 16-bit x");
+  extern __shared__ __align__(16) unsigned char block_smem[];
+  const std::int64_t k = a.k;
+  auto* xs = reinterpret_cast<std::uint16_t*>(block_smem);  // bt x K
+  auto* e_col = reinterpret_cast<std::int32_t*>(block_smem + static_cast<std::size_t>(bt) * k * 2);
+  float* e_val = reinterpret_cast<float*>(e_col + kListCap);
+  float* e_u = e_val + kListCap;
+  auto* s_pos = reinterpret_cast<std::int16_t*>(e_u + kListCap);
+  std::int16_t* g_start = s_pos + kListCap;  // kListCap + 1 used
+  auto* e_tok = reinterpret_cast<std::uint8_t*>(g_start + kListCap + 2);
+  __shared__ std::int32_t cnt[kBlockTokens], state[kBlockTokens], offs[kBlockTokens + 1];
+  __shared__ std::int32_t warp_count[kThreads / 32];
+  enum : std::int32_t { kListed = 0, kRouted = 1, kAbsent = 2 };
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const bool gated = a.wu_t != nullptr;
+  const std::int64_t r0 = std::int64_t{blockIdx.x} * bt;
+  const int present = static_cast<int>(a.m - r0 < bt ? a.m - r0 : bt);
+  const std::int64_t pw = a.layout.packed_width(a.n);
+  const int slots = a.layout.slots();
+  const std::int64_t tiles = a.layout.tiles(a.n);
+  const T* wd = static_cast<const T*>(a.wd);
+
+  if (gated) {
+    const int vecs = static_cast<int>(k / 8);
+    for (int t = 0; t < present; ++t) {
+      const auto* src = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + (r0 + t) * a.ldx);
+      for (int v = tid; v < vecs; v += kThreads) reinterpret_cast<uint4*>(xs + t * k)[v] = src[v];
+    }
+  }
+  for (int t = warp; t < bt; t += kThreads / 32) {
+    std::int32_t st = kAbsent, c = 0;
+    if (t < present) {
+      const std::int64_t row = r0 + t;
+      if (a.row_to_overflow[row] >= 0) {
+        st = kRouted;
+      } else {
+        const std::uint32_t* pr = a.packed + row * pw;
+        for (std::int64_t tau = lane; tau < tiles; tau += 32) c += static_cast<std::int32_t>(pr[tau * slots]);
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
+        st = c > kListCap ? kRouted : kListed;
+      }
+    }
+    if (lane == 0) {
+      cnt[t] = c;
+      state[t] = st;
+      if (st == kListed) a.row_nnz[r0 + t] = c;
+    }
+  }
+  __syncthreads();
+
+  for (int t0 = 0;;) {
+    while (t0 < bt && state[t0] != kListed) ++t0;
+    if (t0 >= bt) break;
+    int t1 = t0, total = 0;
+    while (t1 < bt && state[t1] == kListed && total + cnt[t1] <= kListCap) total += cnt[t1++];
+    if (tid == 0) {
+      int o = 0;
+      for (int t = t0; t < t1; ++t) {
+        offs[t - t0] = o;
+        o += cnt[t];
+      }
+      offs[t1 - t0] = o;
+    }
+    __syncthreads();
+
+    for (int t = t0 + warp; t < t1; t += kThreads / 32) {
+      const std::uint32_t* pr = a.packed + (r0 + t) * pw;
+      int base = offs[t - t0];
+      for (std::int64_t tau0 = 0; tau0 < tiles; tau0 += 32) {
+        const std::int64_t tau = tau0 + lane;
+        const int c = tau < tiles ? static_cast<int>(pr[tau * slots]) : 0;
+        int inc = c;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+          const int up = __shfl_up_sync(0xffffffffu, inc, d);
+          if (lane >= d) inc += up;
+        }
+        const int ex = inc - c;
+        const int in_chunk = tiles - tau0 < 32 ? static_cast<int>(tiles - tau0) : 32;
+        for (int i = 0; i < in_chunk; ++i) {
+          const int ci = __shfl_sync(0xffffffffu, c, i), exi = __shfl_sync(0xffffffffu, ex, i);
+          const std::int64_t ti = tau0 + i;
+          for (int q = lane; q < ci; q += 32) {
+            const std::uint32_t word = pr[ti * slots + 1 + q];
+            const int at = base + exi + q;
+            e_col[at] = static_cast<std::int32_t>(a.layout.tile_begin(ti) + TwellLayout::slot_column(word));
+            e_val[at] = bits_to_float<T>(TwellLayout::slot_value_bits(word));
+            e_tok[at] = static_cast<std::uint8_t>(t);
+          }
+        }
+        base += __shfl_sync(0xffffffffu, inc, 31);
+      }
+    }
+    __syncthreads();
+
+    if (gated) {
+      for (int e = tid; e < total; e += kThreads) {
+        const int t = e_tok[e], c = e_col[e];
+        int rank = e - offs[t - t0];
+        for (int u = t0; u < t1; ++u) {
+          if (u == t) continue;
+          const int first = offs[u - t0];
+          int lo = first, hi = offs[u - t0 + 1];
+          while (lo < hi) {
+            const int mid = (lo + hi) >> 1;
+            const int cm = e_col[mid];
+            if (u < t ? cm <= c : cm < c) {
+              lo = mid + 1;
+            } else {
+              hi = mid;
+            }
+          }
+          rank += lo - first;
+        }
+        s_pos[rank] = static_cast<std::int16_t>(e);
+      }
+      __syncthreads();
+      int groups = 0;
+      for (int p0 = 0; p0 < total; p0 += kThreads) {
+        const int p = p0 + tid;
+        const bool start = p < total && (p == 0 || e_col[s_pos[p]] != e_col[s_pos[p - 1]]);
+        const std::uint32_t mask = __ballot_sync(0xffffffffu, start);
+        if (lane == 0) warp_count[warp] = __popc(mask);
+        __syncthreads();
+        int offset = groups, chunk = 0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) {
+          offset += w < warp ? warp_count[w] : 0;
+          chunk += warp_count[w];
+        }
+        if (start) g_start[offset + __popc(mask & ((1u << lane) - 1u))] = static_cast<std::int16_t>(p);
+        groups += chunk;
+        __syncthreads();  // warp_count is rewritten by the next chunk
+      }
+      if (tid == 0) g_start[groups] = static_cast<std::int16_t>(total);
+      __syncthreads();
+
+      const T* wu_t = static_cast<const T*>(a.wu_t);
+      for (int g = warp; g < groups; g += kThreads / 32) {
+        const int p_begin = g_start[g], p_end = g_start[g + 1];
+        const T* wrow = wu_t + std::int64_t{e_col[s_pos[p_begin]]} * a.ldwu_t;
+        for (std::int64_t k0 = 0; k0 < k; k0 += 32 * 8 * 8) {
+          uint4 w[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const std::int64_t kk = k0 + (i * 32 + lane) * 8;
+            w[i] = kk < k ? __ldg(reinterpret_cast<const uint4*>(wrow + kk)) : make_uint4(0, 0, 0, 0);
+          }
+          for (int p = p_begin; p < p_end; ++p) {
+            const int e = s_pos[p];
+            const std::uint16_t* xr = xs + std::int64_t{e_tok[e]} * k;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const std::int64_t kk = k0 + (i * 32 + lane) * 8;
+              if (kk < k) s = dot8<T>(*reinterpret_cast<const uint4*>(xr + kk), w[i], s);
+            }
+#pragma unroll
+            for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+            if (lane == 0) e_u[e] = k0 == 0 ? s : e_u[e] + s;
+          }
+        }
+        __syncwarp();
+        for (int p = p_begin + lane; p < p_end; p += 32) {
+          const int e = s_pos[p];
+          e_val[e] *= e_u[e];
+        }
+      }
+      __syncthreads();
+    }
+
+    for (int t = t0; t < t1; ++t) {
+      float acc[kChunks][8];
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[c][i] = 0.0f;
+      const int e_end = offs[t - t0 + 1];
+      constexpr int kBatch = kBatchColumns / kChunks;  // Wd rows per batch
+      for (int e0 = offs[t - t0]; e0 < e_end; e0 += kBatch) {
+        const int n = e_end - e0 < kBatch ? e_end - e0 : kBatch;
+        uint4 wv[kBatch][kChunks];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const T* drow = wd + std::int64_t{e_col[b < n ? e0 + b : e0]} * a.ldwd;
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) {
+            const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * 8;
+            wv[b][c] = b < n && k0 < k ? __ldg(reinterpret_cast<const uint4*>(drow + k0)) : make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          if (b < n) {
+            const float h = e_val[e0 + b];
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c) {
+              const std::uint32_t words[4] = {wv[b][c].x, wv[b][c].y, wv[b][c].z, wv[b][c].w};
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                acc[c][2 * i] = fmaf(h, bits_to_float<T>(static_cast<std::uint16_t>(words[i] & 0xffffu)), acc[c][2 * i]);
+                acc[c][2 * i + 1] = fmaf(h, bits_to_float<T>(static_cast<std::uint16_t>(words[i] >> 16)), acc[c][2 * i + 1]);
+              }
+            }
+          }
+        }
+      }
+      T* y = static_cast<T*>(a.y) + (r0 + t) * a.ldy;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * 8;
+        if (k0 < k) store_vec<T, 8>(y + k0, acc[c]);
+      }
+    }
+    __syncthreads();  // the next round rewrites the list
+    t0 = t1;
+  }
+
+  for (int t = 0; t < present; ++t)
+    if (state[t] == kRouted) ffn_token<T, 8, kChunks>(a, r0 + t, reinterpret_cast<float*>(block_smem));
 }
 
 // out (cols x rows) = in (rows x cols)^T through 32 x 32 shared tiles; CTA 32 x 8 threads.
@@ -287,11 +632,14 @@ void check_io(DenseView<const T> x, DenseView<T> y, std::int64_t k, const char* 
   require(x.rows <= INT32_MAX, ErrorCode::unsupported, where, "M = ", x.rows, " exceeds 2^31 - 1 rows");
 }
 
-// Runs ffn_rows_kernel on a gate Hybrid; wu_t null for the non-gated FFN. Returns the path name.
+// Queues ffn_rows_kernel on the gate g; wu_t null for the non-gated FFN. Returns the path name.
 template <class T>
-std::string sparse_rows(DenseView<const T> x, const HybridMatrix<T>& gate, const T* wu_t, std::int64_t ldwu_t,
-                        DenseView<const T> wd, DenseView<T> y, cudaStream_t stream, const char* where) {
+std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<const T> w_gate, ActivationSpec act,
+                        const T* wu_t, std::int64_t ldwu_t, DenseView<const T> wd, DenseView<T> y,
+                        std::int32_t* row_nnz, cudaStream_t stream, const char* where) {
+  if (x.rows == 0) return "empty";
   FfnArgs a;
+  a.m = x.rows;
   a.x = x.data;
   a.ldx = x.ld;
   a.wu_t = wu_t;
@@ -301,19 +649,44 @@ std::string sparse_rows(DenseView<const T> x, const HybridMatrix<T>& gate, const
   a.y = y.data;
   a.ldy = y.ld;
   a.k = x.cols;
-  a.n = gate.cols();
-  a.layout = gate.layout();
-  a.packed = gate.twell().packed().data();
-  a.value_plane = gate.twell().value_plane().data();
-  a.row_to_overflow = gate.row_to_overflow().data();
-  a.overflow = gate.overflow().values().data();
-  a.ld_overflow = gate.overflow().ld();
-  if (x.rows == 0 || x.cols == 0) return "empty";
+  a.n = g.cols();
+  a.layout = g.twell.layout;
+  a.packed = g.twell.packed;
+  a.value_plane = g.twell.value_plane;
+  a.row_to_overflow = g.row_to_overflow;
+  a.overflow = g.overflow.data;
+  a.ld_overflow = g.overflow.ld;
+  a.block_rows = g.overflow.rows;
+  a.w_gate = w_gate.data;
+  a.ld_w_gate = w_gate.ld;
+  a.act = act.kind;
+  a.threshold = act.threshold;
+  a.row_nnz = row_nnz;
 
   const bool vec = x.cols % 8 == 0 && x.ld % 8 == 0 && wd.ld % 8 == 0 && y.ld % 8 == 0 && aligned16(x.data) &&
                    aligned16(wd.data) && aligned16(y.data) && (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t)));
-  const std::size_t smem = (wu_t != nullptr ? static_cast<std::size_t>(x.cols) : 0) * sizeof(float) +
-                           2 * kThreads * sizeof(std::int32_t);
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    if (vec && x.cols <= 2 * kThreads * 8) {  // kChunks <= 2
+      const bool wide = x.cols > kThreads * 8;
+      const int bt = wide ? kBlockTokens / 2 : kBlockTokens;
+      const std::size_t bytes = block_smem_bytes(bt, x.cols);
+      int device = 0, optin = 0;
+      ::twell::detail::check_cuda(cudaGetDevice(&device), where);
+      ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                                  where);
+      if (bytes <= static_cast<std::size_t>(optin)) {
+        const auto blocks = static_cast<unsigned>((x.rows + bt - 1) / bt);
+        const auto kernel = wide ? ffn_block_kernel<T, 2> : ffn_block_kernel<T, 1>;
+        ::twell::detail::check_cuda(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+            where);
+        kernel<<<blocks, kThreads, bytes, stream>>>(a, bt);
+        ::twell::detail::check_launch(where);
+        return wide ? "ffn_block8_v8" : "ffn_block16_v8";
+      }
+    }
+  }
+  const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + 2 * kThreads * sizeof(std::int32_t);
   const auto grid = static_cast<unsigned>(x.rows);
   if (vec) {
     ffn_rows_kernel<T, 8><<<grid, kThreads, smem, stream>>>(a);
@@ -324,72 +697,111 @@ std::string sparse_rows(DenseView<const T> x, const HybridMatrix<T>& gate, const
   return vec ? "ffn_rows_v8" : "ffn_rows_v1";
 }
 
-ConvertOptions hybrid_convert(const KernelOptions& options) {
-  ConvertOptions c;
-  c.overflow = OverflowPolicy::hybrid;
-  c.stream = options.stream;
-  return c;
+// Checks the plan's operands, then builds its gate plan (so that the checks name the FFN).
+template <class T>
+GemmToSparsePlan<T> checked_gate(std::int64_t m, bool gated, DenseView<const T> w_gate, DenseView<const T> wu,
+                                 DenseView<const T> wd, ActivationSpec act, TwellLayout layout,
+                                 std::int64_t capacity, const KernelOptions& options, const char* where) {
+  require(m >= 0, ErrorCode::invalid_argument, where, "M = ", m, " is negative");
+  require(m <= INT32_MAX, ErrorCode::unsupported, where, "M = ", m, " exceeds 2^31 - 1 rows");
+  check_weights<T>(gated ? wu : w_gate, wd, where);
+  if (gated) {
+    check_device(w_gate, where, "wg");
+    require(w_gate.rows == wu.rows && w_gate.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ", w_gate.rows,
+            " x ", w_gate.cols, " but wu is ", wu.rows, " x ", wu.cols);
+  }
+  check_layout(layout, where);
+  return GemmToSparsePlan<T>(m, w_gate.rows, w_gate.cols, act, layout, capacity, OverflowPolicy::hybrid,
+                             options.stream);
 }
 
 }  // namespace
 
 template <Value T>
-GatedFfnPlan<T>::GatedFfnPlan(DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd, TwellLayout layout,
-                              const KernelOptions& options)
-    : wg_(wg), wu_(wu), wd_(wd), layout_(layout) {
-  constexpr const char* kWhere = "twell::cuda::GatedFfnPlan";
-  check_weights<T>(wu, wd, kWhere);
-  check_device(wg, kWhere, "wg");
-  require(wg.rows == wu.rows && wg.cols == wu.cols, ErrorCode::shape_mismatch, kWhere, "wg is ", wg.rows, " x ",
-          wg.cols, " but wu is ", wu.rows, " x ", wu.cols);
-  check_layout(layout, kWhere);
+FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gate, DenseView<const T> wu,
+                            DenseView<const T> wd, ActivationSpec act, TwellLayout layout,
+                            std::int64_t overflow_capacity, const KernelOptions& options, const char* where)
+    : m_(m), k_(w_gate.rows), n_(w_gate.cols), gated_(gated), w_gate_(w_gate), wd_(wd), act_(act),
+      stream_(options.stream), where_(where),
+      gate_(checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, overflow_capacity, options, where)),
+      row_nnz_(static_cast<std::size_t>(m), MemorySpace::device) {
+  if (!gated_) return;
   wu_t_ = DenseMatrix<T>(wu.cols, wu.rows, MemorySpace::device);
   if (wu.rows > 0 && wu.cols > 0) {
     const dim3 grid(static_cast<unsigned>((wu.cols + 31) / 32), static_cast<unsigned>((wu.rows + 31) / 32));
-    transpose_kernel<T><<<grid, dim3(32, 8), 0, static_cast<cudaStream_t>(options.stream.handle)>>>(
+    transpose_kernel<T><<<grid, dim3(32, 8), 0, static_cast<cudaStream_t>(stream_.handle)>>>(
         wu.data, wu.rows, wu.cols, wu.ld, wu_t_.values().data(), wu_t_.ld());
-    ::twell::detail::check_launch(kWhere);
+    ::twell::detail::check_launch(where);
   }
 }
 
 template <Value T>
-void GatedFfnPlan<T>::forward(DenseView<const T> x, ActivationSpec act, DenseView<T> y,
-                              const KernelOptions& options) const {
-  constexpr const char* kWhere = "twell::cuda::gated_ffn_forward";
-  check_io<T>(x, y, wu_.rows, kWhere);
-  KernelReport gate_report;
-  KernelOptions gate_options = options;
-  gate_options.report = &gate_report;
-  const HybridMatrix<T> gate = gemm_to_sparse<T>(x, wg_, act, layout_, hybrid_convert(options), gate_options);
-  const std::string path = sparse_rows<T>(x, gate, wu_t_.values().data(), wu_t_.ld(), wd_, y,
-                                          static_cast<cudaStream_t>(options.stream.handle), kWhere);
-  if (options.report != nullptr) options.report->path = "gate:" + gate_report.path + "+" + path;
+void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* stats) {
+  check_io<T>(x, y, k_, where_);
+  require(x.rows == m_, ErrorCode::shape_mismatch, where_, "the plan is for ", m_, " tokens but x has ", x.rows,
+          " rows");
+  const auto stream = static_cast<cudaStream_t>(stream_.handle);
+  gate_.run(x, w_gate_);
+  const HybridView<const T> g = gate_.queued_result();
+  const std::int64_t block_rows = g.overflow.rows;
+  const std::string kernel = sparse_rows<T>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr,
+                                            gated_ ? wu_t_.ld() : 0, wd_, y, row_nnz_.data(), stream, where_);
+  path_ = "gate:" + gate_.path() + "+" + kernel;
+  if (stats == nullptr) return;
+
+  const OverflowCount count = gate_.sync_overflow_count();
+  FfnStats s;
+  s.tokens = m_;
+  s.row_nnz.resize(static_cast<std::size_t>(m_));
+  if (m_ > 0)
+    ::twell::detail::check_cuda(cudaMemcpyAsync(s.row_nnz.data(), row_nnz_.data(), row_nnz_.bytes(),
+                                                cudaMemcpyDeviceToHost, stream),
+                                where_);
+  ::twell::detail::check_cuda(cudaStreamSynchronize(stream), where_);
+  for (const std::int32_t c : s.row_nnz) {
+    s.nnz += c;
+    s.max_row_nnz = std::max(s.max_row_nnz, c);
+  }
+  s.overflow_rows = count.rows;
+  s.overflow_capacity = block_rows;
+  s.fallback_rows = std::max<std::int64_t>(0, count.rows - block_rows);
+  *stats = std::move(s);
 }
+
+template <Value T>
+GatedFfnPlan<T>::GatedFfnPlan(std::int64_t m, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+                              ActivationSpec act, TwellLayout layout, std::int64_t overflow_capacity,
+                              const KernelOptions& options)
+    : FfnPlanBase<T>(m, true, wg, wu, wd, act, layout, overflow_capacity, options, "twell::cuda::GatedFfnPlan") {}
+
+template <Value T>
+FfnPlan<T>::FfnPlan(std::int64_t m, DenseView<const T> wu, DenseView<const T> wd, ActivationSpec act,
+                    TwellLayout layout, std::int64_t overflow_capacity, const KernelOptions& options)
+    : FfnPlanBase<T>(m, false, wu, DenseView<const T>{}, wd, act, layout, overflow_capacity, options,
+                     "twell::cuda::FfnPlan") {}
 
 template <Value T>
 void gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
                        ActivationSpec act, DenseView<T> y, const KernelOptions& options) {
-  const GatedFfnPlan<T> plan(wg, wu, wd, TwellLayout{}, options);
-  plan.forward(x, act, y, options);
+  check_device(x, "twell::cuda::gated_ffn_forward", "x");
+  GatedFfnPlan<T> plan(x.rows, wg, wu, wd, act, TwellLayout{}, GatedFfnPlan<T>::kDefaultCapacity, options);
+  plan.forward(x, y);
+  if (options.report != nullptr) options.report->path = plan.path();
 }
 
 template <Value T>
 void ffn_forward(DenseView<const T> x, DenseView<const T> wu, DenseView<const T> wd, ActivationSpec act,
                  DenseView<T> y, const KernelOptions& options) {
-  constexpr const char* kWhere = "twell::cuda::ffn_forward";
-  check_weights<T>(wu, wd, kWhere);
-  check_io<T>(x, y, wu.rows, kWhere);
-  KernelReport gate_report;
-  KernelOptions gate_options = options;
-  gate_options.report = &gate_report;
-  const HybridMatrix<T> h = gemm_to_sparse<T>(x, wu, act, TwellLayout{}, hybrid_convert(options), gate_options);
-  const std::string path =
-      sparse_rows<T>(x, h, nullptr, 0, wd, y, static_cast<cudaStream_t>(options.stream.handle), kWhere);
-  if (options.report != nullptr) options.report->path = "gate:" + gate_report.path + "+" + path;
+  check_device(x, "twell::cuda::ffn_forward", "x");
+  FfnPlan<T> plan(x.rows, wu, wd, act, TwellLayout{}, FfnPlan<T>::kDefaultCapacity, options);
+  plan.forward(x, y);
+  if (options.report != nullptr) options.report->path = plan.path();
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                        \
+  template class FfnPlanBase<T>;                                                                                    \
   template class GatedFfnPlan<T>;                                                                                   \
+  template class FfnPlan<T>;                                                                                        \
   template void gated_ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, DenseView<const T>, \
                                      ActivationSpec, DenseView<T>, const KernelOptions&);                           \
   template void ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, ActivationSpec,          \

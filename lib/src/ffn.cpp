@@ -1,8 +1,16 @@
-// The sparse FFN forward composed from the public operations.
+// The sparse FFN forward composed from the public operations, and the FFN layer objects that
+// hold a GPU plan (or run the composition on the host).
+#include <algorithm>
+#include <optional>
 #include <string>
+#include <utility>
 
+#include <twell/config.hpp>
 #include <twell/ffn.hpp>
 #include <twell/instantiate.hpp>
+#if TWELL_HAS_CUDA
+#include <twell/kernels/ffn_cuda.hpp>
+#endif
 
 namespace twell {
 namespace {
@@ -22,19 +30,57 @@ void check_shapes(const char* where, DenseView<const T> x, DenseView<const T> w_
           shape(m, k));
 }
 
-}  // namespace
+// FfnStats of a host gate: per-row counts from the TwELL slot-0 words, or the dense row of an
+// overflow row (its TwELL part is a shadow); the block holds every overflow row (capacity = R).
+template <class T>
+FfnStats host_stats(HybridView<const T> g) {
+  FfnStats s;
+  s.tokens = g.rows();
+  s.row_nnz.assign(static_cast<std::size_t>(g.rows()), 0);
+  const TwellLayout layout = g.twell.layout;
+  const std::int64_t tiles = layout.tiles(g.cols()), pw = g.twell.packed_width();
+  for (std::int64_t r = 0; r < g.rows(); ++r) {
+    std::int64_t count = 0;
+    const std::int32_t o = g.row_to_overflow[r];
+    if (o >= 0) {
+      for (std::int64_t j = 0; j < g.cols(); ++j) count += is_stored(g.overflow.at(o, j)) ? 1 : 0;
+    } else {
+      for (std::int64_t t = 0; t < tiles; ++t) count += g.twell.packed[r * pw + t * layout.slots()];
+    }
+    s.row_nnz[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(count);
+    s.nnz += count;
+    s.max_row_nnz = std::max(s.max_row_nnz, static_cast<std::int32_t>(count));
+  }
+  s.overflow_rows = g.overflow_rows();
+  s.overflow_capacity = g.overflow_rows();
+  return s;
+}
 
-template <Value T>
-void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
-                              In<DenseView<const T>> wd, ActivationSpec act, TwellLayout layout, DenseView<T> y,
-                              const KernelOptions& options) {
-  constexpr const char* where = "twell::sparse_gated_ffn_forward";
+template <class T>
+void check_gated(const char* where, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                 DenseView<const T> wd, DenseView<T> y) {
   check_shapes(where, x, wu, wd, y);
   require(wg.rows == wu.rows && wg.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ", shape(wg.rows, wg.cols),
           " but wu is ", shape(wu.rows, wu.cols));
   for (const auto s : {wg.space, wu.space, wd.space, y.space})
     require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
             " memory but a weight or y is in ", to_string(s), " memory");
+}
+
+template <class T>
+void check_plain(const char* where, DenseView<const T> x, DenseView<const T> wu, DenseView<const T> wd,
+                 DenseView<T> y) {
+  check_shapes(where, x, wu, wd, y);
+  for (const auto s : {wu.space, wd.space, y.space})
+    require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
+            " memory but a weight or y is in ", to_string(s), " memory");
+}
+
+// The compositions behind the free functions and the host objects; stats read back the gate.
+template <class T>
+void composed_gated(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+                    ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options,
+                    FfnStats* stats) {
   ConvertOptions convert = hybrid_overflow();
   convert.stream = options.stream;
   const HybridMatrix<T> g = gemm_to_sparse<T>(x, wg, act, layout, convert, options);
@@ -42,20 +88,195 @@ void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> w
   sddmm<T>(x, Op::none, wu, g.view(), h.view(), 1.0f, 0.0f, options);
   multiply_on_pattern<T>(g.view(), h.view(), h.view(), options);
   spmm<T>(Op::none, h.view(), wd, y, 1.0f, 0.0f, options);
+  if (stats != nullptr) *stats = host_stats<T>(g.space() == MemorySpace::host ? g.view() : g.to(MemorySpace::host).view());
+}
+
+template <class T>
+void composed_plain(DenseView<const T> x, DenseView<const T> wu, DenseView<const T> wd, ActivationSpec act,
+                    TwellLayout layout, DenseView<T> y, const KernelOptions& options, FfnStats* stats) {
+  ConvertOptions convert = hybrid_overflow();
+  convert.stream = options.stream;
+  const HybridMatrix<T> h = gemm_to_sparse<T>(x, wu, act, layout, convert, options);
+  spmm<T>(Op::none, h.view(), wd, y, 1.0f, 0.0f, options);
+  if (stats != nullptr) *stats = host_stats<T>(h.space() == MemorySpace::host ? h.view() : h.to(MemorySpace::host).view());
+}
+
+}  // namespace
+
+template <Value T>
+void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
+                              In<DenseView<const T>> wd, ActivationSpec act, TwellLayout layout, DenseView<T> y,
+                              const KernelOptions& options) {
+  check_gated("twell::sparse_gated_ffn_forward", x, wg, wu, wd, y);
+  composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr);
 }
 
 template <Value T>
 void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<DenseView<const T>> wd,
                         ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options) {
-  constexpr const char* where = "twell::sparse_ffn_forward";
-  check_shapes(where, x, wu, wd, y);
-  for (const auto s : {wu.space, wd.space, y.space})
-    require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
-            " memory but a weight or y is in ", to_string(s), " memory");
-  ConvertOptions convert = hybrid_overflow();
-  convert.stream = options.stream;
-  const HybridMatrix<T> h = gemm_to_sparse<T>(x, wu, act, layout, convert, options);
-  spmm<T>(Op::none, h.view(), wd, y, 1.0f, 0.0f, options);
+  check_plain("twell::sparse_ffn_forward", x, wu, wd, y);
+  composed_plain<T>(x, wu, wd, act, layout, y, options, nullptr);
+}
+
+// The weights, the settings and (device) the plan; the host path keeps only what it needs to
+// compose. Both objects share it: `wg` is empty for the non-gated FFN.
+template <class T, class Plan>
+struct FfnState {
+  std::int64_t tokens = 0;
+  DenseView<const T> wg{}, wu{}, wd{};
+  ActivationSpec act{};
+  TwellLayout layout{};
+  KernelOptions options{};
+  std::string path;
+#if TWELL_HAS_CUDA
+  std::optional<Plan> plan;
+#endif
+};
+
+#if TWELL_HAS_CUDA
+template <Value T>
+struct GatedFfn<T>::Impl : FfnState<T, cuda::GatedFfnPlan<T>> {};
+template <Value T>
+struct Ffn<T>::Impl : FfnState<T, cuda::FfnPlan<T>> {};
+#else
+template <Value T>
+struct GatedFfn<T>::Impl : FfnState<T, int> {};
+template <Value T>
+struct Ffn<T>::Impl : FfnState<T, int> {};
+#endif
+
+namespace {
+
+// Checks the weights against each other with a 1-row probe of x and y (the layer's M is checked at
+// forward()); fails on device weights without a device.
+template <class T>
+void check_layer(const char* where, std::int64_t tokens, DenseView<const T> wg, DenseView<const T> wu,
+                 DenseView<const T> wd, bool gated) {
+  require(tokens >= 0, ErrorCode::invalid_argument, where, "tokens = ", tokens, " is negative");
+  const DenseView<const T> x{nullptr, 0, wu.rows, wu.rows, wu.space};
+  const DenseView<T> y{nullptr, 0, wu.rows, wu.rows, wu.space};
+  if (gated) {
+    check_gated(where, x, wg, wu, wd, y);
+  } else {
+    check_plain(where, x, wu, wd, y);
+  }
+#if TWELL_HAS_CUDA
+  if (wu.space == MemorySpace::device) require_cuda_device(where);
+#else
+  require(wu.space == MemorySpace::host, ErrorCode::no_device, where,
+          "the weights live in device memory but this build of twell has no cuda backend");
+#endif
+}
+
+template <class T>
+void check_tokens(const char* where, std::int64_t tokens, DenseView<const T> x) {
+  require(x.rows == tokens, ErrorCode::shape_mismatch, where, "the layer is for ", tokens, " tokens but x has ",
+          x.rows, " rows");
+}
+
+}  // namespace
+
+template <Value T>
+GatedFfn<T>::GatedFfn(std::int64_t tokens, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
+                      In<DenseView<const T>> wd, ActivationSpec act, TwellLayout layout,
+                      std::int64_t overflow_capacity, const KernelOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  constexpr const char* where = "twell::GatedFfn";
+  check_layer<T>(where, tokens, wg, wu, wd, true);
+  check_layout(layout, where);
+  Impl& s = *impl_;
+  s.tokens = tokens;
+  s.wg = wg;
+  s.wu = wu;
+  s.wd = wd;
+  s.act = act;
+  s.layout = layout;
+  s.options = options;
+  s.options.report = nullptr;
+#if TWELL_HAS_CUDA
+  if (wu.space == MemorySpace::device) s.plan.emplace(tokens, wg, wu, wd, act, layout, overflow_capacity, s.options);
+#else
+  static_cast<void>(overflow_capacity);
+#endif
+}
+
+template <Value T>
+void GatedFfn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* stats) {
+  constexpr const char* where = "twell::GatedFfn::forward";
+  require(impl_ != nullptr, ErrorCode::invalid_argument, where, "the layer was moved from");
+  Impl& s = *impl_;
+  check_gated(where, x, s.wg, s.wu, s.wd, y);
+  check_tokens(where, s.tokens, x);
+#if TWELL_HAS_CUDA
+  if (s.plan) {
+    s.plan->forward(x, y, stats);
+    s.path = s.plan->path();
+    return;
+  }
+#endif
+  composed_gated<T>(x, s.wg, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
+  s.path = "composed:reference";
+}
+
+template <Value T>
+Ffn<T>::Ffn(std::int64_t tokens, In<DenseView<const T>> wu, In<DenseView<const T>> wd, ActivationSpec act,
+            TwellLayout layout, std::int64_t overflow_capacity, const KernelOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  constexpr const char* where = "twell::Ffn";
+  check_layer<T>(where, tokens, DenseView<const T>{}, wu, wd, false);
+  check_layout(layout, where);
+  Impl& s = *impl_;
+  s.tokens = tokens;
+  s.wu = wu;
+  s.wd = wd;
+  s.act = act;
+  s.layout = layout;
+  s.options = options;
+  s.options.report = nullptr;
+#if TWELL_HAS_CUDA
+  if (wu.space == MemorySpace::device) s.plan.emplace(tokens, wu, wd, act, layout, overflow_capacity, s.options);
+#else
+  static_cast<void>(overflow_capacity);
+#endif
+}
+
+template <Value T>
+void Ffn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* stats) {
+  constexpr const char* where = "twell::Ffn::forward";
+  require(impl_ != nullptr, ErrorCode::invalid_argument, where, "the layer was moved from");
+  Impl& s = *impl_;
+  check_plain(where, x, s.wu, s.wd, y);
+  check_tokens(where, s.tokens, x);
+#if TWELL_HAS_CUDA
+  if (s.plan) {
+    s.plan->forward(x, y, stats);
+    s.path = s.plan->path();
+    return;
+  }
+#endif
+  composed_plain<T>(x, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
+  s.path = "composed:reference";
+}
+
+template <Value T>
+GatedFfn<T>::GatedFfn(GatedFfn&&) noexcept = default;
+template <Value T>
+GatedFfn<T>& GatedFfn<T>::operator=(GatedFfn&&) noexcept = default;
+template <Value T>
+GatedFfn<T>::~GatedFfn() = default;
+template <Value T>
+const std::string& GatedFfn<T>::path() const {
+  return impl_->path;
+}
+template <Value T>
+Ffn<T>::Ffn(Ffn&&) noexcept = default;
+template <Value T>
+Ffn<T>& Ffn<T>::operator=(Ffn&&) noexcept = default;
+template <Value T>
+Ffn<T>::~Ffn() = default;
+template <Value T>
+const std::string& Ffn<T>::path() const {
+  return impl_->path;
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                        \
@@ -63,7 +284,9 @@ void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<
                                             In<DenseView<const T>>, ActivationSpec, TwellLayout, DenseView<T>,      \
                                             const KernelOptions&);                                                  \
   template void sparse_ffn_forward<T>(In<DenseView<const T>>, In<DenseView<const T>>, In<DenseView<const T>>,       \
-                                      ActivationSpec, TwellLayout, DenseView<T>, const KernelOptions&);
+                                      ActivationSpec, TwellLayout, DenseView<T>, const KernelOptions&);             \
+  template class GatedFfn<T>;                                                                                       \
+  template class Ffn<T>;
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE
 

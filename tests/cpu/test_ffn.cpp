@@ -138,6 +138,71 @@ TEST_CASE_TEMPLATE("composed sparse forward matches the dense reference", T, bf1
   }
 }
 
+TEST_CASE_TEMPLATE("FFN layers on the host: GatedFfn / Ffn equal the composed forward, stats count the pattern", T,
+                   bf16, float) {
+  const ActivationSpec relu{Activation::relu, 0.3f};
+  // TwELL(16, 4) holds 3 entries per (row, tile), so some rows of these shapes overflow.
+  const TwellLayout layout{16, 4};
+  for (const FfnShape& s : kShapes) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(s.m);
+    CAPTURE(s.n);
+    const Weights<T> w(s, seed);
+    DenseMatrix<T> want(s.m, s.k), got(s.m, s.k);
+    GatedFfn<T> layer(s.m, w.wg.view(), w.wu.view(), w.wd.view(), relu, layout);
+    FfnStats stats;
+    for (int call = 0; call < 2; ++call) {
+      for (auto& v : got.values().host_span()) v = from_float<T>(NAN);
+      layer.forward(w.x.view(), got.view(), &stats);
+      sparse_gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, layout, want.view());
+      CHECK(testing::bitwise_equal<T>(std::as_const(got).view(), std::as_const(want).view()));
+    }
+    CHECK(layer.path() == "composed:reference");
+
+    // The pattern from fp64: act(x wg) stored where |act| > threshold (T's rounding aside).
+    const Matrix64 g = matmul(to64<T>(w.x.view()), to64<T>(w.wg.view()));
+    std::int64_t nnz = 0, overflow_rows = 0, diff = 0;
+    for (std::int64_t i = 0; i < s.m; ++i) {
+      std::int64_t row = 0;
+      bool overflowed = false;
+      for (std::int64_t t = 0; t < layout.tiles(s.n); ++t) {
+        std::int64_t in_tile = 0;
+        for (std::int64_t j = layout.tile_begin(t); j < layout.tile_begin(t) + layout.tile_cols(t, s.n); ++j)
+          in_tile += act64(relu.kind, g(i, j)) > relu.threshold ? 1 : 0;
+        overflowed = overflowed || layout.overflows(in_tile);
+        row += in_tile;
+      }
+      nnz += row;
+      overflow_rows += overflowed ? 1 : 0;
+      diff += std::abs(row - stats.row_nnz[static_cast<std::size_t>(i)]);
+    }
+    CAPTURE(nnz);
+    CAPTURE(diff);
+    CHECK(stats.tokens == s.m);
+    CHECK(diff <= 1 + nnz / 100);
+    CHECK(std::abs(stats.nnz - nnz) <= 1 + nnz / 100);
+    CHECK(std::abs(stats.overflow_rows - overflow_rows) <= 1 + s.m / 10);
+    CHECK(stats.overflow_capacity == stats.overflow_rows);
+    CHECK(stats.fallback_rows == 0);
+
+    Ffn<T> plain(s.m, w.wu.view(), w.wd.view(), relu, layout);
+    plain.forward(w.x.view(), got.view());
+    sparse_ffn_forward<T>(w.x.view(), w.wu.view(), w.wd.view(), relu, layout, want.view());
+    CHECK(testing::bitwise_equal<T>(std::as_const(got).view(), std::as_const(want).view()));
+  }
+  const Weights<T> w(FfnShape{4, 8, 12}, 3);
+  GatedFfn<T> layer(4, w.wg.view(), w.wu.view(), w.wd.view());
+  DenseMatrix<T> y(3, 8);
+  const DenseView<const T> x3{w.x.view().data, 3, 8, 8, MemorySpace::host};
+  CHECK(testing::code_of([&] { layer.forward(x3, y.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(testing::code_of([&] { GatedFfn<T>(4, w.wg.view(), w.wu.view(), w.wg.view()); }) ==
+        ErrorCode::shape_mismatch);
+  DenseView<const T> wd_dev = w.wd.view();
+  wd_dev.space = MemorySpace::device;
+  CHECK(testing::code_of([&] { Ffn<T>(4, w.wu.view(), wd_dev); }) == ErrorCode::space_mismatch);
+}
+
 namespace {
 
 // L = sum(y * R) + lambda * sum(|h|) / Z in fp64.

@@ -1,13 +1,21 @@
-// twell::cuda::gated_ffn_forward / ffn_forward / GatedFfnPlan against the dense reference FFN
-// (twell::reference) on fresh workload inputs: realistic and token-skewed gate patterns (Hybrid
-// overflow rows included), ragged shapes, every activation, outputs poisoned with NaN.
+// twell::cuda::GatedFfnPlan / FfnPlan / gated_ffn_forward / ffn_forward and the lib layers
+// (twell::GatedFfn, twell::Ffn) against the dense reference FFN (twell::reference) on fresh
+// workload inputs: tiny and ragged shapes, 0.3 % to 50 % density, every activation, bf16 / fp16
+// (fp32 through the generic gate path), outputs poisoned with NaN; overflow-heavy token-skewed
+// rows, including more overflow rows than the plan's block holds (the exact in-kernel fallback);
+// plan reuse across calls with different x.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
+#include <twell/convert.hpp>
+#include <twell/ffn.hpp>
+#include <twell/kernels/backends.hpp>
 #include <twell/kernels/ffn.hpp>
 #include <twell/kernels/ffn_cuda.hpp>
 #include <twell/workload.hpp>
@@ -19,94 +27,333 @@
 namespace {
 
 using namespace twell;
+using testing::WorkloadSetting;
+using testing::workload_inputs;
+using workload::Distribution;
 
 template <class T>
 DenseMatrix<T> poisoned(std::int64_t rows, std::int64_t cols) {
-  DenseMatrix<T> y(rows, cols);
-  auto v = y.view();
-  for (std::int64_t i = 0; i < rows; ++i)
-    for (std::int64_t j = 0; j < cols; ++j) v.at(i, j) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
-  return y.to(MemorySpace::device);
+  return testing::nan_dense<T>(rows, cols).to(MemorySpace::device);
 }
 
+// ||y - y_ref|| / ||y_ref||: 1e-2 for bf16 (the task's bound), a little looser than one rounding
+// for fp16 (the hidden state is rounded to T in the gate), 1e-3 for fp32.
 template <class T>
 double tolerance() {
-  return std::is_same_v<T, float> ? 1e-3 : 1e-2;
+  if constexpr (std::is_same_v<T, float>) return 1e-3;
+  return 1e-2;
 }
 
-// Runs the gated (and non-gated) forward on both backends; returns nothing, CHECKs the errors.
 template <class T>
-void check_ffn(const workload::FfnInputs<T>& in, ActivationSpec act, bool expect_vector_path) {
-  const std::int64_t m = in.x.rows(), k = in.x.cols();
-  DenseMatrix<T> ref(m, k), ref_plain(m, k);
-  reference::gated_ffn_forward<T>(in.x.view(), in.wg.view(), in.wu.view(), in.wd.view(), act, ref.view());
-  reference::ffn_forward<T>(in.x.view(), in.wg.view(), in.wd.view(), act, ref_plain.view());
+double error_of(const DenseMatrix<T>& y_dev, const DenseMatrix<T>& ref) {
+  return testing::relative_error<T, T>(y_dev.to(MemorySpace::host).view(), ref.view());
+}
 
-  const auto x = in.x.to(MemorySpace::device), wg = in.wg.to(MemorySpace::device);
-  const auto wu = in.wu.to(MemorySpace::device), wd = in.wd.to(MemorySpace::device);
-  KernelReport report;
-  KernelOptions options;
-  options.report = &report;
+// The FFN operands on both sides, with the dense references of both FFN kinds.
+template <class T>
+struct Case {
+  workload::FfnInputs<T> host;
+  DenseMatrix<T> x, wg, wu, wd;  // device
+  DenseMatrix<T> ref_gated, ref_plain;
 
-  auto y = poisoned<T>(m, k);
-  cuda::gated_ffn_forward<T>(x.view(), wg.view(), wu.view(), wd.view(), act, y.view(), options);
-  CAPTURE(report.path);
-  CHECK(report.path.find(expect_vector_path ? "ffn_rows_v8" : "ffn_rows_v1") != std::string::npos);
-  const double err = testing::relative_error<T, T>(y.to(MemorySpace::host).view(), ref.view());
+  Case(workload::FfnInputs<T> in, ActivationSpec act) : host(std::move(in)) {
+    x = host.x.to(MemorySpace::device);
+    wg = host.wg.to(MemorySpace::device);
+    wu = host.wu.to(MemorySpace::device);
+    wd = host.wd.to(MemorySpace::device);
+    ref_gated = reference_gated(host.x.view(), act);
+    ref_plain = reference_plain(host.x.view(), act);
+  }
+  DenseMatrix<T> reference_gated(DenseView<const T> xh, ActivationSpec act) const {
+    DenseMatrix<T> y(xh.rows, xh.cols);
+    reference::gated_ffn_forward<T>(xh, host.wg.view(), host.wu.view(), host.wd.view(), act, y.view());
+    return y;
+  }
+  // The non-gated FFN uses wg as its Wu, so its hidden state has the workload's pattern.
+  DenseMatrix<T> reference_plain(DenseView<const T> xh, ActivationSpec act) const {
+    DenseMatrix<T> y(xh.rows, xh.cols);
+    reference::ffn_forward<T>(xh, host.wg.view(), host.wd.view(), act, y.view());
+    return y;
+  }
+  std::int64_t m() const { return host.x.rows(); }
+  std::int64_t k() const { return host.x.cols(); }
+};
+
+// Nonzeros per row of the reference gate act(x wg) (the pattern every path must consume).
+template <class T>
+std::vector<std::int64_t> reference_row_nnz(const workload::FfnInputs<T>& in, ActivationSpec act) {
+  ConvertOptions c;
+  c.overflow = OverflowPolicy::hybrid;
+  const HybridMatrix<T> g = reference::gemm_to_sparse<T>(in.x.view(), in.wg.view(), act, TwellLayout{}, c);
+  const DenseMatrix<T> d = to_dense(g);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(d.rows()), 0);
+  const auto v = d.view();
+  for (std::int64_t i = 0; i < d.rows(); ++i)
+    for (std::int64_t j = 0; j < d.cols(); ++j) out[static_cast<std::size_t>(i)] += is_stored(v.at(i, j)) ? 1 : 0;
+  return out;
+}
+
+// Stats must be self-consistent and match the reference pattern up to entries that sit within
+// accumulation rounding of the threshold (docs/gemm_to_sparse.md: a handful; bounded at 0.1 %).
+template <class T>
+void check_stats(const FfnStats& s, const workload::FfnInputs<T>& in, ActivationSpec act) {
+  REQUIRE(s.row_nnz.size() == static_cast<std::size_t>(in.x.rows()));
+  std::int64_t sum = 0;
+  std::int32_t max = 0;
+  for (const std::int32_t c : s.row_nnz) {
+    CHECK(c >= 0);
+    sum += c;
+    max = std::max(max, c);
+  }
+  CHECK(s.tokens == in.x.rows());
+  CHECK(s.nnz == sum);
+  CHECK(s.max_row_nnz == max);
+  CHECK(s.fallback_rows == std::max<std::int64_t>(0, s.overflow_rows - s.overflow_capacity));
+  const std::vector<std::int64_t> want = reference_row_nnz(in, act);
+  std::int64_t diff = 0, total = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    diff += std::llabs(want[i] - s.row_nnz[i]);
+    total += want[i];
+  }
+  CAPTURE(diff);
+  CAPTURE(total);
+  CHECK(static_cast<double>(diff) <= 2.0 + 1e-3 * static_cast<double>(total));
+}
+
+// The up/down kernel of aligned operands: the block kernel for 16-bit types (K <= 4096), the
+// per-token kernel's vector form for fp32.
+template <class T>
+const char* aligned_kernel() {
+  return std::is_same_v<T, float> ? "ffn_rows_v8" : "ffn_block16_v8";
+}
+
+// Gated and non-gated plans on one case: poisoned outputs, stats, the path taken.
+template <class T>
+void check_plans(const Case<T>& c, ActivationSpec act, TwellLayout layout, const char* expect_kernel) {
+  cuda::GatedFfnPlan<T> gated(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), act, layout);
+  auto y = poisoned<T>(c.m(), c.k());
+  FfnStats stats;
+  gated.forward(c.x.view(), y.view(), &stats);
+  CAPTURE(gated.path());
+  CHECK(gated.path().find(expect_kernel) != std::string::npos);
+  const double err = error_of(y, c.ref_gated);
   CAPTURE(err);
   CHECK(err < tolerance<T>());
+  check_stats(stats, c.host, act);
 
-  // A plan reused twice gives the same bits (deterministic, no state carried between calls).
-  const cuda::GatedFfnPlan<T> plan(wg.view(), wu.view(), wd.view(), TwellLayout{128, 4});
-  auto y1 = poisoned<T>(m, k), y2 = poisoned<T>(m, k);
-  plan.forward(x.view(), act, y1.view());
-  plan.forward(x.view(), act, y2.view());
-  const auto h1 = y1.to(MemorySpace::host), h2 = y2.to(MemorySpace::host);
-  CHECK(testing::bitwise_equal<T>(h1.view(), h2.view()));
-  CHECK(testing::relative_error<T, T>(h1.view(), ref.view()) < tolerance<T>());
-
-  auto yp = poisoned<T>(m, k);
-  cuda::ffn_forward<T>(x.view(), wg.view(), wd.view(), act, yp.view());
-  const double err_plain = testing::relative_error<T, T>(yp.to(MemorySpace::host).view(), ref_plain.view());
+  cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), act, layout);
+  auto yp = poisoned<T>(c.m(), c.k());
+  plain.forward(c.x.view(), yp.view());
+  CAPTURE(plain.path());
+  CHECK(plain.path().find(expect_kernel) != std::string::npos);
+  const double err_plain = error_of(yp, c.ref_plain);
   CAPTURE(err_plain);
   CHECK(err_plain < tolerance<T>());
 }
 
-using testing::workload_inputs;
+struct Shape {
+  std::int64_t m, k, n;
+};
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("fused gated FFN forward matches the dense reference on workload patterns", T, bf16, fp16) {
-  using testing::WorkloadSetting;
-  for (const WorkloadSetting s : {WorkloadSetting{512, 2048, 5632, 0.005, workload::Distribution::token_skewed},
-                                  WorkloadSetting{512, 2048, 5632, 0.005, workload::Distribution::uniform},
-                                  WorkloadSetting{300, 512, 1408, 0.05, workload::Distribution::token_skewed},
-                                  WorkloadSetting{200, 256, 1024, 0.3, workload::Distribution::neuron_skewed}}) {
+TEST_CASE_TEMPLATE("FFN plans match the dense reference: tiny to paper shapes, 0.3 % to 50 %, ReLU", T, bf16, fp16) {
+  constexpr Shape kShapes[] = {{1, 64, 136},   {7, 520, 1000}, {300, 2048, 5632},
+                               {300, 64, 1000}, {7, 2048, 136}, {300, 520, 136}};
+  struct Pattern {
+    double density;
+    Distribution d;
+  };
+  constexpr Pattern kPatterns[] = {
+      {0.003, Distribution::token_skewed}, {0.05, Distribution::uniform}, {0.5, Distribution::neuron_skewed}};
+  for (const Shape& s : kShapes)
+    for (const Pattern& p : kPatterns) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.m);
+      CAPTURE(s.k);
+      CAPTURE(s.n);
+      CAPTURE(p.density);
+      const ActivationSpec relu{Activation::relu, 0.0f};
+      const Case<T> c(workload_inputs<T>({s.m, s.k, s.n, p.density, p.d}, seed), relu);
+      check_plans<T>(c, relu, TwellLayout{}, aligned_kernel<T>());
+    }
+}
+
+TEST_CASE_TEMPLATE("FFN plans: thresholded SiLU and GELU, tile-128 layouts, 16-bit types", T, bf16, fp16) {
+  constexpr Shape kShapes[] = {{7, 520, 1000}, {300, 64, 1000}, {1, 2048, 5632}};
+  for (const Shape& s : kShapes)
+    for (const ActivationSpec act : {ActivationSpec{Activation::silu, 0.05f}, ActivationSpec{Activation::gelu, 0.05f},
+                                     ActivationSpec{Activation::relu, 0.1f}}) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.m);
+      CAPTURE(s.k);
+      CAPTURE(s.n);
+      CAPTURE(static_cast<int>(act.kind));
+      const Case<T> c(workload_inputs<T>({s.m, s.k, s.n, 0.02, Distribution::token_skewed}, seed), act);
+      check_plans<T>(c, act, TwellLayout{128, 4}, aligned_kernel<T>());
+    }
+}
+
+TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, shared units, K up to 4096", T, bf16,
+                   fp16) {
+  const ActivationSpec relu{Activation::relu, 0.0f};
+  struct Setting {
+    WorkloadSetting w;
+    TwellLayout layout;
+    const char* kernel;
+  };
+  // TwELL(256, 1) keeps 255 entries per (row, tile), so dense rows stay in the TwELL part:
+  // ~300 entries per token (3 tokens per 1024-entry round), ~1700 (over a round: the token is
+  // routed to the per-token body), neuron-skewed units shared by most tokens of a block; K = 3000
+  // takes the 8-token form.
+  const Setting settings[] = {
+      {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block16_v8"},
+      {{40, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block16_v8"},
+      {{100, 256, 1000, 0.2, Distribution::neuron_skewed}, TwellLayout{256, 2}, "ffn_block16_v8"},
+      {{40, 3000, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block8_v8"},
+      {{37, 4096, 520, 0.01, Distribution::uniform}, TwellLayout{128, 8}, "ffn_block8_v8"}};
+  for (const Setting& st : settings) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
-    CAPTURE(s.density);
-    const auto in = workload_inputs<T>(s, seed);
-    check_ffn<T>(in, {Activation::relu, 0.0f}, true);
+    CAPTURE(st.w.m);
+    CAPTURE(st.w.k);
+    CAPTURE(st.w.density);
+    const Case<T> c(workload_inputs<T>(st.w, seed), relu);
+    check_plans<T>(c, relu, st.layout, st.kernel);
   }
 }
 
-TEST_CASE_TEMPLATE("fused FFN forward: ragged shapes, thresholded activations, fp32", T, bf16, fp16, float) {
+TEST_CASE_TEMPLATE("FFN plans: generic gate paths (fp32, ragged N, K not a multiple of 8)", T, bf16, fp16, float) {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  // K = 96, N = 300: aligned K (vector path), ragged N (generic gate path).
-  const auto a = workload_inputs<T>({77, 96, 300, 0.05, workload::Distribution::token_skewed}, seed);
-  for (const ActivationSpec act : {ActivationSpec{Activation::relu, 0.0f}, ActivationSpec{Activation::silu, 0.05f},
-                                   ActivationSpec{Activation::gelu, 0.05f}}) {
-    CAPTURE(static_cast<int>(act.kind));
-    check_ffn<T>(a, act, true);
-  }
-  // K = 99: no 16-byte rows, the scalar path.
-  const auto b = workload_inputs<T>({33, 99, 256, 0.1, workload::Distribution::uniform}, seed + 1);
-  check_ffn<T>(b, {Activation::relu, 0.0f}, false);
+  const ActivationSpec relu{Activation::relu, 0.0f};
+  // K = 96, N = 300: aligned K (vector kernel), ragged N (the gate takes the generic path).
+  const Case<T> a(workload_inputs<T>({77, 96, 300, 0.05, Distribution::token_skewed}, seed), relu);
+  check_plans<T>(a, relu, TwellLayout{}, aligned_kernel<T>());
+  // K = 99: no 16-byte rows, the scalar kernel.
+  const Case<T> b(workload_inputs<T>({33, 99, 256, 0.1, Distribution::uniform}, seed + 1), relu);
+  check_plans<T>(b, relu, TwellLayout{}, "ffn_rows_v1");
 }
 
-TEST_CASE("fused FFN forward rejects bad input") {
-  const auto in = workload_inputs<bf16>({8, 32, 64, 0.1, workload::Distribution::uniform}, 5);
+TEST_CASE_TEMPLATE("FFN plans stay exact when overflow rows exceed the plan's block", T, bf16, fp16) {
+  // TwELL(256, 32) holds 7 entries per (row, tile): at 5 % token-skewed most heavy tokens overflow.
+  const TwellLayout layout{256, 32};
+  const ActivationSpec relu{Activation::relu, 0.0f};
+  for (const Shape& s : {Shape{300, 520, 1000}, Shape{200, 2048, 5632}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(s.m);
+    const Case<T> c(workload_inputs<T>({s.m, s.k, s.n, 0.05, Distribution::token_skewed}, seed), relu);
+
+    for (const std::int64_t capacity : {std::int64_t{0}, std::int64_t{3}}) {
+      CAPTURE(capacity);
+      // No stats: nothing is synchronised, the kernel recomputes the rows past the block.
+      cuda::GatedFfnPlan<T> quiet(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, layout, capacity);
+      auto yq = poisoned<T>(c.m(), c.k());
+      quiet.forward(c.x.view(), yq.view());
+      CHECK(error_of(yq, c.ref_gated) < tolerance<T>());
+
+      // With stats: the same result, the overflow counted, the block grown for the next call.
+      cuda::GatedFfnPlan<T> plan(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, layout, capacity);
+      CHECK(plan.overflow_capacity() == capacity);
+      auto y = poisoned<T>(c.m(), c.k());
+      FfnStats first;
+      plan.forward(c.x.view(), y.view(), &first);
+      CAPTURE(first.overflow_rows);
+      REQUIRE(first.overflow_rows > capacity);  // the case must exercise the fallback
+      CHECK(first.overflow_capacity == capacity);
+      CHECK(first.fallback_rows == first.overflow_rows - capacity);
+      CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+      check_stats(first, c.host, relu);
+      CHECK(plan.overflow_capacity() >= first.overflow_rows);
+
+      auto y2 = poisoned<T>(c.m(), c.k());
+      FfnStats second;
+      plan.forward(c.x.view(), y2.view(), &second);
+      CHECK(second.fallback_rows == 0);
+      CHECK(second.overflow_rows == first.overflow_rows);
+      CHECK(error_of(y2, c.ref_gated) < tolerance<T>());
+
+      cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), relu, layout, capacity);
+      auto yp = poisoned<T>(c.m(), c.k());
+      FfnStats ps;
+      plain.forward(c.x.view(), yp.view(), &ps);
+      CHECK(ps.fallback_rows == first.fallback_rows);
+      CHECK(error_of(yp, c.ref_plain) < tolerance<T>());
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("FFN plan reuse across forward calls with different x", T, bf16, fp16) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const ActivationSpec relu{Activation::relu, 0.0f};
+  const Case<T> c(workload_inputs<T>({300, 520, 1000, 0.02, Distribution::token_skewed}, seed), relu);
+  // x2: x1's rows reversed (the overflow rows move); x3: another draw's tokens (another pattern).
+  DenseMatrix<T> x2h(c.m(), c.k());
+  for (std::int64_t i = 0; i < c.m(); ++i)
+    for (std::int64_t j = 0; j < c.k(); ++j) x2h.view().at(i, j) = c.host.x.view().at(c.m() - 1 - i, j);
+  const auto other = workload_inputs<T>({300, 520, 1000, 0.05, Distribution::uniform}, seed + 7);
+  const DenseMatrix<T> x2 = x2h.to(MemorySpace::device), x3 = other.x.to(MemorySpace::device);
+
+  cuda::GatedFfnPlan<T> plan(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, TwellLayout{256, 16}, 4);
+  auto y1 = poisoned<T>(c.m(), c.k()), y2 = poisoned<T>(c.m(), c.k()), y3 = poisoned<T>(c.m(), c.k());
+  auto y1again = poisoned<T>(c.m(), c.k());
+  plan.forward(c.x.view(), y1.view());
+  plan.forward(x2.view(), y2.view());
+  plan.forward(x3.view(), y3.view());
+  plan.forward(c.x.view(), y1again.view());
+  CHECK(error_of(y1, c.ref_gated) < tolerance<T>());
+  CHECK(error_of(y2, c.reference_gated(x2h.view(), relu)) < tolerance<T>());
+  CHECK(error_of(y3, c.reference_gated(other.x.view(), relu)) < tolerance<T>());
+  const auto h1 = y1.to(MemorySpace::host), h1again = y1again.to(MemorySpace::host);
+  CHECK(testing::bitwise_equal<T>(h1.view(), h1again.view()));  // deterministic, no stale state
+
+  cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), relu, TwellLayout{256, 16}, 4);
+  auto p1 = poisoned<T>(c.m(), c.k()), p2 = poisoned<T>(c.m(), c.k());
+  plain.forward(c.x.view(), p1.view());
+  plain.forward(x2.view(), p2.view());
+  CHECK(error_of(p1, c.ref_plain) < tolerance<T>());
+  CHECK(error_of(p2, c.reference_plain(x2h.view(), relu)) < tolerance<T>());
+}
+
+TEST_CASE_TEMPLATE("one-shot cuda forms and the lib layers GatedFfn / Ffn on the device", T, bf16, fp16) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const ActivationSpec relu{Activation::relu, 0.0f};
+  const Case<T> c(workload_inputs<T>({300, 2048, 5632, 0.005, Distribution::token_skewed}, seed), relu);
+
+  KernelReport report;
+  KernelOptions options;
+  options.report = &report;
+  auto y = poisoned<T>(c.m(), c.k());
+  cuda::gated_ffn_forward<T>(c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), relu, y.view(), options);
+  CHECK(report.path.find(aligned_kernel<T>()) != std::string::npos);
+  CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+  auto yp = poisoned<T>(c.m(), c.k());
+  cuda::ffn_forward<T>(c.x.view(), c.wg.view(), c.wd.view(), relu, yp.view(), options);
+  CHECK(error_of(yp, c.ref_plain) < tolerance<T>());
+
+  GatedFfn<T> layer(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu);
+  for (int call = 0; call < 2; ++call) {
+    auto yl = poisoned<T>(c.m(), c.k());
+    FfnStats stats;
+    layer.forward(c.x.view(), yl.view(), &stats);
+    CAPTURE(layer.path());
+    CHECK(layer.path().find(aligned_kernel<T>()) != std::string::npos);
+    CHECK(error_of(yl, c.ref_gated) < tolerance<T>());
+    check_stats(stats, c.host, relu);
+  }
+  Ffn<T> plain(c.m(), c.wg.view(), c.wd.view(), relu);
+  auto ylp = poisoned<T>(c.m(), c.k());
+  plain.forward(c.x.view(), ylp.view());
+  CHECK(error_of(ylp, c.ref_plain) < tolerance<T>());
+}
+
+TEST_CASE("FFN plans reject bad input") {
+  const auto in = workload_inputs<bf16>({8, 32, 64, 0.1, Distribution::uniform}, 5);
   const auto x = in.x.to(MemorySpace::device), wg = in.wg.to(MemorySpace::device);
   const auto wu = in.wu.to(MemorySpace::device), wd = in.wd.to(MemorySpace::device);
   auto y = poisoned<bf16>(8, 32);
@@ -120,4 +367,18 @@ TEST_CASE("fused FFN forward rejects bad input") {
         }) == ErrorCode::space_mismatch);
   CHECK(code_of([&] { cuda::ffn_forward<bf16>(x.view(), wu.view(), wu.view(), {}, y.view()); }) ==
         ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { cuda::GatedFfnPlan<bf16>(8, wg.view(), wu.view(), wg.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { cuda::GatedFfnPlan<bf16>(-1, wg.view(), wu.view(), wd.view()); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([&] { cuda::GatedFfnPlan<bf16>(8, wg.view(), wu.view(), wd.view(), {}, TwellLayout{24, 16}); }) ==
+        ErrorCode::invalid_argument);
+  cuda::GatedFfnPlan<bf16> plan(8, wg.view(), wu.view(), wd.view());
+  const auto x7 = in.x.to(MemorySpace::device);
+  const DenseView<const bf16> seven{x7.view().data, 7, 32, 32, MemorySpace::device};
+  auto y7 = poisoned<bf16>(7, 32);
+  CHECK(code_of([&] { plan.forward(seven, y7.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { plan.forward(in.x.view(), y.view()); }) == ErrorCode::space_mismatch);
+  GatedFfn<bf16> layer(8, wg.view(), wu.view(), wd.view());
+  CHECK(code_of([&] { layer.forward(seven, y7.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { GatedFfn<bf16>(8, in.wg.view(), wu.view(), wd.view()); }) == ErrorCode::space_mismatch);
 }

@@ -4,8 +4,13 @@
 // training backward are in <twell/kernels/ffn.hpp> (twell::reference).
 #pragma once
 
+#include <cstdint>
+#include <memory>
+#include <string>
+
 #include <twell/formats/dense.hpp>
 #include <twell/formats/layout.hpp>
+#include <twell/kernels/ffn.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/ops.hpp>
 
@@ -24,5 +29,54 @@ void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> w
 template <Value T>
 void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<DenseView<const T>> wd,
                         ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options = {});
+
+// FFN layers bound to their weights (views that must outlive the object and stay in one memory
+// space), activation, gate layout and token count M, for repeated forward passes. Construction
+// allocates; forward(x, y) then runs on the weights' backend:
+//   - device: twell::cuda::GatedFfnPlan / FfnPlan (<twell/kernels/ffn_cuda.hpp>): the gate through
+//     a GemmToSparsePlan whose overflow block holds `overflow_capacity` rows (default max(64, M/64)),
+//     then the fused up/down kernel; nothing allocated and no host wait. Overflow rows past the
+//     block are still exact (the kernel recomputes their gate rows); a forward() with stats waits
+//     for the device, reports them, and lets the block grow so later calls avoid that slow path.
+//   - host: the composed forward above (gemm_to_sparse, sddmm, spmm; it allocates per call).
+// stats (optional): per-token nonzero counts, overflow rows and the capacity they met (FfnStats).
+// path() names what the latest forward() ran. Shapes: x and y are M x K.
+inline constexpr std::int64_t kDefaultFfnCapacity = -1;  // max(64, M / 64) overflow rows
+
+template <Value T>
+class GatedFfn {
+ public:
+  GatedFfn(std::int64_t tokens, In<DenseView<const T>> wg, In<DenseView<const T>> wu, In<DenseView<const T>> wd,
+           ActivationSpec act = {}, TwellLayout layout = {}, std::int64_t overflow_capacity = kDefaultFfnCapacity,
+           const KernelOptions& options = {});
+  GatedFfn(GatedFfn&&) noexcept;
+  GatedFfn& operator=(GatedFfn&&) noexcept;
+  ~GatedFfn();
+
+  void forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* stats = nullptr);
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// y = act(x wu) wd, the same way.
+template <Value T>
+class Ffn {
+ public:
+  Ffn(std::int64_t tokens, In<DenseView<const T>> wu, In<DenseView<const T>> wd, ActivationSpec act = {},
+      TwellLayout layout = {}, std::int64_t overflow_capacity = kDefaultFfnCapacity, const KernelOptions& options = {});
+  Ffn(Ffn&&) noexcept;
+  Ffn& operator=(Ffn&&) noexcept;
+  ~Ffn();
+
+  void forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* stats = nullptr);
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace twell

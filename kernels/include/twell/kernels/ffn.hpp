@@ -6,10 +6,26 @@
 // exactly as gemm_to_sparse stores it. The pattern P is the set of entries where a is stored.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include <twell/formats/dense.hpp>
 #include <twell/kernels/options.hpp>
 
 namespace twell {
+
+// What a sparse FFN forward found in its gate, when the caller asks (it costs a host sync).
+struct FfnStats {
+  std::int64_t tokens = 0;
+  std::int64_t nnz = 0;                // gate nonzeros the up/down projection consumed
+  std::int32_t max_row_nnz = 0;
+  std::vector<std::int32_t> row_nnz;   // per token
+  std::int64_t overflow_rows = 0;      // R: tokens with an overflowed (row, tile), gated densely
+  std::int64_t overflow_capacity = 0;  // rows of the overflow block the run had
+  // Overflow rows past that capacity, max(0, R - capacity): their gate rows were recomputed
+  // densely inside the FFN kernel (exact, but slow); the plan's block has now grown to hold them.
+  std::int64_t fallback_rows = 0;
+};
 
 template <Value T>
 struct GatedFfnGradients {

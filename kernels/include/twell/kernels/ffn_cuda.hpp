@@ -1,46 +1,108 @@
 // Fused FFN inference forward on the GPU (twell::cuda), the twin of the dense reference in
-// <twell/kernels/ffn.hpp>: same signatures, device operands. The gate goes through
-// gemm_to_sparse into a Hybrid; one kernel then computes, per token, the up projection only at
-// the gate's nonzeros, h = gate * u, and y = h Wd, with h kept on chip (docs/gemm_to_sparse.md).
-// Shapes: x is M x K; wg and wu are K x N; wd is N x K; y is M x K. Available when TWELL_HAS_CUDA.
+// <twell/kernels/ffn.hpp>: same signatures, device operands. The gate goes through a
+// GemmToSparsePlan into a Hybrid; one kernel then computes, for a block of tokens, the up
+// projection only at the gate's nonzeros (each Wu^T row once per block), h = gate * u, and
+// y = h Wd, with h kept on chip (docs/gemm_to_sparse.md, "Fused FFN forward").
+// Shapes: x is M x K; wg and wu are K x N; wd is N x K; y is M x K.
+// Available when TWELL_HAS_CUDA; host-includable (no CUDA headers).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <twell/formats/dense.hpp>
 #include <twell/formats/layout.hpp>
+#include <twell/kernels/ffn.hpp>
+#include <twell/kernels/gemm_to_sparse_plan.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/memory.hpp>
 
 namespace twell::cuda {
 
-// Bound to one set of gated-FFN weights (device views that must outlive the plan) and one gate
-// layout; owns Wu^T (N x K), made once here, so that the up projection at a nonzero reads a
-// contiguous row instead of a strided column. forward() allocates only the gate's Hybrid.
+// The part the gated and non-gated plans share: bound to M tokens, the weights (device views that
+// must outlive the plan), the activation, the gate layout and an overflow capacity; owns the
+// gate's GemmToSparsePlan (its TwELL part and overflow block), Wu^T (gated only) and the per-token
+// nonzero counts, all allocated by the constructor.
+//
+// forward(x, y) queues, on the plan's stream, the gate GEMM (TwELL epilogue, ranking of overflow
+// rows, dense recompute of the overflow rows that fit the block) and the up/down kernel, and
+// returns: no allocation, no host wait. The kernel reads the gate's row_to_overflow on the
+// device: TwELL rows from their slots, overflow rows inside the block from their dense rows, and
+// overflow rows past the block's capacity (unknown to the host) by recomputing the gate row
+// densely itself (act(x Wg) in fp32, the same threshold and rounding), so y is exact whatever the
+// overflow count. With stats, forward() then waits for the device: it reads the overflow count
+// (the gate plan grows its block when the count exceeded it, so later calls stay on the fast
+// path) and the per-token counts. x must stay unchanged until the queued work has run.
+// Deterministic: same inputs, same bits.
 template <Value T>
-class GatedFfnPlan {
+class FfnPlanBase {
  public:
-  GatedFfnPlan(DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd, TwellLayout layout = {},
-               const KernelOptions& options = {});
+  static constexpr std::int64_t kDefaultCapacity = GemmToSparsePlan<T>::kDefaultCapacity;
 
-  // y = (act(x wg) * (x wu)) wd; x is M x K, y is M x K, both device-resident.
-  void forward(DenseView<const T> x, ActivationSpec act, DenseView<T> y, const KernelOptions& options = {}) const;
+  FfnPlanBase(const FfnPlanBase&) = delete;
+  FfnPlanBase& operator=(const FfnPlanBase&) = delete;
+  FfnPlanBase(FfnPlanBase&&) noexcept = default;
+  FfnPlanBase& operator=(FfnPlanBase&&) noexcept = default;
+  ~FfnPlanBase() = default;
 
-  const TwellLayout& layout() const { return layout_; }
+  // x: M x K, y: M x K, device-resident; M must be the plan's.
+  void forward(DenseView<const T> x, DenseView<T> y, FfnStats* stats = nullptr);
+
+  std::int64_t rows() const { return m_; }
+  std::int64_t hidden() const { return k_; }        // K
+  std::int64_t intermediate() const { return n_; }  // N
+  const TwellLayout& layout() const { return gate_.layout(); }
+  // Rows of the gate's preallocated overflow block (grows after a forward() with stats found more).
+  std::int64_t overflow_capacity() const { return gate_.overflow_capacity(); }
+  // "gate:<gemm_to_sparse path>+<up/down kernel>" of the latest forward() (ffn_block16_v8,
+  // ffn_block8_v8, ffn_rows_v8 or ffn_rows_v1; docs/gemm_to_sparse.md).
+  const std::string& path() const { return path_; }
+  Stream stream() const { return stream_; }
+
+ protected:
+  // Non-gated (gated false): w_gate is Wu, h = act(x Wu), and wu is not read.
+  FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gate, DenseView<const T> wu, DenseView<const T> wd,
+              ActivationSpec act, TwellLayout layout, std::int64_t overflow_capacity, const KernelOptions& options,
+              const char* where);
 
  private:
-  DenseView<const T> wg_, wu_, wd_;
-  TwellLayout layout_;
-  DenseMatrix<T> wu_t_;  // N x K
+  std::int64_t m_ = 0, k_ = 0, n_ = 0;
+  bool gated_ = false;
+  DenseView<const T> w_gate_{}, wd_{};
+  ActivationSpec act_{};
+  Stream stream_{};
+  const char* where_ = "";
+  GemmToSparsePlan<T> gate_;
+  DenseMatrix<T> wu_t_;             // N x K, gated only
+  Buffer<std::int32_t> row_nnz_;    // M
+  std::string path_;
 };
 
-// y = (act(x wg) * (x wu)) wd: builds a GatedFfnPlan (transposing Wu) and runs it once; reuse a
-// plan when the weights are reused.
+// y = (act(x wg) * (x wu)) wd. Wu^T is made once by the constructor (on options.stream), so the
+// up projection at a nonzero reads a contiguous row.
+template <Value T>
+class GatedFfnPlan : public FfnPlanBase<T> {
+ public:
+  GatedFfnPlan(std::int64_t m, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+               ActivationSpec act = {}, TwellLayout layout = {},
+               std::int64_t overflow_capacity = FfnPlanBase<T>::kDefaultCapacity, const KernelOptions& options = {});
+};
+
+// y = act(x wu) wd: the gate is the hidden state, the kernel skips the up projection.
+template <Value T>
+class FfnPlan : public FfnPlanBase<T> {
+ public:
+  FfnPlan(std::int64_t m, DenseView<const T> wu, DenseView<const T> wd, ActivationSpec act = {},
+          TwellLayout layout = {}, std::int64_t overflow_capacity = FfnPlanBase<T>::kDefaultCapacity,
+          const KernelOptions& options = {});
+};
+
+// One-shot forms: build the plan for x's M (default layout and capacity), run it once, and
+// report its path in options.report. Reuse a plan when the weights are reused.
 template <Value T>
 void gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
                        ActivationSpec act, DenseView<T> y, const KernelOptions& options = {});
 
-// y = act(x wu) wd: h = gemm_to_sparse(x, wu), then the fused kernel without the up projection.
 template <Value T>
 void ffn_forward(DenseView<const T> x, DenseView<const T> wu, DenseView<const T> wd, ActivationSpec act,
                  DenseView<T> y, const KernelOptions& options = {});
