@@ -131,6 +131,18 @@ struct FfnState {
 #if TWELL_HAS_CUDA
   std::optional<Plan> plan;
 #endif
+
+  void assign(std::int64_t n, DenseView<const T> g, DenseView<const T> u, DenseView<const T> d, ActivationSpec a,
+              TwellLayout l, const KernelOptions& o) {
+    tokens = n;
+    wg = g;
+    wu = u;
+    wd = d;
+    act = a;
+    layout = l;
+    options = o;
+    options.report = nullptr;
+  }
 };
 
 #if TWELL_HAS_CUDA
@@ -185,14 +197,7 @@ GatedFfn<T>::GatedFfn(std::int64_t tokens, In<DenseView<const T>> wg, In<DenseVi
   check_layer<T>(where, tokens, wg, wu, wd, true);
   check_layout(layout, where);
   Impl& s = *impl_;
-  s.tokens = tokens;
-  s.wg = wg;
-  s.wu = wu;
-  s.wd = wd;
-  s.act = act;
-  s.layout = layout;
-  s.options = options;
-  s.options.report = nullptr;
+  s.assign(tokens, wg, wu, wd, act, layout, options);
 #if TWELL_HAS_CUDA
   if (wu.space == MemorySpace::device) s.plan.emplace(tokens, wg, wu, wd, act, layout, overflow_capacity, s.options);
 #else
@@ -226,13 +231,7 @@ Ffn<T>::Ffn(std::int64_t tokens, In<DenseView<const T>> wu, In<DenseView<const T
   check_layer<T>(where, tokens, DenseView<const T>{}, wu, wd, false);
   check_layout(layout, where);
   Impl& s = *impl_;
-  s.tokens = tokens;
-  s.wu = wu;
-  s.wd = wd;
-  s.act = act;
-  s.layout = layout;
-  s.options = options;
-  s.options.report = nullptr;
+  s.assign(tokens, DenseView<const T>{}, wu, wd, act, layout, options);
 #if TWELL_HAS_CUDA
   if (wu.space == MemorySpace::device) s.plan.emplace(tokens, wu, wd, act, layout, overflow_capacity, s.options);
 #else
