@@ -16,6 +16,7 @@
 #include <twell/kernels/spmm_plan.hpp>
 
 #include "sparse_common.cuh"
+#include "vec16.cuh"
 #include "spmm_compact.cuh"
 
 namespace twell::cuda {
@@ -32,20 +33,7 @@ constexpr int kThreads = kWarps * 32;
 template <class T, int V, bool kVec>
 __device__ __forceinline__ void load_chunk(const T* p, std::int64_t valid, float (&out)[V]) {
   if constexpr (kVec) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
-    if constexpr (std::is_same_v<T, float>) {
-      out[0] = __uint_as_float(u.x);
-      out[1] = __uint_as_float(u.y);
-      out[2] = __uint_as_float(u.z);
-      out[3] = __uint_as_float(u.w);
-    } else {
-      const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        out[2 * q] = detail::bits_to_f<T>(w[q] & 0xffffu);
-        out[2 * q + 1] = detail::bits_to_f<T>(w[q] >> 16);
-      }
-    }
+    detail::unpack16<T>(__ldg(reinterpret_cast<const uint4*>(p)), out);
   } else {
 #pragma unroll
     for (int u = 0; u < V; ++u) out[u] = u < valid ? detail::load_f(p + u) : 0.0f;
