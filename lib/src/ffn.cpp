@@ -143,6 +143,20 @@ struct FfnState {
     options = o;
     options.report = nullptr;
   }
+
+  // Runs the device plan when the layer has one (device weights); false leaves the call to the
+  // host composition.
+  bool forward_on_plan([[maybe_unused]] DenseView<const T> x, [[maybe_unused]] DenseView<T> y,
+                       [[maybe_unused]] FfnStats* stats) {
+#if TWELL_HAS_CUDA
+    if (plan) {
+      plan->forward(x, y, stats);
+      path = plan->path();
+      return true;
+    }
+#endif
+    return false;
+  }
 };
 
 #if TWELL_HAS_CUDA
@@ -212,13 +226,7 @@ void GatedFfn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* st
   Impl& s = *impl_;
   check_gated(where, x, s.wg, s.wu, s.wd, y);
   check_tokens(where, s.tokens, x);
-#if TWELL_HAS_CUDA
-  if (s.plan) {
-    s.plan->forward(x, y, stats);
-    s.path = s.plan->path();
-    return;
-  }
-#endif
+  if (s.forward_on_plan(x, y, stats)) return;
   composed_gated<T>(x, s.wg, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
   s.path = "composed:reference";
 }
@@ -246,13 +254,7 @@ void Ffn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* stats) 
   Impl& s = *impl_;
   check_plain(where, x, s.wu, s.wd, y);
   check_tokens(where, s.tokens, x);
-#if TWELL_HAS_CUDA
-  if (s.plan) {
-    s.plan->forward(x, y, stats);
-    s.path = s.plan->path();
-    return;
-  }
-#endif
+  if (s.forward_on_plan(x, y, stats)) return;
   composed_plain<T>(x, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
   s.path = "composed:reference";
 }
