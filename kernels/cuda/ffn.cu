@@ -579,23 +579,6 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
     if (state[t] == kRouted) ffn_token<T, 8, kChunks>(a, r0 + t, reinterpret_cast<float*>(block_smem));
 }
 
-// out (cols x rows) = in (rows x cols)^T through 32 x 32 shared tiles; CTA 32 x 8 threads.
-template <class T>
-__global__ void transpose_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out,
-                                 std::int64_t ld_out) {
-  __shared__ T tile[32][33];
-  const std::int64_t c0 = std::int64_t{blockIdx.x} * 32, r0 = std::int64_t{blockIdx.y} * 32;
-  for (int i = static_cast<int>(threadIdx.y); i < 32; i += 8) {
-    const std::int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * ld_in + c];
-  }
-  __syncthreads();
-  for (int i = static_cast<int>(threadIdx.y); i < 32; i += 8) {
-    const std::int64_t oc = c0 + i, orow_col = r0 + threadIdx.x;
-    if (oc < cols && orow_col < rows) out[oc * ld_out + orow_col] = tile[threadIdx.x][i];
-  }
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 template <class T>
@@ -727,12 +710,7 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
       row_nnz_(static_cast<std::size_t>(m), MemorySpace::device) {
   if (!gated_) return;
   wu_t_ = DenseMatrix<T>(wu.cols, wu.rows, MemorySpace::device);
-  if (wu.rows > 0 && wu.cols > 0) {
-    const dim3 grid(static_cast<unsigned>((wu.cols + 31) / 32), static_cast<unsigned>((wu.rows + 31) / 32));
-    transpose_kernel<T><<<grid, dim3(32, 8), 0, static_cast<cudaStream_t>(stream_.handle)>>>(
-        wu.data, wu.rows, wu.cols, wu.ld, wu_t_.values().data(), wu_t_.ld());
-    ::twell::detail::check_launch(where);
-  }
+  cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});
 }
 
 template <Value T>

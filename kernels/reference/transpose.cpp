@@ -83,6 +83,17 @@ HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const Kerne
   return transpose_to_hybrid<T>(a, layout, options, "reference/transpose/hybrid");
 }
 
+template <Value T>
+void transpose(DenseView<const T> a, DenseView<T> out, const KernelOptions& options) {
+  constexpr const char* where = "twell::reference::transpose";
+  detail::check_dense(a, where, "a");
+  detail::check_dense(out, where, "out");
+  twell::detail::check_dense_transpose(a, out, where);
+  for (std::int64_t i = 0; i < a.rows; ++i)
+    for (std::int64_t j = 0; j < a.cols; ++j) out.data[j * out.ld + i] = a.data[i * a.ld + j];
+  detail::report_path(options, "reference/transpose/dense");
+}
+
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE_TRANSPOSE)
 
 }  // namespace twell::reference

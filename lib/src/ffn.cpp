@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <twell/config.hpp>
 #include <twell/ffn.hpp>
@@ -88,7 +89,8 @@ void composed_gated(DenseView<const T> x, DenseView<const T> wg, DenseView<const
   sddmm<T>(x, Op::none, wu, g.view(), h.view(), 1.0f, 0.0f, options);
   multiply_on_pattern<T>(g.view(), h.view(), h.view(), options);
   spmm<T>(Op::none, h.view(), wd, y, 1.0f, 0.0f, options);
-  if (stats != nullptr) *stats = host_stats<T>(g.space() == MemorySpace::host ? g.view() : g.to(MemorySpace::host).view());
+  if (stats != nullptr)
+    *stats = host_stats<T>(g.space() == MemorySpace::host ? g.view() : g.to(MemorySpace::host).view());
 }
 
 template <class T>
@@ -98,7 +100,8 @@ void composed_plain(DenseView<const T> x, DenseView<const T> wu, DenseView<const
   convert.stream = options.stream;
   const HybridMatrix<T> h = gemm_to_sparse<T>(x, wu, act, layout, convert, options);
   spmm<T>(Op::none, h.view(), wd, y, 1.0f, 0.0f, options);
-  if (stats != nullptr) *stats = host_stats<T>(h.space() == MemorySpace::host ? h.view() : h.to(MemorySpace::host).view());
+  if (stats != nullptr)
+    *stats = host_stats<T>(h.space() == MemorySpace::host ? h.view() : h.to(MemorySpace::host).view());
 }
 
 }  // namespace
@@ -128,6 +131,7 @@ struct FfnState {
   TwellLayout layout{};
   KernelOptions options{};
   std::string path;
+  std::vector<DenseMatrix<T>> owned;  // the in x out copies of OutIn weights (empty for InOut)
 #if TWELL_HAS_CUDA
   std::optional<Plan> plan;
 #endif
@@ -196,27 +200,63 @@ void check_layer(const char* where, std::int64_t tokens, DenseView<const T> wg, 
 
 template <class T>
 void check_tokens(const char* where, std::int64_t tokens, DenseView<const T> x) {
-  require(x.rows == tokens, ErrorCode::shape_mismatch, where, "the layer is for ", tokens, " tokens but x has ",
-          x.rows, " rows");
+  require(x.rows == tokens, ErrorCode::shape_mismatch, where, "the layer is for ", tokens, " tokens but x has ", x.rows,
+          " rows");
+}
+
+// Checks the (in x out) weights, keeps them, and for device weights builds the cuda plan.
+template <bool kGated, class T, class State>
+void set_up(State& s, const char* where, std::int64_t tokens, DenseView<const T> wg, DenseView<const T> wu,
+            DenseView<const T> wd, ActivationSpec act, TwellLayout layout, std::int64_t overflow_capacity,
+            const KernelOptions& options) {
+  check_layer<T>(where, tokens, wg, wu, wd, kGated);
+  check_layout(layout, where);
+  s.assign(tokens, wg, wu, wd, act, layout, options);
+#if TWELL_HAS_CUDA
+  if (wu.space != MemorySpace::device) return;
+  if constexpr (kGated) {
+    s.plan.emplace(tokens, wg, wu, wd, act, layout, overflow_capacity, s.options);
+  } else {
+    s.plan.emplace(tokens, wu, wd, act, layout, overflow_capacity, s.options);
+  }
+#else
+  static_cast<void>(overflow_capacity);
+#endif
+}
+
+// The in x out copy of an out x in weight, made on the weight's own backend.
+template <class T>
+DenseMatrix<T> in_out_copy(DenseView<const T> out_in, const KernelOptions& options) {
+  DenseMatrix<T> w(out_in.cols, out_in.rows, out_in.space);
+  KernelOptions quiet = options;
+  quiet.report = nullptr;
+  transpose<T>(out_in, w.view(), quiet);
+  return w;
 }
 
 }  // namespace
 
 template <Value T>
 GatedFfn<T>::GatedFfn(std::int64_t tokens, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
-                      In<DenseView<const T>> wd, ActivationSpec act, TwellLayout layout,
-                      std::int64_t overflow_capacity, const KernelOptions& options)
+                      In<DenseView<const T>> wd, ActivationSpec act, TwellLayout layout, std::int64_t overflow_capacity,
+                      const KernelOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  constexpr const char* where = "twell::GatedFfn";
-  check_layer<T>(where, tokens, wg, wu, wd, true);
-  check_layout(layout, where);
+  set_up<true, T>(*impl_, "twell::GatedFfn", tokens, wg, wu, wd, act, layout, overflow_capacity, options);
+}
+
+template <Value T>
+GatedFfn<T>::GatedFfn(std::int64_t tokens, InOut<T> wg, InOut<T> wu, InOut<T> wd, ActivationSpec act,
+                      TwellLayout layout, std::int64_t overflow_capacity, const KernelOptions& options)
+    : GatedFfn(tokens, wg.w, wu.w, wd.w, act, layout, overflow_capacity, options) {}
+
+template <Value T>
+GatedFfn<T>::GatedFfn(std::int64_t tokens, OutIn<T> wg, OutIn<T> wu, OutIn<T> wd, ActivationSpec act,
+                      TwellLayout layout, std::int64_t overflow_capacity, const KernelOptions& options)
+    : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
-  s.assign(tokens, wg, wu, wd, act, layout, options);
-#if TWELL_HAS_CUDA
-  if (wu.space == MemorySpace::device) s.plan.emplace(tokens, wg, wu, wd, act, layout, overflow_capacity, s.options);
-#else
-  static_cast<void>(overflow_capacity);
-#endif
+  for (const OutIn<T>& w : {wg, wu, wd}) s.owned.push_back(in_out_copy<T>(w.w, options));
+  set_up<true, T>(s, "twell::GatedFfn (OutIn weights, as their in x out copies)", tokens, s.owned[0].view(),
+                  s.owned[1].view(), s.owned[2].view(), act, layout, overflow_capacity, options);
 }
 
 template <Value T>
@@ -235,16 +275,22 @@ template <Value T>
 Ffn<T>::Ffn(std::int64_t tokens, In<DenseView<const T>> wu, In<DenseView<const T>> wd, ActivationSpec act,
             TwellLayout layout, std::int64_t overflow_capacity, const KernelOptions& options)
     : impl_(std::make_unique<Impl>()) {
-  constexpr const char* where = "twell::Ffn";
-  check_layer<T>(where, tokens, DenseView<const T>{}, wu, wd, false);
-  check_layout(layout, where);
+  set_up<false, T>(*impl_, "twell::Ffn", tokens, DenseView<const T>{}, wu, wd, act, layout, overflow_capacity, options);
+}
+
+template <Value T>
+Ffn<T>::Ffn(std::int64_t tokens, InOut<T> wu, InOut<T> wd, ActivationSpec act, TwellLayout layout,
+            std::int64_t overflow_capacity, const KernelOptions& options)
+    : Ffn(tokens, wu.w, wd.w, act, layout, overflow_capacity, options) {}
+
+template <Value T>
+Ffn<T>::Ffn(std::int64_t tokens, OutIn<T> wu, OutIn<T> wd, ActivationSpec act, TwellLayout layout,
+            std::int64_t overflow_capacity, const KernelOptions& options)
+    : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
-  s.assign(tokens, DenseView<const T>{}, wu, wd, act, layout, options);
-#if TWELL_HAS_CUDA
-  if (wu.space == MemorySpace::device) s.plan.emplace(tokens, wu, wd, act, layout, overflow_capacity, s.options);
-#else
-  static_cast<void>(overflow_capacity);
-#endif
+  for (const OutIn<T>& w : {wu, wd}) s.owned.push_back(in_out_copy<T>(w.w, options));
+  set_up<false, T>(s, "twell::Ffn (OutIn weights, as their in x out copies)", tokens, DenseView<const T>{},
+                   s.owned[0].view(), s.owned[1].view(), act, layout, overflow_capacity, options);
 }
 
 template <Value T>

@@ -107,6 +107,11 @@ template <Value T>
 HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const KernelOptions& options) {
   TWELL_DISPATCH(a.space(), "twell::transpose", transpose<T>(a, layout, options));
 }
+template <Value T>
+void transpose(In<DenseView<const T>> a, DenseView<T> out, const KernelOptions& options) {
+  constexpr const char* where = "twell::transpose";
+  TWELL_DISPATCH(common_space(where, operand("a", a), operand("out", out)), where, transpose<T>(a, out, options));
+}
 
 #define TWELL_ELEMENTWISE(View)                                                                                   \
   template <Value T>                                                                                              \
@@ -163,6 +168,7 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, In<DenseView<const T>> w, A
   template EllMatrix<T> transpose<T>(EllView<const T>, const KernelOptions&);                                         \
   template HybridMatrix<T> transpose<T>(TwellView<const T>, TwellLayout, const KernelOptions&);                       \
   template HybridMatrix<T> transpose<T>(HybridView<const T>, TwellLayout, const KernelOptions&);                      \
+  template void transpose<T>(In<DenseView<const T>>, DenseView<T>, const KernelOptions&);                            \
   template HybridMatrix<T> gemm_to_sparse<T>(DenseView<const T>, In<DenseView<const T>>, ActivationSpec, TwellLayout, \
                                              const ConvertOptions&, const KernelOptions&);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)

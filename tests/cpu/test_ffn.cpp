@@ -3,8 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <twell/ffn.hpp>
@@ -196,11 +198,96 @@ TEST_CASE_TEMPLATE("FFN layers on the host: GatedFfn / Ffn equal the composed fo
   DenseMatrix<T> y(3, 8);
   const DenseView<const T> x3{w.x.view().data, 3, 8, 8, MemorySpace::host};
   CHECK(testing::code_of([&] { layer.forward(x3, y.view()); }) == ErrorCode::shape_mismatch);
-  CHECK(testing::code_of([&] { GatedFfn<T>(4, w.wg.view(), w.wu.view(), w.wg.view()); }) ==
-        ErrorCode::shape_mismatch);
+  CHECK(testing::code_of([&] { GatedFfn<T>(4, w.wg.view(), w.wu.view(), w.wg.view()); }) == ErrorCode::shape_mismatch);
   DenseView<const T> wd_dev = w.wd.view();
   wd_dev.space = MemorySpace::device;
   CHECK(testing::code_of([&] { Ffn<T>(4, w.wu.view(), wd_dev); }) == ErrorCode::space_mismatch);
+}
+
+namespace {
+
+// w^T, written out element by element (independent of twell::transpose).
+template <class T>
+DenseMatrix<T> transposed_by_hand(const DenseMatrix<T>& w) {
+  DenseMatrix<T> t(w.cols(), w.rows());
+  for (std::int64_t i = 0; i < w.rows(); ++i)
+    for (std::int64_t j = 0; j < w.cols(); ++j)
+      t.values().data()[j * w.rows() + i] = w.values().data()[i * w.cols() + j];
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("FFN layers take weights as InOut or OutIn (torch.nn.Linear) by type, with the same result", T, bf16,
+                   float) {
+  const ActivationSpec relu{Activation::relu, 0.1f};
+  const TwellLayout layout{16, 4};
+  // K == N: the shapes cannot tell the conventions apart, only the types do.
+  for (const FfnShape& s : {FfnShape{9, 24, 24}, FfnShape{5, 16, 40}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(s.k);
+    CAPTURE(s.n);
+    const Weights<T> w(s, seed);
+    const DenseMatrix<T> wg_t = transposed_by_hand(w.wg), wu_t = transposed_by_hand(w.wu),
+                         wd_t = transposed_by_hand(w.wd);
+    DenseMatrix<T> want(s.m, s.k), got(s.m, s.k);
+    GatedFfn<T>(s.m, InOut<T>{w.wg.view()}, InOut<T>{w.wu.view()}, InOut<T>{w.wd.view()}, relu, layout)
+        .forward(w.x.view(), want.view());
+    for (auto& v : got.values().host_span()) v = from_float<T>(NAN);
+    GatedFfn<T> torch_style(s.m, OutIn<T>{wg_t.view()}, OutIn<T>{wu_t.view()}, OutIn<T>{wd_t.view()}, relu, layout);
+    torch_style.forward(w.x.view(), got.view());
+    CHECK(testing::bitwise_equal<T>(std::as_const(got).view(), std::as_const(want).view()));
+
+    Ffn<T>(s.m, InOut<T>{w.wu.view()}, InOut<T>{w.wd.view()}, relu, layout).forward(w.x.view(), want.view());
+    for (auto& v : got.values().host_span()) v = from_float<T>(NAN);
+    Ffn<T>(s.m, OutIn<T>{wu_t.view()}, OutIn<T>{wd_t.view()}, relu, layout).forward(w.x.view(), got.view());
+    CHECK(testing::bitwise_equal<T>(std::as_const(got).view(), std::as_const(want).view()));
+  }
+  // The type, not the shape, decides: in x out weights passed as OutIn make a layer of the
+  // transposed sizes (K = 12 here), so an x with the real K = 8 columns is refused at forward().
+  const Weights<T> w(FfnShape{4, 8, 12}, 5);
+  GatedFfn<T> swapped(4, OutIn<T>{w.wg.view()}, OutIn<T>{w.wu.view()}, OutIn<T>{w.wd.view()});
+  DenseMatrix<T> y(4, 8);
+  CHECK(testing::code_of([&] { swapped.forward(w.x.view(), y.view()); }) == ErrorCode::shape_mismatch);
+}
+
+TEST_CASE_TEMPLATE("dense transpose moves every value bit for bit and rejects bad outputs", T, bf16, fp16, float) {
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 5}, {1, 1}, {7, 33}, {40, 3}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(rows);
+    CAPTURE(cols);
+    // A view with a leading dimension above its columns, and NaN / -0 among the values.
+    DenseMatrix<T> backing = testing::random_dense<T>(rows, cols + 3, 1.0f, seed);
+    if (rows > 0) {
+      backing.values().data()[0] = from_float<T>(NAN);
+      backing.values().data()[cols + 3 - 1] = from_float<T>(-0.0f);
+    }
+    const DenseView<const T> a{backing.values().data(), rows, cols, cols + 3, MemorySpace::host};
+    DenseMatrix<T> out(cols, rows);
+    for (auto& v : out.values().host_span()) v = from_float<T>(1.5f);
+    KernelReport report;
+    twell::transpose<T>(a, out.view(), KernelOptions{{}, &report});
+    CHECK(report.path == "reference/transpose/dense");
+    bool same = true;
+    for (std::int64_t i = 0; i < rows; ++i)
+      for (std::int64_t j = 0; j < cols; ++j)
+        same = same && std::memcmp(&out.values().data()[j * rows + i], &a.data[i * a.ld + j], sizeof(T)) == 0;
+    CHECK(same);
+  }
+  DenseMatrix<T> a = testing::random_dense<T>(4, 6, 1.0f, 9);
+  DenseMatrix<T> wrong(4, 6);
+  CHECK(testing::code_of([&] { twell::transpose<T>(std::as_const(a).view(), wrong.view()); }) ==
+        ErrorCode::shape_mismatch);
+  DenseMatrix<T> square = testing::random_dense<T>(5, 5, 1.0f, 10);
+  CHECK(testing::code_of([&] { twell::transpose<T>(std::as_const(square).view(), square.view()); }) ==
+        ErrorCode::invalid_argument);
+  DenseView<T> on_device = wrong.view();
+  on_device.space = MemorySpace::device;
+  CHECK(testing::code_of([&] { twell::transpose<T>(std::as_const(a).view(), on_device); }) ==
+        ErrorCode::space_mismatch);
 }
 
 namespace {

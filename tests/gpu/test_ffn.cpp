@@ -18,6 +18,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/ffn.hpp>
 #include <twell/kernels/ffn_cuda.hpp>
+#include <twell/ops.hpp>
 #include <twell/workload.hpp>
 
 #include "checks.hpp"
@@ -27,8 +28,8 @@
 namespace {
 
 using namespace twell;
-using testing::WorkloadSetting;
 using testing::workload_inputs;
+using testing::WorkloadSetting;
 using workload::Distribution;
 
 template <class T>
@@ -158,7 +159,7 @@ struct Shape {
 }  // namespace
 
 TEST_CASE_TEMPLATE("FFN plans match the dense reference: tiny to paper shapes, 0.3 % to 50 %, ReLU", T, bf16, fp16) {
-  constexpr Shape kShapes[] = {{1, 64, 136},   {7, 520, 1000}, {300, 2048, 5632},
+  constexpr Shape kShapes[] = {{1, 64, 136},    {7, 520, 1000}, {300, 2048, 5632},
                                {300, 64, 1000}, {7, 2048, 136}, {300, 520, 136}};
   struct Pattern {
     double density;
@@ -350,6 +351,23 @@ TEST_CASE_TEMPLATE("one-shot cuda forms and the lib layers GatedFfn / Ffn on the
   auto ylp = poisoned<T>(c.m(), c.k());
   plain.forward(c.x.view(), ylp.view());
   CHECK(error_of(ylp, c.ref_plain) < tolerance<T>());
+
+  // torch.nn.Linear's out x in weights, named as such: transposed once on the device, then the
+  // same plan, so the same bits as the in x out layer above.
+  const auto out_in = [](const DenseMatrix<T>& w) {
+    DenseMatrix<T> t(w.cols(), w.rows(), MemorySpace::device);
+    twell::transpose<T>(w.view(), t.view());
+    return t;
+  };
+  const DenseMatrix<T> wg_t = out_in(c.wg), wu_t = out_in(c.wu), wd_t = out_in(c.wd);
+  auto y_in_out = poisoned<T>(c.m(), c.k());
+  auto y_out_in = poisoned<T>(c.m(), c.k());
+  GatedFfn<T>(c.m(), InOut<T>{c.wg.view()}, InOut<T>{c.wu.view()}, InOut<T>{c.wd.view()}, relu)
+      .forward(c.x.view(), y_in_out.view());
+  GatedFfn<T>(c.m(), OutIn<T>{wg_t.view()}, OutIn<T>{wu_t.view()}, OutIn<T>{wd_t.view()}, relu)
+      .forward(c.x.view(), y_out_in.view());
+  const DenseMatrix<T> got = y_out_in.to(MemorySpace::host), want = y_in_out.to(MemorySpace::host);
+  CHECK(testing::bitwise_equal<T>(got.view(), want.view()));
 }
 
 TEST_CASE("FFN plans reject bad input") {
@@ -359,19 +377,17 @@ TEST_CASE("FFN plans reject bad input") {
   auto y = poisoned<bf16>(8, 32);
   auto bad_y = poisoned<bf16>(8, 31);
   using testing::code_of;
-  CHECK(code_of([&] {
-          cuda::gated_ffn_forward<bf16>(x.view(), wg.view(), wu.view(), wd.view(), {}, bad_y.view());
-        }) == ErrorCode::shape_mismatch);
-  CHECK(code_of([&] {
-          cuda::gated_ffn_forward<bf16>(x.view(), wg.view(), wu.view(), in.wd.view(), {}, y.view());
-        }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] { cuda::gated_ffn_forward<bf16>(x.view(), wg.view(), wu.view(), wd.view(), {}, bad_y.view()); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { cuda::gated_ffn_forward<bf16>(x.view(), wg.view(), wu.view(), in.wd.view(), {}, y.view()); }) ==
+        ErrorCode::space_mismatch);
   CHECK(code_of([&] { cuda::ffn_forward<bf16>(x.view(), wu.view(), wu.view(), {}, y.view()); }) ==
         ErrorCode::shape_mismatch);
   CHECK(code_of([&] { cuda::GatedFfnPlan<bf16>(8, wg.view(), wu.view(), wg.view()); }) == ErrorCode::shape_mismatch);
-  CHECK(code_of([&] { cuda::GatedFfnPlan<bf16>(-1, wg.view(), wu.view(), wd.view()); }) ==
-        ErrorCode::invalid_argument);
-  CHECK(code_of([&] { cuda::GatedFfnPlan<bf16>(8, wg.view(), wu.view(), wd.view(), {}, TwellLayout{24, 16}); }) ==
-        ErrorCode::invalid_argument);
+  CHECK(code_of([&] { cuda::GatedFfnPlan<bf16>(-1, wg.view(), wu.view(), wd.view()); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          cuda::GatedFfnPlan<bf16>(8, wg.view(), wu.view(), wd.view(), {}, TwellLayout{24, 16});
+        }) == ErrorCode::invalid_argument);
   cuda::GatedFfnPlan<bf16> plan(8, wg.view(), wu.view(), wd.view());
   const auto x7 = in.x.to(MemorySpace::device);
   const DenseView<const bf16> seven{x7.view().data, 7, 32, 32, MemorySpace::device};

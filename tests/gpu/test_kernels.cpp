@@ -9,15 +9,19 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
 
 #include <twell/convert.hpp>
 #include <twell/converters/backends.hpp>
+#include <twell/formats/copy.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/ops.hpp>
 #include <twell/workload.hpp>
 
+#include "checks.hpp"
 #include "device.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
@@ -576,4 +580,31 @@ TEST_CASE_TEMPLATE("cuda transpose matches the reference bit for bit", T, bf16, 
       check_transpose_hybrid<T>("hybrid", f.hybrid, kPaper);
     }
   }
+}
+
+TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, bf16, fp16, float) {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{0, 4}, {1, 1}, {31, 33}, {300, 70}, {64, 1030}};
+  for (const auto& [m, n] : shapes) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(m);
+    CAPTURE(n);
+    const testing::SparseDenseOptions so{.density = 0.5, .specials = true};
+    const DenseMatrix<T> a = testing::random_sparse_dense<T>(m, n, so, seed);
+    DenseMatrix<T> want(n, m);
+    reference::transpose<T>(a.view(), want.view());
+    const DenseMatrix<T> a_dev = copy_to(a.view(), MemorySpace::device);
+    DenseMatrix<T> out_dev(n, m, MemorySpace::device);
+    testing::poison_device(out_dev.values());
+    KernelReport report;
+    twell::transpose<T>(a_dev.view(), out_dev.view(), KernelOptions{{}, &report});
+    CHECK(report.path == "cuda/transpose/dense");
+    CHECK(testing::bitwise_equal<T>(copy_to(std::as_const(out_dev).view(), MemorySpace::host).view(),
+                                    std::as_const(want).view()));
+  }
+  const DenseMatrix<T> a_dev(4, 6, MemorySpace::device);
+  DenseMatrix<T> wrong(4, 6, MemorySpace::device);
+  CHECK(testing::code_of([&] { cuda::transpose<T>(a_dev.view(), wrong.view()); }) == ErrorCode::shape_mismatch);
+  DenseMatrix<T> host_out(6, 4);
+  CHECK(testing::code_of([&] { twell::transpose<T>(a_dev.view(), host_out.view()); }) == ErrorCode::space_mismatch);
 }

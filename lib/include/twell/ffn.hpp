@@ -43,12 +43,33 @@ void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<
 // path() names what the latest forward() ran. Shapes: x and y are M x K.
 inline constexpr std::int64_t kDefaultFfnCapacity = -1;  // max(64, M / 64) overflow rows
 
+// A weight matrix with its convention in its type, so that a layer never guesses it from shapes
+// (a square layer would make any guess silently wrong):
+//   InOut<T>{w}: w is (features in) x (features out) and the layer computes x w: twell's own
+//                convention (wg, wu: K x N; wd: N x K). The layer views w.
+//   OutIn<T>{w}: w is (features out) x (features in) and the layer computes x w^T, the way
+//                torch.nn.Linear stores its weight (wg, wu: N x K; wd: K x N). The layer keeps its
+//                own transposed copy, made once at construction by twell::transpose on w's backend.
+// Plain DenseView arguments mean InOut.
+template <Value T>
+struct InOut {
+  DenseView<const T> w;
+};
+template <Value T>
+struct OutIn {
+  DenseView<const T> w;
+};
+
 template <Value T>
 class GatedFfn {
  public:
   GatedFfn(std::int64_t tokens, In<DenseView<const T>> wg, In<DenseView<const T>> wu, In<DenseView<const T>> wd,
            ActivationSpec act = {}, TwellLayout layout = {}, std::int64_t overflow_capacity = kDefaultFfnCapacity,
            const KernelOptions& options = {});
+  GatedFfn(std::int64_t tokens, InOut<T> wg, InOut<T> wu, InOut<T> wd, ActivationSpec act = {}, TwellLayout layout = {},
+           std::int64_t overflow_capacity = kDefaultFfnCapacity, const KernelOptions& options = {});
+  GatedFfn(std::int64_t tokens, OutIn<T> wg, OutIn<T> wu, OutIn<T> wd, ActivationSpec act = {}, TwellLayout layout = {},
+           std::int64_t overflow_capacity = kDefaultFfnCapacity, const KernelOptions& options = {});
   GatedFfn(GatedFfn&&) noexcept;
   GatedFfn& operator=(GatedFfn&&) noexcept;
   ~GatedFfn();
@@ -67,6 +88,10 @@ class Ffn {
  public:
   Ffn(std::int64_t tokens, In<DenseView<const T>> wu, In<DenseView<const T>> wd, ActivationSpec act = {},
       TwellLayout layout = {}, std::int64_t overflow_capacity = kDefaultFfnCapacity, const KernelOptions& options = {});
+  Ffn(std::int64_t tokens, InOut<T> wu, InOut<T> wd, ActivationSpec act = {}, TwellLayout layout = {},
+      std::int64_t overflow_capacity = kDefaultFfnCapacity, const KernelOptions& options = {});
+  Ffn(std::int64_t tokens, OutIn<T> wu, OutIn<T> wd, ActivationSpec act = {}, TwellLayout layout = {},
+      std::int64_t overflow_capacity = kDefaultFfnCapacity, const KernelOptions& options = {});
   Ffn(Ffn&&) noexcept;
   Ffn& operator=(Ffn&&) noexcept;
   ~Ffn();

@@ -62,6 +62,9 @@ template <Value T>
 HybridMatrix<T> transpose(TwellView<const T> a, TwellLayout layout, const KernelOptions& options = {});
 template <Value T>
 HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const KernelOptions& options = {});
+// Dense M x N into a caller-owned N x M of the same memory space (no overlap with a).
+template <Value T>
+void transpose(In<DenseView<const T>> a, DenseView<T> out, const KernelOptions& options = {});
 
 // out = x * y on one structure, and out = x + s * sign(x) (out may alias the inputs).
 template <Value T>

@@ -31,4 +31,20 @@ void check_dense_geometry(DenseView<T> v, const char* where, const char* name) {
           " is null with shape ", shape(v.rows, v.cols));
 }
 
+// A dense transpose's out: N x M for an M x N a, and no byte shared with a (the kernels read a
+// while writing out). Geometry of both is checked by the caller.
+template <class T>
+void check_dense_transpose(DenseView<const T> a, DenseView<T> out, const char* where) {
+  require(out.rows == a.cols && out.cols == a.rows, ErrorCode::shape_mismatch, where, "out is ",
+          shape(out.rows, out.cols), " but the transpose of a (", shape(a.rows, a.cols), ") is ",
+          shape(a.cols, a.rows));
+  if (a.rows == 0 || a.cols == 0) return;
+  const auto a_begin = reinterpret_cast<std::uintptr_t>(a.data);
+  const auto a_end = reinterpret_cast<std::uintptr_t>(a.data + (a.rows - 1) * a.ld + a.cols);
+  const auto o_begin = reinterpret_cast<std::uintptr_t>(out.data);
+  const auto o_end = reinterpret_cast<std::uintptr_t>(out.data + (out.rows - 1) * out.ld + out.cols);
+  require(o_end <= a_begin || a_end <= o_begin, ErrorCode::invalid_argument, where,
+          "out overlaps a; a transpose cannot be done in place");
+}
+
 }  // namespace twell::detail

@@ -114,4 +114,5 @@ inline void report_format_path(const KernelOptions& options, const char* kernel,
   template CsrMatrix<T> transpose<T>(CsrView<const T>, const KernelOptions&);                   \
   template EllMatrix<T> transpose<T>(EllView<const T>, const KernelOptions&);                   \
   template HybridMatrix<T> transpose<T>(TwellView<const T>, TwellLayout, const KernelOptions&); \
-  template HybridMatrix<T> transpose<T>(HybridView<const T>, TwellLayout, const KernelOptions&);
+  template HybridMatrix<T> transpose<T>(HybridView<const T>, TwellLayout, const KernelOptions&); \
+  template void transpose<T>(DenseView<const T>, DenseView<T>, const KernelOptions&);
