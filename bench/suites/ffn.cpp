@@ -31,25 +31,31 @@ namespace {
 
 struct FfnPoint {
   workload::FfnShape shape;
+  std::int64_t m;
   double density;
   workload::Distribution dist;
 };
 
 std::vector<FfnPoint> ffn_points(bool quick) {
   using workload::Distribution;
+  const std::int64_t large = detail::tokens_large(quick), small = detail::tokens_small(quick);
   std::vector<FfnPoint> out;
   if (quick) {
-    out.push_back({workload::small_shape(), 0.005, Distribution::uniform});
-    out.push_back({workload::paper_shape(), 0.005, Distribution::token_skewed});
+    out.push_back({workload::small_shape(), large, 0.005, Distribution::uniform});
+    out.push_back({workload::paper_shape(), large, 0.005, Distribution::token_skewed});
     return out;
   }
-  // The paper shape sweeps density (break-even); the other two are measured at 0.5 %.
+  // The paper shape sweeps density (break-even) at M = 16384, and at 0.5 % also the neuron-skewed
+  // distribution and M = 4096; the other two shapes are measured at 0.5 %.
   for (const Distribution d : {Distribution::uniform, Distribution::token_skewed})
     for (const double density : {0.005, 0.01, 0.02, 0.05, 0.10, 0.20})
-      out.push_back({workload::paper_shape(), density, d});
+      out.push_back({workload::paper_shape(), large, density, d});
+  out.push_back({workload::paper_shape(), large, 0.005, Distribution::neuron_skewed});
+  for (const Distribution d : {Distribution::uniform, Distribution::neuron_skewed, Distribution::token_skewed})
+    out.push_back({workload::paper_shape(), small, 0.005, d});
   for (const Distribution d : {Distribution::uniform, Distribution::token_skewed}) {
-    out.push_back({workload::small_shape(), 0.005, d});
-    out.push_back({workload::llama7b_shape(), 0.005, d});
+    out.push_back({workload::small_shape(), large, 0.005, d});
+    out.push_back({workload::llama7b_shape(), large, 0.005, d});
   }
   return out;
 }
@@ -80,13 +86,12 @@ void add_stats(Case& c, const FfnStats& s) {
 
 void run_ffn(Harness& h, Report& report) {
   const bool quick = h.config().quick;
-  const std::int64_t m = detail::tokens_large(quick);
   std::string last_shape;
   for (const FfnPoint& p : ffn_points(quick)) {
     // Inputs of earlier shapes are not needed again; the cache would hold gigabytes.
     if (!last_shape.empty() && last_shape != p.shape.name) detail::clear_ffn_cache();
     last_shape = p.shape.name;
-    const std::int64_t k = p.shape.hidden, n = p.shape.intermediate;
+    const std::int64_t m = p.m, k = p.shape.hidden, n = p.shape.intermediate;
     const auto& in = detail::ffn_inputs(p.shape, m, p.density, p.dist, h.config().seed);
     const DenseView<const T> x = in.x.view(), wg = in.wg.view(), wu = in.wu.view(), wd = in.wd.view();
     // One output per variant, so the sparse ones can be checked against the dense one.
