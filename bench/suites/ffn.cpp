@@ -82,6 +82,25 @@ void add_stats(Case& c, const FfnStats& s) {
   c.extra["plan_fallback_rows_first_call"] = s.fallback_rows;
 }
 
+#if TWELL_BENCH_CUDA_FFN
+// Times plan.forward(x, y) after one untimed call with stats (it sizes the overflow block, as
+// earlier batches would have in a model, and gives the pattern's statistics).
+template <class Plan>
+void time_plan_forward(Harness& h, Case& c, Plan& plan, DenseView<const T> x, DenseView<T> y, double flops,
+                       double bytes, const char* includes) {
+  FfnStats stats;
+  plan.forward(x, y, &stats);
+  auto op = [&] { plan.forward(x, y); };
+  c.timing = h.time(op);
+  c.flops = flops;
+  c.bytes = bytes;
+  c.extra["path"] = plan.path();
+  c.extra["includes"] = includes;
+  add_stats(c, stats);
+  add_energy(h, c, op);
+}
+#endif
+
 }  // namespace
 
 void run_ffn(Harness& h, Report& report) {
@@ -143,22 +162,11 @@ void run_ffn(Harness& h, Report& report) {
     detail::run_case(report, fused, [&](Case& c) {
       const KernelOptions ko{h.stream(), nullptr, false};
       cuda::GatedFfnPlan<T> plan(m, wg, wu, wd, ActivationSpec{}, layout, cuda::GatedFfnPlan<T>::kDefaultCapacity, ko);
-      const DenseView<T> yv = y_fused.view();
-      // One untimed call with stats: it sizes the overflow block (a plan in a model would have
-      // grown it on earlier batches) and gives the pattern's statistics.
-      FfnStats stats;
-      plan.forward(x, yv, &stats);
-      auto op = [&] { plan.forward(x, yv); };
-      c.timing = h.time(op);
-      c.flops = dense_flops;
-      c.bytes = weight_bytes + io_bytes;
-      c.extra["path"] = plan.path();
-      c.extra["includes"] =
-          "GatedFfnPlan::forward: GemmToSparsePlan::run (gate GEMM + TwELL epilogue, overflow ranking, dense "
-          "recompute of overflow rows into the preallocated block) and the up/down kernel; no allocation, no host "
-          "sync; plan construction (Wu transpose) and one sizing call with stats outside the timed region";
-      add_stats(c, stats);
-      add_energy(h, c, op);
+      time_plan_forward(h, c, plan, x, y_fused.view(), dense_flops, weight_bytes + io_bytes,
+                        "GatedFfnPlan::forward: GemmToSparsePlan::run (gate GEMM + TwELL epilogue, overflow ranking, "
+                        "dense recompute of overflow rows into the preallocated block) and the up/down kernel; no "
+                        "allocation, no host sync; plan construction (Wu transpose) and one sizing call with stats "
+                        "outside the timed region");
     });
 #else
     detail::not_built(report, fused,
@@ -178,8 +186,9 @@ void run_ffn(Harness& h, Report& report) {
       c.flops = dense_flops / 3;
       c.bytes = detail::bytes_of_dense(k, n) + detail::bytes_of_dense(m, k);
       c.extra["path"] = plan.path();
-      c.extra["includes"] = "GemmToSparsePlan::run alone (the gate of the fused variant); the up/down kernel's "
-                            "time is fused - fused_gate_only";
+      c.extra["includes"] =
+          "GemmToSparsePlan::run alone (the gate of the fused variant); the up/down kernel's "
+          "time is fused - fused_gate_only";
     });
 #else
     detail::not_built(report, gate_only, "kernels/cuda/gemm_to_sparse.cu is not in this build");
@@ -258,18 +267,9 @@ void run_ffn(Harness& h, Report& report) {
     detail::run_case(report, fused_plain, [&](Case& c) {
       const KernelOptions ko{h.stream(), nullptr, false};
       cuda::FfnPlan<T> plan(m, wg, wd, ActivationSpec{}, layout, cuda::FfnPlan<T>::kDefaultCapacity, ko);
-      const DenseView<T> yv = y_fused.view();
-      FfnStats stats;
-      plan.forward(x, yv, &stats);
-      auto op = [&] { plan.forward(x, yv); };
-      c.timing = h.time(op);
-      c.flops = plain_flops;
-      c.bytes = plain_weight_bytes + io_bytes;
-      c.extra["path"] = plan.path();
-      c.extra["includes"] =
-          "FfnPlan::forward: GemmToSparsePlan::run and the down kernel; no allocation, no host sync; plan "
-          "construction and one sizing call with stats outside the timed region";
-      add_stats(c, stats);
+      time_plan_forward(h, c, plan, x, y_fused.view(), plain_flops, plain_weight_bytes + io_bytes,
+                        "FfnPlan::forward: GemmToSparsePlan::run and the down kernel; no allocation, no host sync; "
+                        "plan construction and one sizing call with stats outside the timed region");
     });
 #else
     detail::not_built(report, fused_plain,
