@@ -2,7 +2,7 @@
 # One command for a GPU machine: configure and build for sm_90a, run the gpu tests, run the
 # benchmarks and draw their plots, writing logs, JSON and plots under OUTDIR.
 #
-#   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--arch80 | --skip-build-80]
+#   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--contract] [--arch80 | --skip-build-80]
 #                        [--skip-tests] [--skip-bench] [--reps N]
 #
 #   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
@@ -12,6 +12,8 @@
 #                   racecheck) instead of benchmarking
 #   --suites LIST   benchmark suites (default all: convert,spmm,sddmm,gemm_to_sparse,ffn)
 #   --quick         small benchmark sizes (a smoke test, not a result)
+#   --contract      benchmark only the contract's points (paper shape, M = 16384, 0.5 %, uniform
+#                   and token-skewed): a short run while iterating on a kernel
 #   --arch80        also build for compute_80 alone (the portable mma.sync path, as PTX that the
 #                   driver compiles for the GPU at hand: sm_80 machine code does not run on a
 #                   Hopper) and run the gpu tests with it
@@ -35,6 +37,7 @@ out=""
 sanitize=0
 suites="all"
 quick=0
+contract=0
 arch80=0
 run_tests=1
 run_bench=1
@@ -46,13 +49,14 @@ while [ $# -gt 0 ]; do
     --suites) suites="${2:?--suites needs a list}"; shift ;;
     --suites=*) suites="${1#--suites=}" ;;
     --quick) quick=1 ;;
+    --contract) contract=1 ;;
     --arch80) arch80=1 ;;
     --skip-build-80) arch80=0 ;;
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --reps) reps="${2:?--reps needs a number}"; shift ;;
     --sanitize-limit) sanitize_limit="${2:?--sanitize-limit needs seconds}"; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     -*) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) if [ -z "$out" ]; then out="$1"; else echo "gpu-check: two output folders: $out and $1" >&2; exit 2; fi ;;
   esac
@@ -177,6 +181,7 @@ if [ "$built" = 1 ] && [ "$run_bench" = 1 ]; then
   t0=$(now)
   args=(bench --suite "$suites" --out "$out/bench.json")
   [ "$quick" = 1 ] && args+=(--quick)
+  [ "$contract" = 1 ] && args+=(--contract)
   [ -n "$reps" ] && args+=(--reps "$reps")
   # The full table goes to the log; the console gets the per-suite lines.
   "$build/tools/twell" "${args[@]}" >>"$log" 2>&1

@@ -31,6 +31,9 @@ int run_bench(std::span<const std::string> argv) {
                   {{"suite", "NAME[,NAME]", "suites to run (default all)"},
                    {"out", "FILE", "write the results as JSON (default: none)"},
                    {"quick", "", "small shapes and few repetitions: a smoke test, not a result"},
+                   {"contract", "",
+                    "only the contract's points (paper shape, M = 16384, 0.5 %, uniform and "
+                    "token-skewed): a short run while iterating, not the full sweep"},
                    {"reps", "N", "timed runs per case (default 50; 10 with --quick)"},
                    {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},
                    {"seed", "S", "workload seed (default 1)"}}};
@@ -47,6 +50,7 @@ int run_bench(std::span<const std::string> argv) {
                      "' names an unknown suite; choose from convert, spmm, sddmm, gemm_to_sparse, ffn, all");
   }
   config.quick = args.flag("quick");
+  config.contract = args.flag("contract");
   config.reps = static_cast<int>(args.get_int("reps", config.quick ? 10 : 50, 1, 100000));
   config.warmup = static_cast<int>(args.get_int("warmup", config.quick ? 2 : 5, 0, 100000));
   config.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, INT64_MAX));

@@ -28,6 +28,13 @@ const std::vector<workload::Distribution>& distributions(bool quick) {
 std::int64_t tokens_large(bool quick) { return quick ? 2048 : 16384; }
 std::int64_t tokens_small(bool quick) { return quick ? 512 : 4096; }
 
+bool in_scope(const Config& config, const std::string& shape, std::int64_t m, double density,
+              workload::Distribution dist) {
+  if (!config.contract) return true;
+  return shape == workload::paper_shape().name && m == tokens_large(config.quick) && density == 0.005 &&
+         dist != workload::Distribution::neuron_skewed;
+}
+
 TwellLayout layout_for_density(double density) {
   TwellLayout layout;
   const double needed = 4.0 * density * layout.tile + 8.0;

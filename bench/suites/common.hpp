@@ -27,6 +27,11 @@ const std::vector<workload::Distribution>& distributions(bool quick);
 std::int64_t tokens_large(bool quick);
 std::int64_t tokens_small(bool quick);
 
+// Whether a point (checked before its inputs are generated) belongs to this run: every point,
+// or with --contract only the paper shape at the large M, 0.5 %, uniform or token-skewed.
+bool in_scope(const Config& config, const std::string& shape, std::int64_t m, double density,
+              workload::Distribution dist);
+
 // TwELL layout for a density: tile 256 and the largest C (fewest slots) whose capacity is at
 // least four times the mean count per tile plus 8, so only genuinely heavy (row, tile) pairs
 // overflow into the hybrid's dense block.

@@ -29,6 +29,7 @@ void run_convert(Harness& h, Report& report) {
 
   for (const auto dist : detail::distributions(quick)) {
     for (const double density : detail::sweep_densities(quick)) {
+      if (!detail::in_scope(h.config(), shape.name, m, density, dist)) continue;
       const auto& act = detail::activations(m, units, density, dist, h.config().seed);
       const DenseView<const T> a{act.dense.values().data(), m, units, units, MemorySpace::device};
       const Case base = detail::sweep_case("convert", "dense_to_twell", shape, m, units, 0, dist, density, act);

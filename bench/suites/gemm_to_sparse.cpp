@@ -60,6 +60,7 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
   const bool quick = h.config().quick;
   std::string last_shape;
   for (const GemmPoint& p : gemm_points(quick)) {
+    if (!detail::in_scope(h.config(), p.shape.name, p.m, p.density, p.dist)) continue;
     // Inputs of earlier shapes are not needed again; the cache would hold gigabytes.
     if (!last_shape.empty() && last_shape != p.shape.name) detail::clear_ffn_cache();
     last_shape = p.shape.name;

@@ -15,6 +15,7 @@ Report run_suites(const Config& config) {
   report.meta["version"] = TWELL_VERSION;
   report.meta["date"] = utc_now();
   report.meta["quick"] = config.quick;
+  report.meta["contract_points_only"] = config.contract;
   report.meta["reps"] = config.reps;
   report.meta["warmup"] = config.warmup;
   report.meta["seed"] = static_cast<std::int64_t>(config.seed);

@@ -30,6 +30,7 @@ void run_sddmm(Harness& h, Report& report) {
 
   for (const auto dist : detail::distributions(quick)) {
     for (const double density : detail::sweep_densities(quick)) {
+      if (!detail::in_scope(h.config(), shape.name, m, density, dist)) continue;
       const auto& act = detail::activations(m, units, density, dist, h.config().seed);
       const DenseView<const T> a_dense{act.dense.values().data(), m, units, units, MemorySpace::device};
       const Case base = detail::sweep_case("sddmm", "sddmm", shape, m, hidden, units, dist, density, act);

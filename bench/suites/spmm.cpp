@@ -53,8 +53,10 @@ void run_spmm(Harness& h, Report& report) {
 
   for (const auto dist : detail::distributions(quick)) {
     for (const double density : detail::sweep_densities(quick)) {
+      if (!detail::in_scope(h.config(), shape.name, m_large, density, dist)) continue;
       const auto& act = detail::activations(m_large, units, density, dist, h.config().seed);
       for (const std::int64_t m : m_values) {
+        if (!detail::in_scope(h.config(), shape.name, m, density, dist)) continue;
         const DenseView<const T> a_dense{act.dense.values().data(), m, units, units, MemorySpace::device};
         const DenseView<T> cv{c.values().data(), m, out_cols, out_cols, MemorySpace::device};
         const double c_bytes = detail::bytes_of_dense(m, out_cols);
@@ -99,14 +101,14 @@ void run_spmm(Harness& h, Report& report) {
         detail::run_case(report, tw, [&](Case& x) {
           cuda::SpmmPlan<T> plan(m, units, layout, h.stream());
           plan.reserve_overflow(a.overflow_rows(), out_cols);
-          x.timing = h.time([&] {
-            plan.run(HybridView<const T>(a.view()), DenseView<const T>(b.view()), cv, 1.0f, 0.0f);
-          });
+          x.timing =
+              h.time([&] { plan.run(HybridView<const T>(a.view()), DenseView<const T>(b.view()), cv, 1.0f, 0.0f); });
           x.bytes = detail::bytes_of(a) + b_bytes + c_bytes;
           x.flops = flops;
           x.extra["path"] = plan.path();
-          x.extra["includes"] = "SpmmPlan::run: compaction pre-pass, product, overflow rows (cuBLAS + scatter); "
-                                "the plan's workspace is allocated outside the timed region";
+          x.extra["includes"] =
+              "SpmmPlan::run: compaction pre-pass, product, overflow rows (cuBLAS + scatter); "
+              "the plan's workspace is allocated outside the timed region";
           layout_facts(x);
         });
         Case twc = base;
