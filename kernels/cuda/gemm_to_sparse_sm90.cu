@@ -173,6 +173,44 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], std::uint64_t des
 #undef TWELL_WGMMA_REGS_128
 #undef TWELL_WGMMA_REGS_64
 
+// Four 8 x 8 matrices of 16-bit pairs from the fragment layout (thread t holds row t / 4,
+// columns 2 (t % 4) and +1 of each) into shared memory; lanes 8j .. 8j+7 give the row addresses
+// of matrix j.
+__device__ __forceinline__ void stmatrix_x4(void* row, std::uint32_t r0, std::uint32_t r1, std::uint32_t r2,
+                                            std::uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(row)), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// A consumer warp's epilogue for its 16 rows x BN columns of the tile (the m64nBN fragment
+// rows 16q .. 16q+15), 8 rows at a time: the activated, rounded pairs go to the warp's 8 staging
+// rows (ld Sm90Tile<BN>::kLd) by stmatrix, 4 chunks of 8 columns per instruction, and
+// pack_twell_rows writes their slot groups (rows first_row.., groups `groups` + r * width).
+template <class T, int BN, bool kRelu>
+__device__ __forceinline__ void epilogue_warp(const float (&acc)[BN / 2], std::uint16_t* staged,
+                                              std::uint32_t* groups, std::int64_t first_row, int tile_cols,
+                                              const TwellRows& geo, const Sm90Gemm& g, const TwellOut& o, int lane,
+                                              unsigned long long& stored, unsigned long long& excess) {
+  constexpr int kLd = Sm90Tile<BN>::kLd;
+  std::uint16_t* my_row = staged + (lane & 7) * kLd + 8 * (lane >> 3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    __syncwarp();  // the previous packing has read the staged rows
+#pragma unroll
+    for (int i = 0; i < BN / 8; i += 4) {
+      std::uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        w[j] = sparsified_pair<T, kRelu>(acc[4 * (i + j) + 2 * h], acc[4 * (i + j) + 2 * h + 1], g.kind, g.threshold);
+      stmatrix_x4(my_row + 8 * i, w[0], w[1], w[2], w[3]);
+    }
+    __syncwarp();
+    pack_twell_rows<BN, 8>(staged, kLd, groups + 8 * h * geo.width, geo.width, first_row + 8 * h, 1, g.m, tile_cols,
+                           geo, o, lane, stored, excess);
+  }
+}
+
 #endif  // TWELL_SM90A_DEVICE
 
 // Fused GEMM + activation + TwELL packing, persistent: CTA b takes output tiles b, b + grid, ...
@@ -184,9 +222,10 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], std::uint64_t des
 // m64nBN fp32 accumulator of wgmma (warp q of it rows 16q .. 16q+15: per 8-column chunk i,
 // d[4i + 2h + e] is row lane/4 + 8h, column 8i + 2 (lane % 4) + e), issues 4 wgmma k16 steps
 // per stage and releases a stage once the next stage's wgmmas are issued and the older group
-// has retired. Epilogue: each warp sparsifies its 16 x BN fragment, 8 rows at a time, into its
-// own 8 staging rows and packs them with pack_twell_row (warp-local: only __syncwarp), while the
-// producer already fills the stages of the next tile. Shared-memory layouts: A K-major, 128-byte
+// has retired. Epilogue (epilogue_warp): each warp sparsifies its 16 x BN fragment, 8 rows at a
+// time, into its own 8 staging rows by stmatrix and packs them with pack_twell_rows (warp-local:
+// only __syncwarp), while the producer already fills the stages of the next tile; ReLU takes the
+// paired hardware rounding (sparsified_pair). Shared-memory layouts: A K-major, 128-byte
 // swizzle (TMA SWIZZLE_128B), descriptor SBO 1024 (8 rows of 128 B), k16 step +32 B; B MN-major,
 // 128-byte swizzle, descriptor LBO 8192 (from one 64-column box to the next), SBO 1024 (8 K-rows),
 // k16 step +2048 B (16 K-rows). Preconditions: gemm_twell_sm90_applies, o.layout.tile == BN,
@@ -277,21 +316,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - n0));
       const TwellRows geo = twell_rows(o, g.n);
-      std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        __syncwarp();  // the previous packing has read the staged rows
-#pragma unroll
-        for (int i = 0; i < BN / 8; ++i)
-          stage_pair<T>(staged + (lane >> 2) * P::kLd, 8 * i + 2 * (lane & 3), acc[4 * i + 2 * h],
-                        acc[4 * i + 2 * h + 1], g.kind, g.threshold);
-        __syncwarp();
-        for (int r = 0; r < 8; ++r) {
-          const std::int64_t row = m0 + c * 64 + q * 16 + 8 * h + r;
-          if (row >= g.m) break;
-          pack_twell_row<BN>(staged + r * P::kLd, groups + (c * 64 + q * 16 + 8 * h + r) * geo.width, row, tile_cols,
-                             geo, o, lane, stored, excess);
-        }
+      const int first = c * 64 + q * 16;  // the warp's first row in the tile
+      std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
+      if (g.kind == Activation::relu) {
+        epilogue_warp<T, BN, true>(acc, staged, groups, m0 + first, tile_cols, geo, g, o, lane, stored, excess);
+      } else {
+        epilogue_warp<T, BN, false>(acc, staged, groups, m0 + first, tile_cols, geo, g, o, lane, stored, excess);
       }
     }
     flush_twell_totals(o, lane, stored, excess);

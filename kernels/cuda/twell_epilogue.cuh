@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <twell/formats/layout.hpp>
@@ -44,14 +47,38 @@ __device__ __forceinline__ T sparsified(float acc, Activation kind, float thresh
   return is_stored(v) ? v : from_float<T>(0.0f);
 }
 
-// Two horizontally adjacent accumulators (an m16n8 / wgmma fragment pair) sparsified and stored
-// as one 32-bit word at vals[c] (c even) of a staged row.
-template <class T>
+// Two horizontally adjacent accumulators (an m16n8 / wgmma fragment pair) sparsified into one
+// 32-bit word, the first in the low half. kRelu is the fast path for Activation::relu: with
+// threshold t >= 0 (checked by every entry point), "ReLU, then |a| <= t becomes 0" keeps exactly
+// the values with !(v <= t), NaN included, and a kept value is positive or NaN, so it never
+// rounds to -0; one paired hardware rounding then replaces two software ones. NaN goes through
+// the portable rounding, which keeps its sign and payload (the hardware's is canonical).
+template <class T, bool kRelu>
+__device__ __forceinline__ std::uint32_t sparsified_pair(float a0, float a1, Activation kind, float threshold) {
+  if constexpr (kRelu) {
+    const float r0 = a0 <= threshold ? 0.0f : a0;
+    const float r1 = a1 <= threshold ? 0.0f : a1;
+    if (!(isnan(r0) || isnan(r1))) {
+      if constexpr (std::is_same_v<T, bf16>) {
+        const __nv_bfloat162 p = __floats2bfloat162_rn(r0, r1);
+        return *reinterpret_cast<const std::uint32_t*>(&p);
+      } else {
+        const __half2 p = __floats2half2_rn(r0, r1);
+        return *reinterpret_cast<const std::uint32_t*>(&p);
+      }
+    }
+  }
+  const Activation act = kRelu ? Activation::relu : kind;  // the NaN fallback need not reach SiLU / GELU
+  const std::uint32_t lo = ValueTraits<T>::to_bits(sparsified<T>(a0, act, threshold));
+  const std::uint32_t hi = ValueTraits<T>::to_bits(sparsified<T>(a1, act, threshold));
+  return lo | (hi << 16);
+}
+
+// The same pair stored at vals[c] (c even) of a staged row.
+template <class T, bool kRelu>
 __device__ __forceinline__ void stage_pair(std::uint16_t* vals_row, int c, float a0, float a1, Activation kind,
                                            float threshold) {
-  const std::uint32_t lo = ValueTraits<T>::to_bits(sparsified<T>(a0, kind, threshold));
-  const std::uint32_t hi = ValueTraits<T>::to_bits(sparsified<T>(a1, kind, threshold));
-  *reinterpret_cast<std::uint32_t*>(vals_row + c) = lo | (hi << 16);
+  *reinterpret_cast<std::uint32_t*>(vals_row + c) = sparsified_pair<T, kRelu>(a0, a1, kind, threshold);
 }
 
 // TwellLayout's quantities that every packed row needs, computed once per kernel: its accessors
@@ -66,40 +93,111 @@ __device__ __forceinline__ TwellRows twell_rows(const TwellOut& o, std::int64_t 
   return {o.layout.packed_width(n), o.layout.slots(), o.layout.capacity()};
 }
 
-// One warp writes the TwELL slots of (row, tile) from a staged row of BN sparsified 16-bit
-// values (+0 = not stored; columns >= tile_cols are ignored). `group` is the row's slot group,
-// o.packed + layout.slot_offset(row, tile, N). Per 32-column chunk one ballot marks the stored
-// lanes and a popc prefix gives each its slot, so slots come out in column order and lanes write
-// consecutive words; slots past the count are zeroed and slot 0 gets the count (clamped under
-// drop), so every word of the slot group is written. An overflowed tile sets the row's flag.
-// Lane 0 adds the count, and the excess over the capacity, to its running totals.
+// A lane's share of one staged row of BN sparsified 16-bit values: BN / 32 consecutive columns
+// (8 for BN 256, one 16-byte load; 4 for BN 128, 8 bytes), two values a word, lower column in the
+// low half. Staged rows must be 16-byte aligned.
 template <int BN>
-__device__ __forceinline__ void pack_twell_row(const std::uint16_t* vals_row, std::uint32_t* group, std::int64_t row,
+struct StagedChunk {
+  static constexpr int kPerLane = BN / 32;
+  std::uint32_t w[kPerLane / 2];
+};
+
+template <int BN>
+__device__ __forceinline__ StagedChunk<BN> load_staged(const std::uint16_t* vals_row, int lane) {
+  static_assert(BN == 256 || BN == 128, "staged rows are 128 or 256 columns");
+  StagedChunk<BN> c;
+  if constexpr (BN == 256) {
+    const uint4 v = reinterpret_cast<const uint4*>(vals_row)[lane];
+    c.w[0] = v.x, c.w[1] = v.y, c.w[2] = v.z, c.w[3] = v.w;
+  } else {
+    const uint2 v = reinterpret_cast<const uint2*>(vals_row)[lane];
+    c.w[0] = v.x, c.w[1] = v.y;
+  }
+  return c;
+}
+
+// One warp writes the TwELL slots of (row, tile) from the lanes' chunks of its staged row (+0 =
+// not stored; columns >= tile_cols are ignored). `group` is the row's slot group,
+// o.packed + layout.slot_offset(row, tile, N). A lane ranks its stored entries by an exclusive
+// prefix over the lanes (one ballot per bit of its count), and since lane order is column order
+// and a lane walks its own columns upward, slots come out in column order. Slots past the count are zeroed and slot 0 gets the count (clamped
+// under drop), so every word of the slot group is written. An overflowed tile sets the row's
+// flag. Lane 0 adds the count, and the excess over the capacity, to its running totals.
+template <int BN>
+__device__ __forceinline__ void pack_twell_row(const StagedChunk<BN>& chunk, std::uint32_t* group, std::int64_t row,
                                                int tile_cols, const TwellRows& geo, const TwellOut& o, int lane,
                                                unsigned long long& stored, unsigned long long& excess) {
-  const std::uint32_t lanes_below = (1u << lane) - 1u;
-  std::uint16_t bits[BN / 32];
+  constexpr int kPerLane = StagedChunk<BN>::kPerLane;
+  constexpr int kWords = kPerLane / 2;
+  constexpr int kCountBits = kPerLane == 8 ? 4 : 3;  // a lane holds 0 .. kPerLane entries
+  const int col0 = lane * kPerLane;
+  // flags[k]: bit 15 set iff the low half of word k is nonzero, bit 31 iff the high half is
+  // ((h & 0x7fff) + 0x7fff reaches bit 15 unless h & 0x7fff is 0, and "| h" adds the sign bit);
+  // staging writes +0 for "not stored", so nonzero means stored.
+  std::uint32_t flags[kWords];
 #pragma unroll
-  for (int i = 0; i < BN / 32; ++i) bits[i] = vals_row[32 * i + lane];  // all loads in flight at once
-  int count = 0;
+  for (int k = 0; k < kWords; ++k)
+    flags[k] = (((chunk.w[k] & 0x7fff7fffu) + 0x7fff7fffu) | chunk.w[k]) & 0x80008000u;
+  if (tile_cols < BN) {  // the ragged last tile: columns past tile_cols are not candidates
 #pragma unroll
-  for (int i = 0; i < BN / 32; ++i) {
-    const int col = 32 * i + lane;
-    const bool here = bits[i] != 0 && col < tile_cols;
-    const std::uint32_t mask = __ballot_sync(0xffffffffu, here);
-    const int pos = count + __popc(mask & lanes_below);
-    if (here && pos < geo.capacity) group[1 + pos] = TwellLayout::pack(bits[i], static_cast<std::uint32_t>(col));
-    count += __popc(mask);
+    for (int k = 0; k < kWords; ++k) {
+      if (col0 + 2 * k >= tile_cols) flags[k] &= ~0x00008000u;
+      if (col0 + 2 * k + 1 >= tile_cols) flags[k] &= ~0x80000000u;
+    }
+  }
+  std::uint32_t merged = 0;  // the flags at distinct bits: 15 - k and 31 - k
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) merged |= flags[k] >> k;
+  const int mine = __popc(merged);
+  const unsigned lanes_below = (1u << lane) - 1u;
+  int pos = 0;
+#pragma unroll
+  for (int b = 0; b < kCountBits; ++b) pos += __popc(__ballot_sync(0xffffffffu, (mine >> b) & 1) & lanes_below) << b;
+  const int count = __reduce_add_sync(0xffffffffu, mine);
+  if (mine != 0) {  // at low density few lanes, and few of their words, hold entries
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      if (flags[k] == 0u) continue;
+      const auto col = static_cast<std::uint32_t>(col0 + 2 * k);
+      if ((flags[k] & 0x8000u) != 0u) {
+        if (pos < geo.capacity) group[1 + pos] = (chunk.w[k] << 16) | col;  // TwellLayout::pack
+        ++pos;
+      }
+      if ((flags[k] & 0x80000000u) != 0u) {
+        if (pos < geo.capacity) group[1 + pos] = (chunk.w[k] & 0xffff0000u) | (col + 1u);
+        ++pos;
+      }
+    }
   }
   const int written = min(count, geo.capacity);
-  for (int s = 1 + written + lane; s < geo.slots; s += 32) group[s] = 0u;
+  for (int s = lane; s < geo.slots; s += 32)
+    if (s == 0 || s > written) group[s] = s == 0 ? static_cast<std::uint32_t>(o.clamp_count ? written : count) : 0u;
   if (lane == 0) {
-    group[0] = static_cast<std::uint32_t>(o.clamp_count ? written : count);
     if (count > geo.capacity) {
       o.row_flags[row] = 1;
       excess += static_cast<unsigned long long>(count - geo.capacity);
     }
     stored += static_cast<unsigned long long>(count);
+  }
+}
+
+// kRows staged rows packed by one warp, their loads issued together before any is packed: row i
+// is staged at first_staged + i * staged_step, its slot group is first_group + i * group_step and
+// its matrix row first_row + i * row_step; rows at or past m are skipped.
+template <int BN, int kRows>
+__device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_staged, int staged_step,
+                                                std::uint32_t* first_group, std::int64_t group_step,
+                                                std::int64_t first_row, int row_step, std::int64_t m, int tile_cols,
+                                                const TwellRows& geo, const TwellOut& o, int lane,
+                                                unsigned long long& stored, unsigned long long& excess) {
+  StagedChunk<BN> chunks[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) chunks[i] = load_staged<BN>(first_staged + i * staged_step, lane);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const std::int64_t row = first_row + static_cast<std::int64_t>(i) * row_step;
+    if (row < m)
+      pack_twell_row<BN>(chunks[i], first_group + i * group_step, row, tile_cols, geo, o, lane, stored, excess);
   }
 }
 
