@@ -22,7 +22,8 @@
 #   --reps N        timed runs per benchmark case (default 50)
 #   --sanitize-limit S   seconds allowed to each compute-sanitizer run (default 240)
 #
-# Environment: TWELL_GPU_CHECK_BUILD (and TWELL_GPU_CHECK_BUILD_80) put the build folders
+# Environment: TWELL_GPU_CHECK_TEST_JOBS (default 4) gpu test suites run at once;
+# TWELL_GPU_CHECK_BUILD (and TWELL_GPU_CHECK_BUILD_80) put the build folders
 # elsewhere, e.g. /tmp/gcb: a folder outside a re-sent source tree survives between two calls on
 # the same machine, so "--skip-bench" then "--skip-tests --suites ..." builds only once (one full
 # check takes about 60 s to build, 380 s of tests and 400 s of benchmarks on an H200).
@@ -72,6 +73,7 @@ log="$out/gpu-check.log"
 build="${TWELL_GPU_CHECK_BUILD:-$root/build/gpu-check-build}"
 build80="${TWELL_GPU_CHECK_BUILD_80:-$root/build/gpu-check-build-80}"
 jobs="${TWELL_GPU_CHECK_JOBS:-16}"
+test_jobs="${TWELL_GPU_CHECK_TEST_JOBS:-4}"
 summary=()
 failed=0
 
@@ -154,7 +156,8 @@ fi
 
 if [ "$built" = 1 ] && [ "$run_tests" = 1 ]; then
   t0=$(now)
-  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300) >"$out/gpu-tests.log" 2>&1
+  # The suites run side by side: most of their time is the CPU reference on the host's cores.
+  (cd "$build" && ctest -L gpu -j "$test_jobs" --output-on-failure --timeout 300) >"$out/gpu-tests.log" 2>&1
   rc=$?
   line="$(tests_line "$out/gpu-tests.log")"
   [ $rc -eq 0 ] && st=ok || st=FAILED
@@ -167,7 +170,7 @@ fi
 if [ "$arch80" = 1 ]; then
   t0=$(now)
   if configure_and_build "$build80" "80"; then
-    (cd "$build80" && ctest -L gpu --output-on-failure --timeout 300) >"$out/gpu-tests-80.log" 2>&1
+    (cd "$build80" && ctest -L gpu -j "$test_jobs" --output-on-failure --timeout 300) >"$out/gpu-tests-80.log" 2>&1
     rc=$?
     line="$(tests_line "$out/gpu-tests-80.log")"
     [ $rc -eq 0 ] && st=ok || st=FAILED

@@ -66,12 +66,35 @@ __device__ inline int pack_chunk(TileSlots<T> slots, int capacity, int count, un
   return count + __shfl_sync(kFullMask, inclusive, kWarpSize - 1);
 }
 
+// Lane 0's bookkeeping for a (row, tile) whose slots are written, with its true count: an
+// overflowed tile goes to the policy's target. `key` is row * tiles + tile, so the smallest key is
+// the first (row, tile) in row-major order. Returns the values the result holds for this (row,
+// tile): the entries left under drop, else the true count (a hybrid's shadow row is whole in its
+// dense block).
+__device__ inline int account_tile(int count, int capacity, std::int64_t row, std::int64_t key,
+                                   const OverflowTarget& overflow) {
+  if (count > capacity) {
+    switch (overflow.policy) {
+      case OverflowPolicy::error:
+        atomicMin(&overflow.counters->first_overflow, static_cast<unsigned long long>(key));
+        break;
+      case OverflowPolicy::drop:
+        if (overflow.counters != nullptr)
+          atomicAdd(&overflow.counters->dropped, static_cast<unsigned long long>(count - capacity));
+        break;
+      case OverflowPolicy::hybrid:
+        overflow.row_flags[row] = 1;
+        break;
+    }
+  }
+  return overflow.policy == OverflowPolicy::drop && count > capacity ? capacity : count;
+}
+
 // Closes a (row, tile) once all its candidates went through pack_chunk: slot 0, the zero padding
-// after the written entries, the fp32 value plane's slot 0, and the overflow policy. Slot 0 keeps
-// the true count except under drop, where the surplus is gone and slot 0 counts what is left.
-// `key` is row * tiles + tile, so the smallest key is the first (row, tile) in row-major order.
-// Returns the values the result holds for this (row, tile): the entries left under drop, else the
-// true count (a hybrid's shadow row is whole in its dense block). Must be called by the whole warp.
+// after the written entries, the fp32 value plane's slot 0, and the overflow policy
+// (account_tile). Slot 0 keeps the true count except under drop, where the surplus is gone and
+// slot 0 counts what is left. Returns account_tile's count in every lane. Must be called by the
+// whole warp.
 template <class T>
 __device__ inline int finish_tile(TileSlots<T> slots, int slot_count, int capacity, int count, std::int64_t row,
                                   std::int64_t key, const OverflowTarget& overflow) {
@@ -82,23 +105,9 @@ __device__ inline int finish_tile(TileSlots<T> slots, int slot_count, int capaci
     if constexpr (!ValueTraits<T>::packs_in_slot) slots.values[s] = T{};
   }
   if (lane == 0) {
-    const bool dropping = overflow.policy == OverflowPolicy::drop;
-    slots.packed[0] = static_cast<std::uint32_t>(dropping ? kept : count);
+    slots.packed[0] = static_cast<std::uint32_t>(overflow.policy == OverflowPolicy::drop ? kept : count);
     if constexpr (!ValueTraits<T>::packs_in_slot) slots.values[0] = T{};
-    if (count > capacity) {
-      switch (overflow.policy) {
-        case OverflowPolicy::error:
-          atomicMin(&overflow.counters->first_overflow, static_cast<unsigned long long>(key));
-          break;
-        case OverflowPolicy::drop:
-          if (overflow.counters != nullptr)
-            atomicAdd(&overflow.counters->dropped, static_cast<unsigned long long>(count - capacity));
-          break;
-        case OverflowPolicy::hybrid:
-          overflow.row_flags[row] = 1;
-          break;
-      }
-    }
+    account_tile(count, capacity, row, key, overflow);
   }
   return overflow.policy == OverflowPolicy::drop ? kept : count;
 }

@@ -10,6 +10,7 @@
 #include "common.cuh"
 #include "packing.cuh"
 #include "rows.cuh"
+#include "slot_group.cuh"
 
 namespace twell::cuda::detail {
 
@@ -116,6 +117,103 @@ __global__ void __launch_bounds__(kBlockThreads, kDenseMinBlocks)
   if (overflow.counters != nullptr) add_count(&overflow.counters->nnz, held);
 }
 
+// TwellLayout's per-row quantities, computed once on the host for the tiled kernel (its
+// accessors divide).
+struct TwellGeometry {
+  std::int64_t cols = 0;   // N
+  std::int64_t width = 0;  // packed words per row
+  int tiles = 0;
+  int slots = 0;
+  int capacity = 0;
+};
+
+inline TwellGeometry twell_geometry(TwellLayout layout, std::int64_t cols) {
+  return {cols, layout.packed_width(cols), static_cast<int>(layout.tiles(cols)), layout.slots(), layout.capacity()};
+}
+
+// Tiles of a row whose loads a warp of dense_to_twell_tiles_kernel issues before packing any, and
+// its resident blocks per SM (at most 128 registers a thread): 16 warps x 8 loads of 16 bytes a
+// lane is 64 KB in flight per SM, twice what covers DRAM latency at full bandwidth.
+constexpr int kTilesInFlight = 8;
+constexpr int kTilesMinBlocks = 2;
+
+// Lane's chunk of kPerLane 16-bit values of one tile: columns col0 .. of a tile of `cols` columns
+// starting at `in` (16-byte aligned when kPerLane is 8, 8-byte when 4); one streaming load when
+// the chunk is whole, zeros past the tile's end otherwise.
+template <class T, int kPerLane>
+__device__ __forceinline__ LaneChunk<kPerLane> load_chunk(const T* in, int col0, int cols) {
+  LaneChunk<kPerLane> c;
+  const T* p = in + col0;
+  if (col0 + kPerLane <= cols) {
+    if constexpr (kPerLane == 8) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict first
+      c.w[0] = v.x, c.w[1] = v.y, c.w[2] = v.z, c.w[3] = v.w;
+    } else {
+      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+      c.w[0] = v.x, c.w[1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPerLane / 2; ++k) {
+      const std::uint32_t lo = col0 + 2 * k < cols ? ValueTraits<T>::to_bits(p[2 * k]) : 0u;
+      const std::uint32_t hi = col0 + 2 * k + 1 < cols ? ValueTraits<T>::to_bits(p[2 * k + 1]) : 0u;
+      c.w[k] = lo | (hi << 16);
+    }
+  }
+  return c;
+}
+
+// dense -> TwELL, the fast path for 16-bit values and tiles of kTile = 256 or 128 columns. A warp
+// owns whole rows (grid-stride); per row it issues the loads of kTilesInFlight tiles (a lane's
+// kTile / 32 consecutive columns of each: one 16- or 8-byte streaming load), then packs them one
+// after the other with pack_slot_group (the same code as gemm_to_sparse's epilogue), so each lane
+// keeps kTilesInFlight loads in flight and the index arithmetic is per row, not per (row, tile). Stored flags
+// by the 16-bit bit rule at threshold 0 (kZeroThreshold), else through is_stored. Every slot of
+// every (row, tile) is written. Preconditions: device operands, 16-bit T, layout.tile == kTile,
+// src.data and src.ld * sizeof(T) 16-byte aligned. Benchmark: bench/suites/convert.cpp.
+template <class T, int kTile, bool kZeroThreshold>
+__global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
+    dense_to_twell_tiles_kernel(DenseView<const T> src, TwellGeometry geo, std::uint32_t* packed, float threshold,
+                                OverflowTarget overflow) {
+  constexpr int kPerLane = kTile / kWarpSize;
+  const int lane = lane_id();
+  const int col0 = lane * kPerLane;
+  const bool clamp = overflow.policy == OverflowPolicy::drop;
+  std::int64_t held = 0;
+  for (std::int64_t row = global_warp(); row < src.rows; row += warp_count()) {
+    const T* in = src.data + row * src.ld;
+    std::uint32_t* groups = packed + row * geo.width;
+    for (int t0 = 0; t0 < geo.tiles; t0 += kTilesInFlight) {
+      LaneChunk<kPerLane> chunks[kTilesInFlight];
+#pragma unroll
+      for (int i = 0; i < kTilesInFlight; ++i) {
+        const int t = t0 + i;
+        const std::int64_t begin = static_cast<std::int64_t>(t) * kTile;
+        const int cols = static_cast<int>(min(static_cast<std::int64_t>(kTile), geo.cols - begin));
+        if (t < geo.tiles) chunks[i] = load_chunk<T, kPerLane>(in + begin, col0, cols);
+      }
+#pragma unroll
+      for (int i = 0; i < kTilesInFlight; ++i) {
+        const int t = t0 + i;
+        if (t >= geo.tiles) break;  // warp-uniform
+        const std::int64_t begin = static_cast<std::int64_t>(t) * kTile;
+        const int cols = static_cast<int>(min(static_cast<std::int64_t>(kTile), geo.cols - begin));
+        std::uint32_t flags[kPerLane / 2];
+        if constexpr (kZeroThreshold) {
+          nonzero_flags(chunks[i], flags);
+        } else {
+          threshold_flags<T>(chunks[i], threshold, flags);
+        }
+        if (cols < kTile) clip_flags<kPerLane>(col0, cols, flags);
+        const int count = pack_slot_group(chunks[i], flags, groups + static_cast<std::int64_t>(t) * geo.slots,
+                                          geo.slots, geo.capacity, clamp, lane);
+        if (lane == 0) held += account_tile(count, geo.capacity, row, row * geo.tiles + t, overflow);
+      }
+    }
+  }
+  if (overflow.counters != nullptr && lane == 0) atomicAdd(&overflow.counters->nnz, static_cast<unsigned long long>(held));
+}
+
 // First index in [0, n) whose column is >= col (n when none).
 __device__ inline std::int64_t lower_bound(const std::int32_t* cols, std::int64_t n, std::int64_t col) {
   std::int64_t lo = 0;
@@ -190,6 +288,25 @@ static __global__ void __launch_bounds__(kBlockThreads) map_overflow_rows_kernel
   }
 }
 
+// Launches dense_to_twell_tiles_kernel (its preconditions hold): one warp per row, grid-stride.
+template <class T>
+void launch_dense_to_twell_tiles(DenseView<const T> src, TwellView<T> out, float threshold,
+                                 const OverflowTarget& overflow, cudaStream_t stream, const char* where) {
+  const unsigned blocks = blocks_for_warps(src.rows);
+  const TwellGeometry geo = twell_geometry(out.layout, src.cols);
+  if (blocks == 0 || geo.tiles == 0) return;
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks, kBlockThreads, 0, stream>>>(src, geo, out.packed, threshold, overflow);
+  };
+  const bool zero = threshold == 0.0f;
+  if (out.layout.tile == 256) {
+    zero ? launch(dense_to_twell_tiles_kernel<T, 256, true>) : launch(dense_to_twell_tiles_kernel<T, 256, false>);
+  } else {
+    zero ? launch(dense_to_twell_tiles_kernel<T, 128, true>) : launch(dense_to_twell_tiles_kernel<T, 128, false>);
+  }
+  check_launch(where);
+}
+
 // Launches dense -> TwELL into out (on the device, src's shape), vectorised when alignment allows.
 template <class T>
 void launch_dense_to_twell(DenseView<const T> src, TwellView<T> out, float threshold, const OverflowTarget& overflow,
@@ -200,6 +317,12 @@ void launch_dense_to_twell(DenseView<const T> src, TwellView<T> out, float thres
   if (blocks == 0) return;
   const bool aligned = reinterpret_cast<std::uintptr_t>(src.data) % 16 == 0 &&
                        (static_cast<std::uint64_t>(src.ld) * sizeof(T)) % 16 == 0;
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    if (aligned && (layout.tile == 256 || layout.tile == 128)) {
+      launch_dense_to_twell_tiles(src, out, threshold, overflow, stream, where);
+      return;
+    }
+  }
   if (aligned) {
     dense_to_twell_kernel<T, true><<<blocks, kBlockThreads, 0, stream>>>(src, layout, tiles, out.packed,
                                                                         out.value_plane, threshold, overflow);

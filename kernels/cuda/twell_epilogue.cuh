@@ -1,7 +1,7 @@
 // Internal to the cuda kernels: the TwELL-writing epilogue shared by gemm_to_sparse's mainloops
 // (mma.sync in gemm_to_sparse.cu, wgmma in gemm_to_sparse_sm90.cu), so that both write the same
-// bits: the activation and rounding rule, and the per-row ballot packing of a staged tile into
-// TwELL slots, row flags and totals. Not installed.
+// bits: the activation and rounding rule, and the packing of a staged tile's rows into TwELL
+// slots (converters/cuda/slot_group.cuh), row flags and totals. Not installed.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,9 @@
 #include <twell/formats/layout.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/types.hpp>
+
+// The slot-group packing is the dense -> TwELL converter's, so both write the same bits.
+#include "../../converters/cuda/slot_group.cuh"
 
 namespace twell::cuda::detail {
 
@@ -94,17 +97,12 @@ __device__ __forceinline__ TwellRows twell_rows(const TwellOut& o, std::int64_t 
 }
 
 // A lane's share of one staged row of BN sparsified 16-bit values: BN / 32 consecutive columns
-// (8 for BN 256, one 16-byte load; 4 for BN 128, 8 bytes), two values a word, lower column in the
-// low half. Staged rows must be 16-byte aligned.
+// (8 for BN 256, one 16-byte load; 4 for BN 128, 8 bytes). Staged rows must be 16-byte aligned.
 template <int BN>
-struct StagedChunk {
-  static constexpr int kPerLane = BN / 32;
-  std::uint32_t w[kPerLane / 2];
-};
+using StagedChunk = LaneChunk<BN / 32>;
 
 template <int BN>
 __device__ __forceinline__ StagedChunk<BN> load_staged(const std::uint16_t* vals_row, int lane) {
-  static_assert(BN == 256 || BN == 128, "staged rows are 128 or 256 columns");
   StagedChunk<BN> c;
   if constexpr (BN == 256) {
     const uint4 v = reinterpret_cast<const uint4*>(vals_row)[lane];
@@ -116,62 +114,19 @@ __device__ __forceinline__ StagedChunk<BN> load_staged(const std::uint16_t* vals
   return c;
 }
 
-// One warp writes the TwELL slots of (row, tile) from the lanes' chunks of its staged row (+0 =
-// not stored; columns >= tile_cols are ignored). `group` is the row's slot group,
-// o.packed + layout.slot_offset(row, tile, N). A lane ranks its stored entries by an exclusive
-// prefix over the lanes (one ballot per bit of its count), and since lane order is column order
-// and a lane walks its own columns upward, slots come out in column order. Slots past the count are zeroed and slot 0 gets the count (clamped
-// under drop), so every word of the slot group is written. An overflowed tile sets the row's
-// flag. Lane 0 adds the count, and the excess over the capacity, to its running totals.
+// One warp writes the TwELL slots of (row, tile) from its staged row (+0 = not stored; columns
+// >= tile_cols are ignored) with pack_slot_group; `group` is the row's slot group,
+// o.packed + layout.slot_offset(row, tile, N). An overflowed tile sets the row's flag. Lane 0 adds
+// the count, and the excess over the capacity, to its running totals.
 template <int BN>
 __device__ __forceinline__ void pack_twell_row(const StagedChunk<BN>& chunk, std::uint32_t* group, std::int64_t row,
                                                int tile_cols, const TwellRows& geo, const TwellOut& o, int lane,
                                                unsigned long long& stored, unsigned long long& excess) {
-  constexpr int kPerLane = StagedChunk<BN>::kPerLane;
-  constexpr int kWords = kPerLane / 2;
-  constexpr int kCountBits = kPerLane == 8 ? 4 : 3;  // a lane holds 0 .. kPerLane entries
-  const int col0 = lane * kPerLane;
-  // flags[k]: bit 15 set iff the low half of word k is nonzero, bit 31 iff the high half is
-  // ((h & 0x7fff) + 0x7fff reaches bit 15 unless h & 0x7fff is 0, and "| h" adds the sign bit);
-  // staging writes +0 for "not stored", so nonzero means stored.
-  std::uint32_t flags[kWords];
-#pragma unroll
-  for (int k = 0; k < kWords; ++k)
-    flags[k] = (((chunk.w[k] & 0x7fff7fffu) + 0x7fff7fffu) | chunk.w[k]) & 0x80008000u;
-  if (tile_cols < BN) {  // the ragged last tile: columns past tile_cols are not candidates
-#pragma unroll
-    for (int k = 0; k < kWords; ++k) {
-      if (col0 + 2 * k >= tile_cols) flags[k] &= ~0x00008000u;
-      if (col0 + 2 * k + 1 >= tile_cols) flags[k] &= ~0x80000000u;
-    }
-  }
-  std::uint32_t merged = 0;  // the flags at distinct bits: 15 - k and 31 - k
-#pragma unroll
-  for (int k = 0; k < kWords; ++k) merged |= flags[k] >> k;
-  const int mine = __popc(merged);
-  const unsigned lanes_below = (1u << lane) - 1u;
-  int pos = 0;
-#pragma unroll
-  for (int b = 0; b < kCountBits; ++b) pos += __popc(__ballot_sync(0xffffffffu, (mine >> b) & 1) & lanes_below) << b;
-  const int count = __reduce_add_sync(0xffffffffu, mine);
-  if (mine != 0) {  // at low density few lanes, and few of their words, hold entries
-#pragma unroll
-    for (int k = 0; k < kWords; ++k) {
-      if (flags[k] == 0u) continue;
-      const auto col = static_cast<std::uint32_t>(col0 + 2 * k);
-      if ((flags[k] & 0x8000u) != 0u) {
-        if (pos < geo.capacity) group[1 + pos] = (chunk.w[k] << 16) | col;  // TwellLayout::pack
-        ++pos;
-      }
-      if ((flags[k] & 0x80000000u) != 0u) {
-        if (pos < geo.capacity) group[1 + pos] = (chunk.w[k] & 0xffff0000u) | (col + 1u);
-        ++pos;
-      }
-    }
-  }
-  const int written = min(count, geo.capacity);
-  for (int s = lane; s < geo.slots; s += 32)
-    if (s == 0 || s > written) group[s] = s == 0 ? static_cast<std::uint32_t>(o.clamp_count ? written : count) : 0u;
+  constexpr int kPerLane = BN / 32;
+  std::uint32_t flags[kPerLane / 2];
+  nonzero_flags(chunk, flags);  // staging writes +0 for "not stored" and never -0
+  if (tile_cols < BN) clip_flags<kPerLane>(lane * kPerLane, tile_cols, flags);
+  const int count = pack_slot_group(chunk, flags, group, geo.slots, geo.capacity, o.clamp_count, lane);
   if (lane == 0) {
     if (count > geo.capacity) {
       o.row_flags[row] = 1;

@@ -236,7 +236,9 @@ TEST_CASE_TEMPLATE("cuda converters match the reference: tiny and ragged shapes,
   const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1},    {1, 7}, {3, 257}, {17, 1000},
                                                           {5, 5633}, {0, 9}, {4, 0}};
   const double densities[] = {0.0, 0.005, 0.05, 0.5, 1.0};
-  const TwellLayout layouts[] = {{256, 8}, {64, 4}, {8, 4}};
+  // 256 and 128 take the tiled 16-bit kernel where rows are 16-byte aligned (cols 1000), the
+  // others (and unaligned rows) the generic one.
+  const TwellLayout layouts[] = {{256, 8}, {128, 4}, {64, 4}, {8, 4}};
   for (const auto& [rows, cols] : shapes)
     for (double density : densities)
       for (const TwellLayout layout : layouts) {
@@ -252,16 +254,18 @@ TEST_CASE_TEMPLATE("cuda converters match the reference: tiny and ragged shapes,
 }
 
 TEST_CASE_TEMPLATE("cuda converters match the reference: thresholds", T, bf16, fp16, float) {
-  for (float threshold : {0.25f, 1.0f, 1.9f}) {
-    const std::uint64_t seed = fresh_seed();
-    CAPTURE(seed);
-    SparseDenseOptions spec;
-    spec.density = 0.3;
-    spec.specials = true;
-    const auto dense = random_sparse_dense<T>(33, 700, spec, seed);
-    for (OverflowPolicy policy : kPolicies)
-      check_all(dense, TwellLayout{256, 16}, TwellLayout{64, 8}, with(threshold, policy));
-  }
+  for (float threshold : {0.25f, 1.0f, 1.9f})
+    for (std::int64_t cols : {700, 704}) {  // unaligned rows (generic kernel), aligned (tiled 16-bit kernel)
+      const std::uint64_t seed = fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(cols);
+      SparseDenseOptions spec;
+      spec.density = 0.3;
+      spec.specials = true;
+      const auto dense = random_sparse_dense<T>(33, cols, spec, seed);
+      for (OverflowPolicy policy : kPolicies)
+        check_all(dense, TwellLayout{256, 16}, TwellLayout{64, 8}, with(threshold, policy));
+    }
 }
 
 TEST_CASE_TEMPLATE("cuda converters match the reference: skewed rows that overflow", T, bf16, fp16, float) {
@@ -321,7 +325,7 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL reads strided and unaligned views", T, b
   spec.density = 0.2;
   const auto dense = random_sparse_dense<T>(20, 320, spec, seed);
   const auto d_dense = dense.to(kDevice);
-  // Column windows: aligned start with ld 320, then a start one element in (not 16-byte aligned).
+  // Column windows: aligned starts with ld 320, then a start one element in (not 16-byte aligned).
   for (std::int64_t first : {0, 8, 1})
     for (std::int64_t cols : {256, 300, 311}) {
       if (first + cols > 320) continue;
@@ -333,6 +337,10 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL reads strided and unaligned views", T, b
         const ConvertOptions o = with(0.0f, policy);
         COMPARE_CONVERSION(dense_to_twell, o, h, g, TwellLayout{64, 2});
         COMPARE_CONVERSION(dense_to_hybrid, o, h, g, TwellLayout{64, 8});
+        // Tiles of 256 and 128: the tiled 16-bit kernel when the window is 16-byte aligned (first
+        // 0 or 8), with a lane's chunk cut by the window's end (cols 300, 311).
+        COMPARE_CONVERSION(dense_to_twell, o, h, g, TwellLayout{256, 2});
+        COMPARE_CONVERSION(dense_to_hybrid, o, h, g, TwellLayout{128, 8});
         COMPARE_CONVERSION(dense_to_csr, o, h, g);
       }
     }

@@ -1,0 +1,101 @@
+// The warp-wide packing of one (row, tile) of 16-bit values into its TwELL slot group, shared by
+// the dense -> TwELL converter (values from global memory) and gemm_to_sparse's epilogues (values
+// staged in shared memory): a lane holds kPerLane consecutive columns of the tile as 32-bit words
+// of two values, the lower column in the low half. Self-contained (no converter plumbing), so
+// kernels/cuda includes it too. Not installed.
+#pragma once
+
+#include <cstdint>
+
+#include <twell/formats/layout.hpp>
+#include <twell/types.hpp>
+
+namespace twell::cuda::detail {
+
+// A lane's kPerLane consecutive 16-bit values (8: one 16-byte load; 4: 8 bytes).
+template <int kPerLane>
+struct LaneChunk {
+  static_assert(kPerLane == 8 || kPerLane == 4, "a lane holds 8 or 4 values of a tile");
+  static constexpr int kWords = kPerLane / 2;
+  std::uint32_t w[kWords];
+};
+
+// Stored flags of a chunk: bit 15 of flags[k] set iff the low value of word k is stored, bit 31
+// iff the high one is. This is the threshold-0 rule for 16-bit values: stored iff the magnitude
+// bits are not all zero (-0 is not stored, NaN is): (h & 0x7fff) + 0x7fff reaches bit 15 exactly
+// when h & 0x7fff != 0, and the halves cannot carry into each other.
+template <int kPerLane>
+__device__ __forceinline__ void nonzero_flags(const LaneChunk<kPerLane>& c, std::uint32_t (&flags)[kPerLane / 2]) {
+#pragma unroll
+  for (int k = 0; k < kPerLane / 2; ++k) flags[k] = ((c.w[k] & 0x7fff7fffu) + 0x7fff7fffu) & 0x80008000u;
+}
+
+// The same for a threshold t > 0: stored iff !(|v| <= t) in fp32 (is_stored).
+template <class T, int kPerLane>
+__device__ __forceinline__ void threshold_flags(const LaneChunk<kPerLane>& c, float threshold,
+                                                std::uint32_t (&flags)[kPerLane / 2]) {
+#pragma unroll
+  for (int k = 0; k < kPerLane / 2; ++k) {
+    const bool lo = is_stored(ValueTraits<T>::from_bits(static_cast<std::uint16_t>(c.w[k] & 0xffffu)), threshold);
+    const bool hi = is_stored(ValueTraits<T>::from_bits(static_cast<std::uint16_t>(c.w[k] >> 16)), threshold);
+    flags[k] = (lo ? 0x8000u : 0u) | (hi ? 0x80000000u : 0u);
+  }
+}
+
+// Clears the flags of columns at or past `cols` (the tile's width, for a ragged last tile); col0
+// is the lane's first column in the tile.
+template <int kPerLane>
+__device__ __forceinline__ void clip_flags(int col0, int cols, std::uint32_t (&flags)[kPerLane / 2]) {
+#pragma unroll
+  for (int k = 0; k < kPerLane / 2; ++k) {
+    if (col0 + 2 * k >= cols) flags[k] &= ~0x00008000u;
+    if (col0 + 2 * k + 1 >= cols) flags[k] &= ~0x80000000u;
+  }
+}
+
+// One warp writes the whole slot group of (row, tile), `group` = its slot 0, from the lanes'
+// chunks and stored flags (lane l holds columns l * kPerLane ..). A lane ranks its entries by an
+// exclusive prefix over the lanes (one ballot per bit of its count); lane order is column order
+// and a lane walks its own columns upward, so slots come out in column order. The first
+// `capacity` entries are written, then slot 0 (the true count, or min(count, capacity) when
+// `clamp`) and zeros in the slots past the entries: every word of the group is written, so the
+// output needs no initialisation. Returns the true count (the same in every lane).
+template <int kPerLane>
+__device__ __forceinline__ int pack_slot_group(const LaneChunk<kPerLane>& chunk,
+                                               const std::uint32_t (&flags)[kPerLane / 2], std::uint32_t* group,
+                                               int slots, int capacity, bool clamp, int lane) {
+  constexpr int kWords = kPerLane / 2;
+  constexpr int kCountBits = kPerLane == 8 ? 4 : 3;  // a lane holds 0 .. kPerLane entries
+  std::uint32_t merged = 0;                          // the flags at distinct bits: 15 - k and 31 - k
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) merged |= flags[k] >> k;
+  const int mine = __popc(merged);
+  const unsigned lanes_below = (1u << lane) - 1u;
+  int pos = 0;
+#pragma unroll
+  for (int b = 0; b < kCountBits; ++b) pos += __popc(__ballot_sync(0xffffffffu, (mine >> b) & 1) & lanes_below) << b;
+  const int count = __reduce_add_sync(0xffffffffu, mine);
+  if (mine != 0) {  // at low density few lanes, and few of their words, hold entries
+    const auto col0 = static_cast<std::uint32_t>(lane * kPerLane);
+#pragma unroll
+    for (int k = 0; k < kWords; ++k) {
+      if (flags[k] == 0u) continue;
+      if ((flags[k] & 0x8000u) != 0u) {
+        if (pos < capacity)
+          group[1 + pos] = TwellLayout::pack(static_cast<std::uint16_t>(chunk.w[k] & 0xffffu), col0 + 2 * k);
+        ++pos;
+      }
+      if ((flags[k] & 0x80000000u) != 0u) {
+        if (pos < capacity)
+          group[1 + pos] = TwellLayout::pack(static_cast<std::uint16_t>(chunk.w[k] >> 16), col0 + 2 * k + 1);
+        ++pos;
+      }
+    }
+  }
+  const int written = min(count, capacity);
+  for (int s = lane; s < slots; s += 32)
+    if (s == 0 || s > written) group[s] = s == 0 ? static_cast<std::uint32_t>(clamp ? written : count) : 0u;
+  return count;
+}
+
+}  // namespace twell::cuda::detail
