@@ -131,11 +131,10 @@ inline TwellGeometry twell_geometry(TwellLayout layout, std::int64_t cols) {
   return {cols, layout.packed_width(cols), static_cast<int>(layout.tiles(cols)), layout.slots(), layout.capacity()};
 }
 
-// Tiles of a row whose loads a warp of dense_to_twell_tiles_kernel issues before packing any, and
-// its resident blocks per SM (at most 128 registers a thread): 16 warps x 8 loads of 16 bytes a
-// lane is 64 KB in flight per SM, twice what covers DRAM latency at full bandwidth.
-constexpr int kTilesInFlight = 8;
-constexpr int kTilesMinBlocks = 2;
+// Resident blocks per SM of dense_to_twell_tiles_kernel (at most 64 registers a thread): its time
+// goes to the loads, so it wants many warps (measured on an H100: 4 blocks of 8 warps with 2 tiles
+// in flight per warp beat 3 x 4 and 2 x 8).
+constexpr int kTilesMinBlocks = 4;
 
 // Lane's chunk of kPerLane 16-bit values of one tile: columns col0 .. of a tile of `cols` columns
 // starting at `in` (16-byte aligned when kPerLane is 8, 8-byte when 4); one streaming load when
@@ -163,14 +162,28 @@ __device__ __forceinline__ LaneChunk<kPerLane> load_chunk(const T* in, int col0,
   return c;
 }
 
+// A warp's walk over its (row, tile) pairs in row-major order: rows warp, warp + warps, ...
+struct PairWalk {
+  std::int64_t row;
+  int tile;
+  __device__ void advance(int tiles, std::int64_t warps) {
+    if (++tile == tiles) {
+      tile = 0;
+      row += warps;
+    }
+  }
+};
+
 // dense -> TwELL, the fast path for 16-bit values and tiles of kTile = 256 or 128 columns. A warp
-// owns whole rows (grid-stride); per row it issues the loads of kTilesInFlight tiles (a lane's
-// kTile / 32 consecutive columns of each: one 16- or 8-byte streaming load), then packs them one
-// after the other with pack_slot_group (the same code as gemm_to_sparse's epilogue), so each lane
-// keeps kTilesInFlight loads in flight and the index arithmetic is per row, not per (row, tile). Stored flags
-// by the 16-bit bit rule at threshold 0 (kZeroThreshold), else through is_stored. Every slot of
-// every (row, tile) is written. Preconditions: device operands, 16-bit T, layout.tile == kTile,
-// src.data and src.ld * sizeof(T) 16-byte aligned. Benchmark: bench/suites/convert.cpp.
+// owns whole rows (grid-stride) and walks their tiles in order; a lane holds kTile / 32
+// consecutive columns of a tile (one 16- or 8-byte streaming load) and the tile is packed by
+// pack_slot_group (the same code as gemm_to_sparse's epilogue). The loads of the next two tiles
+// of the walk (across row ends) are in flight while a tile is packed, and the loop is not
+// unrolled, so the code stays in the instruction cache; index arithmetic is a few adds per tile,
+// no division. Stored flags by the 16-bit bit rule at threshold 0 (kZeroThreshold), else through
+// is_stored. Every slot of every (row, tile) is written. Preconditions: device operands, 16-bit T,
+// layout.tile == kTile, src.data and src.ld * sizeof(T) 16-byte aligned. Benchmark:
+// bench/suites/convert.cpp.
 template <class T, int kTile, bool kZeroThreshold>
 __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
     dense_to_twell_tiles_kernel(DenseView<const T> src, TwellGeometry geo, std::uint32_t* packed, float threshold,
@@ -179,37 +192,40 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
   const int lane = lane_id();
   const int col0 = lane * kPerLane;
   const bool clamp = overflow.policy == OverflowPolicy::drop;
+  const std::int64_t warps = warp_count();
+  const auto tile_width = [&](const PairWalk& p) {
+    return static_cast<int>(min(static_cast<std::int64_t>(kTile), geo.cols - static_cast<std::int64_t>(p.tile) * kTile));
+  };
+  const auto load = [&](const PairWalk& p) {
+    return p.row < src.rows ? load_chunk<T, kPerLane>(src.data + p.row * src.ld + static_cast<std::int64_t>(p.tile) * kTile,
+                                                      col0, tile_width(p))
+                            : LaneChunk<kPerLane>{};
+  };
+  PairWalk at{global_warp(), 0};  // the pair packed next
+  PairWalk ahead = at;            // the pair loaded next
+  const LaneChunk<kPerLane> first = load(ahead);
+  ahead.advance(geo.tiles, warps);
+  LaneChunk<kPerLane> second = load(ahead);
+  ahead.advance(geo.tiles, warps);
+  LaneChunk<kPerLane> chunk = first;
   std::int64_t held = 0;
-  for (std::int64_t row = global_warp(); row < src.rows; row += warp_count()) {
-    const T* in = src.data + row * src.ld;
-    std::uint32_t* groups = packed + row * geo.width;
-    for (int t0 = 0; t0 < geo.tiles; t0 += kTilesInFlight) {
-      LaneChunk<kPerLane> chunks[kTilesInFlight];
-#pragma unroll
-      for (int i = 0; i < kTilesInFlight; ++i) {
-        const int t = t0 + i;
-        const std::int64_t begin = static_cast<std::int64_t>(t) * kTile;
-        const int cols = static_cast<int>(min(static_cast<std::int64_t>(kTile), geo.cols - begin));
-        if (t < geo.tiles) chunks[i] = load_chunk<T, kPerLane>(in + begin, col0, cols);
-      }
-#pragma unroll
-      for (int i = 0; i < kTilesInFlight; ++i) {
-        const int t = t0 + i;
-        if (t >= geo.tiles) break;  // warp-uniform
-        const std::int64_t begin = static_cast<std::int64_t>(t) * kTile;
-        const int cols = static_cast<int>(min(static_cast<std::int64_t>(kTile), geo.cols - begin));
-        std::uint32_t flags[kPerLane / 2];
-        if constexpr (kZeroThreshold) {
-          nonzero_flags(chunks[i], flags);
-        } else {
-          threshold_flags<T>(chunks[i], threshold, flags);
-        }
-        if (cols < kTile) clip_flags<kPerLane>(col0, cols, flags);
-        const int count = pack_slot_group(chunks[i], flags, groups + static_cast<std::int64_t>(t) * geo.slots,
-                                          geo.slots, geo.capacity, clamp, lane);
-        if (lane == 0) held += account_tile(count, geo.capacity, row, row * geo.tiles + t, overflow);
-      }
+#pragma unroll 1
+  for (; at.row < src.rows; at.advance(geo.tiles, warps)) {
+    const LaneChunk<kPerLane> next = second;
+    second = load(ahead);
+    ahead.advance(geo.tiles, warps);
+    const int cols = tile_width(at);
+    std::uint32_t flags[kPerLane / 2];
+    if constexpr (kZeroThreshold) {
+      nonzero_flags(chunk, flags);
+    } else {
+      threshold_flags<T>(chunk, threshold, flags);
     }
+    if (cols < kTile) clip_flags<kPerLane>(col0, cols, flags);
+    const int count = pack_slot_group(chunk, flags, packed + at.row * geo.width + static_cast<std::int64_t>(at.tile) * geo.slots,
+                                      geo.slots, geo.capacity, clamp, lane);
+    if (lane == 0) held += account_tile(count, geo.capacity, at.row, at.row * geo.tiles + at.tile, overflow);
+    chunk = next;
   }
   if (overflow.counters != nullptr && lane == 0) atomicAdd(&overflow.counters->nnz, static_cast<unsigned long long>(held));
 }

@@ -219,10 +219,10 @@ __device__ __forceinline__ void mainloop(const GemmArgs& g, std::uint16_t* smem,
 }
 
 // The CTA's accumulators, activated and rounded, into the kBM x BN staged tile (row stride ld
-// 16-bit words): each fragment pair becomes one 32-bit store.
+// 16-bit words): each fragment pair becomes one 32-bit store. Sets `nan` as activated_pair does.
 template <class T, int BN, bool kRelu>
 __device__ __forceinline__ void stage_tile(std::uint16_t* vals, int ld, const float (&acc)[4][BN / 32][4], int warp_m,
-                                           int warp_n, int lane, const GemmArgs& g) {
+                                           int warp_n, int lane, const GemmArgs& g, bool& nan) {
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
@@ -231,17 +231,17 @@ __device__ __forceinline__ void stage_tile(std::uint16_t* vals, int ld, const fl
       for (int h = 0; h < 2; ++h) {
         const int r = warp_m * 64 + mi * 16 + (lane >> 2) + h * 8;
         const int c = warp_n * (BN / 4) + ni * 8 + (lane & 3) * 2;
-        detail::stage_pair<T, kRelu>(vals + r * ld, c, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], g.kind,
-                                     g.threshold);
+        *reinterpret_cast<std::uint32_t*>(vals + r * ld + c) = detail::activated_pair<T, kRelu>(
+            acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], g.kind, g.threshold, nan);
       }
 }
 
 // Fused GEMM + activation + TwELL packing. CTA: a 128-row block (blockIdx.y) times one TwELL
 // tile of BN columns (blockIdx.x), so the (row, tile) slot groups it writes are its own and no
 // CTA waits for another. 8 warps run the mainloop (2 x 4 warp grid); in the epilogue the CTA
-// stages the activated tile in shared memory and each warp packs 16 of its rows, 8 loaded at a
-// time (pack_twell_rows: a lane owns BN / 32 consecutive columns, a ballot prefix gives its
-// slots, so slots come out in column order). Every slot of every (row, tile) is written (unused ones zero), so the output
+// stages the activated tile in shared memory and each warp packs 16 of its rows
+// (pack_twell_rows: a lane owns BN / 32 consecutive columns, a ballot prefix gives its slots, so
+// slots come out in column order). Every slot of every (row, tile) is written (unused ones zero), so the output
 // needs no initialisation. Preconditions: T 16-bit, layout.tile == BN, K % 8 == 0,
 // N % 8 == 0, 16-byte aligned x, w and leading dimensions; row_flags zeroed (the plan's ranking
 // kernel clears them after each run). Benchmark: bench/suites/gemm_to_sparse.cpp.
@@ -263,23 +263,20 @@ __global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_twell_ker
 
   constexpr int kLd = BN + kPad;  // 16-bit words; 4-byte stores of a fragment hit 32 distinct banks
   std::uint16_t* vals = smem;
-  if (g.kind == Activation::relu) {
-    stage_tile<T, BN, true>(vals, kLd, acc, warp_m, warp_n, lane, g);
-  } else {
-    stage_tile<T, BN, false>(vals, kLd, acc, warp_m, warp_n, lane, g);
-  }
+  bool nan = false;
+  if (g.kind == Activation::relu) stage_tile<T, BN, true>(vals, kLd, acc, warp_m, warp_n, lane, g, nan);
+  // Other activations, and ReLU tiles with a NaN (see relu_pair), by the portable rounding.
+  if (__syncthreads_or(nan) || g.kind != Activation::relu)
+    stage_tile<T, BN, false>(vals, kLd, acc, warp_m, warp_n, lane, g, nan);
   __syncthreads();
 
   const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - n0));
   const detail::TwellRows geo = detail::twell_rows(o, g.n);
   std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n);  // row m0's; rows are geo.width apart
   unsigned long long stored = 0, excess = 0;
-  constexpr int kWarps = kThreads / 32;
-  constexpr int kRowsAtOnce = 8;  // a warp packs rows warp, warp + 8, ...: 8 of them loaded together
-  for (int r0 = warp; r0 < kBM; r0 += kWarps * kRowsAtOnce)
-    detail::pack_twell_rows<BN, kRowsAtOnce>(vals + r0 * kLd, kWarps * kLd, groups + r0 * geo.width,
-                                             kWarps * geo.width, m0 + r0, kWarps, g.m, tile_cols, geo, o, lane,
-                                             stored, excess);
+  constexpr int kWarps = kThreads / 32;  // warp w packs rows w, w + 8, ...
+  detail::pack_twell_rows<BN>(vals + warp * kLd, kWarps * kLd, kBM / kWarps, groups + warp * geo.width,
+                              kWarps * geo.width, m0 + warp, kWarps, g.m, tile_cols, geo, o, lane, stored, excess);
   detail::flush_twell_totals(o, lane, stored, excess);
 }
 

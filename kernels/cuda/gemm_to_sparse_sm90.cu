@@ -183,11 +183,27 @@ __device__ __forceinline__ void stmatrix_x4(void* row, std::uint32_t r0, std::ui
                : "memory");
 }
 
-// A consumer warp's epilogue for its 16 rows x BN columns of the tile (the m64nBN fragment
-// rows 16q .. 16q+15), 8 rows at a time: the activated, rounded pairs go to the warp's 8 staging
-// rows (ld Sm90Tile<BN>::kLd) by stmatrix, 4 chunks of 8 columns per instruction, and
-// pack_twell_rows writes their slot groups (rows first_row.., groups `groups` + r * width).
+// The warp's 8 fragment rows 8h .. 8h+7 (h = 0, 1), activated and rounded, into its staging rows
+// (ld Sm90Tile<BN>::kLd) by stmatrix, 4 chunks of 8 columns per instruction; `my_row` is the
+// lane's stmatrix row address. Sets `nan` as activated_pair does.
 template <class T, int BN, bool kRelu>
+__device__ __forceinline__ void stage_half(const float (&acc)[BN / 2], int h, std::uint16_t* my_row, const Sm90Gemm& g,
+                                           bool& nan) {
+#pragma unroll
+  for (int i = 0; i < BN / 8; i += 4) {
+    std::uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      w[j] = activated_pair<T, kRelu>(acc[4 * (i + j) + 2 * h], acc[4 * (i + j) + 2 * h + 1], g.kind, g.threshold, nan);
+    stmatrix_x4(my_row + 8 * i, w[0], w[1], w[2], w[3]);
+  }
+}
+
+// A consumer warp's epilogue for its 16 rows x BN columns of the tile (the m64nBN fragment rows
+// 16q .. 16q+15), 8 rows at a time: staged (stage_half; ReLU by relu_pair, and again by the
+// portable rounding if a NaN showed up), then packed by pack_twell_rows (rows first_row.., slot
+// groups `groups` + r * width).
+template <class T, int BN>
 __device__ __forceinline__ void epilogue_warp(const float (&acc)[BN / 2], std::uint16_t* staged,
                                               std::uint32_t* groups, std::int64_t first_row, int tile_cols,
                                               const TwellRows& geo, const Sm90Gemm& g, const TwellOut& o, int lane,
@@ -197,17 +213,12 @@ __device__ __forceinline__ void epilogue_warp(const float (&acc)[BN / 2], std::u
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     __syncwarp();  // the previous packing has read the staged rows
-#pragma unroll
-    for (int i = 0; i < BN / 8; i += 4) {
-      std::uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        w[j] = sparsified_pair<T, kRelu>(acc[4 * (i + j) + 2 * h], acc[4 * (i + j) + 2 * h + 1], g.kind, g.threshold);
-      stmatrix_x4(my_row + 8 * i, w[0], w[1], w[2], w[3]);
-    }
+    bool nan = false;
+    if (g.kind == Activation::relu) stage_half<T, BN, true>(acc, h, my_row, g, nan);
+    if (__any_sync(0xffffffffu, nan) || g.kind != Activation::relu) stage_half<T, BN, false>(acc, h, my_row, g, nan);
     __syncwarp();
-    pack_twell_rows<BN, 8>(staged, kLd, groups + 8 * h * geo.width, geo.width, first_row + 8 * h, 1, g.m, tile_cols,
-                           geo, o, lane, stored, excess);
+    pack_twell_rows<BN>(staged, kLd, 8, groups + 8 * h * geo.width, geo.width, first_row + 8 * h, 1, g.m, tile_cols,
+                        geo, o, lane, stored, excess);
   }
 }
 
@@ -225,7 +236,7 @@ __device__ __forceinline__ void epilogue_warp(const float (&acc)[BN / 2], std::u
 // has retired. Epilogue (epilogue_warp): each warp sparsifies its 16 x BN fragment, 8 rows at a
 // time, into its own 8 staging rows by stmatrix and packs them with pack_twell_rows (warp-local:
 // only __syncwarp), while the producer already fills the stages of the next tile; ReLU takes the
-// paired hardware rounding (sparsified_pair). Shared-memory layouts: A K-major, 128-byte
+// paired hardware rounding (relu_pair). Shared-memory layouts: A K-major, 128-byte
 // swizzle (TMA SWIZZLE_128B), descriptor SBO 1024 (8 rows of 128 B), k16 step +32 B; B MN-major,
 // 128-byte swizzle, descriptor LBO 8192 (from one 64-column box to the next), SBO 1024 (8 K-rows),
 // k16 step +2048 B (16 K-rows). Preconditions: gemm_twell_sm90_applies, o.layout.tile == BN,
@@ -318,11 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const TwellRows geo = twell_rows(o, g.n);
       const int first = c * 64 + q * 16;  // the warp's first row in the tile
       std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
-      if (g.kind == Activation::relu) {
-        epilogue_warp<T, BN, true>(acc, staged, groups, m0 + first, tile_cols, geo, g, o, lane, stored, excess);
-      } else {
-        epilogue_warp<T, BN, false>(acc, staged, groups, m0 + first, tile_cols, geo, g, o, lane, stored, excess);
-      }
+      epilogue_warp<T, BN>(acc, staged, groups, m0 + first, tile_cols, geo, g, o, lane, stored, excess);
     }
     flush_twell_totals(o, lane, stored, excess);
   }

@@ -51,37 +51,43 @@ __device__ __forceinline__ T sparsified(float acc, Activation kind, float thresh
 }
 
 // Two horizontally adjacent accumulators (an m16n8 / wgmma fragment pair) sparsified into one
-// 32-bit word, the first in the low half. kRelu is the fast path for Activation::relu: with
-// threshold t >= 0 (checked by every entry point), "ReLU, then |a| <= t becomes 0" keeps exactly
-// the values with !(v <= t), NaN included, and a kept value is positive or NaN, so it never
-// rounds to -0; one paired hardware rounding then replaces two software ones. NaN goes through
-// the portable rounding, which keeps its sign and payload (the hardware's is canonical).
-template <class T, bool kRelu>
+// 32-bit word, the first in the low half.
+template <class T>
 __device__ __forceinline__ std::uint32_t sparsified_pair(float a0, float a1, Activation kind, float threshold) {
-  if constexpr (kRelu) {
-    const float r0 = a0 <= threshold ? 0.0f : a0;
-    const float r1 = a1 <= threshold ? 0.0f : a1;
-    if (!(isnan(r0) || isnan(r1))) {
-      if constexpr (std::is_same_v<T, bf16>) {
-        const __nv_bfloat162 p = __floats2bfloat162_rn(r0, r1);
-        return *reinterpret_cast<const std::uint32_t*>(&p);
-      } else {
-        const __half2 p = __floats2half2_rn(r0, r1);
-        return *reinterpret_cast<const std::uint32_t*>(&p);
-      }
-    }
-  }
-  const Activation act = kRelu ? Activation::relu : kind;  // the NaN fallback need not reach SiLU / GELU
-  const std::uint32_t lo = ValueTraits<T>::to_bits(sparsified<T>(a0, act, threshold));
-  const std::uint32_t hi = ValueTraits<T>::to_bits(sparsified<T>(a1, act, threshold));
+  const std::uint32_t lo = ValueTraits<T>::to_bits(sparsified<T>(a0, kind, threshold));
+  const std::uint32_t hi = ValueTraits<T>::to_bits(sparsified<T>(a1, kind, threshold));
   return lo | (hi << 16);
 }
 
-// The same pair stored at vals[c] (c even) of a staged row.
+// The same for Activation::relu, fast: with threshold t >= 0 (checked by every entry point),
+// "ReLU, then |a| <= t becomes 0" keeps exactly the values with !(v <= t), NaN included, and a
+// kept value is positive or NaN, so it never rounds to -0; one paired hardware rounding replaces
+// two software ones. The hardware rounds NaN to a canonical NaN where the portable rule keeps
+// sign and payload, so `nan` is set when the pair holds one: the caller then stages the
+// fragment again through sparsified_pair (NaN never appears in practice; exactness still holds).
+template <class T>
+__device__ __forceinline__ std::uint32_t relu_pair(float a0, float a1, float threshold, bool& nan) {
+  const float r0 = a0 <= threshold ? 0.0f : a0;
+  const float r1 = a1 <= threshold ? 0.0f : a1;
+  nan |= isnan(r0) || isnan(r1);
+  if constexpr (std::is_same_v<T, bf16>) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(r0, r1);
+    return *reinterpret_cast<const std::uint32_t*>(&p);
+  } else {
+    const __half2 p = __floats2half2_rn(r0, r1);
+    return *reinterpret_cast<const std::uint32_t*>(&p);
+  }
+}
+
+// A fragment pair by the rule of kRelu (relu_pair) or of `kind` (sparsified_pair).
 template <class T, bool kRelu>
-__device__ __forceinline__ void stage_pair(std::uint16_t* vals_row, int c, float a0, float a1, Activation kind,
-                                           float threshold) {
-  *reinterpret_cast<std::uint32_t*>(vals_row + c) = sparsified_pair<T, kRelu>(a0, a1, kind, threshold);
+__device__ __forceinline__ std::uint32_t activated_pair(float a0, float a1, Activation kind, float threshold,
+                                                        bool& nan) {
+  if constexpr (kRelu) {
+    return relu_pair<T>(a0, a1, threshold, nan);
+  } else {
+    return sparsified_pair<T>(a0, a1, kind, threshold);
+  }
 }
 
 // TwellLayout's quantities that every packed row needs, computed once per kernel: its accessors
@@ -136,23 +142,25 @@ __device__ __forceinline__ void pack_twell_row(const StagedChunk<BN>& chunk, std
   }
 }
 
-// kRows staged rows packed by one warp, their loads issued together before any is packed: row i
-// is staged at first_staged + i * staged_step, its slot group is first_group + i * group_step and
-// its matrix row first_row + i * row_step; rows at or past m are skipped.
-template <int BN, int kRows>
-__device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_staged, int staged_step,
+// `rows` staged rows packed by one warp, one after the other: row i is staged at first_staged +
+// i * staged_step, its slot group is first_group + i * group_step and its matrix row first_row +
+// i * row_step; rows at or past m are skipped. The loop is not unrolled, so the epilogue's code
+// stays small enough for the instruction cache (an unrolled version, 8 rows per body, spent most
+// of its time on instruction fetch); the next row's load is issued before the current row is
+// packed.
+template <int BN>
+__device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_staged, int staged_step, int rows,
                                                 std::uint32_t* first_group, std::int64_t group_step,
                                                 std::int64_t first_row, int row_step, std::int64_t m, int tile_cols,
                                                 const TwellRows& geo, const TwellOut& o, int lane,
                                                 unsigned long long& stored, unsigned long long& excess) {
-  StagedChunk<BN> chunks[kRows];
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) chunks[i] = load_staged<BN>(first_staged + i * staged_step, lane);
-#pragma unroll
-  for (int i = 0; i < kRows; ++i) {
+  StagedChunk<BN> next = load_staged<BN>(first_staged, lane);
+#pragma unroll 1
+  for (int i = 0; i < rows; ++i) {
+    const StagedChunk<BN> chunk = next;
+    if (i + 1 < rows) next = load_staged<BN>(first_staged + (i + 1) * staged_step, lane);
     const std::int64_t row = first_row + static_cast<std::int64_t>(i) * row_step;
-    if (row < m)
-      pack_twell_row<BN>(chunks[i], first_group + i * group_step, row, tile_cols, geo, o, lane, stored, excess);
+    if (row < m) pack_twell_row<BN>(chunk, first_group + i * group_step, row, tile_cols, geo, o, lane, stored, excess);
   }
 }
 
