@@ -1,10 +1,10 @@
 // cuda spmm: C = alpha * op(A) * B + beta * C for CSR, ELL, TwELL and Hybrid A.
-// op = none runs the format's own kernel (TwELL and Hybrid: the compaction pre-pass and weight-reuse
-// kernel of spmm_compact.cu when its preconditions hold, else the pair-balanced one below; Hybrid
-// overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
+// op = none runs the format's own kernel (TwELL and Hybrid: the slice-reuse pre-pass and product of
+// spmm_slices.cu when its preconditions hold, else the pair-balanced one below; Hybrid overflow
+// rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
 // converts A to CSR, transposes it (stable radix sort, deterministic) and runs the CSR kernel on
 // A^T (path ".../via_csr_transpose").
-// Every path is deterministic: each output element is summed by one thread in a fixed order.
+// Every path is deterministic: each output element is summed in a fixed order, without atomics.
 #include <algorithm>
 #include <cstdint>
 
@@ -16,8 +16,8 @@
 #include <twell/kernels/spmm_plan.hpp>
 
 #include "sparse_common.cuh"
+#include "spmm_slices.cuh"
 #include "vec16.cuh"
-#include "spmm_compact.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -491,19 +491,23 @@ void require_int(std::int64_t v, const char* what) {
   require(v <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, what, " ", v, " exceeds the 32-bit range of cuBLAS");
 }
 
+constexpr const char* kSlicePath = "slice_reuse";
+
 // The TwELL rows of op none whose shadow entry is negative (all when shadow is null): the
-// weight-reuse path when it applies, else the pair-balanced kernel. `workspace` holds
-// spmm_compact_workspace_bytes, or is null and then allocated here (stream-ordered). Returns the
-// path's name.
+// slice-reuse path when it applies, else the pair-balanced kernel. `workspace` holds
+// spmm_slices_workspace_bytes and `staged_b` spmm_slices_staged_b_bytes, or either is null and
+// then allocated here (stream-ordered). Returns the path's name.
 template <class T>
 const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
-                       float alpha, float beta, cudaStream_t stream, void* workspace) {
-  if (detail::spmm_compact_applies(a, b, c)) {
-    const std::size_t bytes = detail::spmm_compact_workspace_bytes(a.rows, a.cols, a.layout);
-    detail::Scratch own(workspace == nullptr ? bytes : 0, stream, "twell::cuda::spmm (compaction workspace)");
-    detail::spmm_twell_compact(a, shadow, b, c, alpha, beta, workspace != nullptr ? workspace : own.as<void>(),
-                               stream);
-    return "compact_weight_reuse";
+                       float alpha, float beta, cudaStream_t stream, void* workspace, void* staged_b) {
+  if (detail::spmm_slices_applies(a, b, c)) {
+    const std::size_t bytes = detail::spmm_slices_workspace_bytes(a.rows, a.cols, a.layout);
+    const std::size_t b_bytes = detail::spmm_slices_staged_b_bytes(a.cols, b.cols);
+    detail::Scratch own(workspace == nullptr ? bytes : 0, stream, "twell::cuda::spmm (slice pre-pass workspace)");
+    detail::Scratch own_b(staged_b == nullptr ? b_bytes : 0, stream, "twell::cuda::spmm (slice-major copy of B)");
+    detail::spmm_twell_slices(a, shadow, b, c, alpha, beta, workspace != nullptr ? workspace : own.as<void>(),
+                              staged_b != nullptr ? staged_b : own_b.as<void>(), stream);
+    return kSlicePath;
   }
   launch_twell(a, shadow, b, c, alpha, beta, stream);
   return vector_ok(b, c) ? "pair_balanced_vec16" : "pair_balanced_scalar";
@@ -512,14 +516,14 @@ const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseVi
 // Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows.
 template <class T>
 std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-                        cudaStream_t stream, void* workspace, float* overflow_tmp) {
+                        cudaStream_t stream, void* workspace, void* staged_b, float* overflow_tmp) {
   require_int(b.cols, "B columns");
   require_int(a.cols(), "A columns");
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  std::string path = twell_none(a.twell, shadow, b, c, alpha, beta, stream, workspace);
-  if (path != "compact_weight_reuse") path = "pair_balanced";
+  std::string path = twell_none(a.twell, shadow, b, c, alpha, beta, stream, workspace, staged_b);
+  if (path != kSlicePath) path = "pair_balanced";
   overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp);
   return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
 }
@@ -581,7 +585,7 @@ void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, f
                   options);
     return;
   }
-  const char* path = twell_none(a, nullptr, b, c, alpha, beta, detail::stream_of(options), nullptr);
+  const char* path = twell_none(a, nullptr, b, c, alpha, beta, detail::stream_of(options), nullptr, nullptr);
   detail::report_path(options, (std::string("cuda/spmm/twell/") + path).c_str());
 }
 
@@ -593,7 +597,7 @@ void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
                   options);
     return;
   }
-  const std::string path = hybrid_none(a, b, c, alpha, beta, detail::stream_of(options), nullptr, nullptr);
+  const std::string path = hybrid_none(a, b, c, alpha, beta, detail::stream_of(options), nullptr, nullptr, nullptr);
   detail::report_path(options, path.c_str());
 }
 
@@ -605,8 +609,8 @@ SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream
   constexpr const char* where = "twell::cuda::SpmmPlan";
   require(m >= 0 && k >= 0, ErrorCode::invalid_argument, where, "shape ", detail::shape(m, k), " is negative");
   check_layout(layout, where);
-  if (m > 0 && k > 0) {
-    const std::size_t bytes = detail::spmm_compact_workspace_bytes(m, k, layout);
+  if (m > 0 && k > 0 && sizeof(T) == 2) {  // the slice-reuse path takes 16-bit values only
+    const std::size_t bytes = detail::spmm_slices_workspace_bytes(m, k, layout);
     workspace_ = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
   }
 }
@@ -626,11 +630,20 @@ void SpmmPlan<T>::reserve_overflow(std::int64_t rows, std::int64_t b_cols) {
 }
 
 template <Value T>
+void SpmmPlan<T>::reserve_b_cols(std::int64_t b_cols) {
+  const std::size_t bytes = detail::spmm_slices_staged_b_bytes(k_, std::max<std::int64_t>(b_cols, 0));
+  if (bytes > staged_b_.bytes())
+    staged_b_ = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
+}
+
+template <Value T>
 void SpmmPlan<T>::run(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
   check_spmm(Op::none, a, a.rows, a.cols, b, c);
   check_a(a.rows, a.cols, a.layout);
+  if (detail::spmm_slices_applies(a, b, c)) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  path_ = std::string("cuda/spmm/twell/") + twell_none(a, nullptr, b, c, alpha, beta, stream, workspace_.data());
+  path_ = std::string("cuda/spmm/twell/") +
+          twell_none(a, nullptr, b, c, alpha, beta, stream, workspace_.data(), staged_b_.data());
 }
 
 template <Value T>
@@ -638,8 +651,9 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
   check_spmm(Op::none, a, a.rows(), a.cols(), b, c);
   check_a(a.rows(), a.cols(), a.twell.layout);
   reserve_overflow(a.overflow.rows, b.cols);
+  if (detail::spmm_slices_applies(a.twell, b, c)) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  path_ = hybrid_none(a, b, c, alpha, beta, stream, workspace_.data(), overflow_.data());
+  path_ = hybrid_none(a, b, c, alpha, beta, stream, workspace_.data(), staged_b_.data(), overflow_.data());
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                           \

@@ -1,14 +1,20 @@
-// The weight-reuse TwELL spmm (kernels/cuda/spmm_compact.cu: compaction pre-pass + product)
-// against twell::reference::spmm on the same fresh random input: tiny and ragged shapes
-// (M = 1, 37, 1000; K = 300, 5632; Nb = 128, 2048), tiles of 256 and 128, densities 0, 0.5 %, 5 %,
-// 50 % and 100 % (Hybrid overflow), token-skewed rows that overflow into the Hybrid block,
-// alpha/beta combinations with beta = 0 into NaN-poisoned C, TwELL and Hybrid, bf16 and fp16.
-// Each case asserts through the kernel report that the weight-reuse path ran; operands it does
-// not take must fall back. SpmmPlan must give the same bits as spmm() and be reusable.
+// The slice-reuse TwELL spmm (kernels/cuda/spmm_slices.cu: count and chunk pre-pass, slice-major
+// copy of B, product with a row group's entries in registers) against twell::reference::spmm on
+// the same fresh random input: tiny and ragged shapes (M = 1, 37, 257, 1000, 1025; K = 300, 777,
+// 5632, 11008; Nb = 8 to 2048), tiles of 256 and 128, densities 0, 0.5 %, 5 %, 50 % and 100 %
+// (Hybrid overflow), token-skewed rows at the paper shape with rows far over one lane's 32 entries
+// (rows of 2, 22 and 32 lanes, rows that span warps, rows of more than 1024 entries that fill a CTA
+// of their own), a block of 2100 empty rows, alpha/beta combinations with beta = 0 into
+// NaN-poisoned C, TwELL and Hybrid, bf16 and fp16. Every row is checked on its own (a few wrong
+// rows hide in a whole-matrix norm). Each case asserts through the kernel report that the
+// slice-reuse path ran; operands it does not take must fall back. SpmmPlan must give the same
+// bits as spmm() and be reusable.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -36,11 +42,33 @@ using testing::relative_bound;
 
 constexpr std::pair<float, float> kAlphaBeta[] = {{1.0f, 0.0f}, {-0.75f, 0.0f}, {0.5f, -1.5f}};
 
+// The largest relative error of one row of got against the same row of want (Frobenius norms); a
+// row that want holds as zero must be zero. NaN when a NaN is found: poison that leaked under
+// beta = 0, or an element left unwritten.
+template <class T>
+double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+  const auto g = got.view();
+  const auto w = want.view();
+  double worst = 0.0;
+  for (std::int64_t i = 0; i < w.rows; ++i) {
+    double diff = 0.0, norm = 0.0;
+    for (std::int64_t j = 0; j < w.cols; ++j) {
+      const double a = to_float(g.at(i, j)), b = to_float(w.at(i, j));
+      diff += (a - b) * (a - b);
+      norm += b * b;
+    }
+    if (std::isnan(diff)) return std::numeric_limits<double>::quiet_NaN();
+    const double err = norm > 0.0 ? std::sqrt(diff / norm) : (diff > 0.0 ? 1.0 : 0.0);
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
 // Runs both backends on the same A, B, C0 (C poisoned with NaN when beta == 0) and returns the
 // cuda path taken. With a plan, the plan runs too and must reproduce spmm()'s bits.
 template <class T, class HostM>
-std::string check_spmm(const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha,
-                       float beta, dev::SpmmPlan<T>* plan = nullptr) {
+std::string check_spmm(const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha, float beta,
+                       dev::SpmmPlan<T>* plan = nullptr) {
   CAPTURE(alpha);
   CAPTURE(beta);
   const std::int64_t m = a_host.rows();
@@ -60,6 +88,8 @@ std::string check_spmm(const HostM& a_host, const DenseMatrix<T>& b, const Dense
   const DenseMatrix<T> got = c_dev.to(kHost);
   const double err = testing::relative_error<T, T>(got.view(), want.view());
   CHECK(err <= relative_bound<T>());  // NaN (poison leaked or an element unwritten) fails too
+  const double row_err = worst_row_error<T>(got, want);
+  CHECK(row_err <= relative_bound<T>());
 
   if (plan != nullptr) {
     DenseMatrix<T> c_plan = beta == 0.0f ? nan_dense<T>(m, nb).to(kDevice) : c0.to(kDevice);
@@ -80,14 +110,41 @@ void check_all(const HostM& a, const DenseMatrix<T>& b, const std::string& path,
 }
 
 std::string hybrid_path(std::int64_t overflow_rows) {
-  return overflow_rows > 0 ? "cuda/spmm/hybrid/compact_weight_reuse+cublas_overflow"
-                           : "cuda/spmm/hybrid/compact_weight_reuse";
+  return overflow_rows > 0 ? "cuda/spmm/hybrid/slice_reuse+cublas_overflow" : "cuda/spmm/hybrid/slice_reuse";
 }
-constexpr const char* kTwellPath = "cuda/spmm/twell/compact_weight_reuse";
+constexpr const char* kTwellPath = "cuda/spmm/twell/slice_reuse";
+
+// Sets `count` nonzeros of row i, spread over the columns (at most 255 per tile of 256, so that
+// TwELL(256, 1) holds the row), with values that vary along the row.
+template <class T>
+void fill_row(DenseMatrix<T>& a, std::int64_t i, std::int64_t count) {
+  auto v = a.view();
+  std::int64_t usable = 0;
+  for (std::int64_t j = 0; j < v.cols; ++j) usable += j % 256 != 0 ? 1 : 0;
+  REQUIRE(count <= usable);
+  std::int64_t placed = 0;
+  for (std::int64_t j = 0; j < v.cols; ++j) v.at(i, j) = from_float<T>(0.0f);
+  // Every column j % 256 != 0 in order of (j * 37) mod cols: spread, deterministic.
+  for (std::int64_t step = 0; step < v.cols && placed < count; ++step) {
+    const std::int64_t j = (step * 37) % v.cols;
+    if (j % 256 == 0) continue;
+    v.at(i, j) = from_float<T>(0.5f + 0.001f * static_cast<float>((j * 7) % 101) - 0.05f * static_cast<float>(i % 3));
+    ++placed;
+  }
+}
+
+// Whether the device stages two slices of 4 columns of a K x Nb B in shared memory (what the
+// slice-reuse path needs at K = 11008).
+bool device_takes_k(std::int64_t k) {
+  int device = 0, limit = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess);
+  return 2 * ((k + 2) / 2 * 2) * 8 + 16 * 1024 <= limit;
+}
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("cuda compact TwELL spmm matches the reference: shapes, tiles, densities", T, bf16, fp16) {
+TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm matches the reference: shapes, tiles, densities", T, bf16, fp16) {
   for (const std::int64_t m : {std::int64_t{1}, std::int64_t{37}, std::int64_t{1000}}) {
     for (const std::int64_t k : {std::int64_t{300}, std::int64_t{5632}}) {
       for (const std::int64_t nb : {std::int64_t{128}, std::int64_t{2048}}) {
@@ -126,9 +183,9 @@ TEST_CASE_TEMPLATE("cuda compact TwELL spmm matches the reference: shapes, tiles
 }
 
 // Token-skewed activations from the workload generator, plus rows forced heavy (within capacity
-// at C = 1) and rows forced to overflow one tile, next to each other so the interleaved warps of
-// one row block see them; dense tiles (more than 32 entries per warp and tile) included.
-TEST_CASE_TEMPLATE("cuda compact TwELL spmm under token skew, with Hybrid overflow rows", T, bf16, fp16) {
+// at C = 1) and rows forced to overflow one tile, next to each other so that the rows of one group
+// see them; dense tiles included.
+TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm under token skew, with Hybrid overflow rows", T, bf16, fp16) {
   constexpr std::int64_t kK = 5632, kN = 2048;
   for (const std::int64_t m : {std::int64_t{600}, std::int64_t{2000}}) {
     const std::uint64_t seed = testing::fresh_seed();
@@ -160,6 +217,123 @@ TEST_CASE_TEMPLATE("cuda compact TwELL spmm under token skew, with Hybrid overfl
   }
 }
 
+// The paper shape with rows far over one lane's 32 entries, among token-skewed ones: 40 entries
+// (2 lanes), 700 (22 lanes), 1024 (32 lanes, the most a regular row has), 1025 (33 lanes: a group
+// of its own, spanning two warps) and 5610 (176 lanes, 6 warps). Plain TwELL(256, 1) keeps them
+// all in the TwELL part; Hybrid(256, 2) (capacity 127) keeps rows up to 2794 entries and sends the
+// rest to the overflow block; Hybrid(256, 16) sends every heavy row there. Then rows placed on the
+// lanes where a group ends and where rows straddle warps.
+TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows that fill a CTA", T, bf16, fp16) {
+  constexpr std::int64_t kM = 2048, kK = 5632, kN = 2048;
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  workload::ActivationOptions wo;
+  wo.tokens = kM;
+  wo.units = kK;
+  wo.density = 0.005;
+  wo.distribution = workload::Distribution::token_skewed;
+  wo.seed = seed;
+  DenseMatrix<T> a_dense = workload::activations<T>(wo);
+  for (std::int64_t i = 5; i < kM; i += 61) fill_row(a_dense, i, 40);
+  for (std::int64_t i = 7; i < kM; i += 127) fill_row(a_dense, i, 700);
+  for (std::int64_t i = 11; i < kM; i += 251) fill_row(a_dense, i, 1024);
+  for (std::int64_t i = 13; i < kM; i += 331) fill_row(a_dense, i, 1025);
+  fill_row(a_dense, 1000, 5610);
+  fill_row(a_dense, 1001, 3000);
+  const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
+  {
+    const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
+    dev::SpmmPlan<T> plan(kM, kK, TwellLayout{256, 1});
+    check_all<T>(a, b, kTwellPath, seed, &plan);
+  }
+  for (const TwellLayout layout : {TwellLayout{256, 2}, TwellLayout{256, 16}}) {
+    CAPTURE(layout.compression);
+    const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
+    dev::SpmmPlan<T> plan(kM, kK, layout);
+    check_all<T>(a, b, hybrid_path(a.overflow_rows()), seed, &plan);
+  }
+  // Rows of exactly 1024 entries (32 lanes each), so that the first group ends with a row on lanes
+  // 992-1023, then rows of 70 entries (3 lanes), so that rows straddle warp boundaries.
+  {
+    constexpr std::int64_t kRows = 200;
+    DenseMatrix<T> full(kRows, kK);
+    for (std::int64_t i = 0; i < kRows; ++i) fill_row(full, i, i < 100 ? 1024 : 70);
+    const TwellMatrix<T> a = ref::dense_to_twell<T>(full.view(), TwellLayout{256, 1});
+    const auto b_small = testing::random_dense<T>(kK, 256, 1.0f, seed + 5);
+    check_all<T>(a, b_small, kTwellPath, seed);
+  }
+}
+
+// 2100 consecutive empty rows (more than two groups of lanes that hold no entry), between rows of
+// 1 % density and next to heavy rows; a matrix with no entry at all.
+TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: empty row blocks", T, bf16, fp16) {
+  constexpr std::int64_t kM = 3000, kK = 5632, kN = 256;
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  testing::SparseDenseOptions so;
+  so.density = 0.01;
+  DenseMatrix<T> a_dense = testing::random_sparse_dense<T>(kM, kK, so, seed);
+  auto v = a_dense.view();
+  for (std::int64_t i = 300; i < 2400; ++i)
+    for (std::int64_t j = 0; j < kK; ++j) v.at(i, j) = from_float<T>(0.0f);
+  fill_row(a_dense, 299, 900);
+  fill_row(a_dense, 2400, 1500);
+  const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
+  for (const TwellLayout layout : {TwellLayout{256, 1}, TwellLayout{256, 8}}) {
+    CAPTURE(layout.compression);
+    const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
+    dev::SpmmPlan<T> plan(kM, kK, layout);
+    check_all<T>(a, b, hybrid_path(a.overflow_rows()), seed, &plan);
+  }
+  const DenseMatrix<T> zero =
+      testing::random_sparse_dense<T>(kM, kK, testing::SparseDenseOptions{.density = 0.0}, seed);
+  const TwellMatrix<T> a = ref::dense_to_twell<T>(zero.view(), TwellLayout{256, 8});
+  check_all<T>(a, b, kTwellPath, seed);
+}
+
+// Ragged shapes: K not a multiple of the tile (777: last tiles of 9 columns) and the Llama shape
+// K = 11008 (4-column slices), M just past a multiple of the pre-pass's 256 rows, Nb of 1, 3 and
+// 5 slices (8-column) or 10 (4-column).
+TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, fp16) {
+  for (const std::int64_t m : {std::int64_t{257}, std::int64_t{1025}}) {
+    for (const double density : {0.005, 0.03}) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(m);
+      CAPTURE(density);
+      testing::SparseDenseOptions so;
+      so.density = density;
+      so.empty_row_share = 0.05;
+      {
+        constexpr std::int64_t kK = 777;
+        const auto a_dense = testing::random_sparse_dense<T>(m, kK, so, seed);
+        for (const std::int64_t nb : {std::int64_t{8}, std::int64_t{24}, std::int64_t{40}}) {
+          CAPTURE(nb);
+          const auto b = testing::random_dense<T>(kK, nb, 1.0f, seed + 1);
+          for (const TwellLayout layout : {TwellLayout{256, 1}, TwellLayout{128, 2}}) {
+            CAPTURE(layout.tile);
+            const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), layout);
+            dev::SpmmPlan<T> plan(m, kK, layout);
+            check_all<T>(a, b, kTwellPath, seed, &plan);
+          }
+        }
+      }
+      {
+        constexpr std::int64_t kK = 11008, kN = 40;  // ld 40: the path needs leading dimensions in 8s
+        const auto a_dense = testing::random_sparse_dense<T>(m, kK, so, seed + 3);
+        const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 4);
+        const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), TwellLayout{256, 8});
+        dev::SpmmPlan<T> plan(m, kK, TwellLayout{256, 8});
+        const std::string path = device_takes_k(kK)
+                                     ? hybrid_path(a.overflow_rows())
+                                     : (a.overflow_rows() > 0 ? "cuda/spmm/hybrid/pair_balanced+cublas_overflow"
+                                                              : "cuda/spmm/hybrid/pair_balanced");
+        check_all<T>(a, b, path, seed, &plan);
+      }
+    }
+  }
+}
+
 // One plan serves fresh matrices of its shape; a matrix of another shape or layout is refused.
 TEST_CASE("cuda SpmmPlan is reusable and checks its shape") {
   constexpr std::int64_t m = 300, k = 5632, nb = 256;
@@ -187,9 +361,9 @@ TEST_CASE("cuda SpmmPlan is reusable and checks its shape") {
   }
 }
 
-// Operands outside the weight-reuse path's preconditions take the pair-balanced kernel and stay
-// right: B's columns not a multiple of 128, a tile of 64, fp32.
-TEST_CASE("cuda compact TwELL spmm: other operands fall back") {
+// Operands outside the slice-reuse path's preconditions take the pair-balanced kernel and stay
+// right: B's columns not a multiple of 4, a tile of 512, fp32.
+TEST_CASE("cuda slice-reuse TwELL spmm: other operands fall back") {
   constexpr std::int64_t kK = 5632;
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
@@ -198,12 +372,12 @@ TEST_CASE("cuda compact TwELL spmm: other operands fall back") {
   const auto a_dense = testing::random_sparse_dense<bf16>(300, kK, so, seed);
   {
     const TwellMatrix<bf16> a = ref::dense_to_twell<bf16>(a_dense.view(), TwellLayout{256, 4});
-    const auto b = testing::random_dense<bf16>(kK, 200, 1.0f, seed + 1);
-    const auto c0 = testing::random_dense<bf16>(300, 200, 1.0f, seed + 2);
-    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f) == "cuda/spmm/twell/pair_balanced_vec16");
+    const auto b = testing::random_dense<bf16>(kK, 202, 1.0f, seed + 1);
+    const auto c0 = testing::random_dense<bf16>(300, 202, 1.0f, seed + 2);
+    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f) == "cuda/spmm/twell/pair_balanced_scalar");
   }
   {
-    const TwellMatrix<bf16> a = ref::dense_to_twell<bf16>(a_dense.view(), TwellLayout{64, 2});
+    const TwellMatrix<bf16> a = ref::dense_to_twell<bf16>(a_dense.view(), TwellLayout{512, 2});
     const auto b = testing::random_dense<bf16>(kK, 256, 1.0f, seed + 3);
     const auto c0 = testing::random_dense<bf16>(300, 256, 1.0f, seed + 4);
     CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f) == "cuda/spmm/twell/pair_balanced_vec16");

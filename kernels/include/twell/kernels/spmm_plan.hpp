@@ -1,5 +1,5 @@
 // twell::cuda::SpmmPlan: spmm with op none of a TwELL or Hybrid A (M x K, one layout) bound to
-// its shape, owning the workspace of the weight-reuse path, so that run() allocates nothing on
+// its shape, owning the workspaces of the slice-reuse path, so that run() allocates nothing on
 // the hot path. Host-includable: no CUDA headers. Available when TWELL_HAS_CUDA.
 #pragma once
 
@@ -18,15 +18,19 @@ namespace twell::cuda {
 // C = alpha * A B + beta * C, exactly what twell::cuda::spmm(Op::none, ...) computes (same
 // paths, same bits), with A of m rows, k columns and `layout`.
 //
-// Storage, allocated by the constructor: the compaction workspace of the weight-reuse path
-// (about the size of A's packed slots: M x tiles x (S - 1) words, plus 18 bytes per 16 rows and
-// tile). The Hybrid overflow rows go through cuBLAS into an fp32 buffer of R x Nb, allocated by
-// the first run that needs more than the plan holds and kept (so a steady state allocates
-// nothing; reserve_overflow() allocates it up front).
+// Storage, allocated by the constructor (bf16 and fp16 plans): the workspace of the slice-reuse
+// path's pre-pass, which regroups A's entries into chunks of at most 32 per lane (about the size
+// of A's packed slots: per row, room for the ceil(capacity x tiles / 32) lanes its capacity
+// allows, 136 bytes each, plus tiles + 4 bytes). Two buffers are allocated by the first run that
+// needs more than the plan holds and kept (so a steady state allocates nothing): the slice-major
+// copy of B that the path stages from (Nb x (K + 2) bf16/fp16 values; reserve_b_cols() allocates
+// it up front), and the fp32 buffer of R x Nb into which cuBLAS computes the Hybrid overflow rows
+// (reserve_overflow()).
 //
 // run() queues on the plan's stream and never waits for the device. Operands that the
-// weight-reuse path does not take (fp32, tiles other than 128 and 256, B columns not a multiple
-// of 128, misaligned B or C) run the generic kernel, as spmm() does. The workspace is reused by
+// slice-reuse path does not take (fp32, tiles over 256 columns, B columns not a multiple of the
+// slice width (8, or 4 on devices with less shared memory), misaligned B or C, K too large for two
+// slices of B in shared memory) run the generic kernel, as spmm() does. The buffers are reused by
 // every run: two runs of one plan must not execute concurrently on different streams.
 // Errors: A's rows, columns or layout differ from the plan's, or the spmm argument checks
 // (shape_mismatch, space_mismatch, invalid_argument).
@@ -44,6 +48,8 @@ class SpmmPlan {
   void run(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f, float beta = 0.0f);
   // Holds an overflow buffer for `rows` overflow rows times `b_cols` columns of B.
   void reserve_overflow(std::int64_t rows, std::int64_t b_cols);
+  // Holds the slice-major copy of a B of `b_cols` columns.
+  void reserve_b_cols(std::int64_t b_cols);
 
   const std::string& path() const { return path_; }  // the path of the latest run
   std::int64_t rows() const { return m_; }
@@ -58,6 +64,7 @@ class SpmmPlan {
   TwellLayout layout_{};
   Stream stream_{};
   Buffer<std::uint64_t> workspace_;  // 8-byte elements: cudaMalloc's alignment, and the kernels need 16
+  Buffer<std::uint64_t> staged_b_;   // B slice-major
   Buffer<float> overflow_;           // R x Nb products of the overflow rows
   std::string path_;
 };
