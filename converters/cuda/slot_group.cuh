@@ -1,8 +1,9 @@
-// The warp-wide packing of one (row, tile) of 16-bit values into its TwELL slot group, shared by
-// the dense -> TwELL converter (values from global memory) and gemm_to_sparse's epilogues (values
-// staged in shared memory): a lane holds kPerLane consecutive columns of the tile as 32-bit words
-// of two values, the lower column in the low half. Self-contained (no converter plumbing), so
-// kernels/cuda includes it too. Not installed.
+// The packing of (row, tile)s of 16-bit values into their TwELL slot groups, two at a time per
+// warp (a half-warp each), shared by the dense -> TwELL converter (values from global memory) and
+// gemm_to_sparse's epilogues (values staged in shared memory): lane l holds kPerLane consecutive
+// columns, from (l % 16) * kPerLane, of its half's tile as 32-bit words of two values, the lower
+// column in the low half. Self-contained (no converter plumbing), so kernels/cuda includes it too.
+// Not installed.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +13,10 @@
 
 namespace twell::cuda::detail {
 
-// A lane's kPerLane consecutive 16-bit values (8: one 16-byte load; 4: 8 bytes).
+// A lane's kPerLane consecutive 16-bit values (16 or 8: two or one 16-byte loads).
 template <int kPerLane>
 struct LaneChunk {
-  static_assert(kPerLane == 8 || kPerLane == 4, "a lane holds 8 or 4 values of a tile");
+  static_assert(kPerLane == 16 || kPerLane == 8, "a lane holds 16 or 8 values of a tile");
   static constexpr int kWords = kPerLane / 2;
   std::uint32_t w[kWords];
 };
@@ -53,30 +54,35 @@ __device__ __forceinline__ void clip_flags(int col0, int cols, std::uint32_t (&f
   }
 }
 
-// One warp writes the whole slot group of (row, tile), `group` = its slot 0, from the lanes'
-// chunks and stored flags (lane l holds columns l * kPerLane ..). A lane ranks its entries by an
-// exclusive prefix over the lanes (one ballot per bit of its count); lane order is column order
-// and a lane walks its own columns upward, so slots come out in column order. The first
-// `capacity` entries are written, then slot 0 (the true count, or min(count, capacity) when
-// `clamp`) and zeros in the slots past the entries: every word of the group is written, so the
-// output needs no initialisation. Returns the true count (the same in every lane).
+// Each half-warp writes the whole slot group of its (row, tile), `group` = its slot 0, from its
+// lanes' chunks and stored flags; a half with `live` false (no tile: its flags must be zero) writes
+// nothing. A lane ranks its entries by an exclusive prefix over the lanes of its half (one ballot
+// per bit of its count, shared by both halves); lane order is column order and a lane walks its
+// own columns upward, so slots come out in column order. The first `capacity` entries are
+// written, then slot 0 (the true count, or min(count, capacity) when `clamp`) and zeros in the
+// slots past the entries: every word of the group is written, so the output needs no
+// initialisation. Returns the true count of the lane's half. Called by the whole warp.
 template <int kPerLane>
-__device__ __forceinline__ int pack_slot_group(const LaneChunk<kPerLane>& chunk,
-                                               const std::uint32_t (&flags)[kPerLane / 2], std::uint32_t* group,
-                                               int slots, int capacity, bool clamp, int lane) {
+__device__ __forceinline__ int pack_slot_groups(const LaneChunk<kPerLane>& chunk,
+                                                const std::uint32_t (&flags)[kPerLane / 2], std::uint32_t* group,
+                                                bool live, int slots, int capacity, bool clamp, int lane) {
   constexpr int kWords = kPerLane / 2;
-  constexpr int kCountBits = kPerLane == 8 ? 4 : 3;  // a lane holds 0 .. kPerLane entries
-  std::uint32_t merged = 0;                          // the flags at distinct bits: 15 - k and 31 - k
+  constexpr int kCountBits = kPerLane == 16 ? 5 : 4;  // a lane holds 0 .. kPerLane entries
+  std::uint32_t merged = 0;                           // the flags at distinct bits: 15 - k and 31 - k
 #pragma unroll
   for (int k = 0; k < kWords; ++k) merged |= flags[k] >> k;
   const int mine = __popc(merged);
-  const unsigned lanes_below = (1u << lane) - 1u;
-  int pos = 0;
+  const unsigned half = (lane & 16) != 0 ? 0xffff0000u : 0x0000ffffu;
+  const unsigned lanes_below = ((1u << lane) - 1u) & half;
+  int pos = 0, count = 0;
 #pragma unroll
-  for (int b = 0; b < kCountBits; ++b) pos += __popc(__ballot_sync(0xffffffffu, (mine >> b) & 1) & lanes_below) << b;
-  const int count = __reduce_add_sync(0xffffffffu, mine);
+  for (int b = 0; b < kCountBits; ++b) {
+    const unsigned ballot = __ballot_sync(0xffffffffu, (mine >> b) & 1);
+    pos += __popc(ballot & lanes_below) << b;
+    count += __popc(ballot & half) << b;
+  }
   if (mine != 0) {  // at low density few lanes, and few of their words, hold entries
-    const auto col0 = static_cast<std::uint32_t>(lane * kPerLane);
+    const auto col0 = static_cast<std::uint32_t>((lane & 15) * kPerLane);
 #pragma unroll
     for (int k = 0; k < kWords; ++k) {
       if (flags[k] == 0u) continue;
@@ -93,8 +99,9 @@ __device__ __forceinline__ int pack_slot_group(const LaneChunk<kPerLane>& chunk,
     }
   }
   const int written = min(count, capacity);
-  for (int s = lane; s < slots; s += 32)
-    if (s == 0 || s > written) group[s] = s == 0 ? static_cast<std::uint32_t>(clamp ? written : count) : 0u;
+  if (live)
+    for (int s = lane & 15; s < slots; s += 16)
+      if (s == 0 || s > written) group[s] = s == 0 ? static_cast<std::uint32_t>(clamp ? written : count) : 0u;
   return count;
 }
 

@@ -136,20 +136,18 @@ inline TwellGeometry twell_geometry(TwellLayout layout, std::int64_t cols) {
 // in flight per warp beat 3 x 4 and 2 x 8).
 constexpr int kTilesMinBlocks = 4;
 
-// Lane's chunk of kPerLane 16-bit values of one tile: columns col0 .. of a tile of `cols` columns
-// starting at `in` (16-byte aligned when kPerLane is 8, 8-byte when 4); one streaming load when
-// the chunk is whole, zeros past the tile's end otherwise.
+// Lane's chunk of kPerLane (16 or 8) 16-bit values of one tile: columns col0 .. of a tile of
+// `cols` columns starting at `in` (16-byte aligned); 16-byte streaming loads when the chunk is
+// whole, zeros past the tile's end otherwise.
 template <class T, int kPerLane>
 __device__ __forceinline__ LaneChunk<kPerLane> load_chunk(const T* in, int col0, int cols) {
   LaneChunk<kPerLane> c;
   const T* p = in + col0;
   if (col0 + kPerLane <= cols) {
-    if constexpr (kPerLane == 8) {
-      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict first
-      c.w[0] = v.x, c.w[1] = v.y, c.w[2] = v.z, c.w[3] = v.w;
-    } else {
-      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
-      c.w[0] = v.x, c.w[1] = v.y;
+#pragma unroll
+    for (int i = 0; i < kPerLane / 8; ++i) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);  // read once: evict first
+      c.w[4 * i] = v.x, c.w[4 * i + 1] = v.y, c.w[4 * i + 2] = v.z, c.w[4 * i + 3] = v.w;
     }
   } else {
 #pragma unroll
@@ -162,35 +160,35 @@ __device__ __forceinline__ LaneChunk<kPerLane> load_chunk(const T* in, int col0,
   return c;
 }
 
-// A warp's walk over its (row, tile) pairs in row-major order: rows warp, warp + warps, ...
+// A walk over (row, tile) pairs in row-major order over the rows first, first + row_step, ...
 struct PairWalk {
   std::int64_t row;
   int tile;
-  __device__ void advance(int tiles, std::int64_t warps) {
+  __device__ void advance(int tiles, std::int64_t row_step) {
     if (++tile == tiles) {
       tile = 0;
-      row += warps;
+      row += row_step;
     }
   }
 };
 
 // dense -> TwELL, the fast path for 16-bit values and tiles of kTile = 256 or 128 columns. A warp
-// owns whole rows (grid-stride) and walks their tiles in order; a lane holds kTile / 32
-// consecutive columns of a tile (one 16- or 8-byte streaming load) and the tile is packed by
-// pack_slot_group (the same code as gemm_to_sparse's epilogue). The loads of the next two tiles
-// of the walk (across row ends) are in flight while a tile is packed, and the loop is not
-// unrolled, so the code stays in the instruction cache; index arithmetic is a few adds per tile,
-// no division. Stored flags by the 16-bit bit rule at threshold 0 (kZeroThreshold), else through
-// is_stored. Every slot of every (row, tile) is written. Preconditions: device operands, 16-bit T,
-// layout.tile == kTile, src.data and src.ld * sizeof(T) 16-byte aligned. Benchmark:
-// bench/suites/convert.cpp.
+// owns whole rows (grid-stride) and walks their (row, tile) pairs in order, two at a time: half-warp
+// h packs pairs h, h + 2, ...; a lane holds kTile / 16 consecutive columns of its half's tile (two
+// or one 16-byte streaming loads) and pack_slot_groups (the same code as gemm_to_sparse's
+// epilogue) writes both slot groups. The loads of the next pair are in flight while the current
+// one is packed, and the loop is not unrolled, so the code stays in the instruction cache; index
+// arithmetic is a few adds per pair, no division. Stored flags by the 16-bit bit rule at
+// threshold 0 (kZeroThreshold), else through is_stored. Every slot of every (row, tile) is
+// written. Preconditions: device operands, 16-bit T, layout.tile == kTile, src.data and src.ld *
+// sizeof(T) 16-byte aligned. Benchmark: bench/suites/convert.cpp.
 template <class T, int kTile, bool kZeroThreshold>
 __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
     dense_to_twell_tiles_kernel(DenseView<const T> src, TwellGeometry geo, std::uint32_t* packed, float threshold,
                                 OverflowTarget overflow) {
-  constexpr int kPerLane = kTile / kWarpSize;
+  constexpr int kPerLane = kTile / 16;
   const int lane = lane_id();
-  const int col0 = lane * kPerLane;
+  const int col0 = (lane & 15) * kPerLane;
   const bool clamp = overflow.policy == OverflowPolicy::drop;
   const std::int64_t warps = warp_count();
   const auto tile_width = [&](const PairWalk& p) {
@@ -201,19 +199,21 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
                                                       col0, tile_width(p))
                             : LaneChunk<kPerLane>{};
   };
-  PairWalk at{global_warp(), 0};  // the pair packed next
-  PairWalk ahead = at;            // the pair loaded next
-  const LaneChunk<kPerLane> first = load(ahead);
-  ahead.advance(geo.tiles, warps);
-  LaneChunk<kPerLane> second = load(ahead);
-  ahead.advance(geo.tiles, warps);
-  LaneChunk<kPerLane> chunk = first;
+  const auto step = [&](PairWalk& p) {  // to the half's next pair: two along the warp's walk
+    p.advance(geo.tiles, warps);
+    p.advance(geo.tiles, warps);
+  };
+  PairWalk at{global_warp(), 0};  // the pair this half packs next
+  if (lane >= 16) at.advance(geo.tiles, warps);
+  PairWalk ahead = at;  // the pair this half loads next
+  LaneChunk<kPerLane> chunk = load(ahead);
+  step(ahead);
   std::int64_t held = 0;
 #pragma unroll 1
-  for (; at.row < src.rows; at.advance(geo.tiles, warps)) {
-    const LaneChunk<kPerLane> next = second;
-    second = load(ahead);
-    ahead.advance(geo.tiles, warps);
+  while (__any_sync(0xffffffffu, at.row < src.rows)) {
+    const LaneChunk<kPerLane> next = load(ahead);
+    step(ahead);
+    const bool live = at.row < src.rows;
     const int cols = tile_width(at);
     std::uint32_t flags[kPerLane / 2];
     if constexpr (kZeroThreshold) {
@@ -222,12 +222,14 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
       threshold_flags<T>(chunk, threshold, flags);
     }
     if (cols < kTile) clip_flags<kPerLane>(col0, cols, flags);
-    const int count = pack_slot_group(chunk, flags, packed + at.row * geo.width + static_cast<std::int64_t>(at.tile) * geo.slots,
-                                      geo.slots, geo.capacity, clamp, lane);
-    if (lane == 0) held += account_tile(count, geo.capacity, at.row, at.row * geo.tiles + at.tile, overflow);
+    const int count = pack_slot_groups(chunk, flags, packed + at.row * geo.width + static_cast<std::int64_t>(at.tile) * geo.slots,
+                                       live, geo.slots, geo.capacity, clamp, lane);
+    if ((lane & 15) == 0 && live) held += account_tile(count, geo.capacity, at.row, at.row * geo.tiles + at.tile, overflow);
     chunk = next;
+    step(at);
   }
-  if (overflow.counters != nullptr && lane == 0) atomicAdd(&overflow.counters->nnz, static_cast<unsigned long long>(held));
+  if (overflow.counters != nullptr && (lane & 15) == 0)
+    atomicAdd(&overflow.counters->nnz, static_cast<unsigned long long>(held));
 }
 
 // First index in [0, n) whose column is >= col (n when none).

@@ -102,38 +102,44 @@ __device__ __forceinline__ TwellRows twell_rows(const TwellOut& o, std::int64_t 
   return {o.layout.packed_width(n), o.layout.slots(), o.layout.capacity()};
 }
 
-// A lane's share of one staged row of BN sparsified 16-bit values: BN / 32 consecutive columns
-// (8 for BN 256, one 16-byte load; 4 for BN 128, 8 bytes). Staged rows must be 16-byte aligned.
+// A lane's share of one staged row of BN sparsified 16-bit values: BN / 16 consecutive columns
+// of the row of its half-warp (16 for BN 256: two 16-byte loads; 8 for BN 128: one). Staged rows
+// must be 16-byte aligned.
 template <int BN>
-using StagedChunk = LaneChunk<BN / 32>;
+using StagedChunk = LaneChunk<BN / 16>;
 
 template <int BN>
 __device__ __forceinline__ StagedChunk<BN> load_staged(const std::uint16_t* vals_row, int lane) {
   StagedChunk<BN> c;
-  if constexpr (BN == 256) {
-    const uint4 v = reinterpret_cast<const uint4*>(vals_row)[lane];
-    c.w[0] = v.x, c.w[1] = v.y, c.w[2] = v.z, c.w[3] = v.w;
-  } else {
-    const uint2 v = reinterpret_cast<const uint2*>(vals_row)[lane];
-    c.w[0] = v.x, c.w[1] = v.y;
+  const uint4* p = reinterpret_cast<const uint4*>(vals_row) + (lane & 15) * (BN / 128);
+#pragma unroll
+  for (int i = 0; i < BN / 128; ++i) {
+    const uint4 v = p[i];
+    c.w[4 * i] = v.x, c.w[4 * i + 1] = v.y, c.w[4 * i + 2] = v.z, c.w[4 * i + 3] = v.w;
   }
   return c;
 }
 
-// One warp writes the TwELL slots of (row, tile) from its staged row (+0 = not stored; columns
-// >= tile_cols are ignored) with pack_slot_group; `group` is the row's slot group,
-// o.packed + layout.slot_offset(row, tile, N). An overflowed tile sets the row's flag. Lane 0 adds
-// the count, and the excess over the capacity, to its running totals.
+// Each half-warp writes the TwELL slots of its (row, tile) from its staged row (+0 = not stored;
+// columns >= tile_cols are ignored) with pack_slot_groups; `group` is the row's slot group,
+// o.packed + layout.slot_offset(row, tile, N); a half that is not `live` writes nothing. An
+// overflowed tile sets the row's flag. Lanes 0 and 16 add their half's count, and the excess over
+// the capacity, to their running totals.
 template <int BN>
-__device__ __forceinline__ void pack_twell_row(const StagedChunk<BN>& chunk, std::uint32_t* group, std::int64_t row,
-                                               int tile_cols, const TwellRows& geo, const TwellOut& o, int lane,
-                                               unsigned long long& stored, unsigned long long& excess) {
-  constexpr int kPerLane = BN / 32;
+__device__ __forceinline__ void pack_twell_half_rows(const StagedChunk<BN>& chunk, std::uint32_t* group,
+                                                     std::int64_t row, bool live, int tile_cols, const TwellRows& geo,
+                                                     const TwellOut& o, int lane, unsigned long long& stored,
+                                                     unsigned long long& excess) {
+  constexpr int kPerLane = BN / 16;
   std::uint32_t flags[kPerLane / 2];
   nonzero_flags(chunk, flags);  // staging writes +0 for "not stored" and never -0
-  if (tile_cols < BN) clip_flags<kPerLane>(lane * kPerLane, tile_cols, flags);
-  const int count = pack_slot_group(chunk, flags, group, geo.slots, geo.capacity, o.clamp_count, lane);
-  if (lane == 0) {
+  if (!live) {
+#pragma unroll
+    for (int k = 0; k < kPerLane / 2; ++k) flags[k] = 0u;
+  }
+  if (tile_cols < BN) clip_flags<kPerLane>((lane & 15) * kPerLane, tile_cols, flags);
+  const int count = pack_slot_groups(chunk, flags, group, live, geo.slots, geo.capacity, o.clamp_count, lane);
+  if ((lane & 15) == 0 && live) {
     if (count > geo.capacity) {
       o.row_flags[row] = 1;
       excess += static_cast<unsigned long long>(count - geo.capacity);
@@ -142,34 +148,37 @@ __device__ __forceinline__ void pack_twell_row(const StagedChunk<BN>& chunk, std
   }
 }
 
-// `rows` staged rows packed by one warp, one after the other: row i is staged at first_staged +
-// i * staged_step, its slot group is first_group + i * group_step and its matrix row first_row +
-// i * row_step; rows at or past m are skipped. The loop is not unrolled, so the epilogue's code
-// stays small enough for the instruction cache (an unrolled version, 8 rows per body, spent most
-// of its time on instruction fetch); the next row's load is issued before the current row is
-// packed.
+// `rows` (even) staged rows packed by one warp, two at a time (half-warp h takes rows 2i + h): row
+// r is staged at first_staged + r * staged_step, its slot group is first_group + r * group_step
+// and its matrix row first_row + r * row_step; rows at or past m are skipped. The loop is not
+// unrolled, so the epilogue's code stays small enough for the instruction cache (an unrolled
+// version spent most of its time on instruction fetch); the next pair's loads are issued before
+// the current pair is packed.
 template <int BN>
 __device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_staged, int staged_step, int rows,
                                                 std::uint32_t* first_group, std::int64_t group_step,
                                                 std::int64_t first_row, int row_step, std::int64_t m, int tile_cols,
                                                 const TwellRows& geo, const TwellOut& o, int lane,
                                                 unsigned long long& stored, unsigned long long& excess) {
-  StagedChunk<BN> next = load_staged<BN>(first_staged, lane);
+  const int half = lane >> 4;
+  StagedChunk<BN> next = load_staged<BN>(first_staged + half * staged_step, lane);
 #pragma unroll 1
-  for (int i = 0; i < rows; ++i) {
+  for (int i = 0; i < rows; i += 2) {
     const StagedChunk<BN> chunk = next;
-    if (i + 1 < rows) next = load_staged<BN>(first_staged + (i + 1) * staged_step, lane);
-    const std::int64_t row = first_row + static_cast<std::int64_t>(i) * row_step;
-    if (row < m) pack_twell_row<BN>(chunk, first_group + i * group_step, row, tile_cols, geo, o, lane, stored, excess);
+    if (i + 2 < rows) next = load_staged<BN>(first_staged + (i + 2 + half) * staged_step, lane);
+    const int r = i + half;
+    const std::int64_t row = first_row + static_cast<std::int64_t>(r) * row_step;
+    pack_twell_half_rows<BN>(chunk, first_group + r * group_step, row, row < m, tile_cols, geo, o, lane, stored,
+                             excess);
   }
 }
 
-// A warp's totals into the device accumulators: 64-bit integer atomics, so the sums do not
-// depend on the order.
+// The totals of lanes 0 and 16 into the device accumulators: 64-bit integer atomics, so the sums
+// do not depend on the order.
 __device__ __forceinline__ void flush_twell_totals(const TwellOut& o, int lane, unsigned long long stored,
                                                    unsigned long long excess) {
-  if (lane == 0 && stored != 0) atomicAdd(o.stored_total, stored);
-  if (lane == 0 && excess != 0) atomicAdd(o.excess_total, excess);
+  if ((lane & 15) == 0 && stored != 0) atomicAdd(o.stored_total, stored);
+  if ((lane & 15) == 0 && excess != 0) atomicAdd(o.excess_total, excess);
 }
 
 }  // namespace twell::cuda::detail
