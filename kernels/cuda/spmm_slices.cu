@@ -51,7 +51,12 @@ constexpr int kGroupStride = kLanes - 32 + 1;
 constexpr int kPieceRows = 256;                       // rows of a pre-pass CTA
 constexpr int kPieceWarps = kPieceRows / 32;          // warps of a pre-pass CTA
 constexpr int kMaxTiles = 128;                        // per-row tile counts staged by the pre-pass
-constexpr std::int64_t kMaxRowEntries = 32 * kLanes;  // a row needs at most one CTA of lanes
+// Rows of a layout the path takes hold at most this many entries. A row over kRegularMax is a
+// group of its own, which stages all of B for one row: at 20 % density (C = 1, every row ~1100
+// entries) that took 102 ms on an H100 against cuSPARSE's 9 ms, so such layouts take the
+// pair-balanced kernel; up to 2 kRegularMax the rare rows over kRegularMax (5 % density, C = 4)
+// still go through their own groups.
+constexpr std::int64_t kMaxRowEntries = 2 * kRegularMax;
 constexpr std::int64_t kMaxRows = std::int64_t{1} << 25;
 constexpr std::int64_t kMaxCols = 65534;  // entry columns are 16 bits, and column K is B's zero row
 constexpr int kScratch = 80;              // per-thread bytes of the pre-pass's bank ordering

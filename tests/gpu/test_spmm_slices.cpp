@@ -109,10 +109,17 @@ void check_all(const HostM& a, const DenseMatrix<T>& b, const std::string& path,
   for (const auto& [alpha, beta] : kAlphaBeta) CHECK(check_spmm<T>(a, b, c0, alpha, beta, plan) == path);
 }
 
-std::string hybrid_path(std::int64_t overflow_rows) {
-  return overflow_rows > 0 ? "cuda/spmm/hybrid/slice_reuse+cublas_overflow" : "cuda/spmm/hybrid/slice_reuse";
+// The slice-reuse path takes layouts whose rows hold at most 2048 entries (capacity x tiles, see
+// kMaxRowEntries in spmm_slices.cu); wider ones take the pair-balanced kernel (16-byte vectors
+// here: every B and C of these tests is aligned with columns in 8s).
+bool slice_layout(TwellLayout layout, std::int64_t k) { return layout.capacity() * layout.tiles(k) <= 2048; }
+std::string twell_path(TwellLayout layout, std::int64_t k) {
+  return slice_layout(layout, k) ? "cuda/spmm/twell/slice_reuse" : "cuda/spmm/twell/pair_balanced_vec16";
 }
-constexpr const char* kTwellPath = "cuda/spmm/twell/slice_reuse";
+std::string hybrid_path(TwellLayout layout, std::int64_t k, std::int64_t overflow_rows) {
+  return std::string(slice_layout(layout, k) ? "cuda/spmm/hybrid/slice_reuse" : "cuda/spmm/hybrid/pair_balanced") +
+         (overflow_rows > 0 ? "+cublas_overflow" : "");
+}
 
 // Sets `count` nonzeros of row i, spread over the columns (at most 255 per tile of 256, so that
 // TwELL(256, 1) holds the row), with values that vary along the row.
@@ -166,7 +173,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm matches the reference: shapes, t
           // Plain TwELL where a layout has room for every row: C = 1 (capacity 255 of 256).
           if (density < 1.0 && so.full_row_share == 0.0) {
             const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
-            check_all<T>(a, b, kTwellPath, seed);
+            check_all<T>(a, b, twell_path(TwellLayout{256, 1}, k), seed);
           }
           // Hybrid at the paper's layouts and narrower ones; at 100 % every row overflows.
           for (const TwellLayout layout : {TwellLayout{256, 16}, TwellLayout{128, 4}, TwellLayout{256, 2}}) {
@@ -174,7 +181,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm matches the reference: shapes, t
             CAPTURE(layout.compression);
             const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
             dev::SpmmPlan<T> plan(m, k, layout);
-            check_all<T>(a, b, hybrid_path(a.overflow_rows()), seed, &plan);
+            check_all<T>(a, b, hybrid_path(layout, k, a.overflow_rows()), seed, &plan);
           }
         }
       }
@@ -210,19 +217,20 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm under token skew, with Hybrid ov
       const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), layout);
       CHECK(hybrid.overflow_rows() > 0);
       dev::SpmmPlan<T> plan(m, kK, layout);
-      check_all<T>(hybrid, b, hybrid_path(hybrid.overflow_rows()), seed, &plan);
+      check_all<T>(hybrid, b, hybrid_path(layout, kK, hybrid.overflow_rows()), seed, &plan);
     }
     const TwellMatrix<T> twell = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
-    check_all<T>(twell, b, kTwellPath, seed);
+    check_all<T>(twell, b, twell_path(TwellLayout{256, 1}, kK), seed);
   }
 }
 
 // The paper shape with rows far over one lane's 32 entries, among token-skewed ones: 40 entries
 // (2 lanes), 700 (22 lanes), 1024 (32 lanes, the most a regular row has), 1025 (33 lanes: a group
 // of its own, spanning two warps) and 5610 (176 lanes, 6 warps). Plain TwELL(256, 1) keeps them
-// all in the TwELL part; Hybrid(256, 2) (capacity 127) keeps rows up to 2794 entries and sends the
-// rest to the overflow block; Hybrid(256, 16) sends every heavy row there. Then rows placed on the
-// lanes where a group ends and where rows straddle warps.
+// all in the TwELL part (rows of up to 5610 entries: the pair-balanced kernel); Hybrid(256, 2)
+// (capacity 127, pair-balanced too) keeps rows up to 2794 entries and sends the rest to the
+// overflow block; Hybrid(256, 16) sends every heavy row there. Then rows placed on the lanes where
+// a group ends and where rows straddle warps.
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows that fill a CTA", T, bf16, fp16) {
   constexpr std::int64_t kM = 2048, kK = 5632, kN = 2048;
   const std::uint64_t seed = testing::fresh_seed();
@@ -244,13 +252,15 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows tha
   {
     const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
     dev::SpmmPlan<T> plan(kM, kK, TwellLayout{256, 1});
-    check_all<T>(a, b, kTwellPath, seed, &plan);
+    check_all<T>(a, b, twell_path(TwellLayout{256, 1}, kK), seed, &plan);
   }
-  for (const TwellLayout layout : {TwellLayout{256, 2}, TwellLayout{256, 16}}) {
+  // Hybrid(256, 4) (63 per tile, 1386 per row) keeps the rows of up to 1025 entries on the slice
+  // path, the 1025-entry rows in groups of their own, and sends the 3000 and 5610 to the block.
+  for (const TwellLayout layout : {TwellLayout{256, 4}, TwellLayout{256, 2}, TwellLayout{256, 16}}) {
     CAPTURE(layout.compression);
     const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
     dev::SpmmPlan<T> plan(kM, kK, layout);
-    check_all<T>(a, b, hybrid_path(a.overflow_rows()), seed, &plan);
+    check_all<T>(a, b, hybrid_path(layout, kK, a.overflow_rows()), seed, &plan);
   }
   // Rows of exactly 1024 entries (32 lanes each), so that the first group ends with a row on lanes
   // 992-1023, then rows of 70 entries (3 lanes), so that rows straddle warp boundaries.
@@ -258,9 +268,9 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows tha
     constexpr std::int64_t kRows = 200;
     DenseMatrix<T> full(kRows, kK);
     for (std::int64_t i = 0; i < kRows; ++i) fill_row(full, i, i < 100 ? 1024 : 70);
-    const TwellMatrix<T> a = ref::dense_to_twell<T>(full.view(), TwellLayout{256, 1});
+    const TwellMatrix<T> a = ref::dense_to_twell<T>(full.view(), TwellLayout{256, 4});
     const auto b_small = testing::random_dense<T>(kK, 256, 1.0f, seed + 5);
-    check_all<T>(a, b_small, kTwellPath, seed);
+    check_all<T>(a, b_small, twell_path(TwellLayout{256, 4}, kK), seed);
   }
 }
 
@@ -279,16 +289,16 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: empty row blocks", T, bf16, fp1
   fill_row(a_dense, 299, 900);
   fill_row(a_dense, 2400, 1500);
   const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
-  for (const TwellLayout layout : {TwellLayout{256, 1}, TwellLayout{256, 8}}) {
+  for (const TwellLayout layout : {TwellLayout{256, 4}, TwellLayout{256, 8}}) {
     CAPTURE(layout.compression);
     const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
     dev::SpmmPlan<T> plan(kM, kK, layout);
-    check_all<T>(a, b, hybrid_path(a.overflow_rows()), seed, &plan);
+    check_all<T>(a, b, hybrid_path(layout, kK, a.overflow_rows()), seed, &plan);
   }
   const DenseMatrix<T> zero =
       testing::random_sparse_dense<T>(kM, kK, testing::SparseDenseOptions{.density = 0.0}, seed);
   const TwellMatrix<T> a = ref::dense_to_twell<T>(zero.view(), TwellLayout{256, 8});
-  check_all<T>(a, b, kTwellPath, seed);
+  check_all<T>(a, b, twell_path(TwellLayout{256, 8}, kK), seed);
 }
 
 // Ragged shapes: K not a multiple of the tile (777: last tiles of 9 columns) and the Llama shape
@@ -314,7 +324,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
             CAPTURE(layout.tile);
             const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), layout);
             dev::SpmmPlan<T> plan(m, kK, layout);
-            check_all<T>(a, b, kTwellPath, seed, &plan);
+            check_all<T>(a, b, twell_path(layout, kK), seed, &plan);
           }
         }
       }
@@ -325,7 +335,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
         const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), TwellLayout{256, 8});
         dev::SpmmPlan<T> plan(m, kK, TwellLayout{256, 8});
         const std::string path = device_takes_k(kK)
-                                     ? hybrid_path(a.overflow_rows())
+                                     ? hybrid_path(TwellLayout{256, 8}, kK, a.overflow_rows())
                                      : (a.overflow_rows() > 0 ? "cuda/spmm/hybrid/pair_balanced+cublas_overflow"
                                                               : "cuda/spmm/hybrid/pair_balanced");
         check_all<T>(a, b, path, seed, &plan);
@@ -348,7 +358,7 @@ TEST_CASE("cuda SpmmPlan is reusable and checks its shape") {
     const auto a = ref::dense_to_hybrid<bf16>(testing::random_sparse_dense<bf16>(m, k, so, seed).view(), layout);
     const auto b = testing::random_dense<bf16>(k, nb, 1.0f, seed + 1);
     const auto c0 = testing::random_dense<bf16>(m, nb, 1.0f, seed + 2);
-    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, &plan) == hybrid_path(a.overflow_rows()));
+    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, &plan) == hybrid_path(layout, k, a.overflow_rows()));
   }
   const auto other = ref::dense_to_hybrid<bf16>(testing::random_dense<bf16>(m, k, 1.0f, 5).view(), TwellLayout{256, 8});
   const auto a_dev = other.to(kDevice);
