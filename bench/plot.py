@@ -19,7 +19,7 @@ from collections import OrderedDict
 TWELL_VARIANTS = {
     "spmm": ["twell", "twell+convert", "cusparse_csr", "cusparse_coo"],
     "sddmm": ["twell"],
-    "convert": ["dense->hybrid", "dense->twell"],
+    "convert": ["dense->hybrid", "dense->twell", "dense->twell_into_async"],
     "gemm_to_sparse": ["twell"],
     "ffn": ["fused", "unfused", "fused_plain"],
 }
@@ -193,10 +193,15 @@ def contract_rows(report):
                  f"{fmt(c['ms']['median'])} ms ({fmt(0.27 / c['ms']['median'])}x the paper's 0.27 ms, target >= 1.5x); "
                  f"vs dense {fmt(vs.get('cublas_dense'))}x" if c else "not measured"))
 
-    c = find(report, "convert", "dense->hybrid", m=big, density=0.005)
+    # The conversion kernel itself (into a preallocated TwELL, nothing read back); the allocating
+    # dense -> Hybrid (scan, maps, dense block) in the detail.
+    c = find(report, "convert", "dense->twell_into_async", m=big, density=0.005)
+    h = find(report, "convert", "dense->hybrid", m=big, density=0.005)
     pct = c["extra"].get("percent_of_copy_bandwidth") if c else None
-    rows.append(("dense -> TwELL conversion, % of copy bandwidth, 0.5 %, uniform", ">= 70 %", fmt(pct),
-                 f"{fmt(c['gb_per_s'])} GB/s" if c else "not measured"))
+    detail = f"{fmt(c['gb_per_s'])} GB/s into a preallocated TwELL" if c else "not measured"
+    if h:
+        detail += f"; dense -> Hybrid with its allocation {fmt(h['extra'].get('percent_of_copy_bandwidth'))} %"
+    rows.append(("dense -> TwELL conversion, % of copy bandwidth, 0.5 %, uniform", ">= 70 %", fmt(pct), detail))
     rows.append(("training forward + backward vs dense, 0.5 %", ">= 2.0x, exact", "-",
                  "not measured (no training suite in twell bench)"))
     return rows
