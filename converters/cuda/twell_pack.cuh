@@ -132,8 +132,9 @@ inline TwellGeometry twell_geometry(TwellLayout layout, std::int64_t cols) {
 }
 
 // Resident blocks per SM of dense_to_twell_tiles_kernel (at most 64 registers a thread): its time
-// goes to the loads, so it wants many warps (measured on an H100: 4 blocks of 8 warps with 2 tiles
-// in flight per warp beat 3 x 4 and 2 x 8).
+// goes to the loads, so it wants many warps with a little in flight each rather than few with much
+// (an H100 run of an earlier, full-warp version: 4 blocks with 2 tiles in flight per warp, 2004
+// GB/s, beat 3 blocks x 4 tiles, 1879, and 2 x 8, 1571).
 constexpr int kTilesMinBlocks = 4;
 
 // Lane's chunk of kPerLane (16 or 8) 16-bit values of one tile: columns col0 .. of a tile of
