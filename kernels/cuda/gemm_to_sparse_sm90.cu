@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include <cuda.h>  // CUtensorMap and its enums only: the driver is reached through the runtime's entry-point query
@@ -370,6 +372,32 @@ CUtensorMap tensor_map(const void* base, std::int64_t rows, std::int64_t cols, s
   return map;
 }
 
+// The device code of this file that the current device runs writes whether it is the sm_90a code.
+// A build whose code for the device at hand comes from another target (compute_80 PTX that the
+// driver compiles for a Hopper, or plain sm_90) holds the empty kernel instead, and
+// cudaFuncGetAttributes reports binary version 90 for both, so only running code can tell.
+__device__ int sm90a_code_flag;
+__global__ void sm90a_probe_kernel() { sm90a_code_flag = TWELL_SM90A_DEVICE; }
+
+// Asked once per device and process; the probe runs on a private stream of its own.
+bool device_runs_sm90a_code(int device, const char* where) {
+  static std::mutex mutex;
+  static std::map<int, bool> known;
+  const std::lock_guard lock(mutex);
+  if (const auto it = known.find(device); it != known.end()) return it->second;
+  cudaStream_t probe_stream = nullptr;
+  ::twell::detail::check_cuda(cudaStreamCreateWithFlags(&probe_stream, cudaStreamNonBlocking), where);
+  int flag = 0;
+  sm90a_probe_kernel<<<1, 1, 0, probe_stream>>>();
+  cudaError_t status = cudaGetLastError();
+  if (status == cudaSuccess)
+    status = cudaMemcpyFromSymbolAsync(&flag, sm90a_code_flag, sizeof flag, 0, cudaMemcpyDeviceToHost, probe_stream);
+  if (status == cudaSuccess) status = cudaStreamSynchronize(probe_stream);
+  (void)cudaStreamDestroy(probe_stream);
+  ::twell::detail::check_cuda(status, where);
+  return known[device] = flag == 1;
+}
+
 template <class T, int BN>
 bool available(const char* where) {
   int device = 0, major = 0, minor = 0, optin = 0;
@@ -380,7 +408,7 @@ bool available(const char* where) {
   if (major != 9 || minor != 0 || optin < Sm90Tile<BN>::kSmem) return false;
   cudaFuncAttributes attr{};
   ::twell::detail::check_cuda(cudaFuncGetAttributes(&attr, gemm_twell_sm90_kernel<T, BN>), where);
-  return attr.binaryVersion == 90 && tensor_map_encoder() != nullptr;
+  return attr.binaryVersion == 90 && device_runs_sm90a_code(device, where) && tensor_map_encoder() != nullptr;
 }
 
 template <class T, int BN>

@@ -18,6 +18,7 @@
 #include "checks.hpp"
 #include "device.hpp"
 #include "random.hpp"
+#include "sweep.hpp"
 
 namespace {
 
@@ -239,9 +240,9 @@ TEST_CASE_TEMPLATE("cuda converters match the reference: tiny and ragged shapes,
   // 256 and 128 take the tiled 16-bit kernel where rows are 16-byte aligned (cols 1000), the
   // others (and unaligned rows) the generic one.
   const TwellLayout layouts[] = {{256, 8}, {128, 4}, {64, 4}, {8, 4}};
-  for (const auto& [rows, cols] : shapes)
-    for (double density : densities)
-      for (const TwellLayout layout : layouts) {
+  for (const auto& [rows, cols] : testing::sweep(shapes))
+    for (double density : testing::sweep(densities))
+      for (const TwellLayout layout : testing::sweep(layouts)) {
         const std::uint64_t seed = fresh_seed();
         CAPTURE(seed);
         CAPTURE(density);

@@ -24,6 +24,7 @@
 #include "checks.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "sweep.hpp"
 
 namespace {
 
@@ -167,7 +168,7 @@ TEST_CASE_TEMPLATE("FFN plans match the dense reference: tiny to paper shapes, 0
   };
   constexpr Pattern kPatterns[] = {
       {0.003, Distribution::token_skewed}, {0.05, Distribution::uniform}, {0.5, Distribution::neuron_skewed}};
-  for (const Shape& s : kShapes)
+  for (const Shape& s : testing::sweep(kShapes))
     for (const Pattern& p : kPatterns) {
       const std::uint64_t seed = testing::fresh_seed();
       CAPTURE(seed);
@@ -215,7 +216,7 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
       {{100, 256, 1000, 0.2, Distribution::neuron_skewed}, TwellLayout{256, 2}, "ffn_block16_v8"},
       {{40, 3000, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block8_v8"},
       {{37, 4096, 520, 0.01, Distribution::uniform}, TwellLayout{128, 8}, "ffn_block8_v8"}};
-  for (const Setting& st : settings) {
+  for (const Setting& st : testing::sweep(settings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(st.w.m);

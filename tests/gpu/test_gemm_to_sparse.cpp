@@ -28,6 +28,7 @@
 #include "device.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "sweep.hpp"
 
 namespace {
 
@@ -203,21 +204,23 @@ void check_mainloops_agree(const HybridMatrix<T>& a, const HybridMatrix<T>& b, c
   CHECK(diff == 0);
 }
 
-bool hopper_device() {
-  static const bool hopper = [] {
+// Whether FusedMainloop::best must take the wgmma kernel: a compute capability 9.0 device and a
+// build whose device code holds sm_90a (the default; a build for compute_80 alone runs the
+// mma.sync kernel on a Hopper too, from PTX the driver compiles).
+bool wgmma_expected() {
+  static const bool expected = [] {
     int device = 0;
     cudaDeviceProp p{};
     testing::cuda_ok(cudaGetDevice(&device));
     testing::cuda_ok(cudaGetDeviceProperties(&p, device));
-    return p.major == 9 && p.minor == 0;
+    return TWELL_TEST_BUILT_SM90A == 1 && p.major == 9 && p.minor == 0;
   }();
-  return hopper;
+  return expected;
 }
 
-// The path prefix a fused run reports: the project builds sm_90a code by default, so on a
-// compute capability 9.0 device FusedMainloop::best must take the wgmma kernel.
+// The path prefix a fused run reports.
 std::string fused_prefix(cuda::FusedMainloop mainloop) {
-  return mainloop == cuda::FusedMainloop::best && hopper_device() ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile";
+  return mainloop == cuda::FusedMainloop::best && wgmma_expected() ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile";
 }
 
 constexpr cuda::FusedMainloop kMainloops[] = {cuda::FusedMainloop::best, cuda::FusedMainloop::portable};
@@ -308,9 +311,9 @@ TEST_CASE_TEMPLATE("gemm_to_sparse fused path, random dense inputs (about 50 % d
     std::int32_t tile;
   };
   // Ragged M, N and K (K = 40, 136, 264, 1000 are not multiples of the 64-deep K step).
-  for (const Shape s : {Shape{77, 96, 328, 256}, Shape{130, 40, 256, 128}, Shape{1, 8, 8, 256},
-                        Shape{300, 264, 520, 128}, Shape{77, 136, 264, 256}, Shape{300, 1000, 520, 256}}) {
-    for (const ActivationSpec act : kActs) {
+  for (const Shape s : testing::sweep({Shape{77, 96, 328, 256}, Shape{130, 40, 256, 128}, Shape{1, 8, 8, 256},
+                                       Shape{300, 264, 520, 128}, Shape{77, 136, 264, 256}, Shape{300, 1000, 520, 256}})) {
+    for (const ActivationSpec act : testing::sweep(kActs)) {
       const std::uint64_t seed = testing::fresh_seed();
       CAPTURE(seed);
       CAPTURE(s.m);
@@ -342,7 +345,7 @@ TEST_CASE_TEMPLATE("gemm_to_sparse generic paths: other tiles, unaligned shapes,
 
 TEST_CASE_TEMPLATE("gemm_to_sparse on workload patterns, densities 0.3 % to 20 %, token-skewed overflow", T, bf16,
                    fp16) {
-  for (const testing::WorkloadSetting& s : kWorkloadSettings) {
+  for (const testing::WorkloadSetting& s : testing::sweep(kWorkloadSettings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(s.density);

@@ -12,6 +12,7 @@
 #include <twell/kernels/options.hpp>
 
 #include "random.hpp"
+#include "sweep.hpp"
 
 namespace twell::testing {
 
@@ -30,13 +31,14 @@ inline std::vector<Shape> with_random_shapes(std::vector<Shape> fixed, std::int6
   return fixed;
 }
 
-// Calls body(shape, density, op, seed) for every shape, density and op (none, then transpose),
+// Calls body(shape, density, op, seed) for every shape, density (of the sweep: sweep.hpp) and op
+// (none, then transpose),
 // each with a fresh seed; seed, shape, density and whether op transposes are captured for
 // failure messages.
 template <class Body>
 void for_each_product_case(const std::vector<Shape>& shapes, std::span<const double> densities, Body&& body) {
-  for (const Shape& s : shapes) {
-    for (const double density : densities) {
+  for (const Shape& s : sweep(std::span<const Shape>(shapes))) {
+    for (const double density : sweep(densities)) {
       for (const Op op : {Op::none, Op::transpose}) {
         const std::uint64_t seed = fresh_seed();
         const bool transposed = op == Op::transpose;
