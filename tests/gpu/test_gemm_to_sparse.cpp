@@ -563,7 +563,7 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: random dense
 }
 
 TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: workload patterns, 0.3 % to 20 %", T, bf16, fp16) {
-  for (const testing::WorkloadSetting& s : kWorkloadSettings) {
+  for (const testing::WorkloadSetting& s : testing::sweep(kWorkloadSettings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(s.density);
