@@ -372,10 +372,10 @@ CUtensorMap tensor_map(const void* base, std::int64_t rows, std::int64_t cols, s
   return map;
 }
 
-// The device code of this file that the current device runs writes whether it is the sm_90a code.
-// A build whose code for the device at hand comes from another target (compute_80 PTX that the
-// driver compiles for a Hopper, or plain sm_90) holds the empty kernel instead, and
-// cudaFuncGetAttributes reports binary version 90 for both, so only running code can tell.
+// The probe writes 1 where the device runs this file's sm_90a image. A build whose code for the
+// device at hand comes from another target (compute_80 PTX that the driver compiles for a Hopper,
+// or plain sm_90) runs the empty wgmma kernel instead, and cudaFuncGetAttributes reports binary
+// version 90 for both, so only code that runs can tell them apart.
 __device__ int sm90a_code_flag;
 __global__ void sm90a_probe_kernel() { sm90a_code_flag = TWELL_SM90A_DEVICE; }
 
