@@ -66,11 +66,15 @@ __device__ inline int pack_chunk(TileSlots<T> slots, int capacity, int count, un
   return count + __shfl_sync(kFullMask, inclusive, kWarpSize - 1);
 }
 
+// The values a (row, tile) of `count` candidates holds: all of them (a hybrid's shadow row is whole
+// in its dense block), or under drop at most the capacity.
+__device__ inline int held_count(int count, int capacity, OverflowPolicy policy) {
+  return policy == OverflowPolicy::drop && count > capacity ? capacity : count;
+}
+
 // Lane 0's bookkeeping for a (row, tile) whose slots are written, with its true count: an
 // overflowed tile goes to the policy's target. `key` is row * tiles + tile, so the smallest key is
-// the first (row, tile) in row-major order. Returns the values the result holds for this (row,
-// tile): the entries left under drop, else the true count (a hybrid's shadow row is whole in its
-// dense block).
+// the first (row, tile) in row-major order. Returns held_count.
 __device__ inline int account_tile(int count, int capacity, std::int64_t row, std::int64_t key,
                                    const OverflowTarget& overflow) {
   if (count > capacity) {
@@ -87,14 +91,13 @@ __device__ inline int account_tile(int count, int capacity, std::int64_t row, st
         break;
     }
   }
-  return overflow.policy == OverflowPolicy::drop && count > capacity ? capacity : count;
+  return held_count(count, capacity, overflow.policy);
 }
 
 // Closes a (row, tile) once all its candidates went through pack_chunk: slot 0, the zero padding
 // after the written entries, the fp32 value plane's slot 0, and the overflow policy
 // (account_tile). Slot 0 keeps the true count except under drop, where the surplus is gone and
-// slot 0 counts what is left. Returns account_tile's count in every lane. Must be called by the
-// whole warp.
+// slot 0 counts what is left. Returns held_count in every lane. Must be called by the whole warp.
 template <class T>
 __device__ inline int finish_tile(TileSlots<T> slots, int slot_count, int capacity, int count, std::int64_t row,
                                   std::int64_t key, const OverflowTarget& overflow) {
@@ -104,12 +107,13 @@ __device__ inline int finish_tile(TileSlots<T> slots, int slot_count, int capaci
     slots.packed[s] = 0u;
     if constexpr (!ValueTraits<T>::packs_in_slot) slots.values[s] = T{};
   }
+  const int held = held_count(count, capacity, overflow.policy);
   if (lane == 0) {
-    slots.packed[0] = static_cast<std::uint32_t>(overflow.policy == OverflowPolicy::drop ? kept : count);
+    slots.packed[0] = static_cast<std::uint32_t>(held);
     if constexpr (!ValueTraits<T>::packs_in_slot) slots.values[0] = T{};
     account_tile(count, capacity, row, key, overflow);
   }
-  return overflow.policy == OverflowPolicy::drop ? kept : count;
+  return held;
 }
 
 }  // namespace twell::cuda::detail

@@ -40,6 +40,16 @@ constexpr MemorySpace kDevice = MemorySpace::device;
 using testing::nan_dense;
 using testing::relative_bound;
 
+// Token-skewed activations at the paper's 0.5 % mean density (the real workload's rows).
+template <class T>
+DenseMatrix<T> token_skewed_activations(std::int64_t tokens, std::int64_t units, std::uint64_t seed) {
+  return workload::activations<T>({.tokens = tokens,
+                                   .units = units,
+                                   .density = 0.005,
+                                   .distribution = workload::Distribution::token_skewed,
+                                   .seed = seed});
+}
+
 constexpr std::pair<float, float> kAlphaBeta[] = {{1.0f, 0.0f}, {-0.75f, 0.0f}, {0.5f, -1.5f}};
 
 // The largest relative error of one row of got against the same row of want (Frobenius norms); a
@@ -198,13 +208,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm under token skew, with Hybrid ov
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(m);
-    workload::ActivationOptions wo;
-    wo.tokens = m;
-    wo.units = kK;
-    wo.density = 0.005;
-    wo.distribution = workload::Distribution::token_skewed;
-    wo.seed = seed;
-    DenseMatrix<T> a_dense = workload::activations<T>(wo);
+    DenseMatrix<T> a_dense = token_skewed_activations<T>(m, kK, seed);
     const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
     auto v = a_dense.view();
     for (std::int64_t i = 1; i < m; i += 97)
@@ -235,13 +239,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows tha
   constexpr std::int64_t kM = 2048, kK = 5632, kN = 2048;
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  workload::ActivationOptions wo;
-  wo.tokens = kM;
-  wo.units = kK;
-  wo.density = 0.005;
-  wo.distribution = workload::Distribution::token_skewed;
-  wo.seed = seed;
-  DenseMatrix<T> a_dense = workload::activations<T>(wo);
+  DenseMatrix<T> a_dense = token_skewed_activations<T>(kM, kK, seed);
   for (std::int64_t i = 5; i < kM; i += 61) fill_row(a_dense, i, 40);
   for (std::int64_t i = 7; i < kM; i += 127) fill_row(a_dense, i, 700);
   for (std::int64_t i = 11; i < kM; i += 251) fill_row(a_dense, i, 1024);
