@@ -26,6 +26,7 @@
 #                   over all suites add up to about 2.5 h: on a lent GPU split them over calls
 #                   by group of suites (docs/testing.md)
 #   --sanitize-suites RE    only the gpu test executables whose path matches RE (default all)
+#   --sanitize-cases RE     only the test cases whose name matches RE (default all)
 #
 # Environment: TWELL_GPU_CHECK_TEST_JOBS (default 4) gpu test suites run at once;
 # TWELL_GPU_CHECK_BUILD (and TWELL_GPU_CHECK_BUILD_80) put the build folders
@@ -52,6 +53,7 @@ sanitize_limit=420
 sanitize_jobs="${TWELL_GPU_CHECK_SANITIZE_JOBS:-12}"
 sanitize_tools="racecheck,memcheck"
 sanitize_suites="."
+sanitize_cases="."
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=1 ;;
@@ -67,6 +69,7 @@ while [ $# -gt 0 ]; do
     --sanitize-limit) sanitize_limit="${2:?--sanitize-limit needs seconds}"; shift ;;
     --sanitize-tools) sanitize_tools="${2:?--sanitize-tools needs a list}"; shift ;;
     --sanitize-suites) sanitize_suites="${2:?--sanitize-suites needs a pattern}"; shift ;;
+    --sanitize-cases) sanitize_cases="${2:?--sanitize-cases needs a pattern}"; shift ;;
     -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     -*) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) if [ -z "$out" ]; then out="$1"; else echo "gpu-check: two output folders: $out and $1" >&2; exit 2; fi ;;
@@ -153,16 +156,20 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
   # (their widest sweeps) start early, so the long runs do not all begin near the deadline.
   runs=()
   exes=$(find "$build/tests" -maxdepth 1 -type f -executable -name 'gpu_test_*' | grep -E "$sanitize_suites" | sort)
+  # The k-th case of doctest's listing is the one --first=k --last=k runs (both in file order).
   most=0
   declare -A cases
   for exe in $exes; do
-    cases[$exe]=$("$exe" --count 2>/dev/null | sed -n 's/.*passing the current filters: \([0-9]*\).*/\1/p' | head -1)
-    [ "${cases[$exe]:-0}" -gt "$most" ] && most=${cases[$exe]}
+    cases[$exe]=$("$exe" --list-test-cases 2>/dev/null | sed -n '3,$p' | grep -v -e '^===' -e '^\[doctest\]' |
+                  grep -n -E -e "$sanitize_cases" | cut -d: -f1 | tr '\n' ' ')
+    set -- ${cases[$exe]}
+    [ $# -gt "$most" ] && most=$#
   done
   for tool in ${sanitize_tools//,/ }; do
-    for k in $(seq 1 "$most"); do
+    for i in $(seq 1 "$most"); do
       for exe in $exes; do
-        [ "$k" -le "${cases[$exe]:-0}" ] && runs+=("$tool $exe $k")
+        set -- ${cases[$exe]}
+        [ "$i" -le $# ] && runs+=("$tool $exe ${!i}")
       done
     done
   done

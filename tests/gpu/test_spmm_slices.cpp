@@ -27,6 +27,7 @@
 
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "sweep.hpp"
 
 using namespace twell;
 namespace ref = twell::reference;
@@ -116,7 +117,8 @@ template <class T, class HostM>
 void check_all(const HostM& a, const DenseMatrix<T>& b, const std::string& path, std::uint64_t seed,
                dev::SpmmPlan<T>* plan = nullptr) {
   const auto c0 = testing::random_dense<T>(a.rows(), b.cols(), 1.0f, seed + 2);
-  for (const auto& [alpha, beta] : kAlphaBeta) CHECK(check_spmm<T>(a, b, c0, alpha, beta, plan) == path);
+  for (const auto& [alpha, beta] : testing::sweep_ends({kAlphaBeta[0], kAlphaBeta[1], kAlphaBeta[2]}))
+    CHECK(check_spmm<T>(a, b, c0, alpha, beta, plan) == path);
 }
 
 // The slice-reuse path takes layouts whose rows hold at most 2048 entries (capacity x tiles, see
@@ -162,37 +164,39 @@ bool device_takes_k(std::int64_t k) {
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm matches the reference: shapes, tiles, densities", T, bf16, fp16) {
-  for (const std::int64_t m : {std::int64_t{1}, std::int64_t{37}, std::int64_t{1000}}) {
-    for (const std::int64_t k : {std::int64_t{300}, std::int64_t{5632}}) {
-      for (const std::int64_t nb : {std::int64_t{128}, std::int64_t{2048}}) {
-        for (const double density : {0.0, 0.005, 0.05, 0.5, 1.0}) {
-          // Keep the CPU reference (nnz x Nb multiply-adds per alpha/beta pair) cheap.
-          if (static_cast<double>(m) * static_cast<double>(k) * density * static_cast<double>(nb) > 3e8) continue;
-          const std::uint64_t seed = testing::fresh_seed();
-          CAPTURE(seed);
-          CAPTURE(m);
-          CAPTURE(k);
-          CAPTURE(nb);
-          CAPTURE(density);
-          testing::SparseDenseOptions so;
-          so.density = density;
-          so.empty_row_share = density < 1.0 ? 0.1 : 0.0;
-          so.full_row_share = density > 0.0 && density < 0.5 ? 0.02 : 0.0;  // rows that overflow
-          const auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
-          const auto b = testing::random_dense<T>(k, nb, 1.0f, seed + 1);
-          // Plain TwELL where a layout has room for every row: C = 1 (capacity 255 of 256).
-          if (density < 1.0 && so.full_row_share == 0.0) {
-            const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
-            check_all<T>(a, b, twell_path(TwellLayout{256, 1}, k), seed);
-          }
-          // Hybrid at the paper's layouts and narrower ones; at 100 % every row overflows.
-          for (const TwellLayout layout : {TwellLayout{256, 16}, TwellLayout{128, 4}, TwellLayout{256, 2}}) {
-            CAPTURE(layout.tile);
-            CAPTURE(layout.compression);
-            const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
-            dev::SpmmPlan<T> plan(m, k, layout);
-            check_all<T>(a, b, hybrid_path(layout, k, a.overflow_rows()), seed, &plan);
-          }
+  // Under a reduced sweep (the sanitizer): (M, K) 1 x 300, 37 x 5632 and 1000 x 5632, B 64 wide.
+  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 300},   {1, 5632},   {37, 300},
+                                                               {37, 5632}, {1000, 300}, {1000, 5632}};
+  for (const auto& [m, k] : testing::sweep(kShapes)) {
+    for (const std::int64_t nb :
+         testing::reduced_sweep() ? std::vector<std::int64_t>{64} : std::vector<std::int64_t>{128, 2048}) {
+      for (const double density : testing::sweep({0.0, 0.005, 0.05, 0.5, 1.0})) {
+        // Keep the CPU reference (nnz x Nb multiply-adds per alpha/beta pair) cheap.
+        if (static_cast<double>(m) * static_cast<double>(k) * density * static_cast<double>(nb) > 3e8) continue;
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(m);
+        CAPTURE(k);
+        CAPTURE(nb);
+        CAPTURE(density);
+        testing::SparseDenseOptions so;
+        so.density = density;
+        so.empty_row_share = density < 1.0 ? 0.1 : 0.0;
+        so.full_row_share = density > 0.0 && density < 0.5 ? 0.02 : 0.0;  // rows that overflow
+        const auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
+        const auto b = testing::random_dense<T>(k, nb, 1.0f, seed + 1);
+        // Plain TwELL where a layout has room for every row: C = 1 (capacity 255 of 256).
+        if (density < 1.0 && so.full_row_share == 0.0) {
+          const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
+          check_all<T>(a, b, twell_path(TwellLayout{256, 1}, k), seed);
+        }
+        // Hybrid at the paper's layouts and narrower ones; at 100 % every row overflows.
+        for (const TwellLayout layout : {TwellLayout{256, 16}, TwellLayout{128, 4}, TwellLayout{256, 2}}) {
+          CAPTURE(layout.tile);
+          CAPTURE(layout.compression);
+          const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
+          dev::SpmmPlan<T> plan(m, k, layout);
+          check_all<T>(a, b, hybrid_path(layout, k, a.overflow_rows()), seed, &plan);
         }
       }
     }
@@ -203,13 +207,14 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm matches the reference: shapes, t
 // at C = 1) and rows forced to overflow one tile, next to each other so that the rows of one group
 // see them; dense tiles included.
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm under token skew, with Hybrid overflow rows", T, bf16, fp16) {
-  constexpr std::int64_t kK = 5632, kN = 2048;
+  constexpr std::int64_t kK = 5632;
+  const std::int64_t nb = testing::sweep_size(2048, 64);  // 256 slices of B, or 8 under the sanitizer
   for (const std::int64_t m : {std::int64_t{600}, std::int64_t{2000}}) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(m);
     DenseMatrix<T> a_dense = token_skewed_activations<T>(m, kK, seed);
-    const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
+    const auto b = testing::random_dense<T>(kK, nb, 1.0f, seed + 1);
     auto v = a_dense.view();
     for (std::int64_t i = 1; i < m; i += 97)
       for (std::int64_t j = 0; j < kK; j += 9) v.at(i, j) = from_float<T>(0.25f + 0.0001f * static_cast<float>(j));
@@ -236,7 +241,8 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm under token skew, with Hybrid ov
 // overflow block; Hybrid(256, 16) sends every heavy row there. Then rows placed on the lanes where
 // a group ends and where rows straddle warps.
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows that fill a CTA", T, bf16, fp16) {
-  constexpr std::int64_t kM = 2048, kK = 5632, kN = 2048;
+  constexpr std::int64_t kM = 2048, kK = 5632;
+  const std::int64_t nb = testing::sweep_size(2048, 64);  // 256 slices of B, or 8 under the sanitizer
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   DenseMatrix<T> a_dense = token_skewed_activations<T>(kM, kK, seed);
@@ -246,7 +252,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows tha
   for (std::int64_t i = 13; i < kM; i += 331) fill_row(a_dense, i, 1025);
   fill_row(a_dense, 1000, 5610);
   fill_row(a_dense, 1001, 3000);
-  const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
+  const auto b = testing::random_dense<T>(kK, nb, 1.0f, seed + 1);
   {
     const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
     dev::SpmmPlan<T> plan(kM, kK, TwellLayout{256, 1});
@@ -303,7 +309,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: empty row blocks", T, bf16, fp1
 // K = 11008 (4-column slices), M just past a multiple of the pre-pass's 256 rows, Nb of 1, 3 and
 // 5 slices (8-column) or 10 (4-column).
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, fp16) {
-  for (const std::int64_t m : {std::int64_t{257}, std::int64_t{1025}}) {
+  for (const std::int64_t m : {std::int64_t{257}, testing::sweep_size(1025, 513)}) {
     for (const double density : {0.005, 0.03}) {
       const std::uint64_t seed = testing::fresh_seed();
       CAPTURE(seed);
@@ -315,7 +321,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
       {
         constexpr std::int64_t kK = 777;
         const auto a_dense = testing::random_sparse_dense<T>(m, kK, so, seed);
-        for (const std::int64_t nb : {std::int64_t{8}, std::int64_t{24}, std::int64_t{40}}) {
+        for (const std::int64_t nb : testing::sweep_ends({std::int64_t{8}, std::int64_t{24}, std::int64_t{40}})) {
           CAPTURE(nb);
           const auto b = testing::random_dense<T>(kK, nb, 1.0f, seed + 1);
           for (const TwellLayout layout : {TwellLayout{256, 1}, TwellLayout{128, 2}}) {
@@ -339,6 +345,63 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
         check_all<T>(a, b, path, seed, &plan);
       }
     }
+  }
+}
+
+// An Inf and a NaN in B reach exactly the outputs of the rows whose entries use those B rows, as in
+// the reference (sparse semantics: a zero of A never meets B). A kernel that multiplies B rows by
+// explicit zeros (padding, or the zero rows of a tensor-core tile) would turn neighbouring rows
+// NaN. Elementwise: NaN where the reference has NaN, the same infinity where it has one, and the
+// finite elements within the usual row bound. (A Hybrid's overflow rows go through a dense cuBLAS
+// product, where a row's zero times Inf is NaN: the layout here keeps every row in TwELL.)
+TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: Inf and NaN in B stay in the rows that use them", T, bf16, fp16) {
+  constexpr std::int64_t kM = 1000, kK = 777, kN = 64, kInfRow = 300, kNanRow = 301;
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  testing::SparseDenseOptions so;
+  so.density = 0.05;
+  const auto a_dense = testing::random_sparse_dense<T>(kM, kK, so, seed);
+  auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
+  b.view().at(kInfRow, 3) = from_float<T>(std::numeric_limits<float>::infinity());
+  b.view().at(kNanRow, 5) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  const auto c0 = testing::random_dense<T>(kM, kN, 1.0f, seed + 2);
+  const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 4});
+  const auto a_dev = a.to(kDevice);
+  const DenseMatrix<T> b_dev = b.to(kDevice);
+  std::int64_t rows_hit = 0;
+  for (std::int64_t i = 0; i < kM; ++i)
+    rows_hit += to_float(a_dense.view().at(i, kInfRow)) != 0.0f || to_float(a_dense.view().at(i, kNanRow)) != 0.0f;
+  REQUIRE(rows_hit > 0);
+  REQUIRE(rows_hit < kM / 4);  // most rows must stay finite, or the test shows nothing
+  for (const auto& [alpha, beta] : kAlphaBeta) {
+    CAPTURE(alpha);
+    CAPTURE(beta);
+    DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(kM, kN) : c0.to(kHost);
+    ref::spmm<T>(Op::none, a.view(), b.view(), want.view(), alpha, beta);
+    DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(kM, kN).to(kDevice) : c0.to(kDevice);
+    KernelReport report;
+    KernelOptions options;
+    options.report = &report;
+    dev::spmm<T>(Op::none, a_dev.view(), b_dev.view(), c_dev.view(), alpha, beta, options);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(report.path == twell_path(TwellLayout{256, 4}, kK));
+    DenseMatrix<T> got = c_dev.to(kHost);
+    std::int64_t mismatched = 0, non_finite = 0;
+    for (std::int64_t i = 0; i < kM; ++i) {
+      for (std::int64_t j = 0; j < kN; ++j) {
+        const float g = to_float(got.view().at(i, j)), w = to_float(want.view().at(i, j));
+        if (std::isfinite(w)) {
+          mismatched += std::isfinite(g) ? 0 : 1;
+        } else {
+          ++non_finite;
+          mismatched += (std::isnan(w) ? std::isnan(g) : g == w) ? 0 : 1;
+          got.view().at(i, j) = want.view().at(i, j) = from_float<T>(0.0f);
+        }
+      }
+    }
+    CHECK(non_finite > 0);
+    CHECK(mismatched == 0);
+    CHECK(worst_row_error<T>(got, want) <= relative_bound<T>());
   }
 }
 
