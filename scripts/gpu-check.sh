@@ -70,7 +70,7 @@ while [ $# -gt 0 ]; do
     --sanitize-tools) sanitize_tools="${2:?--sanitize-tools needs a list}"; shift ;;
     --sanitize-suites) sanitize_suites="${2:?--sanitize-suites needs a pattern}"; shift ;;
     --sanitize-cases) sanitize_cases="${2:?--sanitize-cases needs a pattern}"; shift ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) if [ -z "$out" ]; then out="$1"; else echo "gpu-check: two output folders: $out and $1" >&2; exit 2; fi ;;
   esac
