@@ -75,42 +75,55 @@ double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
   return worst;
 }
 
-// Runs both backends on the same A, B, C0 (C poisoned with NaN when beta == 0) and returns the
-// cuda path taken. With a plan, the plan runs too and must reproduce spmm()'s bits.
-template <class T, class HostM>
-std::string check_spmm(const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha, float beta,
-                       dev::SpmmPlan<T>* plan = nullptr) {
-  CAPTURE(alpha);
-  CAPTURE(beta);
+// Both backends' C = alpha A B + beta C0 (C poisoned with NaN when beta == 0) and the cuda path.
+template <class T>
+struct SpmmRun {
+  DenseMatrix<T> want, got;
+  std::string path;
+};
+template <class T, class HostM, class DevM>
+SpmmRun<T> run_spmm(const HostM& a_host, const DevM& a_dev, const DenseMatrix<T>& b, const DenseMatrix<T>& b_dev,
+                    const DenseMatrix<T>& c0, float alpha, float beta) {
   const std::int64_t m = a_host.rows();
   const std::int64_t nb = b.cols();
   DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(m, nb) : c0.to(kHost);
   ref::spmm<T>(Op::none, a_host.view(), b.view(), want.view(), alpha, beta);
-
-  const auto a_dev = a_host.to(kDevice);
-  const DenseMatrix<T> b_dev = b.to(kDevice);
   DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(m, nb).to(kDevice) : c0.to(kDevice);
   KernelReport report;
   KernelOptions options;
   options.report = &report;
   dev::spmm<T>(Op::none, a_dev.view(), b_dev.view(), c_dev.view(), alpha, beta, options);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  CAPTURE(report.path);
-  const DenseMatrix<T> got = c_dev.to(kHost);
+  return {std::move(want), c_dev.to(kHost), report.path};
+}
+
+// Runs both backends on the same A, B, C0 and returns the cuda path taken. With a plan, the plan
+// runs too and must reproduce spmm()'s bits.
+template <class T, class HostM>
+std::string check_spmm(const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha, float beta,
+                       dev::SpmmPlan<T>* plan = nullptr) {
+  CAPTURE(alpha);
+  CAPTURE(beta);
+  const auto a_dev = a_host.to(kDevice);
+  const DenseMatrix<T> b_dev = b.to(kDevice);
+  const SpmmRun<T> run = run_spmm<T>(a_host, a_dev, b, b_dev, c0, alpha, beta);
+  const DenseMatrix<T>& want = run.want;
+  const DenseMatrix<T>& got = run.got;
+  CAPTURE(run.path);
   const double err = testing::relative_error<T, T>(got.view(), want.view());
   CHECK(err <= relative_bound<T>());  // NaN (poison leaked or an element unwritten) fails too
   const double row_err = worst_row_error<T>(got, want);
   CHECK(row_err <= relative_bound<T>());
 
   if (plan != nullptr) {
-    DenseMatrix<T> c_plan = beta == 0.0f ? nan_dense<T>(m, nb).to(kDevice) : c0.to(kDevice);
+    DenseMatrix<T> c_plan = beta == 0.0f ? nan_dense<T>(a_host.rows(), b.cols()).to(kDevice) : c0.to(kDevice);
     plan->run(a_dev.view(), b_dev.view(), c_plan.view(), alpha, beta);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(plan->path() == report.path);
+    CHECK(plan->path() == run.path);
     const DenseMatrix<T> got_plan = c_plan.to(kHost);
     CHECK(testing::bitwise_equal<T>(got_plan.view(), got.view()));
   }
-  return report.path;
+  return run.path;
 }
 
 template <class T, class HostM>
@@ -376,16 +389,8 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: Inf and NaN in B stay in the ro
   for (const auto& [alpha, beta] : kAlphaBeta) {
     CAPTURE(alpha);
     CAPTURE(beta);
-    DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(kM, kN) : c0.to(kHost);
-    ref::spmm<T>(Op::none, a.view(), b.view(), want.view(), alpha, beta);
-    DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(kM, kN).to(kDevice) : c0.to(kDevice);
-    KernelReport report;
-    KernelOptions options;
-    options.report = &report;
-    dev::spmm<T>(Op::none, a_dev.view(), b_dev.view(), c_dev.view(), alpha, beta, options);
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(report.path == twell_path(TwellLayout{256, 4}, kK));
-    DenseMatrix<T> got = c_dev.to(kHost);
+    auto [want, got, path] = run_spmm<T>(a, a_dev, b, b_dev, c0, alpha, beta);
+    CHECK(path == twell_path(TwellLayout{256, 4}, kK));
     std::int64_t mismatched = 0, non_finite = 0;
     for (std::int64_t i = 0; i < kM; ++i) {
       for (std::int64_t j = 0; j < kN; ++j) {
