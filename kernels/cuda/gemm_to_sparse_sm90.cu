@@ -35,30 +35,37 @@ namespace {
 constexpr int kBM = 128;  // CTA rows: two consumer warpgroups of 64
 constexpr int kBK = 64;   // K per stage: one 128-byte swizzle row of 16-bit values
 constexpr int kThreads = 384;
-constexpr int kConsumerWarps = 8;
 
 // Shared memory of a CTA of kBM x BN outputs, from a 1024-byte aligned base (what the 128-byte
 // swizzle of TMA and wgmma needs): kStages x (A: kBM rows x 128 B, B: BN / 64 boxes of 64 K-rows x
-// 128 B), then the epilogue's staging rows (8 rows of kLd 16-bit values per consumer warp, their
-// own space so that the producer refills the stages while the consumers pack), then the
-// full/empty mbarriers. A stage is released one K step after its wgmmas were issued, so
-// kStages - 2 stages are in flight while the tensor cores work: 4 x 48 KB (BN 256) and
-// 6 x 32 KB (BN 128) are what fits next to the staging rows in 227 KB.
+// 128 B), then the staged tile (all kBM rows of kLd 16-bit values: the consumers write it and go
+// on with the next tile's wgmmas while the packer warps read it), then the mbarriers (full and
+// empty per stage, then the staged tile's full and empty). A stage is released one K step after
+// its wgmmas were issued, so kStages - 2 stages are in flight while the tensor cores work: 3 x 48
+// KB (BN 256) and 5 x 32 KB (BN 128) are what fits next to the staged tile in 227 KB.
 template <int BN>
 struct Sm90Tile {
-  static constexpr int kStages = BN == 256 ? 4 : 6;
+  static constexpr int kStages = BN == 256 ? 3 : 5;
   static constexpr int kABytes = kBM * kBK * 2;
   static constexpr int kBBoxBytes = kBK * 64 * 2;
   static constexpr int kBBytes = (BN / 64) * kBBoxBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kLd = BN + 8;  // 16-bit words; fragment stores hit 32 distinct banks
-  static constexpr int kEpilogueBytes = kConsumerWarps * 8 * kLd * 2;
-  static constexpr int kBarrierOffset = kStages * kStageBytes + kEpilogueBytes;
-  static constexpr int kSmem = 1024 + kBarrierOffset + 2 * kStages * 8;
+  static constexpr int kStagedBytes = kBM * kLd * 2;
+  static constexpr int kBarrierOffset = kStages * kStageBytes + kStagedBytes;
+  static constexpr int kBarriers = 2 * kStages + 2;
+  static constexpr int kSmem = 1024 + kBarrierOffset + kBarriers * 8;
   static_assert(kSmem <= 227 * 1024, "beyond the shared memory of an sm_90 block");
 };
 
 #if TWELL_SM90A_DEVICE
+
+constexpr int kConsumerWarps = 8;  // warpgroups 1 and 2
+constexpr int kPackerWarps = 3;    // warps 1 .. 3 of warpgroup 0 (warp 0 issues the TMA copies)
+// Registers per thread after setmaxnreg: the pool of 384 x 168 split between the consumers'
+// accumulators and the packers (256 x 200 + 128 x 104 = 64,512).
+constexpr int kConsumerRegisters = 200;
+constexpr int kProducerRegisters = 104;
 
 __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -201,26 +208,19 @@ __device__ __forceinline__ void stage_half(const float (&acc)[BN / 2], int h, st
   }
 }
 
-// A consumer warp's epilogue for its 16 rows x BN columns of the tile (the m64nBN fragment rows
-// 16q .. 16q+15), 8 rows at a time: staged (stage_half; ReLU by relu_pair, and again by the
-// portable rounding if a NaN showed up), then packed by pack_twell_rows (rows first_row.., slot
-// groups `groups` + r * width).
+// A consumer warp's 16 fragment rows (16q .. 16q+15 of its m64nBN accumulator), activated and
+// rounded, into `rows` (their place in the staged tile, ld Sm90Tile<BN>::kLd), 8 rows at a time
+// by stage_half: ReLU by relu_pair, and again by the portable rounding if a NaN showed up.
 template <class T, int BN>
-__device__ __forceinline__ void epilogue_warp(const float (&acc)[BN / 2], std::uint16_t* staged,
-                                              std::uint32_t* groups, std::int64_t first_row, int tile_cols,
-                                              const TwellRows& geo, const Sm90Gemm& g, const TwellOut& o, int lane,
-                                              unsigned long long& stored, unsigned long long& excess) {
+__device__ __forceinline__ void stage_warp_rows(const float (&acc)[BN / 2], std::uint16_t* rows, const Sm90Gemm& g,
+                                                int lane) {
   constexpr int kLd = Sm90Tile<BN>::kLd;
-  std::uint16_t* my_row = staged + (lane & 7) * kLd + 8 * (lane >> 3);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    __syncwarp();  // the previous packing has read the staged rows
+    std::uint16_t* my_row = rows + (8 * h + (lane & 7)) * kLd + 8 * (lane >> 3);
     bool nan = false;
     if (g.kind == Activation::relu) stage_half<T, BN, true>(acc, h, my_row, g, nan);
     if (__any_sync(0xffffffffu, nan) || g.kind != Activation::relu) stage_half<T, BN, false>(acc, h, my_row, g, nan);
-    __syncwarp();
-    pack_twell_rows<BN>(staged, kLd, 8, groups + 8 * h * geo.width, geo.width, first_row + 8 * h, 1, g.m, tile_cols,
-                        geo, o, lane, stored, excess);
   }
 }
 
@@ -228,21 +228,25 @@ __device__ __forceinline__ void epilogue_warp(const float (&acc)[BN / 2], std::u
 
 // Fused GEMM + activation + TwELL packing, persistent: CTA b takes output tiles b, b + grid, ...
 // (tile t = row block t / tiles_n, TwELL tile t % tiles_n: the CTAs of a wave share row blocks
-// and walk all of W, which stays in L2). Warpgroup 0 is the producer: one thread issues, per K
-// step, the TMA box of X (128 rows x 64 K) and BN / 64 boxes of W (64 K x 64 columns) into the
-// next free stage (waiting on its "empty" mbarrier, arming its "full" one with the byte count).
-// Warpgroups 1 and 2 are the consumers: consumer c owns rows 64c .. 64c+63 of the tile as the
-// m64nBN fp32 accumulator of wgmma (warp q of it rows 16q .. 16q+15: per 8-column chunk i,
-// d[4i + 2h + e] is row lane/4 + 8h, column 8i + 2 (lane % 4) + e), issues 4 wgmma k16 steps
-// per stage and releases a stage once the next stage's wgmmas are issued and the older group
-// has retired. Epilogue (epilogue_warp): each warp sparsifies its 16 x BN fragment, 8 rows at a
-// time, into its own 8 staging rows by stmatrix and packs them with pack_twell_rows (warp-local:
-// only __syncwarp), while the producer already fills the stages of the next tile; ReLU takes the
-// paired hardware rounding (relu_pair). Shared-memory layouts: A K-major, 128-byte
-// swizzle (TMA SWIZZLE_128B), descriptor SBO 1024 (8 rows of 128 B), k16 step +32 B; B MN-major,
-// 128-byte swizzle, descriptor LBO 8192 (from one 64-column box to the next), SBO 1024 (8 K-rows),
-// k16 step +2048 B (16 K-rows). Preconditions: gemm_twell_sm90_applies, o.layout.tile == BN,
-// row_flags zeroed. Benchmark: bench/suites/gemm_to_sparse.cpp.
+// and walk all of W, which stays in L2). Three roles:
+// - warp 0 (one thread) produces: per K step, the TMA box of X (128 rows x 64 K) and BN / 64
+//   boxes of W (64 K x 64 columns) into the next free stage (waiting on its "empty" mbarrier,
+//   arming its "full" one with the byte count);
+// - warpgroups 1 and 2 consume: consumer c owns rows 64c .. 64c+63 of the tile as the m64nBN fp32
+//   accumulator of wgmma (warp q of it rows 16q .. 16q+15: per 8-column chunk i, d[4i + 2h + e]
+//   is row lane/4 + 8h, column 8i + 2 (lane % 4) + e), issues 4 wgmma k16 steps per stage and
+//   releases a stage once the next stage's wgmmas are issued and the older group has retired.
+//   At the end of a tile each warp sparsifies its 16 rows into the staged tile (stage_warp_rows,
+//   stmatrix) and goes straight on to the next tile's wgmmas;
+// - warps 1 .. 3 pack: each takes a third of the staged tile's rows through pack_twell_rows
+//   (slots, counts, flags, totals), hidden behind the consumers' next mainloop.
+// The staged tile is handed over by two mbarriers ("staged": 256 consumer arrivals; "packed": 96
+// packer arrivals), so the consumers run at most one tile ahead of the packing.
+// Shared-memory layouts: A K-major, 128-byte swizzle (TMA SWIZZLE_128B), descriptor SBO 1024 (8
+// rows of 128 B), k16 step +32 B; B MN-major, 128-byte swizzle, descriptor LBO 8192 (from one
+// 64-column box to the next), SBO 1024 (8 K-rows), k16 step +2048 B (16 K-rows). Preconditions:
+// gemm_twell_sm90_applies, o.layout.tile == BN, row_flags zeroed. Benchmark:
+// bench/suites/gemm_to_sparse.cpp.
 template <class T, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_twell_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
@@ -253,6 +257,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   auto* full = reinterpret_cast<std::uint64_t*>(smem + P::kBarrierOffset);
   std::uint64_t* empty = full + P::kStages;
+  std::uint64_t* staged_full = empty + P::kStages;
+  std::uint64_t* staged_empty = staged_full + 1;
+  auto* staged = reinterpret_cast<std::uint16_t*>(smem + P::kStages * P::kStageBytes);
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5;
   const int lane = tid & 31;
@@ -265,12 +272,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
       mbar_init(&empty[s], kConsumerWarps);  // lane 0 of every consumer warp
     }
+    mbar_init(staged_full, kConsumerWarps * 32);
+    mbar_init(staged_empty, kPackerWarps * 32);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  if (warp < 4) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+  if (warp == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_x)) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_w)) : "memory");
@@ -290,21 +299,37 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+  } else if (warp < 4) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    // Row pairs kBM / 2 * p / kPackerWarps .. of the tile: 42, 42 and 44 rows at kBM = 128.
+    const int p = warp - 1;
+    const int first = 2 * (kBM / 2 * p / kPackerWarps);
+    const int rows = 2 * (kBM / 2 * (p + 1) / kPackerWarps) - first;
+    const TwellRows geo = twell_rows(o, g.n);
+    unsigned long long stored = 0, excess = 0;
+    std::uint32_t phase = 0;
+    for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x, phase ^= 1u) {
+      const std::int64_t tile = t % tiles_n;
+      const std::int64_t m0 = (t / tiles_n) * kBM;
+      const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - tile * BN));
+      std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
+      mbar_wait(staged_full, phase);
+      pack_twell_rows<BN>(staged + first * P::kLd, P::kLd, rows, groups, geo.width, m0 + first, 1, g.m, tile_cols,
+                          geo, o, lane, stored, excess);
+      mbar_arrive(staged_empty);  // this thread's reads of the staged tile are done
+    }
+    flush_twell_totals(o, lane, stored, excess);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const int c = (warp >> 2) - 1;  // consumer warpgroup: rows 64c .. 64c+63 of the tile
     const int q = warp & 3;         // warp in the warpgroup: rows 16q .. 16q+15 of those
-    auto* staged = reinterpret_cast<std::uint16_t*>(smem + P::kStages * P::kStageBytes) + (warp - 4) * 8 * P::kLd;
+    std::uint16_t* my_rows = staged + (c * 64 + q * 16) * P::kLd;
     constexpr int kAccumulators = BN / 2;  // 64 x BN fp32 over the 128 threads of the warpgroup
     float acc[kAccumulators];
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
-    unsigned long long stored = 0, excess = 0;
-    std::uint32_t it = 0;
-    for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-      const std::int64_t tile = t % tiles_n;
-      const std::int64_t n0 = tile * BN;
-      const std::int64_t m0 = (t / tiles_n) * kBM;
+    std::uint32_t it = 0, phase = 0;
+    for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x, phase ^= 1u) {
       for (int kt = 0; kt < ktiles; ++kt, ++it) {
         const std::uint32_t s = it % P::kStages;
         mbar_wait(&full[s], (it / P::kStages) & 1u);
@@ -326,14 +351,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_accumulators(acc);
       if (lane == 0) mbar_arrive(&empty[(it - 1) % P::kStages]);
-
-      const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - n0));
-      const TwellRows geo = twell_rows(o, g.n);
-      const int first = c * 64 + q * 16;  // the warp's first row in the tile
-      std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
-      epilogue_warp<T, BN>(acc, staged, groups, m0 + first, tile_cols, geo, g, o, lane, stored, excess);
+      mbar_wait(staged_empty, phase ^ 1u);  // the packers are done with the previous tile
+      stage_warp_rows<T, BN>(acc, my_rows, g, lane);
+      mbar_arrive(staged_full);
     }
-    flush_twell_totals(o, lane, stored, excess);
   }
 #endif
 }
