@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <cub/block/block_scan.cuh>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -15,7 +16,9 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/ffn_cuda.hpp>
 
+#include "../../converters/cuda/slot_group.cuh"
 #include "cuda_check.hpp"
+#include "row_ballots.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -43,12 +46,14 @@ struct FfnArgs {
   const void* overflow = nullptr;
   std::int64_t ld_overflow = 0;
   std::int64_t block_rows = 0;
+  bool overflow_vec = false;  // block rows readable 16 bytes at a time (the block kernel lists them)
   // For overflow rows ranked at or past block_rows: the gate GEMM's weights (K x N) and activation.
   const void* w_gate = nullptr;
   std::int64_t ld_w_gate = 0;
   Activation act = Activation::relu;
   float threshold = 0.0f;
   std::int32_t* row_nnz = nullptr;  // M
+  const std::int32_t* block_order = nullptr;  // block kernel: CTA b takes token block block_order[b]
 };
 
 // Hardware conversions (the portable ones in types.hpp round identically but cost registers).
@@ -308,6 +313,62 @@ __device__ __forceinline__ float dot8(uint4 xv, uint4 wv, float s) {
   return s;
 }
 
+__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int up = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += up;
+  }
+  return v;
+}
+
+// Row o of the gate's overflow block as 16-byte vectors (FfnArgs::overflow_vec holds).
+template <class T>
+__device__ __forceinline__ const uint4* dense_gate_row(const FfnArgs& a, std::int32_t o) {
+  return reinterpret_cast<const uint4*>(static_cast<const T*>(a.overflow) + std::int64_t{o} * a.ld_overflow);
+}
+
+// Stored flags of 8 consecutive 16-bit gate values (nonzero_flags: bits 15 and 31 of each word).
+__device__ __forceinline__ void stored_flags(uint4 q, std::uint32_t (&flags)[4]) {
+  detail::LaneChunk<8> c;
+  c.w[0] = q.x, c.w[1] = q.y, c.w[2] = q.z, c.w[3] = q.w;
+  detail::nonzero_flags<8>(c, flags);
+}
+
+__device__ __forceinline__ int stored_in(uint4 q) {
+  std::uint32_t flags[4];
+  stored_flags(q, flags);
+  return __popc(flags[0]) + __popc(flags[1]) + __popc(flags[2]) + __popc(flags[3]);
+}
+
+// A warp lists the stored entries of a dense gate row (vecs vectors of 8 values) in column
+// order at list positions base.., token t: a lane takes 8 consecutive columns, a warp scan of
+// the lanes' counts places them.
+template <class T>
+__device__ __forceinline__ void list_dense_row(const uint4* row, std::int64_t vecs, int t, int base, int lane,
+                                               std::int32_t* e_col, float* e_val, std::uint8_t* e_tok) {
+  for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {
+    const std::int64_t v = v0 + lane;
+    const uint4 q = v < vecs ? row[v] : make_uint4(0, 0, 0, 0);
+    std::uint32_t flags[4];
+    stored_flags(q, flags);
+    const int c = __popc(flags[0]) + __popc(flags[1]) + __popc(flags[2]) + __popc(flags[3]);
+    const int inc = warp_inclusive_sum(c, lane);
+    int at = base + inc - c;
+    const std::uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if ((flags[i / 2] >> (i % 2 == 0 ? 15 : 31)) & 1u) {
+        e_col[at] = static_cast<std::int32_t>(v * 8 + i);
+        e_val[at] = bits_to_float<T>(static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2))));
+        e_tok[at] = static_cast<std::uint8_t>(t);
+        ++at;
+      }
+    }
+    base += __shfl_sync(0xffffffffu, inc, 31);
+  }
+}
+
 // Dynamic shared memory of the block kernel: x of bt tokens as T, then the round's entry list
 // (column, gate value then h, partial up product, sorted position, group start, token).
 __host__ __device__ constexpr std::size_t block_smem_bytes(int bt, std::int64_t k) {
@@ -317,16 +378,18 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(int bt, std::int64_t 
 }
 
 // Sparse up and down projection of a block of tokens (16-bit T, 16-byte aligned operands,
-// K <= kChunks * 2048). CTA: tokens r0 .. r0 + bt - 1 (bt = 16 for K <= 2048, else 8) and their
-// whole output rows; 8 warps.
+// K <= kChunks * 2048). CTA b: the tokens r0 .. r0 + bt - 1 of block a.block_order[b] (bt = 16
+// for K <= 2048, else 8; order_blocks_kernel puts the heavy blocks first) and their whole output
+// rows; 8 warps.
 //   1. x of the block staged in shared memory as T (16-byte copies). Each warp counts a token's
-//      gate entries from the slot-0 words of its tiles (no candidate scan): a TwELL token with
-//      at most kListCap entries is "listed"; an overflow row (row_to_overflow >= 0, in the block
-//      or past it) or a longer row is "routed" to ffn_token (the per-token body above, run by the
-//      whole CTA after the rounds; it reads dense rows, or recomputes a gate row past the block).
+//      gate entries, from the slot-0 words of its tiles (no candidate scan) or, for an overflow
+//      row in the block, from its dense row (16-byte loads, nonzero_flags): a token with at most
+//      kListCap entries is "listed"; a longer one, or an overflow row past the block, is
+//      "routed" to ffn_token (the per-token body above, run by the whole CTA after the rounds; it
+//      recomputes a gate row past the block).
 //   2. Rounds: consecutive listed tokens whose entries fit kListCap. A warp per token copies its
-//      slots into a token-major list (column order; the tile offsets by a warp scan of the
-//      slot-0 words). Gated: each entry's rank in (unit, token) order is its index in its own
+//      slots, or its dense row's stored entries, into a token-major list (column order; offsets
+//      by warp scans of the slot-0 words or of the lanes' counts). Gated: each entry's rank in (unit, token) order is its index in its own
 //      token plus, for every other token, a binary search in that token's sorted columns; the
 //      entries are placed by rank, group starts (first entry of each unit) compacted by
 //      ballots. A warp per unit loads Wu^T(j, :) once (8 x 16 bytes per lane in flight per 2048
@@ -365,13 +428,14 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
   std::int16_t* g_start = s_pos + kListCap;  // kListCap + 1 used
   auto* e_tok = reinterpret_cast<std::uint8_t*>(g_start + kListCap + 2);
   __shared__ std::int32_t cnt[kBlockTokens], state[kBlockTokens], offs[kBlockTokens + 1];
+  __shared__ std::int32_t dense_row[kBlockTokens];  // the token's overflow-block row, -1: TwELL slots
   __shared__ std::int32_t warp_count[kThreads / 32];
   enum : std::int32_t { kListed = 0, kRouted = 1, kAbsent = 2 };
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const bool gated = a.wu_t != nullptr;
-  const std::int64_t r0 = std::int64_t{blockIdx.x} * bt;
+  const std::int64_t r0 = std::int64_t{a.block_order[blockIdx.x]} * bt;
   const int present = static_cast<int>(a.m - r0 < bt ? a.m - r0 : bt);
   const std::int64_t pw = a.layout.packed_width(a.n);
   const int slots = a.layout.slots();
@@ -386,14 +450,20 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
     }
   }
   for (int t = warp; t < bt; t += kThreads / 32) {
-    std::int32_t st = kAbsent, c = 0;
+    std::int32_t st = kAbsent, c = 0, o = -1;
     if (t < present) {
       const std::int64_t row = r0 + t;
-      if (a.row_to_overflow[row] >= 0) {
+      o = a.row_to_overflow[row];
+      if (o >= 0 && !(a.overflow_vec && o < a.block_rows)) {
         st = kRouted;
       } else {
-        const std::uint32_t* pr = a.packed + row * pw;
-        for (std::int64_t tau = lane; tau < tiles; tau += 32) c += static_cast<std::int32_t>(pr[tau * slots]);
+        if (o >= 0) {
+          const uint4* dr = dense_gate_row<T>(a, o);
+          for (std::int64_t v = lane; v < a.n / 8; v += 32) c += stored_in(dr[v]);
+        } else {
+          const std::uint32_t* pr = a.packed + row * pw;
+          for (std::int64_t tau = lane; tau < tiles; tau += 32) c += static_cast<std::int32_t>(pr[tau * slots]);
+        }
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
         st = c > kListCap ? kRouted : kListed;
@@ -402,6 +472,7 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
     if (lane == 0) {
       cnt[t] = c;
       state[t] = st;
+      dense_row[t] = o;
       if (st == kListed) a.row_nnz[r0 + t] = c;
     }
   }
@@ -423,17 +494,16 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
     __syncthreads();
 
     for (int t = t0 + warp; t < t1; t += kThreads / 32) {
-      const std::uint32_t* pr = a.packed + (r0 + t) * pw;
       int base = offs[t - t0];
+      if (dense_row[t] >= 0) {
+        list_dense_row<T>(dense_gate_row<T>(a, dense_row[t]), a.n / 8, t, base, lane, e_col, e_val, e_tok);
+        continue;
+      }
+      const std::uint32_t* pr = a.packed + (r0 + t) * pw;
       for (std::int64_t tau0 = 0; tau0 < tiles; tau0 += 32) {
         const std::int64_t tau = tau0 + lane;
         const int c = tau < tiles ? static_cast<int>(pr[tau * slots]) : 0;
-        int inc = c;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-          const int up = __shfl_up_sync(0xffffffffu, inc, d);
-          if (lane >= d) inc += up;
-        }
+        const int inc = warp_inclusive_sum(c, lane);
         const int ex = inc - c;
         const int in_chunk = tiles - tau0 < 32 ? static_cast<int>(tiles - tau0) : 32;
         for (int i = 0; i < in_chunk; ++i) {
@@ -579,6 +649,44 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
     if (state[t] == kRouted) ffn_token<T, 8, kChunks>(a, r0 + t, reinterpret_cast<float*>(block_smem));
 }
 
+// The block kernel's order of token blocks (bt tokens each, bt dividing 32), heaviest first: the
+// blocks holding an overflow row (a token with many times the average entries) take the first
+// CTAs, which the hardware starts first, and the light blocks fill in around them; in increasing
+// order, a heavy block could start in the last wave and set the kernel's length (token-skewed
+// data). A stable partition, heavy blocks then the others, by one CTA: each warp reads its rows'
+// overflow marks (row_ballots; its rows are whole blocks), one block scan of the warps' heavy
+// counts, then lane 0 places the warp's blocks.
+__global__ void __launch_bounds__(1024) order_blocks_kernel(const std::int32_t* row_to_overflow, std::int64_t m,
+                                                            int bt, std::int32_t* order) {
+  using Scan = cub::BlockScan<std::int32_t, 1024>;
+  __shared__ typename Scan::TempStorage scan;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const detail::WarpRows rows = detail::warp_rows(m, static_cast<int>(threadIdx.x) >> 5);
+  const auto overflowed = [&](std::int64_t i) { return row_to_overflow[i] >= 0; };
+  const std::uint32_t block_bits = (1u << bt) - 1u;
+  constexpr int kBatch = 32 * detail::kBallotSteps;
+  std::uint32_t ballots[detail::kBallotSteps];
+  std::int32_t heavy = 0;
+  for (std::int64_t g = rows.begin; g < rows.end; g += kBatch) {
+    detail::row_ballots(g, rows.end, lane, overflowed, ballots);
+#pragma unroll
+    for (int s = 0; s < detail::kBallotSteps; ++s)
+      for (int h = 0; h < 32; h += bt) heavy += (ballots[s] >> h) & block_bits ? 1 : 0;
+  }
+  std::int32_t heavy_before = 0, heavy_total = 0;
+  Scan(scan).ExclusiveSum(lane == 0 ? heavy : 0, heavy_before, heavy_total);
+  heavy_before = __shfl_sync(0xffffffffu, heavy_before, 0);
+  for (std::int64_t g = rows.begin; g < rows.end; g += kBatch) {
+    detail::row_ballots(g, rows.end, lane, overflowed, ballots);  // the whole warp: ballots
+    for (int s = 0; s < detail::kBallotSteps; ++s)
+      for (int h = 0; h < 32 && g + 32 * s + h < rows.end; h += bt) {
+        const std::int64_t block = (g + 32 * s + h) / bt;
+        const auto at = (ballots[s] >> h) & block_bits ? heavy_before++ : heavy_total + (block - heavy_before);
+        if (lane == 0) order[at] = static_cast<std::int32_t>(block);
+      }
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 template <class T>
@@ -615,11 +723,13 @@ void check_io(DenseView<const T> x, DenseView<T> y, std::int64_t k, const char* 
   require(x.rows <= INT32_MAX, ErrorCode::unsupported, where, "M = ", x.rows, " exceeds 2^31 - 1 rows");
 }
 
-// Queues ffn_rows_kernel on the gate g; wu_t null for the non-gated FFN. Returns the path name.
+// Queues the up/down kernel on the gate g: the block kernel, after order_blocks_kernel has
+// written its order into block_order (room for ceil(M / 8) blocks), or ffn_rows_kernel; wu_t
+// null for the non-gated FFN. Returns the path name.
 template <class T>
 std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<const T> w_gate, ActivationSpec act,
                         const T* wu_t, std::int64_t ldwu_t, DenseView<const T> wd, DenseView<T> y,
-                        std::int32_t* row_nnz, cudaStream_t stream, const char* where) {
+                        std::int32_t* row_nnz, std::int32_t* block_order, cudaStream_t stream, const char* where) {
   if (x.rows == 0) return "empty";
   FfnArgs a;
   a.m = x.rows;
@@ -640,6 +750,7 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   a.overflow = g.overflow.data;
   a.ld_overflow = g.overflow.ld;
   a.block_rows = g.overflow.rows;
+  a.overflow_vec = g.overflow.data != nullptr && g.overflow.ld % 8 == 0 && aligned16(g.overflow.data) && a.n % 8 == 0;
   a.w_gate = w_gate.data;
   a.ld_w_gate = w_gate.ld;
   a.act = act.kind;
@@ -663,6 +774,9 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
         ::twell::detail::check_cuda(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
             where);
+        order_blocks_kernel<<<1, 1024, 0, stream>>>(a.row_to_overflow, a.m, bt, block_order);
+        ::twell::detail::check_launch(where);
+        a.block_order = block_order;
         kernel<<<blocks, kThreads, bytes, stream>>>(a, bt);
         ::twell::detail::check_launch(where);
         return wide ? "ffn_block8_v8" : "ffn_block16_v8";
@@ -707,7 +821,8 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
     : m_(m), k_(w_gate.rows), n_(w_gate.cols), gated_(gated), w_gate_(w_gate), wd_(wd), act_(act),
       stream_(options.stream), where_(where),
       gate_(checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, overflow_capacity, options, where)),
-      row_nnz_(static_cast<std::size_t>(m), MemorySpace::device) {
+      row_nnz_(static_cast<std::size_t>(m), MemorySpace::device),
+      block_order_(static_cast<std::size_t>((m + kBlockTokens / 2 - 1) / (kBlockTokens / 2)), MemorySpace::device) {
   if (!gated_) return;
   wu_t_ = DenseMatrix<T>(wu.cols, wu.rows, MemorySpace::device);
   cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});
@@ -723,7 +838,8 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   const HybridView<const T> g = gate_.queued_result();
   const std::int64_t block_rows = g.overflow.rows;
   const std::string kernel = sparse_rows<T>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr,
-                                            gated_ ? wu_t_.ld() : 0, wd_, y, row_nnz_.data(), stream, where_);
+                                            gated_ ? wu_t_.ld() : 0, wd_, y, row_nnz_.data(), block_order_.data(), stream,
+                                            where_);
   path_ = "gate:" + gate_.path() + "+" + kernel;
   if (stats == nullptr) return;
 

@@ -3,12 +3,12 @@
 // accumulate) fed by ldmatrix from a cp.async multi-stage shared-memory pipeline; it runs on
 // every sm_80+ device, Hopper included.
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 #include <twell/converters/backends.hpp>
@@ -19,6 +19,7 @@
 #include "cuda_check.hpp"
 #include "gemm_to_sparse.cuh"
 #include "gemm_to_sparse_sm90.cuh"
+#include "row_ballots.cuh"
 #include "twell_epilogue.cuh"
 
 namespace twell::cuda {
@@ -371,53 +372,54 @@ enum StatusWord : int {
   kStatusWords = 6
 };
 
-// One CTA of 1024 threads walks the row flags in increasing row order (per 1024 rows: a ballot,
-// a warp scan of the 32 warp counts): row_to_overflow[i] = the rank of flagged row i (-1 for the
-// others, and for every row when !route), overflow_to_row[rank] = i for ranks below `capacity`,
-// and each flag is cleared for the next run. Then it fills the status words (see StatusWord).
-// Deterministic; one CTA because M is at most a few hundred thousand (16 steps at M = 16384).
+// One CTA of 1024 threads ranks the flagged rows in increasing row order: row_to_overflow[i] =
+// the rank of flagged row i (-1 for the others, and for every row when !route), overflow_to_row[
+// rank] = i for ranks below `capacity`, and each flag is cleared for the next run. Then it fills
+// the status words (see StatusWord). Each warp counts the flags of its rows (row_ballots), one
+// block scan of the warp counts gives its first rank, and a second walk over the same rows writes
+// the maps, coalesced. Deterministic; one CTA because M is at most a few hundred thousand.
 __global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* flags, std::int64_t m, bool route,
                                                                   std::int64_t capacity, std::int32_t* row_to_overflow,
                                                                   std::int32_t* overflow_to_row,
                                                                   unsigned long long* status) {
-  __shared__ std::int32_t warp_offset[32];
-  __shared__ std::int32_t base;
-  __shared__ std::int32_t first;
+  using Scan = cub::BlockScan<std::int32_t, 1024>;
+  __shared__ typename Scan::TempStorage scan;
   const int tid = static_cast<int>(threadIdx.x);
-  const int lane = tid & 31, warp = tid >> 5;
-  if (tid == 0) {
-    base = 0;
-    first = INT_MAX;
+  const int lane = tid & 31;
+  const detail::WarpRows rows = detail::warp_rows(m, tid >> 5);
+  const auto flagged = [&](std::int64_t i) { return flags[i] != 0; };
+  constexpr int kBatch = 32 * detail::kBallotSteps;
+  std::uint32_t ballots[detail::kBallotSteps];
+  std::int32_t count = 0;
+  for (std::int64_t g = rows.begin; g < rows.end; g += kBatch) {
+    detail::row_ballots(g, rows.end, lane, flagged, ballots);
+#pragma unroll
+    for (int s = 0; s < detail::kBallotSteps; ++s) count += __popc(ballots[s]);
   }
-  __syncthreads();
-  for (std::int64_t c0 = 0; c0 < m; c0 += 1024) {
-    const std::int64_t i = c0 + tid;
-    const bool flagged = i < m && flags[i] != 0;
-    if (flagged) flags[i] = 0;
-    const std::uint32_t mask = __ballot_sync(0xffffffffu, flagged);
-    if (lane == 0) warp_offset[warp] = __popc(mask);
-    __syncthreads();
-    if (warp == 0) {
-      const std::int32_t own = warp_offset[lane];
-      std::int32_t inclusive = own;
-      for (int d = 1; d < 32; d <<= 1) {
-        const std::int32_t up = __shfl_up_sync(0xffffffffu, inclusive, d);
-        if (lane >= d) inclusive += up;
+  std::int32_t rank = 0, total = 0;
+  Scan(scan).ExclusiveSum(lane == 0 ? count : 0, rank, total);
+  rank = __shfl_sync(0xffffffffu, rank, 0);
+  if (tid == 0) {
+    status[kFlaggedRows] = static_cast<unsigned long long>(total);
+    if (total == 0) status[kFirstRowPlus1] = 0;  // else written by the row of rank 0
+  }
+  for (std::int64_t g = rows.begin; g < rows.end; g += kBatch) {
+    detail::row_ballots(g, rows.end, lane, flagged, ballots);
+#pragma unroll
+    for (int s = 0; s < detail::kBallotSteps; ++s) {
+      const std::int64_t i = g + 32 * s + lane;
+      const bool mine = (ballots[s] >> lane) & 1u;
+      const std::int32_t r = rank + __popc(ballots[s] & ((1u << lane) - 1u));
+      if (i < rows.end) row_to_overflow[i] = (route && mine) ? r : -1;
+      if (mine) {
+        flags[i] = 0;
+        if (route && r < capacity) overflow_to_row[r] = static_cast<std::int32_t>(i);
+        if (r == 0) status[kFirstRowPlus1] = static_cast<unsigned long long>(i) + 1ull;
       }
-      warp_offset[lane] = inclusive - own;
+      rank += __popc(ballots[s]);
     }
-    __syncthreads();
-    const std::int32_t rank = base + warp_offset[warp] + __popc(mask & ((1u << lane) - 1u));
-    if (i < m) row_to_overflow[i] = (route && flagged) ? rank : -1;
-    if (route && flagged && rank < capacity) overflow_to_row[rank] = static_cast<std::int32_t>(i);
-    if (flagged) atomicMin(&first, static_cast<std::int32_t>(i));
-    __syncthreads();
-    if (tid == 1023) base = rank + (flagged ? 1 : 0);
-    __syncthreads();
   }
   if (tid == 0) {
-    status[kFlaggedRows] = static_cast<unsigned long long>(base);
-    status[kFirstRowPlus1] = first == INT_MAX ? 0ull : static_cast<unsigned long long>(first) + 1ull;
     status[kStored] = status[kStoredAcc];
     status[kExcess] = status[kExcessAcc];
     status[kStoredAcc] = 0;
