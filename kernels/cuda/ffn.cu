@@ -161,7 +161,8 @@ __device__ __forceinline__ float gate_entry(float acc, Activation kind, float th
 // Deterministic: fixed order throughout. Preconditions: K <= kMaxK; V == 8 needs K, every leading
 // dimension and every pointer aligned to 8 elements (16 bytes for 16-bit types); dynamic shared
 // memory K floats + 2 x 256 words. The body is ffn_token (below), which the block kernel also
-// runs for the tokens it routes here (overflow rows, very long rows). Benchmark:
+// runs for the tokens it routes here (rows over kListCap entries, overflow rows past the block,
+// and all overflow rows when the block cannot be read 16 bytes at a time). Benchmark:
 // bench/suites/ffn.cpp.
 //
 // ffn_token: the whole CTA on one token; kChunks * 256 * V >= K; starts with a barrier so that a
@@ -383,14 +384,15 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(int bt, std::int64_t 
 // rows; 8 warps.
 //   1. x of the block staged in shared memory as T (16-byte copies). Each warp counts a token's
 //      gate entries, from the slot-0 words of its tiles (no candidate scan) or, for an overflow
-//      row in the block, from its dense row (16-byte loads, nonzero_flags): a token with at most
-//      kListCap entries is "listed"; a longer one, or an overflow row past the block, is
-//      "routed" to ffn_token (the per-token body above, run by the whole CTA after the rounds; it
-//      recomputes a gate row past the block).
+//      row in the block, from its dense row (16-byte loads, nonzero_flags; a.overflow_vec): a
+//      token with at most kListCap entries is "listed"; a longer one, an overflow row past the
+//      block, or any overflow row when !a.overflow_vec, is "routed" to ffn_token (the per-token
+//      body above, run by the whole CTA after the rounds; it recomputes a gate row past the
+//      block).
 //   2. Rounds: consecutive listed tokens whose entries fit kListCap. A warp per token copies its
 //      slots, or its dense row's stored entries, into a token-major list (column order; offsets
-//      by warp scans of the slot-0 words or of the lanes' counts). Gated: each entry's rank in (unit, token) order is its index in its own
-//      token plus, for every other token, a binary search in that token's sorted columns; the
+//      by warp scans of the slot-0 words or of the lanes' counts). Gated: each entry's rank in
+//      (unit, token) order is its index in its own token plus, for every other token, a binary search in that token's sorted columns; the
 //      entries are placed by rank, group starts (first entry of each unit) compacted by
 //      ballots. A warp per unit loads Wu^T(j, :) once (8 x 16 bytes per lane in flight per 2048
 //      columns) and dots it with x of every token of the block that uses j (partial sums per
@@ -649,9 +651,10 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
     if (state[t] == kRouted) ffn_token<T, 8, kChunks>(a, r0 + t, reinterpret_cast<float*>(block_smem));
 }
 
-// The block kernel's order of token blocks (bt tokens each, bt dividing 32), heaviest first: the
+// The block kernel's order of token blocks (bt tokens each, bt dividing 32), heavy blocks first: the
 // blocks holding an overflow row (a token with many times the average entries) take the first
-// CTAs, which the hardware starts first, and the light blocks fill in around them; in increasing
+// CTAs, which the hardware starts first in practice (nothing promises it; the order only
+// changes the speed, never the result), and the light blocks fill in around them; in increasing
 // order, a heavy block could start in the last wave and set the kernel's length (token-skewed
 // data). A stable partition, heavy blocks then the others, by one CTA: each warp reads its rows'
 // overflow marks (row_ballots; its rows are whole blocks), one block scan of the warps' heavy
@@ -838,8 +841,8 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   const HybridView<const T> g = gate_.queued_result();
   const std::int64_t block_rows = g.overflow.rows;
   const std::string kernel = sparse_rows<T>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr,
-                                            gated_ ? wu_t_.ld() : 0, wd_, y, row_nnz_.data(), block_order_.data(), stream,
-                                            where_);
+                                            gated_ ? wu_t_.ld() : 0, wd_, y, row_nnz_.data(), block_order_.data(),
+                                            stream, where_);
   path_ = "gate:" + gate_.path() + "+" + kernel;
   if (stats == nullptr) return;
 

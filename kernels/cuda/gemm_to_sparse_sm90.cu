@@ -2,8 +2,9 @@
 // (M x K) and W (K x N) row-major bf16/fp16, fp32 accumulation, written as TwELL by the same
 // epilogue code as the portable mma.sync kernel (twell_epilogue.cuh), so both produce the same
 // bits. Mainloop: TMA (cp.async.bulk.tensor) into a ring of shared-memory stages completed on
-// mbarriers, wgmma m64nBNk16 from shared-memory descriptors; a producer warpgroup and two
-// consumer warpgroups; persistent CTAs. Raw PTX, no CUTLASS (docs/gemm_to_sparse.md says why).
+// mbarriers, wgmma m64nBNk16 from shared-memory descriptors; a warpgroup holding the TMA producer
+// and three packer warps, two consumer warpgroups; persistent CTAs. Raw PTX, no CUTLASS
+// (docs/gemm_to_sparse.md says why).
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -278,47 +279,50 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (warp == 0) {
+  if (warp < 4) {
+    // One setmaxnreg for the whole warpgroup: PTX requires every warp of it to execute the same one.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_x)) : "memory");
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_w)) : "memory");
-      std::uint32_t it = 0;
-      for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const int n0 = static_cast<int>((t % tiles_n) * BN);
-        const int m0 = static_cast<int>((t / tiles_n) * kBM);
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-          const std::uint32_t s = it % P::kStages;
-          mbar_wait(&empty[s], ((it / P::kStages) & 1u) ^ 1u);  // a fresh barrier passes parity 1
-          unsigned char* a = smem + s * P::kStageBytes;
-          unsigned char* b = a + P::kABytes;
-          mbar_expect_tx(&full[s], P::kStageBytes);
-          tma_load_2d(a, &map_x, &full[s], kt * kBK, m0);
+    if (warp == 0) {
+      if (tid == 0) {
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_x)) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_w)) : "memory");
+        std::uint32_t it = 0;
+        for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+          const int n0 = static_cast<int>((t % tiles_n) * BN);
+          const int m0 = static_cast<int>((t / tiles_n) * kBM);
+          for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const std::uint32_t s = it % P::kStages;
+            mbar_wait(&empty[s], ((it / P::kStages) & 1u) ^ 1u);  // a fresh barrier passes parity 1
+            unsigned char* a = smem + s * P::kStageBytes;
+            unsigned char* b = a + P::kABytes;
+            mbar_expect_tx(&full[s], P::kStageBytes);
+            tma_load_2d(a, &map_x, &full[s], kt * kBK, m0);
 #pragma unroll
-          for (int j = 0; j < BN / 64; ++j) tma_load_2d(b + j * P::kBBoxBytes, &map_w, &full[s], n0 + 64 * j, kt * kBK);
+            for (int j = 0; j < BN / 64; ++j)
+              tma_load_2d(b + j * P::kBBoxBytes, &map_w, &full[s], n0 + 64 * j, kt * kBK);
+          }
         }
       }
+    } else {
+      // Row pairs kBM / 2 * p / kPackerWarps .. of the tile: 42, 42 and 44 rows at kBM = 128.
+      const int p = warp - 1;
+      const int first = 2 * (kBM / 2 * p / kPackerWarps);
+      const int rows = 2 * (kBM / 2 * (p + 1) / kPackerWarps) - first;
+      const TwellRows geo = twell_rows(o, g.n);
+      unsigned long long stored = 0, excess = 0;
+      std::uint32_t phase = 0;
+      for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x, phase ^= 1u) {
+        const std::int64_t tile = t % tiles_n;
+        const std::int64_t m0 = (t / tiles_n) * kBM;
+        const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - tile * BN));
+        std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
+        mbar_wait(staged_full, phase);
+        pack_twell_rows<BN>(staged + first * P::kLd, P::kLd, rows, groups, geo.width, m0 + first, 1, g.m, tile_cols,
+                            geo, o, lane, stored, excess);
+        mbar_arrive(staged_empty);  // this thread's reads of the staged tile are done
+      }
+      flush_twell_totals(o, lane, stored, excess);
     }
-  } else if (warp < 4) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
-    // Row pairs kBM / 2 * p / kPackerWarps .. of the tile: 42, 42 and 44 rows at kBM = 128.
-    const int p = warp - 1;
-    const int first = 2 * (kBM / 2 * p / kPackerWarps);
-    const int rows = 2 * (kBM / 2 * (p + 1) / kPackerWarps) - first;
-    const TwellRows geo = twell_rows(o, g.n);
-    unsigned long long stored = 0, excess = 0;
-    std::uint32_t phase = 0;
-    for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x, phase ^= 1u) {
-      const std::int64_t tile = t % tiles_n;
-      const std::int64_t m0 = (t / tiles_n) * kBM;
-      const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - tile * BN));
-      std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
-      mbar_wait(staged_full, phase);
-      pack_twell_rows<BN>(staged + first * P::kLd, P::kLd, rows, groups, geo.width, m0 + first, 1, g.m, tile_cols,
-                          geo, o, lane, stored, excess);
-      mbar_arrive(staged_empty);  // this thread's reads of the staged tile are done
-    }
-    flush_twell_totals(o, lane, stored, excess);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const int c = (warp >> 2) - 1;  // consumer warpgroup: rows 64c .. 64c+63 of the tile

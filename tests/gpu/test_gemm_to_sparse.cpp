@@ -370,6 +370,21 @@ TEST_CASE_TEMPLATE("gemm_to_sparse at the paper's FFN shape (K 2048, N 5632, 100
   }
 }
 
+// 20000 rows: each warp of the overflow ranking kernel reads 20 ballots of 32 rows, in two batches
+// (kernels/cuda/row_ballots.cuh), where the shapes above give every warp one ballot at most.
+TEST_CASE_TEMPLATE("gemm_to_sparse ranks the overflow rows of 20000 tokens", T, bf16, fp16) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto c = workload_case<T>(
+      {testing::sweep_size(20000, 2500), 64, 512, 0.05, workload::Distribution::token_skewed}, seed);
+  const TwellLayout layout{256, 16};
+  ConvertOptions conv;
+  conv.overflow = OverflowPolicy::hybrid;
+  // The case must spread overflow rows over many warps' ranges (run_case checks the maps).
+  REQUIRE(reference::gemm_to_sparse<T>(c.x.view(), c.w.view(), kActs[0], layout, conv).overflow_rows() > 64);
+  run_case<T>(c, kActs[0], layout, OverflowPolicy::hybrid, "fused_mma_sync_tile");
+}
+
 TEST_CASE("gemm_to_sparse error policy names the first overflowed row and tile") {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);

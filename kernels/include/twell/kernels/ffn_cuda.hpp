@@ -75,7 +75,7 @@ class FfnPlanBase {
   GemmToSparsePlan<T> gate_;
   DenseMatrix<T> wu_t_;             // N x K, gated only
   Buffer<std::int32_t> row_nnz_;    // M
-  Buffer<std::int32_t> block_order_;  // the up/down kernel's token blocks, heaviest first
+  Buffer<std::int32_t> block_order_;  // the up/down kernel's token blocks, those with overflow rows first
   std::string path_;
 };
 
