@@ -7,7 +7,6 @@
 #include <type_traits>
 #include <utility>
 
-#include <cub/block/block_scan.cuh>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -336,10 +335,14 @@ __device__ __forceinline__ void stored_flags(uint4 q, std::uint32_t (&flags)[4])
   detail::nonzero_flags<8>(c, flags);
 }
 
+__device__ __forceinline__ int flag_count(const std::uint32_t (&flags)[4]) {
+  return __popc(flags[0]) + __popc(flags[1]) + __popc(flags[2]) + __popc(flags[3]);
+}
+
 __device__ __forceinline__ int stored_in(uint4 q) {
   std::uint32_t flags[4];
   stored_flags(q, flags);
-  return __popc(flags[0]) + __popc(flags[1]) + __popc(flags[2]) + __popc(flags[3]);
+  return flag_count(flags);
 }
 
 // A warp lists the stored entries of a dense gate row (vecs vectors of 8 values) in column
@@ -353,7 +356,7 @@ __device__ __forceinline__ void list_dense_row(const uint4* row, std::int64_t ve
     const uint4 q = v < vecs ? row[v] : make_uint4(0, 0, 0, 0);
     std::uint32_t flags[4];
     stored_flags(q, flags);
-    const int c = __popc(flags[0]) + __popc(flags[1]) + __popc(flags[2]) + __popc(flags[3]);
+    const int c = flag_count(flags);
     const int inc = warp_inclusive_sum(c, lane);
     int at = base + inc - c;
     const std::uint32_t words[4] = {q.x, q.y, q.z, q.w};
@@ -392,7 +395,8 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(int bt, std::int64_t 
 //   2. Rounds: consecutive listed tokens whose entries fit kListCap. A warp per token copies its
 //      slots, or its dense row's stored entries, into a token-major list (column order; offsets
 //      by warp scans of the slot-0 words or of the lanes' counts). Gated: each entry's rank in
-//      (unit, token) order is its index in its own token plus, for every other token, a binary search in that token's sorted columns; the
+//      (unit, token) order is its index in its own token plus, for every other token, a binary
+//      search in that token's sorted columns; the
 //      entries are placed by rank, group starts (first entry of each unit) compacted by
 //      ballots. A warp per unit loads Wu^T(j, :) once (8 x 16 bytes per lane in flight per 2048
 //      columns) and dots it with x of every token of the block that uses j (partial sums per
@@ -661,33 +665,27 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
 // counts, then lane 0 places the warp's blocks.
 __global__ void __launch_bounds__(1024) order_blocks_kernel(const std::int32_t* row_to_overflow, std::int64_t m,
                                                             int bt, std::int32_t* order) {
-  using Scan = cub::BlockScan<std::int32_t, 1024>;
-  __shared__ typename Scan::TempStorage scan;
+  using Ballots = std::uint32_t[detail::kBallotSteps];
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const detail::WarpRows rows = detail::warp_rows(m, static_cast<int>(threadIdx.x) >> 5);
   const auto overflowed = [&](std::int64_t i) { return row_to_overflow[i] >= 0; };
   const std::uint32_t block_bits = (1u << bt) - 1u;
-  constexpr int kBatch = 32 * detail::kBallotSteps;
-  std::uint32_t ballots[detail::kBallotSteps];
   std::int32_t heavy = 0;
-  for (std::int64_t g = rows.begin; g < rows.end; g += kBatch) {
-    detail::row_ballots(g, rows.end, lane, overflowed, ballots);
+  detail::for_each_ballot_batch(rows, lane, overflowed, [&](std::int64_t, const Ballots& ballots) {
 #pragma unroll
     for (int s = 0; s < detail::kBallotSteps; ++s)
       for (int h = 0; h < 32; h += bt) heavy += (ballots[s] >> h) & block_bits ? 1 : 0;
-  }
-  std::int32_t heavy_before = 0, heavy_total = 0;
-  Scan(scan).ExclusiveSum(lane == 0 ? heavy : 0, heavy_before, heavy_total);
-  heavy_before = __shfl_sync(0xffffffffu, heavy_before, 0);
-  for (std::int64_t g = rows.begin; g < rows.end; g += kBatch) {
-    detail::row_ballots(g, rows.end, lane, overflowed, ballots);  // the whole warp: ballots
+  });
+  std::int32_t heavy_total = 0;
+  std::int32_t heavy_before = detail::count_of_warps_before(heavy, lane, heavy_total);
+  detail::for_each_ballot_batch(rows, lane, overflowed, [&](std::int64_t first, const Ballots& ballots) {
     for (int s = 0; s < detail::kBallotSteps; ++s)
-      for (int h = 0; h < 32 && g + 32 * s + h < rows.end; h += bt) {
-        const std::int64_t block = (g + 32 * s + h) / bt;
+      for (int h = 0; h < 32 && first + 32 * s + h < rows.end; h += bt) {
+        const std::int64_t block = (first + 32 * s + h) / bt;
         const auto at = (ballots[s] >> h) & block_bits ? heavy_before++ : heavy_total + (block - heavy_before);
         if (lane == 0) order[at] = static_cast<std::int32_t>(block);
       }
-  }
+  });
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }

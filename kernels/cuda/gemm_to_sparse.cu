@@ -8,7 +8,6 @@
 #include <type_traits>
 #include <vector>
 
-#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 #include <twell/converters/backends.hpp>
@@ -382,32 +381,26 @@ __global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* 
                                                                   std::int64_t capacity, std::int32_t* row_to_overflow,
                                                                   std::int32_t* overflow_to_row,
                                                                   unsigned long long* status) {
-  using Scan = cub::BlockScan<std::int32_t, 1024>;
-  __shared__ typename Scan::TempStorage scan;
+  using Ballots = std::uint32_t[detail::kBallotSteps];
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const detail::WarpRows rows = detail::warp_rows(m, tid >> 5);
   const auto flagged = [&](std::int64_t i) { return flags[i] != 0; };
-  constexpr int kBatch = 32 * detail::kBallotSteps;
-  std::uint32_t ballots[detail::kBallotSteps];
   std::int32_t count = 0;
-  for (std::int64_t g = rows.begin; g < rows.end; g += kBatch) {
-    detail::row_ballots(g, rows.end, lane, flagged, ballots);
+  detail::for_each_ballot_batch(rows, lane, flagged, [&](std::int64_t, const Ballots& ballots) {
 #pragma unroll
     for (int s = 0; s < detail::kBallotSteps; ++s) count += __popc(ballots[s]);
-  }
-  std::int32_t rank = 0, total = 0;
-  Scan(scan).ExclusiveSum(lane == 0 ? count : 0, rank, total);
-  rank = __shfl_sync(0xffffffffu, rank, 0);
+  });
+  std::int32_t total = 0;
+  std::int32_t rank = detail::count_of_warps_before(count, lane, total);
   if (tid == 0) {
     status[kFlaggedRows] = static_cast<unsigned long long>(total);
     if (total == 0) status[kFirstRowPlus1] = 0;  // else written by the row of rank 0
   }
-  for (std::int64_t g = rows.begin; g < rows.end; g += kBatch) {
-    detail::row_ballots(g, rows.end, lane, flagged, ballots);
+  detail::for_each_ballot_batch(rows, lane, flagged, [&](std::int64_t first, const Ballots& ballots) {
 #pragma unroll
     for (int s = 0; s < detail::kBallotSteps; ++s) {
-      const std::int64_t i = g + 32 * s + lane;
+      const std::int64_t i = first + 32 * s + lane;
       const bool mine = (ballots[s] >> lane) & 1u;
       const std::int32_t r = rank + __popc(ballots[s] & ((1u << lane) - 1u));
       if (i < rows.end) row_to_overflow[i] = (route && mine) ? r : -1;
@@ -418,7 +411,7 @@ __global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* 
       }
       rank += __popc(ballots[s]);
     }
-  }
+  });
   if (tid == 0) {
     status[kStored] = status[kStoredAcc];
     status[kExcess] = status[kExcessAcc];

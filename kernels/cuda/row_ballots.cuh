@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 namespace twell::cuda::detail {
@@ -39,6 +40,27 @@ __device__ __forceinline__ void row_ballots(std::int64_t first, std::int64_t end
   }
 #pragma unroll
   for (int s = 0; s < kBallotSteps; ++s) ballots[s] = __ballot_sync(0xffffffffu, p[s]);
+}
+
+// f(first, ballots) for each batch of the warp's rows: ballots of rows first .. first + 32
+// kBallotSteps - 1 (row_ballots). Called by the whole warp.
+template <class Pred, class F>
+__device__ __forceinline__ void for_each_ballot_batch(const WarpRows& rows, int lane, Pred pred, F f) {
+  std::uint32_t ballots[kBallotSteps];
+  for (std::int64_t first = rows.begin; first < rows.end; first += 32 * kBallotSteps) {
+    row_ballots(first, rows.end, lane, pred, ballots);
+    f(first, ballots);
+  }
+}
+
+// The sum of the counts of the warps before this one (each warp's lane-0 value counts), for
+// every lane; `total`: the CTA's sum. Called once per kernel by all 1024 threads.
+__device__ __forceinline__ std::int32_t count_of_warps_before(std::int32_t count, int lane, std::int32_t& total) {
+  using Scan = cub::BlockScan<std::int32_t, 1024>;
+  __shared__ typename Scan::TempStorage scan;
+  std::int32_t before = 0;
+  Scan(scan).ExclusiveSum(lane == 0 ? count : 0, before, total);
+  return __shfl_sync(0xffffffffu, before, 0);
 }
 
 }  // namespace twell::cuda::detail
