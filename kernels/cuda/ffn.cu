@@ -17,6 +17,7 @@
 
 #include "../../converters/cuda/slot_group.cuh"
 #include "cuda_check.hpp"
+#include "mma_sync.cuh"
 #include "row_ballots.cuh"
 
 namespace twell::cuda {
@@ -295,23 +296,9 @@ __global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
   ffn_token<T, V, static_cast<int>(kMaxK / (kThreads * V))>(a, blockIdx.x, smem);
 }
 
-constexpr int kBlockTokens = 16;  // tokens per CTA of the block kernel (8 when K > 2048)
-constexpr int kListCap = 1024;     // gate entries per round of the block kernel
-constexpr int kBatchColumns = 16;  // 16-byte Wd loads in flight per thread in the down projection
-
-// sum_i x_i w_i over 8 packed 16-bit values, accumulated into s in element order.
-template <class T>
-__device__ __forceinline__ float dot8(uint4 xv, uint4 wv, float s) {
-  const std::uint32_t xs[4] = {xv.x, xv.y, xv.z, xv.w}, ws[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    s = fmaf(bits_to_float<T>(static_cast<std::uint16_t>(xs[i] & 0xffffu)),
-             bits_to_float<T>(static_cast<std::uint16_t>(ws[i] & 0xffffu)), s);
-    s = fmaf(bits_to_float<T>(static_cast<std::uint16_t>(xs[i] >> 16)),
-             bits_to_float<T>(static_cast<std::uint16_t>(ws[i] >> 16)), s);
-  }
-  return s;
-}
+constexpr int kBlockTokens = 8;  // tokens per CTA of the block kernel
+constexpr int kListCap = 1024;   // gate entries per round of the block kernel
+constexpr int kBatchRows = 8;    // Wd rows per batch of the down projection (8 x kChunks loads of 16 bytes)
 
 __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
 #pragma unroll
@@ -373,18 +360,73 @@ __device__ __forceinline__ void list_dense_row(const uint4* row, std::int64_t ve
   }
 }
 
+// Row stride of the block kernel's staged x, in elements: 16-bit rows g and g + 1 start 64 bytes
+// apart modulo 128, so the 16-byte loads of up_products (4 lanes of 16 bytes per row, 2 rows per
+// quarter warp) fall in distinct banks.
+__host__ __device__ constexpr std::int64_t block_x_ld(std::int64_t k) { return (k + 63) / 64 * 64 + 32; }
+
 // Dynamic shared memory of the block kernel: x of bt tokens as T, then the round's entry list
-// (column, gate value then h, partial up product, sorted position, group start, token).
+// (column, gate value then h, sorted position, group start, token).
 __host__ __device__ constexpr std::size_t block_smem_bytes(int bt, std::int64_t k) {
-  return static_cast<std::size_t>(bt) * static_cast<std::size_t>(k) * 2 +
-         static_cast<std::size_t>(kListCap) * (4 + 4 + 4 + 2) + static_cast<std::size_t>(kListCap + 2) * 2 +
+  return static_cast<std::size_t>(bt) * static_cast<std::size_t>(block_x_ld(k)) * 2 +
+         static_cast<std::size_t>(kListCap) * (4 + 4 + 2) + static_cast<std::size_t>(kListCap + 2) * 2 +
          static_cast<std::size_t>(kListCap);
 }
 
+// The up projection of a round on tensor cores, h = gate * u: u(t, j) = x_t . Wu^T(j, :) for the
+// block's 8 tokens (mma rows 0-7; rows 8-15 are zero) and 8 distinct units per mma tile
+// (columns); warp w takes tiles w, w + 8, ... mma's order over k is free as long as A and B follow
+// the same one: lane (g, q) = (lane / 4, lane % 4) loads 8 consecutive k, kk = k0 + 8q .. kk + 7,
+// of x row g (a 16-byte shared load) and of Wu^T row j of unit g of the tile (a 16-byte global
+// load), which feed two mmas, kk + 0..3 as mma k (2q, 2q+1, 2q+8, 2q+9) and then kk + 4..7.
+// 32 k per step, kSteps steps of weight loads in flight (8 rows x 64 contiguous bytes per load
+// instruction). Accumulator (g, 2q + i) is u of token g and unit 2q + i of the tile, so the lane
+// holding it scales that entry's gate value; tokens of the block outside the round (or absent:
+// their shared rows are stale) only fill accumulators nobody reads.
+template <class T>
+__device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, std::int64_t k,
+                                            const std::uint16_t* xs, int groups,
+                                            const std::int16_t* g_start, const std::int16_t* s_pos,
+                                            const std::int32_t* e_col, const std::uint8_t* e_tok, float* e_val,
+                                            int warp, int lane) {
+  constexpr int kSteps = 8;
+  const int g = lane >> 2, q = lane & 3;
+  const std::uint16_t* x_row = xs + g * block_x_ld(k);
+  for (int tile = warp; tile * 8 < groups; tile += kThreads / 32) {
+    const int unit = tile * 8 + g;
+    const T* wrow = unit < groups ? wu_t + std::int64_t{e_col[s_pos[g_start[unit]]]} * ldwu_t : nullptr;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (std::int64_t k0 = 0; k0 < k; k0 += 32 * kSteps) {
+      uint4 w[kSteps];
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const std::int64_t kk = k0 + 32 * st + 8 * q;
+        w[st] = wrow != nullptr && kk < k ? __ldg(reinterpret_cast<const uint4*>(wrow + kk)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int st = 0; st < kSteps; ++st) {
+        const std::int64_t kk = k0 + 32 * st + 8 * q;
+        const uint4 x = kk < k ? *reinterpret_cast<const uint4*>(x_row + kk) : make_uint4(0, 0, 0, 0);
+        detail::mma16816<T>(c, {x.x, 0u, x.y, 0u}, w[st].x, w[st].y);
+        detail::mma16816<T>(c, {x.z, 0u, x.w, 0u}, w[st].z, w[st].w);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int u = tile * 8 + 2 * q + i;
+      if (u >= groups) break;
+      for (int p = g_start[u]; p < g_start[u + 1]; ++p) {
+        const int e = s_pos[p];
+        if (e_tok[e] == g) e_val[e] *= c[i];
+      }
+    }
+  }
+}
+
 // Sparse up and down projection of a block of tokens (16-bit T, 16-byte aligned operands,
-// K <= kChunks * 2048). CTA b: the tokens r0 .. r0 + bt - 1 of block a.block_order[b] (bt = 16
-// for K <= 2048, else 8; order_blocks_kernel puts the heavy blocks first) and their whole output
-// rows; 8 warps.
+// K <= kChunks * 2048). CTA b: the kBlockTokens = 8 tokens r0 .. r0 + 7 of block
+// a.block_order[b] (order_blocks_kernel puts the heavy blocks first) and their whole output rows;
+// 8 warps.
 //   1. x of the block staged in shared memory as T (16-byte copies). Each warp counts a token's
 //      gate entries, from the slot-0 words of its tiles (no candidate scan) or, for an overflow
 //      row in the block, from its dense row (16-byte loads, nonzero_flags; a.overflow_vec): a
@@ -396,41 +438,44 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(int bt, std::int64_t 
 //      slots, or its dense row's stored entries, into a token-major list (column order; offsets
 //      by warp scans of the slot-0 words or of the lanes' counts). Gated: each entry's rank in
 //      (unit, token) order is its index in its own token plus, for every other token, a binary
-//      search in that token's sorted columns; the
-//      entries are placed by rank, group starts (first entry of each unit) compacted by
-//      ballots. A warp per unit loads Wu^T(j, :) once (8 x 16 bytes per lane in flight per 2048
-//      columns) and dots it with x of every token of the block that uses j (partial sums per
-//      2048-column step added in step order), h = gate * u.
+//      search in that token's sorted columns; the entries are placed by rank, group starts
+//      (first entry of each unit) compacted by ballots. up_products (above) then computes u for 8
+//      distinct units at a time on tensor cores, each Wu^T(j, :) loaded once per round, and
+//      scales each entry: h = gate * u.
 //   3. Down projection token by token: a thread owns 8 consecutive output columns per 2048
 //      (kChunks chunks) in registers and adds h_e * Wd(j_e, own columns) over the token's
-//      entries in column order, 16 loads of 16 bytes in flight per thread (16 rows, or 8 rows x 2
-//      chunks when K > 2048); y written once, rounded to T.
-// Deterministic: every sum has a fixed order (no atomics). Results equal ffn_token's up to the
-// order of the up product's partial sums when K > 2048.
-// Estimate at M = 16384, K = 2048, N = 5632, 0.5 % uniform (about 459k (token, unit) pairs,
-// bt = 16): Wu^T rows fetched once per distinct (block, unit): N (1 - (1 - p)^16) = 434 per
-// block against 448 pairs (3 % saved; neuron-skewed data shares far more), 1.82 GB; Wd rows
-// 4 KB per pair, 1.88 GB; slot words 46 MB (read twice, the second from L2), x 64 MB, y 64 MB:
-// about 3.9 GB from L2, 0.5 ms at 8 TB/s, against the per-token kernel's 2.7 TB/s effective.
-// Instructions per pair: up ~200 warp-instructions (64 FMA + 64 converts of x + 8 LDS.128 + 5
-// SHFL per lane, the weight converts shared by the unit's tokens), down ~185 (8 warps x (LDG.128,
-// 8 converts, 8 FMA, ~6 overhead)): 177M warp-instructions, about 0.17 ms of issue on 132 SMs.
-// Memory in flight per SM (2 CTAs, 120-124 registers): up 16 warps x 4 KB = 64 KB, down
-// 2 x 256 threads x 16 x 16 B = 128 KB; each warp's up loads are a burst per unit (a second
-// slice in flight would need 32 more registers and spills; cp.async into shared memory is the
-// way to deepen it), so expect the up phase to be latency-bound at ~64 KB per L2 round trip.
-// Shared memory (block_smem_bytes): 64 KB of x + 17 KB of list = 81 KB, 2 CTAs per SM on sm_90.
+//      entries in column order, kBatchRows rows (8 x kChunks loads of 16 bytes) in flight per
+//      thread; y written once, rounded to T.
+// Deterministic: every sum has a fixed order (no atomics). The up product's sums run in the
+// tensor cores' order, so results equal ffn_token's up to fp32 rounding of u.
+// Estimate at M = 16384, K = 2048, N = 5632, 0.5 % uniform (about 459k (token, unit) pairs):
+// Wu^T rows fetched once per distinct (block, unit): N (1 - (1 - p)^8) = 221 per block against
+// 225 pairs (2 % saved; neuron-skewed data shares far more), 1.86 GB; Wd rows 4 KB per pair,
+// 1.88 GB; slot words 46 MB (read twice, the second from L2), x 64 MB, y 64 MB: about 3.9 GB
+// from L2, 0.5 ms at 8 TB/s.
+// Why this shape (Nsight Compute and A/B runs, H100, 2026-11-24): with 16 tokens per CTA, 2 CTAs
+// per SM and the up product on CUDA cores the kernel took 0.72 ms with L2 60 % busy and the
+// issue slots 56 % busy (421M warp-instructions: up product 45 %, down projection 42 %, the
+// rank and group phase 9 %). The up product on tensor cores (per 8 units and 32 k: one LDG.128,
+// one LDS.128 and two mma per lane) cut the instructions by 14 % but the time only to 0.70 ms:
+// each CTA is a chain of dependent phases (counts, list, ranks, up loads, down loads), and two
+// CTAs per SM leave the L2 idle while both sit in the short ones. 8 tokens per CTA (x: 33 KB)
+// with 8 loads in flight per thread fit 3 CTAs per SM (80 registers): gated FFN 1.267 against
+// 1.324 ms (-4.4 %), token-skewed 1.324 against 1.428 ms (-7 %); 4 CTAs per SM (64 registers,
+// spills) lost (1.363 ms), and dropping the unit dedup (one mma column per entry, no rank phase)
+// spilled at 80 registers and lost too (1.296 ms).
+// Shared memory (block_smem_bytes): 33 KB of x + 13 KB of list = 46 KB (K = 2048).
 // Benchmark: bench/suites/ffn.cpp.
 template <class T, int kChunks>
-__global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int bt) {
+__global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kernel(FfnArgs a) {
   static_assert(ValueTraits<T>::packs_in_slot, "the block kernel stages 16-bit x");
   extern __shared__ __align__(16) unsigned char block_smem[];
+  constexpr int bt = kBlockTokens;
   const std::int64_t k = a.k;
   auto* xs = reinterpret_cast<std::uint16_t*>(block_smem);  // bt x K
-  auto* e_col = reinterpret_cast<std::int32_t*>(block_smem + static_cast<std::size_t>(bt) * k * 2);
+  auto* e_col = reinterpret_cast<std::int32_t*>(block_smem + static_cast<std::size_t>(bt) * block_x_ld(k) * 2);
   float* e_val = reinterpret_cast<float*>(e_col + kListCap);
-  float* e_u = e_val + kListCap;
-  auto* s_pos = reinterpret_cast<std::int16_t*>(e_u + kListCap);
+  auto* s_pos = reinterpret_cast<std::int16_t*>(e_val + kListCap);
   std::int16_t* g_start = s_pos + kListCap;  // kListCap + 1 used
   auto* e_tok = reinterpret_cast<std::uint8_t*>(g_start + kListCap + 2);
   __shared__ std::int32_t cnt[kBlockTokens], state[kBlockTokens], offs[kBlockTokens + 1];
@@ -452,7 +497,7 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
     const int vecs = static_cast<int>(k / 8);
     for (int t = 0; t < present; ++t) {
       const auto* src = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + (r0 + t) * a.ldx);
-      for (int v = tid; v < vecs; v += kThreads) reinterpret_cast<uint4*>(xs + t * k)[v] = src[v];
+      for (int v = tid; v < vecs; v += kThreads) reinterpret_cast<uint4*>(xs + t * block_x_ld(k))[v] = src[v];
     }
   }
   for (int t = warp; t < bt; t += kThreads / 32) {
@@ -570,37 +615,8 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
       if (tid == 0) g_start[groups] = static_cast<std::int16_t>(total);
       __syncthreads();
 
-      const T* wu_t = static_cast<const T*>(a.wu_t);
-      for (int g = warp; g < groups; g += kThreads / 32) {
-        const int p_begin = g_start[g], p_end = g_start[g + 1];
-        const T* wrow = wu_t + std::int64_t{e_col[s_pos[p_begin]]} * a.ldwu_t;
-        for (std::int64_t k0 = 0; k0 < k; k0 += 32 * 8 * 8) {
-          uint4 w[8];
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const std::int64_t kk = k0 + (i * 32 + lane) * 8;
-            w[i] = kk < k ? __ldg(reinterpret_cast<const uint4*>(wrow + kk)) : make_uint4(0, 0, 0, 0);
-          }
-          for (int p = p_begin; p < p_end; ++p) {
-            const int e = s_pos[p];
-            const std::uint16_t* xr = xs + std::int64_t{e_tok[e]} * k;
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              const std::int64_t kk = k0 + (i * 32 + lane) * 8;
-              if (kk < k) s = dot8<T>(*reinterpret_cast<const uint4*>(xr + kk), w[i], s);
-            }
-#pragma unroll
-            for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
-            if (lane == 0) e_u[e] = k0 == 0 ? s : e_u[e] + s;
-          }
-        }
-        __syncwarp();
-        for (int p = p_begin + lane; p < p_end; p += 32) {
-          const int e = s_pos[p];
-          e_val[e] *= e_u[e];
-        }
-      }
+      up_products<T>(static_cast<const T*>(a.wu_t), a.ldwu_t, k, xs, groups, g_start, s_pos, e_col, e_tok, e_val, warp,
+                     lane);
       __syncthreads();
     }
 
@@ -611,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_block_kernel(FfnArgs a, int b
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[c][i] = 0.0f;
       const int e_end = offs[t - t0 + 1];
-      constexpr int kBatch = kBatchColumns / kChunks;  // Wd rows per batch
+      constexpr int kBatch = kBatchRows;
       for (int e0 = offs[t - t0]; e0 < e_end; e0 += kBatch) {
         const int n = e_end - e0 < kBatch ? e_end - e0 : kBatch;
         uint4 wv[kBatch][kChunks];
@@ -763,24 +779,23 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   if constexpr (ValueTraits<T>::packs_in_slot) {
     if (vec && x.cols <= 2 * kThreads * 8) {  // kChunks <= 2
       const bool wide = x.cols > kThreads * 8;
-      const int bt = wide ? kBlockTokens / 2 : kBlockTokens;
-      const std::size_t bytes = block_smem_bytes(bt, x.cols);
+      const std::size_t bytes = block_smem_bytes(kBlockTokens, x.cols);
       int device = 0, optin = 0;
       ::twell::detail::check_cuda(cudaGetDevice(&device), where);
       ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                                   where);
       if (bytes <= static_cast<std::size_t>(optin)) {
-        const auto blocks = static_cast<unsigned>((x.rows + bt - 1) / bt);
+        const auto blocks = static_cast<unsigned>((x.rows + kBlockTokens - 1) / kBlockTokens);
         const auto kernel = wide ? ffn_block_kernel<T, 2> : ffn_block_kernel<T, 1>;
         ::twell::detail::check_cuda(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
             where);
-        order_blocks_kernel<<<1, 1024, 0, stream>>>(a.row_to_overflow, a.m, bt, block_order);
+        order_blocks_kernel<<<1, 1024, 0, stream>>>(a.row_to_overflow, a.m, kBlockTokens, block_order);
         ::twell::detail::check_launch(where);
         a.block_order = block_order;
-        kernel<<<blocks, kThreads, bytes, stream>>>(a, bt);
+        kernel<<<blocks, kThreads, bytes, stream>>>(a);
         ::twell::detail::check_launch(where);
-        return wide ? "ffn_block8_v8" : "ffn_block16_v8";
+        return wide ? "ffn_block_wide_v8" : "ffn_block_v8";
       }
     }
   }
@@ -823,7 +838,7 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
       stream_(options.stream), where_(where),
       gate_(checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, overflow_capacity, options, where)),
       row_nnz_(static_cast<std::size_t>(m), MemorySpace::device),
-      block_order_(static_cast<std::size_t>((m + kBlockTokens / 2 - 1) / (kBlockTokens / 2)), MemorySpace::device) {
+      block_order_(static_cast<std::size_t>((m + kBlockTokens - 1) / kBlockTokens), MemorySpace::device) {
   if (!gated_) return;
   wu_t_ = DenseMatrix<T>(wu.cols, wu.rows, MemorySpace::device);
   cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});

@@ -18,6 +18,7 @@
 #include "cuda_check.hpp"
 #include "gemm_to_sparse.cuh"
 #include "gemm_to_sparse_sm90.cuh"
+#include "mma_sync.cuh"
 #include "row_ballots.cuh"
 #include "twell_epilogue.cuh"
 
@@ -60,6 +61,7 @@ struct GemmArgs {
   const unsigned long long* m_limit = nullptr;
 };
 
+using detail::mma16816;
 using detail::sparsified;
 using detail::TwellOut;
 
@@ -84,24 +86,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
-}
-
-template <class T>
-__device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                         std::uint32_t b1) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
 }
 
 // One pipeline stage: A is kBM x kBK (row-major, padded), B is kBK x BN (row-major, padded).

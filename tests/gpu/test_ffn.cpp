@@ -126,7 +126,7 @@ void check_stats(const FfnStats& s, const workload::FfnInputs<T>& in, Activation
 // per-token kernel's vector form for fp32.
 template <class T>
 const char* aligned_kernel() {
-  return std::is_same_v<T, float> ? "ffn_rows_v8" : "ffn_block16_v8";
+  return std::is_same_v<T, float> ? "ffn_rows_v8" : "ffn_block_v8";
 }
 
 // Gated and non-gated plans on one case: poisoned outputs, stats, the path taken.
@@ -209,15 +209,15 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
   // TwELL(256, 1) keeps 255 entries per (row, tile), so dense rows stay in the TwELL part:
   // ~300 entries per token (3 tokens per 1024-entry round), ~1700 (over a round: the token is
   // routed to the per-token body), neuron-skewed units shared by most tokens of a block; K = 3000
-  // takes the 8-token form; 3000 tokens give each warp of the block-order kernel several ballots
+  // takes the wide form (two 2048-column chunks); 3000 tokens give each warp of the block-order kernel several ballots
   // of rows, with overflow rows (TwELL(256, 32): 7 entries per tile) spread over them.
   const Setting settings[] = {
-      {{3000, 64, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block16_v8"},
-      {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block16_v8"},
-      {{40, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block16_v8"},
-      {{100, 256, 1000, 0.2, Distribution::neuron_skewed}, TwellLayout{256, 2}, "ffn_block16_v8"},
-      {{40, 3000, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block8_v8"},
-      {{37, 4096, 520, 0.01, Distribution::uniform}, TwellLayout{128, 8}, "ffn_block8_v8"}};
+      {{3000, 64, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8"},
+      {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block_v8"},
+      {{40, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block_v8"},
+      {{100, 256, 1000, 0.2, Distribution::neuron_skewed}, TwellLayout{256, 2}, "ffn_block_v8"},
+      {{40, 3000, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_wide_v8"},
+      {{37, 4096, 520, 0.01, Distribution::uniform}, TwellLayout{128, 8}, "ffn_block_wide_v8"}};
   for (const Setting& st : testing::sweep(settings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
