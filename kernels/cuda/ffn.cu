@@ -472,7 +472,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
   extern __shared__ __align__(16) unsigned char block_smem[];
   constexpr int bt = kBlockTokens;
   const std::int64_t k = a.k;
-  auto* xs = reinterpret_cast<std::uint16_t*>(block_smem);  // bt x K
+  auto* xs = reinterpret_cast<std::uint16_t*>(block_smem);  // bt rows, block_x_ld(k) apart
   auto* e_col = reinterpret_cast<std::int32_t*>(block_smem + static_cast<std::size_t>(bt) * block_x_ld(k) * 2);
   float* e_val = reinterpret_cast<float*>(e_col + kListCap);
   auto* s_pos = reinterpret_cast<std::int16_t*>(e_val + kListCap);
