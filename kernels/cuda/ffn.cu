@@ -365,10 +365,10 @@ __device__ __forceinline__ void list_dense_row(const uint4* row, std::int64_t ve
 // quarter warp) fall in distinct banks.
 __host__ __device__ constexpr std::int64_t block_x_ld(std::int64_t k) { return (k + 63) / 64 * 64 + 32; }
 
-// Dynamic shared memory of the block kernel: x of bt tokens as T, then the round's entry list
-// (column, gate value then h, sorted position, group start, token).
-__host__ __device__ constexpr std::size_t block_smem_bytes(int bt, std::int64_t k) {
-  return static_cast<std::size_t>(bt) * static_cast<std::size_t>(block_x_ld(k)) * 2 +
+// Dynamic shared memory of the block kernel: x of its kBlockTokens tokens as T, then the round's
+// entry list (column, gate value then h, sorted position, group start, token).
+__host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
+  return static_cast<std::size_t>(kBlockTokens) * static_cast<std::size_t>(block_x_ld(k)) * 2 +
          static_cast<std::size_t>(kListCap) * (4 + 4 + 2) + static_cast<std::size_t>(kListCap + 2) * 2 +
          static_cast<std::size_t>(kListCap);
 }
@@ -779,7 +779,7 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   if constexpr (ValueTraits<T>::packs_in_slot) {
     if (vec && x.cols <= 2 * kThreads * 8) {  // kChunks <= 2
       const bool wide = x.cols > kThreads * 8;
-      const std::size_t bytes = block_smem_bytes(kBlockTokens, x.cols);
+      const std::size_t bytes = block_smem_bytes(x.cols);
       int device = 0, optin = 0;
       ::twell::detail::check_cuda(cudaGetDevice(&device), where);
       ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),

@@ -209,8 +209,9 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
   // TwELL(256, 1) keeps 255 entries per (row, tile), so dense rows stay in the TwELL part:
   // ~300 entries per token (3 tokens per 1024-entry round), ~1700 (over a round: the token is
   // routed to the per-token body), neuron-skewed units shared by most tokens of a block; K = 3000
-  // takes the wide form (two 2048-column chunks); 3000 tokens give each warp of the block-order kernel several ballots
-  // of rows, with overflow rows (TwELL(256, 32): 7 entries per tile) spread over them.
+  // takes the wide form (two 2048-column chunks); 3000 tokens give each warp of the block-order
+  // kernel several ballots of rows, with overflow rows (TwELL(256, 32): 7 entries per tile) spread
+  // over them.
   const Setting settings[] = {
       {{3000, 64, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8"},
       {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block_v8"},
