@@ -11,6 +11,7 @@
 #include <twell/types.hpp>
 
 #include "common.cuh"
+#include "warp_scan.cuh"
 
 namespace twell::cuda::detail {
 
@@ -49,12 +50,7 @@ __device__ inline int pack_chunk(TileSlots<T> slots, int capacity, int count, un
                                  const T (&v)[kPerLane], const std::uint32_t (&local_col)[kPerLane]) {
   const int lane = lane_id();
   const int mine = __popc(stored);
-  int inclusive = mine;
-#pragma unroll
-  for (int d = 1; d < kWarpSize; d <<= 1) {
-    const int up = __shfl_up_sync(kFullMask, inclusive, d);
-    if (lane >= d) inclusive += up;
-  }
+  const int inclusive = warp_inclusive_sum(mine, lane);
   int rank = count + inclusive - mine;
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {

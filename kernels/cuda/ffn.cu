@@ -16,6 +16,7 @@
 #include <twell/kernels/ffn_cuda.hpp>
 
 #include "../../converters/cuda/slot_group.cuh"
+#include "../../converters/cuda/warp_scan.cuh"
 #include "cuda_check.hpp"
 #include "mma_sync.cuh"
 #include "row_ballots.cuh"
@@ -300,15 +301,6 @@ constexpr int kBlockTokens = 8;  // tokens per CTA of the block kernel
 constexpr int kListCap = 1024;   // gate entries per round of the block kernel
 constexpr int kBatchRows = 8;    // Wd rows per batch of the down projection (8 x kChunks loads of 16 bytes)
 
-__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const int up = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += up;
-  }
-  return v;
-}
-
 // Row o of the gate's overflow block as 16-byte vectors (FfnArgs::overflow_vec holds).
 template <class T>
 __device__ __forceinline__ const uint4* dense_gate_row(const FfnArgs& a, std::int32_t o) {
@@ -344,7 +336,7 @@ __device__ __forceinline__ void list_dense_row(const uint4* row, std::int64_t ve
     std::uint32_t flags[4];
     stored_flags(q, flags);
     const int c = flag_count(flags);
-    const int inc = warp_inclusive_sum(c, lane);
+    const int inc = detail::warp_inclusive_sum(c, lane);
     int at = base + inc - c;
     const std::uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
@@ -554,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
       for (std::int64_t tau0 = 0; tau0 < tiles; tau0 += 32) {
         const std::int64_t tau = tau0 + lane;
         const int c = tau < tiles ? static_cast<int>(pr[tau * slots]) : 0;
-        const int inc = warp_inclusive_sum(c, lane);
+        const int inc = detail::warp_inclusive_sum(c, lane);
         const int ex = inc - c;
         const int in_chunk = tiles - tau0 < 32 ? static_cast<int>(tiles - tau0) : 32;
         for (int i = 0; i < in_chunk; ++i) {

@@ -15,6 +15,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/spmm_plan.hpp>
 
+#include "../../converters/cuda/warp_scan.cuh"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
 #include "vec16.cuh"
@@ -181,12 +182,7 @@ __global__ void __launch_bounds__(kThreads)
       vals[q] = run;
       run += thread_sum[lane * kPer + q];
     }
-    int incl = run;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int x = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += x;
-    }
+    const int incl = detail::warp_inclusive_sum(run, lane);
     const int excl = incl - run;
 #pragma unroll
     for (int q = 0; q < kPer; ++q) thread_sum[lane * kPer + q] = vals[q] + excl;

@@ -31,6 +31,7 @@
 #include <twell/error.hpp>
 #include <twell/types.hpp>
 
+#include "../../converters/cuda/warp_scan.cuh"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
 #include "vec16.cuh"
@@ -184,12 +185,7 @@ Lists carve(void* workspace, const Geometry& g) {
 // holds kPieceWarps ints; the barrier at the end lets the next call reuse it.
 __device__ __forceinline__ long long block_exclusive_scan(long long v, long long* scratch, long long& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  long long incl = v;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    const long long x = __shfl_up_sync(kFull, incl, d);
-    if (lane >= d) incl += x;
-  }
+  const long long incl = warp_inclusive_sum(v, lane);
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
   long long before = 0;
