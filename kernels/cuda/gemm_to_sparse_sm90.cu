@@ -239,8 +239,9 @@ __device__ __forceinline__ void stage_warp_rows(const float (&acc)[BN / 2], std:
 //   releases a stage once the next stage's wgmmas are issued and the older group has retired.
 //   At the end of a tile each warp sparsifies its 16 rows into the staged tile (stage_warp_rows,
 //   stmatrix) and goes straight on to the next tile's wgmmas;
-// - warps 1 .. 3 pack: each takes a third of the staged tile's rows through pack_twell_rows
-//   (slots, counts, flags, totals), hidden behind the consumers' next mainloop.
+// - warps 1 .. 3 pack: each takes a third of the staged tile's rows, a lane per row
+//   (pack_twell_rows_by_lane: slots, counts, flags, totals), hidden behind the consumers' next
+//   mainloop.
 // The staged tile is handed over by two mbarriers ("staged": 256 consumer arrivals; "packed": 96
 // packer arrivals), so the consumers run at most one tile ahead of the packing.
 // Shared-memory layouts: A K-major, 128-byte swizzle (TMA SWIZZLE_128B), descriptor SBO 1024 (8
@@ -304,10 +305,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else {
-      // Row pairs kBM / 2 * p / kPackerWarps .. of the tile: 42, 42 and 44 rows at kBM = 128.
+      // Rows kBM * p / kPackerWarps .. of the tile: 42, 43 and 43 rows at kBM = 128.
       const int p = warp - 1;
-      const int first = 2 * (kBM / 2 * p / kPackerWarps);
-      const int rows = 2 * (kBM / 2 * (p + 1) / kPackerWarps) - first;
+      const int first = kBM * p / kPackerWarps;
+      const int rows = kBM * (p + 1) / kPackerWarps - first;
       const TwellRows geo = twell_rows(o, g.n);
       unsigned long long stored = 0, excess = 0;
       std::uint32_t phase = 0;
@@ -317,11 +318,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - tile * BN));
         std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
         mbar_wait(staged_full, phase);
-        pack_twell_rows<BN>(staged + first * P::kLd, P::kLd, rows, groups, geo.width, m0 + first, 1, g.m, tile_cols,
-                            geo, o, lane, stored, excess);
+        pack_twell_rows_by_lane<BN>(staged + first * P::kLd, P::kLd, rows, groups, geo.width, m0 + first, g.m,
+                                    tile_cols, geo, o, lane, stored, excess);
         mbar_arrive(staged_empty);  // this thread's reads of the staged tile are done
       }
-      flush_twell_totals(o, lane, stored, excess);
+      flush_lane_totals(o, lane, stored, excess);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));

@@ -173,6 +173,80 @@ __device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_stage
   }
 }
 
+// `rows` staged rows packed by one warp, a lane per row (32 rows at a time), writing the same words
+// as pack_twell_rows: row r is staged at first_staged + r * staged_step (16-byte aligned, +0 for
+// "not stored", never -0), its slot group is first_group + r * group_step and its matrix row
+// first_row + r; rows at or past m are skipped; tile_cols must be a multiple of 8. A lane first
+// marks which 16-byte chunks of its row hold a stored value (one OR over the chunk's words), then
+// zeroes its row's group (16-byte stores where the layout allows), then walks the marked chunks
+// upward and writes the first `capacity` entries over the zeros, then slot 0: this thread's stores
+// to one word land in program order. Where rows are sparse this issues a fraction of the
+// instructions of the half-warp packer (which ranks every row's entries by ballots), and no lane
+// waits for another. Each lane keeps its own totals (flush_lane_totals).
+template <int BN>
+__device__ __forceinline__ void pack_twell_rows_by_lane(const std::uint16_t* first_staged, int staged_step, int rows,
+                                                        std::uint32_t* first_group, std::int64_t group_step,
+                                                        std::int64_t first_row, std::int64_t m, int tile_cols,
+                                                        const TwellRows& geo, const TwellOut& o, int lane,
+                                                        unsigned long long& stored, unsigned long long& excess) {
+  constexpr int kChunks = BN / 8;  // 16-byte chunks of a staged row
+  static_assert(kChunks <= 32, "a lane marks its row's chunks in one word");
+  const std::uint32_t live_chunks = tile_cols >= BN ? ~0u >> (32 - kChunks) : (1u << (tile_cols / 8)) - 1u;
+  const bool vector_zeros = geo.slots % 4 == 0 && (reinterpret_cast<std::uintptr_t>(first_group) |
+                                                   static_cast<std::uintptr_t>(group_step * 4)) % 16 == 0;
+#pragma unroll 1
+  for (int r = lane; r < rows; r += 32) {
+    const std::int64_t row = first_row + r;
+    if (row >= m) break;
+    const auto* chunk = reinterpret_cast<const uint4*>(first_staged + r * staged_step);
+    std::uint32_t marked = 0;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const uint4 v = chunk[c];
+      marked |= ((v.x | v.y | v.z | v.w) & 0x7fff7fffu) != 0u ? 1u << c : 0u;
+    }
+    marked &= live_chunks;
+    std::uint32_t* group = first_group + r * group_step;
+    if (vector_zeros) {
+      for (int s = 0; s < geo.slots; s += 4) *reinterpret_cast<uint4*>(group + s) = make_uint4(0u, 0u, 0u, 0u);
+    } else {
+      for (int s = 0; s < geo.slots; ++s) group[s] = 0u;
+    }
+    int count = 0;
+    while (marked != 0u) {
+      const int c = __ffs(marked) - 1;
+      marked &= marked - 1u;
+      const uint4 v = chunk[c];
+      const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const auto bits = static_cast<std::uint16_t>(words[k / 2] >> (16 * (k % 2)));
+        if ((bits & 0x7fffu) == 0u) continue;
+        if (count < geo.capacity) group[1 + count] = TwellLayout::pack(bits, static_cast<std::uint32_t>(8 * c + k));
+        ++count;
+      }
+    }
+    group[0] = static_cast<std::uint32_t>(o.clamp_count ? min(count, geo.capacity) : count);
+    if (count > geo.capacity) {
+      o.row_flags[row] = 1;
+      excess += static_cast<unsigned long long>(count - geo.capacity);
+    }
+    stored += static_cast<unsigned long long>(count);
+  }
+}
+
+// The totals of every lane of the warp into the device accumulators (pack_twell_rows_by_lane).
+__device__ __forceinline__ void flush_lane_totals(const TwellOut& o, int lane, unsigned long long stored,
+                                                  unsigned long long excess) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    stored += __shfl_xor_sync(0xffffffffu, stored, d);
+    excess += __shfl_xor_sync(0xffffffffu, excess, d);
+  }
+  if (lane == 0 && stored != 0) atomicAdd(o.stored_total, stored);
+  if (lane == 0 && excess != 0) atomicAdd(o.excess_total, excess);
+}
+
 // The totals of lanes 0 and 16 into the device accumulators: 64-bit integer atomics, so the sums
 // do not depend on the order.
 __device__ __forceinline__ void flush_twell_totals(const TwellOut& o, int lane, unsigned long long stored,
