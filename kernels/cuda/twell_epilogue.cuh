@@ -1,7 +1,10 @@
 // Internal to the cuda kernels: the TwELL-writing epilogue shared by gemm_to_sparse's mainloops
 // (mma.sync in gemm_to_sparse.cu, wgmma in gemm_to_sparse_sm90.cu), so that both write the same
 // bits: the activation and rounding rule, and the packing of a staged tile's rows into TwELL
-// slots (converters/cuda/slot_group.cuh), row flags and totals. Not installed.
+// slots, row flags and totals: a half-warp per row on the dense -> TwELL converter's slot groups
+// (pack_twell_rows, converters/cuda/slot_group.cuh; the mma.sync kernel) or a lane per row
+// (pack_twell_rows_by_lane; the wgmma kernel's packer warps), which write the same words. Not
+// installed.
 #pragma once
 
 #include <cstdint>
