@@ -228,7 +228,8 @@ __device__ __forceinline__ void stage_tile(std::uint16_t* vals, int ld, const fl
 // prefix gives its slots, so slots come out in column order). Every slot of every (row, tile)
 // is written (unused ones zero), so the output needs no initialisation. Preconditions: T
 // 16-bit, layout.tile == BN, K % 8 == 0, N % 8 == 0, 16-byte aligned x, w and leading
-// dimensions; row_flags zeroed (the plan's ranking kernel clears them after each run). Benchmark: bench/suites/gemm_to_sparse.cpp.
+// dimensions; row_flags zeroed (the plan's ranking kernel clears them after each run).
+// Benchmark: bench/suites/gemm_to_sparse.cpp.
 template <class T, int BN>
 __global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_twell_kernel(GemmArgs g, TwellOut o) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
