@@ -663,7 +663,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
     if (state[t] == kRouted) ffn_token<T, 8, kChunks>(a, r0 + t, reinterpret_cast<float*>(block_smem));
 }
 
-// The block kernel's order of token blocks (bt tokens each, bt dividing 32), heavy blocks first: the
+// The block kernel's order of token blocks (kBlockTokens each), heavy blocks first: the
 // blocks holding an overflow row (a token with many times the average entries) take the first
 // CTAs, which the hardware starts first in practice (nothing promises it; the order only
 // changes the speed, never the result), and the light blocks fill in around them; in increasing
@@ -672,7 +672,9 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 // overflow marks (row_ballots; its rows are whole blocks), one block scan of the warps' heavy
 // counts, then lane 0 places the warp's blocks.
 __global__ void __launch_bounds__(1024) order_blocks_kernel(const std::int32_t* row_to_overflow, std::int64_t m,
-                                                            int bt, std::int32_t* order) {
+                                                            std::int32_t* order) {
+  constexpr int bt = kBlockTokens;
+  static_assert(32 % bt == 0, "a ballot holds whole blocks");
   using Ballots = std::uint32_t[detail::kBallotSteps];
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const detail::WarpRows rows = detail::warp_rows(m, static_cast<int>(threadIdx.x) >> 5);
@@ -782,7 +784,7 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
         ::twell::detail::check_cuda(
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
             where);
-        order_blocks_kernel<<<1, 1024, 0, stream>>>(a.row_to_overflow, a.m, kBlockTokens, block_order);
+        order_blocks_kernel<<<1, 1024, 0, stream>>>(a.row_to_overflow, a.m, block_order);
         ::twell::detail::check_launch(where);
         a.block_order = block_order;
         kernel<<<blocks, kThreads, bytes, stream>>>(a);
