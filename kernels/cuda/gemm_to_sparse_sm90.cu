@@ -36,6 +36,9 @@ namespace {
 constexpr int kBM = 128;  // CTA rows: two consumer warpgroups of 64
 constexpr int kBK = 64;   // K per stage: one 128-byte swizzle row of 16-bit values
 constexpr int kThreads = 384;
+// CTAs per cluster: the two CTAs of a cluster compute the same TwELL tile of two adjacent row
+// blocks and each loads half of every stage's W boxes into both by TMA multicast.
+constexpr int kCluster = 2;
 
 // Shared memory of a CTA of kBM x BN outputs, from a 1024-byte aligned base (what the 128-byte
 // swizzle of TMA and wgmma needs): kStages x (A: kBM rows x 128 B, B: BN / 64 boxes of 64 K-rows x
@@ -103,6 +106,39 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, s
       "[%2];\n" ::"r"(smem_u32(dst)),
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer)
       : "memory");
+}
+
+// The same into this CTA and its cluster peer at the same shared offsets, completing on each one's
+// `bar` at that offset.
+__device__ __forceinline__ void tma_load_2d_both(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
+                                                 int outer) {
+  constexpr std::uint16_t kBoth = (1u << kCluster) - 1u;
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer), "h"(kBoth)
+      : "memory");
+}
+
+// Arrives on the mbarrier at `bar`'s offset in cluster CTA `cta` (this one included). Default
+// (.release.cta) semantics, as the stage hand-back needs: with .release.cluster ptxas puts a
+// MEMBAR.ALL.GPU before every arrive, which made the multicast kernel twice as slow as without.
+__device__ __forceinline__ void mbar_arrive_in(std::uint64_t* bar, std::uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, "
+      "[remote];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(cta)
+      : "memory");
+}
+
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ std::uint32_t cluster_rank() {
+  std::uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
 }
 
 // wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
@@ -225,25 +261,49 @@ __device__ __forceinline__ void stage_warp_rows(const float (&acc)[BN / 2], std:
   }
 }
 
+// This CTA's output tiles: cluster c of the grid's C takes tile pairs c, c + C, ...; pair p is
+// TwELL tile p % tiles_n of row blocks 2 (p / tiles_n) + 0 and + 1, one per CTA of the cluster.
+// With an odd number of row blocks the last pairs' second row block lies past M: its CTA loads
+// zeros (TMA fills out-of-bounds boxes), supplies its half of W to its peer, and packs no row.
+template <int BN>
+struct TileWalk {
+  std::int64_t tiles_n, pairs, first, step;
+  int rank;
+  __device__ explicit TileWalk(const Sm90Gemm& g)
+      : tiles_n((g.n + BN - 1) / BN),
+        pairs(tiles_n * (((g.m + kBM - 1) / kBM + kCluster - 1) / kCluster)),
+        first(blockIdx.x / kCluster),
+        step(gridDim.x / kCluster),
+        rank(static_cast<int>(cluster_rank())) {}
+  __device__ std::int64_t tile(std::int64_t p) const { return p % tiles_n; }
+  __device__ std::int64_t row0(std::int64_t p) const { return ((p / tiles_n) * kCluster + rank) * kBM; }
+};
+
 #endif  // TWELL_SM90A_DEVICE
 
-// Fused GEMM + activation + TwELL packing, persistent: CTA b takes output tiles b, b + grid, ...
-// (tile t = row block t / tiles_n, TwELL tile t % tiles_n: the CTAs of a wave share row blocks
-// and walk all of W, which stays in L2). Three roles:
-// - warp 0 (one thread) produces: per K step, the TMA box of X (128 rows x 64 K) and BN / 64
-//   boxes of W (64 K x 64 columns) into the next free stage (waiting on its "empty" mbarrier,
-//   arming its "full" one with the byte count);
+// Fused GEMM + activation + TwELL packing, persistent, in clusters of 2 CTAs (TileWalk: the two
+// CTAs of a cluster take the same TwELL tile of adjacent row blocks, the clusters of a wave share
+// row blocks and walk all of W, which stays in L2). Three roles:
+// - warp 0 (one thread) produces: per K step, the TMA box of X (128 rows x 64 K) into its own
+//   stage and half of the BN / 64 boxes of W (64 K x 64 columns) into the stage of both CTAs
+//   (multicast), waiting on its "empty" mbarrier (released by the consumers of both CTAs, since
+//   the peer writes into it too) and arming its "full" one with the stage's bytes. Sharing W
+//   halves the W traffic from L2: 32 instead of 48 KB per CTA and K step, which L2 bandwidth,
+//   not the tensor cores, had set the pace by;
 // - warpgroups 1 and 2 consume: consumer c owns rows 64c .. 64c+63 of the tile as the m64nBN fp32
 //   accumulator of wgmma (warp q of it rows 16q .. 16q+15: per 8-column chunk i, d[4i + 2h + e]
 //   is row lane/4 + 8h, column 8i + 2 (lane % 4) + e), issues 4 wgmma k16 steps per stage and
-//   releases a stage once the next stage's wgmmas are issued and the older group has retired.
+//   releases a stage, in both CTAs, once the next stage's wgmmas are issued and the older group
+//   has retired.
 //   At the end of a tile each warp sparsifies its 16 rows into the staged tile (stage_warp_rows,
 //   stmatrix) and goes straight on to the next tile's wgmmas;
 // - warps 1 .. 3 pack: each takes a third of the staged tile's rows, a lane per row
 //   (pack_twell_rows_by_lane: slots, counts, flags, totals), hidden behind the consumers' next
 //   mainloop.
 // The staged tile is handed over by two mbarriers ("staged": 256 consumer arrivals; "packed": 96
-// packer arrivals), so the consumers run at most one tile ahead of the packing.
+// packer arrivals), so the consumers run at most one tile ahead of the packing. A cluster barrier
+// after the mbarrier set-up and another before exit keep each CTA's barriers and stages alive
+// while its peer may signal or write them.
 // Shared-memory layouts: A K-major, 128-byte swizzle (TMA SWIZZLE_128B), descriptor SBO 1024 (8
 // rows of 128 B), k16 step +32 B; B MN-major, 128-byte swizzle, descriptor LBO 8192 (from one
 // 64-column box to the next), SBO 1024 (8 K-rows), k16 step +2048 B (16 K-rows). Preconditions:
@@ -265,20 +325,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const std::int64_t tiles_n = (g.n + BN - 1) / BN;
-  const std::int64_t tiles = tiles_n * ((g.m + kBM - 1) / kBM);
+  const TileWalk<BN> walk(g);
   const int ktiles = static_cast<int>((g.k + kBK - 1) / kBK);
 
   if (tid == 0) {
     for (int s = 0; s < P::kStages; ++s) {
       mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
-      mbar_init(&empty[s], kConsumerWarps);  // lane 0 of every consumer warp
+      mbar_init(&empty[s], kCluster * kConsumerWarps);  // lane 0 of every consumer warp of both CTAs
     }
     mbar_init(staged_full, kConsumerWarps * 32);
     mbar_init(staged_empty, kPackerWarps * 32);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  cluster_sync();  // the peer's barriers are initialised before any TMA or arrive reaches them
 
   if (warp < 4) {
     // One setmaxnreg for the whole warpgroup: PTX requires every warp of it to execute the same one.
@@ -288,9 +347,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_x)) : "memory");
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_w)) : "memory");
         std::uint32_t it = 0;
-        for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-          const int n0 = static_cast<int>((t % tiles_n) * BN);
-          const int m0 = static_cast<int>((t / tiles_n) * kBM);
+        for (std::int64_t t = walk.first; t < walk.pairs; t += walk.step) {
+          const int n0 = static_cast<int>(walk.tile(t) * BN);
+          const int m0 = static_cast<int>(walk.row0(t));
           for (int kt = 0; kt < ktiles; ++kt, ++it) {
             const std::uint32_t s = it % P::kStages;
             mbar_wait(&empty[s], ((it / P::kStages) & 1u) ^ 1u);  // a fresh barrier passes parity 1
@@ -299,8 +358,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_expect_tx(&full[s], P::kStageBytes);
             tma_load_2d(a, &map_x, &full[s], kt * kBK, m0);
 #pragma unroll
-            for (int j = 0; j < BN / 64; ++j)
-              tma_load_2d(b + j * P::kBBoxBytes, &map_w, &full[s], n0 + 64 * j, kt * kBK);
+            for (int h = 0; h < BN / 64 / kCluster; ++h) {
+              const int j = walk.rank * (BN / 64 / kCluster) + h;
+              tma_load_2d_both(b + j * P::kBBoxBytes, &map_w, &full[s], n0 + 64 * j, kt * kBK);
+            }
           }
         }
       }
@@ -312,9 +373,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       const TwellRows geo = twell_rows(o, g.n);
       unsigned long long stored = 0, excess = 0;
       std::uint32_t phase = 0;
-      for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x, phase ^= 1u) {
-        const std::int64_t tile = t % tiles_n;
-        const std::int64_t m0 = (t / tiles_n) * kBM;
+      for (std::int64_t t = walk.first; t < walk.pairs; t += walk.step, phase ^= 1u) {
+        const std::int64_t tile = walk.tile(t);
+        const std::int64_t m0 = walk.row0(t);
         const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - tile * BN));
         std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
         mbar_wait(staged_full, phase);
@@ -334,7 +395,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
     std::uint32_t it = 0, phase = 0;
-    for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x, phase ^= 1u) {
+    // A stage goes back to the producers of both CTAs (both write into it).
+    auto release = [&](std::uint32_t stage) {
+      if (lane == 0)
+        for (std::uint32_t cta = 0; cta < kCluster; ++cta) mbar_arrive_in(&empty[stage], cta);
+    };
+    for (std::int64_t t = walk.first; t < walk.pairs; t += walk.step, phase ^= 1u) {
       for (int kt = 0; kt < ktiles; ++kt, ++it) {
         const std::uint32_t s = it % P::kStages;
         mbar_wait(&full[s], (it / P::kStages) & 1u);
@@ -350,17 +416,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_accumulators(acc);
         if (kt > 0) {
           wgmma_wait<1>();  // the previous stage's group has retired: its buffers are free
-          if (lane == 0) mbar_arrive(&empty[(it - 1) % P::kStages]);
+          release((it - 1) % P::kStages);
         }
       }
       wgmma_wait<0>();
       fence_accumulators(acc);
-      if (lane == 0) mbar_arrive(&empty[(it - 1) % P::kStages]);
+      release((it - 1) % P::kStages);
       mbar_wait(staged_empty, phase ^ 1u);  // the packers are done with the previous tile
       stage_warp_rows<T, BN>(acc, my_rows, g, lane);
       mbar_arrive(staged_full);
     }
   }
+  cluster_sync();  // the peer may still multicast into this CTA's stages or arrive on its barriers
 #endif
 }
 
@@ -431,7 +498,9 @@ bool available(const char* where) {
   ::twell::detail::check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), where);
   ::twell::detail::check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), where);
   ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
-  if (major != 9 || minor != 0 || optin < Sm90Tile<BN>::kSmem) return false;
+  int clusters = 0;
+  ::twell::detail::check_cuda(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device), where);
+  if (major != 9 || minor != 0 || optin < Sm90Tile<BN>::kSmem || clusters == 0) return false;
   cudaFuncAttributes attr{};
   ::twell::detail::check_cuda(cudaFuncGetAttributes(&attr, gemm_twell_sm90_kernel<T, BN>), where);
   return attr.binaryVersion == 90 && device_runs_sm90a_code(device, where) && tensor_map_encoder() != nullptr;
@@ -444,13 +513,27 @@ void launch(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const cha
   const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
   ::twell::detail::check_cuda(
       cudaFuncSetAttribute(gemm_twell_sm90_kernel<T, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmem), where);
-  int device = 0, sms = 0;
-  ::twell::detail::check_cuda(cudaGetDevice(&device), where);
-  ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
-  const std::int64_t tiles = ((g.n + BN - 1) / BN) * ((g.m + kBM - 1) / kBM);
-  const auto grid = static_cast<unsigned>(std::min<std::int64_t>(tiles, sms));
-  gemm_twell_sm90_kernel<T, BN><<<grid, kThreads, P::kSmem, stream>>>(map_x, map_w, g, o);
-  ::twell::detail::check_launch(where);
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = P::kSmem;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // Persistent: as many clusters as the device holds at once (66 of 2 CTAs on an H100), at most
+  // one per tile pair.
+  config.gridDim = dim3(kCluster);
+  int resident = 0;
+  ::twell::detail::check_cuda(cudaOccupancyMaxActiveClusters(&resident, gemm_twell_sm90_kernel<T, BN>, &config), where);
+  require(resident > 0, ErrorCode::cuda, where, "no cluster of ", kCluster, " CTAs with ", P::kSmem,
+          " bytes of shared memory fits on this device");
+  const std::int64_t pairs = ((g.n + BN - 1) / BN) * (((g.m + kBM - 1) / kBM + kCluster - 1) / kCluster);
+  config.gridDim = dim3(static_cast<unsigned>(std::min<std::int64_t>(pairs, resident) * kCluster));
+  ::twell::detail::check_cuda(cudaLaunchKernelEx(&config, gemm_twell_sm90_kernel<T, BN>, map_x, map_w, g, o), where);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
