@@ -40,6 +40,12 @@ constexpr int kThreads = 384;
 // blocks and each loads half of every stage's W boxes into both by TMA multicast.
 constexpr int kCluster = 2;
 
+// Output tile pairs of an M x N product: one per cluster-sized group of row blocks and TwELL tile
+// (the persistent loop's range, and the most clusters a launch can use).
+__host__ __device__ constexpr std::int64_t tile_pairs(std::int64_t m, std::int64_t n, int bn) {
+  return ((n + bn - 1) / bn) * (((m + kBM - 1) / kBM + kCluster - 1) / kCluster);
+}
+
 // Shared memory of a CTA of kBM x BN outputs, from a 1024-byte aligned base (what the 128-byte
 // swizzle of TMA and wgmma needs): kStages x (A: kBM rows x 128 B, B: BN / 64 boxes of 64 K-rows x
 // 128 B), then the staged tile (all kBM rows of kLd 16-bit values: the consumers write it and go
@@ -271,7 +277,7 @@ struct TileWalk {
   int rank;
   __device__ explicit TileWalk(const Sm90Gemm& g)
       : tiles_n((g.n + BN - 1) / BN),
-        pairs(tiles_n * (((g.m + kBM - 1) / kBM + kCluster - 1) / kCluster)),
+        pairs(tile_pairs(g.m, g.n, BN)),
         first(blockIdx.x / kCluster),
         step(gridDim.x / kCluster),
         rank(static_cast<int>(cluster_rank())) {}
@@ -531,8 +537,8 @@ void launch(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const cha
   ::twell::detail::check_cuda(cudaOccupancyMaxActiveClusters(&resident, gemm_twell_sm90_kernel<T, BN>, &config), where);
   require(resident > 0, ErrorCode::cuda, where, "no cluster of ", kCluster, " CTAs with ", P::kSmem,
           " bytes of shared memory fits on this device");
-  const std::int64_t pairs = ((g.n + BN - 1) / BN) * (((g.m + kBM - 1) / kBM + kCluster - 1) / kCluster);
-  config.gridDim = dim3(static_cast<unsigned>(std::min<std::int64_t>(pairs, resident) * kCluster));
+  config.gridDim =
+      dim3(static_cast<unsigned>(std::min<std::int64_t>(tile_pairs(g.m, g.n, BN), resident) * kCluster));
   ::twell::detail::check_cuda(cudaLaunchKernelEx(&config, gemm_twell_sm90_kernel<T, BN>, map_x, map_w, g, o), where);
 }
 
