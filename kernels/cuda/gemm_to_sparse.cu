@@ -90,10 +90,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
 
 // One pipeline stage: A is kBM x kBK (row-major, padded), B is kBK x BN (row-major, padded).
 // K % 8 == 0 and N % 8 == 0 make every 16-byte chunk either fully inside or fully outside;
-// outside chunks are zero-filled (src-size 0), so ragged edges contribute nothing.
+// outside chunks are zero-filled (src-size 0), so ragged edges contribute nothing. a_rows: the
+// CTA's rows of X (row_sources), -1 past M.
 template <int BN>
-__device__ __forceinline__ void load_stage(const GemmArgs& g, std::uint16_t* as, std::uint16_t* bs, std::int64_t m0,
-                                           std::int64_t n0, std::int64_t k0, int tid) {
+__device__ __forceinline__ void load_stage(const GemmArgs& g, const std::int64_t* a_rows, std::uint16_t* as,
+                                           std::uint16_t* bs, std::int64_t n0, std::int64_t k0, int tid) {
   using P = Pipe<BN>;
   constexpr int kAChunksPerRow = P::kBK / 8;
   static_assert(kBM * kAChunksPerRow % kThreads == 0 && P::kBK * (BN / 8) % kThreads == 0,
@@ -103,15 +104,9 @@ __device__ __forceinline__ void load_stage(const GemmArgs& g, std::uint16_t* as,
     const int c = tid + i * kThreads;
     const int r = c / kAChunksPerRow;
     const int kc = (c % kAChunksPerRow) * 8;
-    const std::int64_t gm = m0 + r;
     const std::int64_t gk = k0 + kc;
-    const bool inside = gm < g.m && gk < g.k;
-    const std::uint16_t* src = g.x;
-    if (inside) {
-      const std::int64_t row = g.x_rows != nullptr ? g.x_rows[gm] : gm;
-      src = g.x + row * g.ldx + gk;
-    }
-    cp_async16(as + r * P::kALd + kc, src, inside ? 16 : 0);
+    const bool inside = a_rows[r] >= 0 && gk < g.k;
+    cp_async16(as + r * P::kALd + kc, inside ? g.x + a_rows[r] * g.ldx + gk : g.x, inside ? 16 : 0);
   }
   constexpr int kBChunksPerRow = BN / 8;
 #pragma unroll
@@ -180,10 +175,20 @@ __device__ __forceinline__ void mainloop(const GemmArgs& g, std::uint16_t* smem,
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
+  // The CTA's rows of X, looked up once: a gathered row's index read from x_rows in every stage
+  // put a dependent L2 load in front of each stage's copies (the plan's overflow recompute, 384
+  // gathered rows of the paper's shape, took ~57 us on an H100 that way).
+  __shared__ std::int64_t a_rows[kBM];
+  for (int r = tid; r < kBM; r += kThreads) {
+    const std::int64_t gm = m0 + r;
+    a_rows[r] = gm >= g.m ? -1 : g.x_rows != nullptr ? std::int64_t{g.x_rows[gm]} : gm;
+  }
+  __syncthreads();
+
   const int ktiles = static_cast<int>((g.k + P::kBK - 1) / P::kBK);
 #pragma unroll
   for (int s = 0; s < P::kStages - 1; ++s) {
-    if (s < ktiles) load_stage<BN>(g, a_base + s * kAStage, b_base + s * kBStage, m0, n0, std::int64_t{s} * P::kBK, tid);
+    if (s < ktiles) load_stage<BN>(g, a_rows, a_base + s * kAStage, b_base + s * kBStage, n0, std::int64_t{s} * P::kBK, tid);
     cp_async_commit();
   }
   for (int kt = 0; kt < ktiles; ++kt) {
@@ -192,7 +197,7 @@ __device__ __forceinline__ void mainloop(const GemmArgs& g, std::uint16_t* smem,
     const int next = kt + P::kStages - 1;
     if (next < ktiles) {
       const int s = next % P::kStages;
-      load_stage<BN>(g, a_base + s * kAStage, b_base + s * kBStage, m0, n0, std::int64_t{next} * P::kBK, tid);
+      load_stage<BN>(g, a_rows, a_base + s * kAStage, b_base + s * kBStage, n0, std::int64_t{next} * P::kBK, tid);
     }
     cp_async_commit();
     const int s = kt % P::kStages;
