@@ -349,6 +349,17 @@ __global__ void __launch_bounds__(256) gemm_simt_kernel(const T* x, std::int64_t
     }
 }
 
+// Rows overflow_to_row[r] of x into rows r of out, for r < min(rows, *flagged); 16-byte vectors,
+// `vecs` per row (x and out leading dimensions given in vectors too).
+__global__ void gather_rows_kernel(const uint4* __restrict__ x, std::int64_t ldx, const std::int32_t* overflow_to_row,
+                                   const unsigned long long* flagged, std::int64_t rows, std::int64_t vecs,
+                                   uint4* __restrict__ out, std::int64_t ldo) {
+  const std::int64_t used = min(rows, static_cast<std::int64_t>(*flagged));
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  const std::int64_t r = i / vecs, v = i - r * vecs;
+  if (r < used) out[r * ldo + v] = x[std::int64_t{overflow_to_row[r]} * ldx + v];
+}
+
 // Words of the plan's device status. The fused epilogue adds into the two accumulators; the
 // ranking kernel moves them into the totals and zeroes them, so no memset precedes a run.
 enum StatusWord : int {
@@ -626,6 +637,7 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
   overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(capacity), MemorySpace::device);
   flags_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
   status_ = Buffer<std::uint64_t>(kStatusWords, MemorySpace::device);
+  if (hopper_ && capacity > 0) gathered_x_ = DenseMatrix<T>(capacity, k, MemorySpace::device);
   const std::uint64_t unranked = 1;  // the maps were never written: the first run ranks in full
   ::twell::detail::check_cuda(
       cudaMemcpy(status_.data() + kFlaggedRows, &unranked, sizeof unranked, cudaMemcpyHostToDevice), kWhere);
@@ -697,10 +709,28 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
     ::twell::detail::check_launch(kWhere);
     path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") + (layout_.tile == 128 ? "128" : "256");
     if (route && overflow_.rows() > 0 && n_ > 0) {
-      // Launched for the whole block; CTAs past the device-side R return at once.
-      GemmArgs r = make_args<T>(x, overflow_to_row_.data(), overflow_.rows(), w, act_);
-      r.m_limit = status + kFlaggedRows;
-      launch_dense<T>(r, overflow_.view().data, n_, stream, kWhere);
+      // The overflow rows' dense values, for the whole block; the kernels read the device-side R
+      // and do nothing past it. On Hopper the rows of x are gathered first, so that the wgmma
+      // kernel's TMA reads them as one matrix: the mma.sync recompute of 257 rows of the paper's
+      // shape took ~51 us on an H100 (docs/gemm_to_sparse.md, "Seventh session").
+      const auto* flagged = status + kFlaggedRows;
+      detail::Sm90Gemm hr = h;
+      hr.x = gathered_x_.view().data;
+      hr.ldx = gathered_x_.view().ld;
+      hr.m = overflow_.rows();
+      if (wgmma && detail::gemm_twell_sm90_applies(hr)) {
+        const std::int64_t vectors = overflow_.rows() * (k_ / 8);
+        gather_rows_kernel<<<static_cast<unsigned>((vectors + 255) / 256), 256, 0, stream>>>(
+            reinterpret_cast<const uint4*>(x.data), x.ld / 8, overflow_to_row_.data(), flagged, overflow_.rows(),
+            k_ / 8, reinterpret_cast<uint4*>(gathered_x_.view().data), gathered_x_.view().ld / 8);
+        ::twell::detail::check_launch(kWhere);
+        detail::launch_gemm_dense_sm90<T>(hr, {overflow_.view().data, overflow_.view().ld, flagged}, layout_.tile,
+                                          stream, kWhere);
+      } else {
+        GemmArgs r = make_args<T>(x, overflow_to_row_.data(), overflow_.rows(), w, act_);
+        r.m_limit = flagged;
+        launch_dense<T>(r, overflow_.view().data, n_, stream, kWhere);
+      }
     }
   }
   state_ = State::queued;
@@ -746,7 +776,8 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
   if (policy_ == OverflowPolicy::hybrid) {
     count_.rows = flagged;
     const std::int64_t capacity = overflow_.rows();
-    if (flagged > 0) path_ += "+overflow:mma_sync_dense";
+    if (flagged > 0 && capacity > 0)  // the block's rows were recomputed in run(), by the mainloop's kind
+      path_ += path_.rfind("fused_wgmma", 0) == 0 ? "+overflow:wgmma_dense" : "+overflow:mma_sync_dense";
     if (flagged > capacity) {
       count_.exceeded_capacity = true;
       count_.second_pass = true;
@@ -769,6 +800,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
                detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);
       overflow_ = std::move(block);
       overflow_to_row_ = std::move(map);
+      if (hopper_) gathered_x_ = DenseMatrix<T>(grown, k_, MemorySpace::device);
     }
   }
   state_ = State::synced;

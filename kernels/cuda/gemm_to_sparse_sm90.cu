@@ -275,9 +275,9 @@ template <int BN>
 struct TileWalk {
   std::int64_t tiles_n, pairs, first, step;
   int rank;
-  __device__ explicit TileWalk(const Sm90Gemm& g)
+  __device__ TileWalk(const Sm90Gemm& g, std::int64_t rows)
       : tiles_n((g.n + BN - 1) / BN),
-        pairs(tile_pairs(g.m, g.n, BN)),
+        pairs(tile_pairs(rows, g.n, BN)),
         first(blockIdx.x / kCluster),
         step(gridDim.x / kCluster),
         rank(static_cast<int>(cluster_rank())) {}
@@ -315,10 +315,13 @@ struct TileWalk {
 // 64-column box to the next), SBO 1024 (8 K-rows), k16 step +2048 B (16 K-rows). Preconditions:
 // gemm_twell_sm90_applies, o.layout.tile == BN, row_flags zeroed. Benchmark:
 // bench/suites/gemm_to_sparse.cpp.
-template <class T, int BN>
+// kDense (the plan's overflow recompute): the packer warps copy the staged rows below
+// min(M, *d.m_limit) to d.out instead of packing them (the walk covers only those row blocks);
+// o is not used.
+template <class T, int BN, bool kDense>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_twell_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                           Sm90Gemm g, TwellOut o) {
+                           Sm90Gemm g, TwellOut o, Sm90Dense d) {
 #if TWELL_SM90A_DEVICE
   using P = Sm90Tile<BN>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -331,8 +334,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5;
   const int lane = tid & 31;
-  const TileWalk<BN> walk(g);
+  std::int64_t rows = g.m;
+  if (kDense && d.m_limit != nullptr) rows = min(rows, static_cast<std::int64_t>(*d.m_limit));
+  const TileWalk<BN> walk(g, rows);
   const int ktiles = static_cast<int>((g.k + kBK - 1) / kBK);
+  // A recompute with no overflow row (the common case) leaves before any set-up: every CTA reads
+  // the same limit, so none waits at a cluster barrier for a peer that left.
+  if (kDense && walk.pairs == 0) return;
 
   if (tid == 0) {
     for (int s = 0; s < P::kStages; ++s) {
@@ -375,21 +383,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Rows kBM * p / kPackerWarps .. of the tile: 42, 43 and 43 rows at kBM = 128.
       const int p = warp - 1;
       const int first = kBM * p / kPackerWarps;
-      const int rows = kBM * (p + 1) / kPackerWarps - first;
-      const TwellRows geo = twell_rows(o, g.n);
+      const int count = kBM * (p + 1) / kPackerWarps - first;
       unsigned long long stored = 0, excess = 0;
       std::uint32_t phase = 0;
       for (std::int64_t t = walk.first; t < walk.pairs; t += walk.step, phase ^= 1u) {
         const std::int64_t tile = walk.tile(t);
         const std::int64_t m0 = walk.row0(t);
         const int tile_cols = static_cast<int>(min(std::int64_t{BN}, g.n - tile * BN));
-        std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
         mbar_wait(staged_full, phase);
-        pack_twell_rows_by_lane<BN>(staged + first * P::kLd, P::kLd, rows, groups, geo.width, m0 + first, g.m,
-                                    tile_cols, geo, o, lane, stored, excess);
+        if constexpr (kDense) {
+          // A row per step, 16 bytes per lane: the staged values are already the stored ones.
+          auto* out = static_cast<std::uint16_t*>(d.out) + tile * BN;
+          for (int r = first; r < first + count && m0 + r < rows; ++r)
+            for (int c = 8 * lane; c < tile_cols; c += 256)
+              *reinterpret_cast<uint4*>(out + (m0 + r) * d.ldo + c) =
+                  *reinterpret_cast<const uint4*>(staged + r * P::kLd + c);
+        } else {
+          const TwellRows geo = twell_rows(o, g.n);
+          std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
+          pack_twell_rows_by_lane<BN>(staged + first * P::kLd, P::kLd, count, groups, geo.width, m0 + first, g.m,
+                                      tile_cols, geo, o, lane, stored, excess);
+        }
         mbar_arrive(staged_empty);  // this thread's reads of the staged tile are done
       }
-      flush_lane_totals(o, lane, stored, excess);
+      if constexpr (!kDense) flush_lane_totals(o, lane, stored, excess);
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
@@ -508,17 +525,18 @@ bool available(const char* where) {
   ::twell::detail::check_cuda(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device), where);
   if (major != 9 || minor != 0 || optin < Sm90Tile<BN>::kSmem || clusters == 0) return false;
   cudaFuncAttributes attr{};
-  ::twell::detail::check_cuda(cudaFuncGetAttributes(&attr, gemm_twell_sm90_kernel<T, BN>), where);
+  ::twell::detail::check_cuda(cudaFuncGetAttributes(&attr, gemm_twell_sm90_kernel<T, BN, false>), where);
   return attr.binaryVersion == 90 && device_runs_sm90a_code(device, where) && tensor_map_encoder() != nullptr;
 }
 
-template <class T, int BN>
-void launch(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
+template <class T, int BN, bool kDense>
+void launch(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d, cudaStream_t stream, const char* where) {
   using P = Sm90Tile<BN>;
+  const auto kernel = gemm_twell_sm90_kernel<T, BN, kDense>;
   const CUtensorMap map_x = tensor_map<T>(g.x, g.m, g.k, g.ldx, kBM, where);
   const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
   ::twell::detail::check_cuda(
-      cudaFuncSetAttribute(gemm_twell_sm90_kernel<T, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmem), where);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmem), where);
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kCluster;
@@ -534,12 +552,12 @@ void launch(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const cha
   // one per tile pair.
   config.gridDim = dim3(kCluster);
   int resident = 0;
-  ::twell::detail::check_cuda(cudaOccupancyMaxActiveClusters(&resident, gemm_twell_sm90_kernel<T, BN>, &config), where);
+  ::twell::detail::check_cuda(cudaOccupancyMaxActiveClusters(&resident, kernel, &config), where);
   require(resident > 0, ErrorCode::cuda, where, "no cluster of ", kCluster, " CTAs with ", P::kSmem,
           " bytes of shared memory fits on this device");
   config.gridDim =
       dim3(static_cast<unsigned>(std::min<std::int64_t>(tile_pairs(g.m, g.n, BN), resident) * kCluster));
-  ::twell::detail::check_cuda(cudaLaunchKernelEx(&config, gemm_twell_sm90_kernel<T, BN>, map_x, map_w, g, o), where);
+  ::twell::detail::check_cuda(cudaLaunchKernelEx(&config, kernel, map_x, map_w, g, o, d), where);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -566,16 +584,28 @@ template <class T>
 void launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
     if (o.layout.tile == 256) {
-      launch<T, 256>(g, o, stream, where);
+      launch<T, 256, false>(g, o, Sm90Dense{}, stream, where);
     } else {
-      launch<T, 128>(g, o, stream, where);
+      launch<T, 128, false>(g, o, Sm90Dense{}, stream, where);
     }
   }
 }
 
-#define TWELL_INSTANTIATE(T)                                                       \
-  template bool gemm_twell_sm90_available<T>(int, const char*);                    \
-  template void launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, cudaStream_t, const char*);
+template <class T>
+void launch_gemm_dense_sm90(const Sm90Gemm& g, const Sm90Dense& d, int tile, cudaStream_t stream, const char* where) {
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
+    if (tile == 256) {
+      launch<T, 256, true>(g, TwellOut{}, d, stream, where);
+    } else {
+      launch<T, 128, true>(g, TwellOut{}, d, stream, where);
+    }
+  }
+}
+
+#define TWELL_INSTANTIATE(T)                                                                    \
+  template bool gemm_twell_sm90_available<T>(int, const char*);                                 \
+  template void launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, cudaStream_t, const char*); \
+  template void launch_gemm_dense_sm90<T>(const Sm90Gemm&, const Sm90Dense&, int, cudaStream_t, const char*);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE
 

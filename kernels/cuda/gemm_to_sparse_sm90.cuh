@@ -40,4 +40,18 @@ bool gemm_twell_sm90_applies(const Sm90Gemm& g);
 template <class T>
 void launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where);
 
+// The same kernel with a dense output (GemmToSparsePlan's overflow recompute): out(i, j) = the
+// value the TwELL epilogue would store for act(X W)(i, j) (0 where it stores nothing), for rows
+// i < min(M, *m_limit) (m_limit on the device, read when the kernel starts; null: all M rows).
+struct Sm90Dense {
+  void* out = nullptr;  // 16-bit, 16-byte aligned, ldo a multiple of 8
+  std::int64_t ldo = 0;
+  const unsigned long long* m_limit = nullptr;
+};
+
+// Queues it on `stream`. Preconditions: gemm_twell_sm90_available<T>(tile) and
+// gemm_twell_sm90_applies(g); tile 128 or 256 (the column width of a CTA's output).
+template <class T>
+void launch_gemm_dense_sm90(const Sm90Gemm& g, const Sm90Dense& d, int tile, cudaStream_t stream, const char* where);
+
 }  // namespace twell::cuda::detail

@@ -136,6 +136,7 @@ class GemmToSparsePlan {
   Buffer<std::int32_t> overflow_to_row_;  // capacity
   Buffer<std::int32_t> flags_;            // M, zero between runs (the ranking kernel clears them)
   Buffer<std::uint64_t> status_;          // stored/excess accumulators, then R, first row + 1, nnz, excess
+  DenseMatrix<T> gathered_x_;             // capacity x K: the overflow rows of x (Hopper recompute only)
 
   // The latest run's operands (for the second pass) and outcome.
   DenseView<const T> x_{}, w_{};
