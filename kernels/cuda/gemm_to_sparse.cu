@@ -91,7 +91,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const v
 // One pipeline stage: A is kBM x kBK (row-major, padded), B is kBK x BN (row-major, padded).
 // K % 8 == 0 and N % 8 == 0 make every 16-byte chunk either fully inside or fully outside;
 // outside chunks are zero-filled (src-size 0), so ragged edges contribute nothing. a_rows: the
-// CTA's rows of X (row_sources), -1 past M.
+// row of X each of the CTA's rows reads (through x_rows when gathering), -1 past M.
 template <int BN>
 __device__ __forceinline__ void load_stage(const GemmArgs& g, const std::int64_t* a_rows, std::uint16_t* as,
                                            std::uint16_t* bs, std::int64_t n0, std::int64_t k0, int tid) {
