@@ -714,11 +714,11 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
       // kernel's TMA reads them as one matrix: the mma.sync recompute of 257 rows of the paper's
       // shape took ~51 us on an H100 (docs/gemm_to_sparse.md, "Seventh session").
       const auto* flagged = status + kFlaggedRows;
-      detail::Sm90Gemm hr = h;
-      hr.x = gathered_x_.view().data;
-      hr.ldx = gathered_x_.view().ld;
-      hr.m = overflow_.rows();
-      if (wgmma && detail::gemm_twell_sm90_applies(hr)) {
+      if (wgmma) {  // the gathered copy is plan-owned, aligned, ld = K: it meets what h met
+        detail::Sm90Gemm hr = h;
+        hr.x = gathered_x_.view().data;
+        hr.ldx = gathered_x_.view().ld;
+        hr.m = overflow_.rows();
         const std::int64_t vectors = overflow_.rows() * (k_ / 8);
         gather_rows_kernel<<<static_cast<unsigned>((vectors + 255) / 256), 256, 0, stream>>>(
             reinterpret_cast<const uint4*>(x.data), x.ld / 8, overflow_to_row_.data(), flagged, overflow_.rows(),
