@@ -12,8 +12,8 @@
 #                   instead of the tests and benchmarks
 #   --suites LIST   benchmark suites (default all: convert,spmm,sddmm,gemm_to_sparse,ffn)
 #   --quick         small benchmark sizes (a smoke test, not a result)
-#   --contract      benchmark only the contract's points (paper shape, M = 16384, 0.5 %, uniform
-#                   and token-skewed): a short run while iterating on a kernel
+#   --contract      benchmark only the contract's points (paper shape, M = 4096 and 16384, 0.5 %,
+#                   uniform and token-skewed): a short run while iterating on a kernel
 #   --arch80        also build for compute_80 alone (the portable mma.sync path, as PTX that the
 #                   driver compiles for the GPU at hand: sm_80 machine code does not run on a
 #                   Hopper) and run the gpu tests with it

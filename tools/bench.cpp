@@ -32,7 +32,7 @@ int run_bench(std::span<const std::string> argv) {
                    {"out", "FILE", "write the results as JSON (default: none)"},
                    {"quick", "", "small shapes and few repetitions: a smoke test, not a result"},
                    {"contract", "",
-                    "only the contract's points (paper shape, M = 16384, 0.5 %, uniform and "
+                    "only the contract's points (paper shape, M = 4096 and 16384, 0.5 %, uniform and "
                     "token-skewed): a short run while iterating, not the full sweep"},
                    {"reps", "N", "timed runs per case (default 50; 10 with --quick)"},
                    {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},

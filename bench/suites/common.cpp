@@ -31,7 +31,8 @@ std::int64_t tokens_small(bool quick) { return quick ? 512 : 4096; }
 bool in_scope(const Config& config, const std::string& shape, std::int64_t m, double density,
               workload::Distribution dist) {
   if (!config.contract) return true;
-  return shape == workload::paper_shape().name && m == tokens_large(config.quick) && density == 0.005 &&
+  return shape == workload::paper_shape().name &&
+         (m == tokens_large(config.quick) || m == tokens_small(config.quick)) && density == 0.005 &&
          dist != workload::Distribution::neuron_skewed;
 }
 

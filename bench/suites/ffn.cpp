@@ -80,6 +80,7 @@ void add_stats(Case& c, const FfnStats& s) {
   c.extra["plan_overflow_rows"] = s.overflow_rows;
   c.extra["plan_overflow_capacity"] = s.overflow_capacity;
   c.extra["plan_fallback_rows_first_call"] = s.fallback_rows;
+  c.extra["split_rows"] = s.split_rows;
 }
 
 #if TWELL_BENCH_CUDA_FFN

@@ -19,7 +19,6 @@
 #include "../../converters/cuda/warp_scan.cuh"
 #include "cuda_check.hpp"
 #include "mma_sync.cuh"
-#include "row_ballots.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -55,6 +54,18 @@ struct FfnArgs {
   float threshold = 0.0f;
   std::int32_t* row_nnz = nullptr;  // M
   const std::int32_t* block_order = nullptr;  // block kernel: CTA b takes token block block_order[b]
+  // The block kernel's preparation (count_and_order_kernel): the kState* fields below, then the
+  // split rows listed for its helpers (docs/gemm_to_sparse.md, "Heavy tokens").
+  std::int32_t* block_state = nullptr;
+  int2* split_candidates = nullptr;  // M: (row, entries) of rows over kSplitEntries
+  // split_capacity 0 turns the split off.
+  std::int32_t* split_turn = nullptr;  // per listed row: the next part to add (0 between calls)
+  float* split_sum = nullptr;          // split_capacity x k: the sum of the row's parts so far
+  std::int64_t split_capacity = 0;
+  std::int64_t part_tiles = 0;  // gate tiles per part
+  std::int32_t parts = 0;       // parts per split row
+  std::int32_t helpers = 0;     // the block kernel's first CTAs, which run the parts
+  std::int64_t resident = 0;    // CTAs of the block kernel the GPU runs at once
 };
 
 // Hardware conversions (the portable ones in types.hpp round identically but cost registers).
@@ -301,6 +312,31 @@ constexpr int kBlockTokens = 8;  // tokens per CTA of the block kernel
 constexpr int kListCap = 1024;   // gate entries per round of the block kernel
 constexpr int kBatchRows = 8;    // Wd rows per batch of the down projection (8 x kChunks loads of 16 bytes)
 
+// Split rows: a token with more gate entries than a resident CTA's share of all entries (and
+// more than kSplitEntries) is not run by its block's CTA, whose one chain of Wu and Wd rows
+// would set the kernel's length, but cut into parts of part_tiles whole tiles, at most
+// kPartColumns columns, which the block kernel's helper CTAs claim in order; the parts' partial
+// sums of y are added in part order, so the result does not depend on which CTA ran which part.
+// Such rows are fewer than the resident CTAs (each holds more than 1 / resident of the entries),
+// so a split capacity of min(M, resident CTAs) always holds them.
+constexpr std::int32_t kSplitEntries = 256;
+constexpr std::int64_t kPartColumns = 1024;
+static_assert(kPartColumns <= kListCap, "a part's entries fit one list");
+// block_state: filled by count_and_order_kernel (its last CTA resets the counters for the next
+// call), read by the block kernel.
+enum : int {
+  kStateListed = 0,       // split rows listed for the helpers
+  kStateNextItem = 1,     // the helpers' item counter
+  kStateThreshold = 2,    // a row with more entries than this is split
+  kStateLongest = 3,      // the longest counted row
+  kStateCandidates = 4,   // rows over kSplitEntries (split_candidates)
+  kStateDone = 5,         // CTAs of count_and_order_kernel done
+  kStateFront = 6,        // heavy token blocks placed
+  kStateBack = 7,         // light token blocks placed
+  kStateEntries = 8,      // entries of every counted row, 64 bits
+  kStateSplitRows = 10    // then the listed rows
+};
+
 // Row o of the gate's overflow block as 16-byte vectors (FfnArgs::overflow_vec holds).
 template <class T>
 __device__ __forceinline__ const uint4* dense_gate_row(const FfnArgs& a, std::int32_t o) {
@@ -324,15 +360,22 @@ __device__ __forceinline__ int stored_in(uint4 q) {
   return flag_count(flags);
 }
 
-// A warp lists the stored entries of a dense gate row (vecs vectors of 8 values) in column
-// order at list positions base.., token t: a lane takes 8 consecutive columns, a warp scan of
-// the lanes' counts places them.
+// Whether the block kernel leaves row o of the gate (row_to_overflow) to ffn_token: an overflow
+// row past the block, or any overflow row when the block cannot be read 16 bytes at a time.
+__device__ __forceinline__ bool routed_row(const FfnArgs& a, std::int32_t o) {
+  return o >= 0 && !(a.overflow_vec && o < a.block_rows);
+}
+
+// A warp lists the stored entries of vectors [v_begin, v_end) (8 values each) of a dense gate row
+// in column order at list positions base.., token t: a lane takes 8 consecutive columns, a warp
+// scan of the lanes' counts places them. Returns the position after the last entry.
 template <class T>
-__device__ __forceinline__ void list_dense_row(const uint4* row, std::int64_t vecs, int t, int base, int lane,
-                                               std::int32_t* e_col, float* e_val, std::uint8_t* e_tok) {
-  for (std::int64_t v0 = 0; v0 < vecs; v0 += 32) {
+__device__ __forceinline__ int list_dense_row(const uint4* row, std::int64_t v_begin, std::int64_t v_end, int t,
+                                              int base, int lane, std::int32_t* e_col, float* e_val,
+                                              std::uint8_t* e_tok) {
+  for (std::int64_t v0 = v_begin; v0 < v_end; v0 += 32) {
     const std::int64_t v = v0 + lane;
-    const uint4 q = v < vecs ? row[v] : make_uint4(0, 0, 0, 0);
+    const uint4 q = v < v_end ? row[v] : make_uint4(0, 0, 0, 0);
     std::uint32_t flags[4];
     stored_flags(q, flags);
     const int c = flag_count(flags);
@@ -350,6 +393,37 @@ __device__ __forceinline__ void list_dense_row(const uint4* row, std::int64_t ve
     }
     base += __shfl_sync(0xffffffffu, inc, 31);
   }
+  return base;
+}
+
+// A warp lists the slots of tiles [tau_begin, tau_end) of a TwELL row (pr: its packed words) in
+// column order at list positions base.., token t: offsets by a warp scan of the slot-0 counts.
+// Returns the position after the last entry.
+template <class T>
+__device__ __forceinline__ int list_twell_tiles(const std::uint32_t* pr, const TwellLayout& layout,
+                                                std::int64_t tau_begin, std::int64_t tau_end, int t, int base,
+                                                int lane, std::int32_t* e_col, float* e_val, std::uint8_t* e_tok) {
+  const int slots = layout.slots();
+  for (std::int64_t tau0 = tau_begin; tau0 < tau_end; tau0 += 32) {
+    const std::int64_t tau = tau0 + lane;
+    const int c = tau < tau_end ? static_cast<int>(pr[tau * slots]) : 0;
+    const int inc = detail::warp_inclusive_sum(c, lane);
+    const int ex = inc - c;
+    const int in_chunk = tau_end - tau0 < 32 ? static_cast<int>(tau_end - tau0) : 32;
+    for (int i = 0; i < in_chunk; ++i) {
+      const int ci = __shfl_sync(0xffffffffu, c, i), exi = __shfl_sync(0xffffffffu, ex, i);
+      const std::int64_t ti = tau0 + i;
+      for (int q = lane; q < ci; q += 32) {
+        const std::uint32_t word = pr[ti * slots + 1 + q];
+        const int at = base + exi + q;
+        e_col[at] = static_cast<std::int32_t>(layout.tile_begin(ti) + TwellLayout::slot_column(word));
+        e_val[at] = bits_to_float<T>(TwellLayout::slot_value_bits(word));
+        e_tok[at] = static_cast<std::uint8_t>(t);
+      }
+    }
+    base += __shfl_sync(0xffffffffu, inc, 31);
+  }
+  return base;
 }
 
 // Row stride of the block kernel's staged x, in elements: 16-bit rows g and g + 1 start 64 bytes
@@ -416,16 +490,15 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
 }
 
 // Sparse up and down projection of a block of tokens (16-bit T, 16-byte aligned operands,
-// K <= kChunks * 2048). CTA b: the kBlockTokens = 8 tokens r0 .. r0 + 7 of block
-// a.block_order[b] (order_blocks_kernel puts the heavy blocks first) and their whole output rows;
+// K <= kChunks * 2048). CTAs 0 .. a.helpers - 1 run the parts of the split rows
+// (run_split_parts); CTA a.helpers + b: the kBlockTokens = 8 tokens r0 .. r0 + 7 of block
+// a.block_order[b] (count_and_order_kernel puts the heavy blocks first) and their whole output rows;
 // 8 warps.
-//   1. x of the block staged in shared memory as T (16-byte copies). Each warp counts a token's
-//      gate entries, from the slot-0 words of its tiles (no candidate scan) or, for an overflow
-//      row in the block, from its dense row (16-byte loads, nonzero_flags; a.overflow_vec): a
-//      token with at most kListCap entries is "listed"; a longer one, an overflow row past the
-//      block, or any overflow row when !a.overflow_vec, is "routed" to ffn_token (the per-token
-//      body above, run by the whole CTA after the rounds; it recomputes a gate row past the
-//      block).
+//   1. x of the block staged in shared memory as T (16-byte copies). A token's gate entries were
+//      counted by count_and_order_kernel: a split row is left to the helpers; a token with
+//      at most kListCap entries is "listed"; a longer one, an overflow row past the block, or any
+//      overflow row when !a.overflow_vec, is "routed" to ffn_token (the per-token body above, run
+//      by the whole CTA after the rounds; it recomputes a gate row past the block).
 //   2. Rounds: consecutive listed tokens whose entries fit kListCap. A warp per token copies its
 //      slots, or its dense row's stored entries, into a token-major list (column order; offsets
 //      by warp scans of the slot-0 words or of the lanes' counts). Gated: each entry's rank in
@@ -438,8 +511,9 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
 //      (kChunks chunks) in registers and adds h_e * Wd(j_e, own columns) over the token's
 //      entries in column order, kBatchRows rows (8 x kChunks loads of 16 bytes) in flight per
 //      thread; y written once, rounded to T.
-// Deterministic: every sum has a fixed order (no atomics). The up product's sums run in the
-// tensor cores' order, so results equal ffn_token's up to fp32 rounding of u.
+// Deterministic: every sum has a fixed order (no atomics; a split row's parts are added in part
+// order). The up product's sums run in the tensor cores' order, so results equal ffn_token's up
+// to fp32 rounding of u.
 // Estimate at M = 16384, K = 2048, N = 5632, 0.5 % uniform (about 459k (token, unit) pairs):
 // Wu^T rows fetched once per distinct (block, unit): N (1 - (1 - p)^8) = 221 per block against
 // 225 pairs (2 % saved; neuron-skewed data shares far more), 1.86 GB; Wd rows 4 KB per pair,
@@ -458,18 +532,212 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
 // spilled at 80 registers and lost too (1.296 ms).
 // Shared memory (block_smem_bytes): 33 KB of x + 13 KB of list = 46 KB (K = 2048).
 // Benchmark: bench/suites/ffn.cpp.
+// The block kernel's dynamic shared memory (block_smem_bytes): x of its tokens, then the list.
+struct BlockLists {
+  std::uint16_t* xs;       // kBlockTokens rows of x as T, block_x_ld(k) apart
+  std::int32_t* e_col;     // kListCap: the entries' columns
+  float* e_val;            // kListCap: gate value, then h
+  std::int16_t* s_pos;     // kListCap: entries in (unit, token) order
+  std::int16_t* g_start;   // kListCap + 1 used: first sorted position of each distinct unit
+  std::uint8_t* e_tok;     // kListCap: the entry's token in the block
+};
+
+__device__ __forceinline__ BlockLists block_lists(unsigned char* smem, std::int64_t k) {
+  BlockLists l;
+  l.xs = reinterpret_cast<std::uint16_t*>(smem);
+  l.e_col = reinterpret_cast<std::int32_t*>(smem + static_cast<std::size_t>(kBlockTokens) * block_x_ld(k) * 2);
+  l.e_val = reinterpret_cast<float*>(l.e_col + kListCap);
+  l.s_pos = reinterpret_cast<std::int16_t*>(l.e_val + kListCap);
+  l.g_start = l.s_pos + kListCap;
+  l.e_tok = reinterpret_cast<std::uint8_t*>(l.g_start + kListCap + 2);
+  return l;
+}
+
+// x row `row` as T into staged row t (16-byte copies by the whole CTA).
+template <class T>
+__device__ __forceinline__ void stage_x_row(const FfnArgs& a, std::int64_t row, int t, std::uint16_t* xs) {
+  const auto* src = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + row * a.ldx);
+  const int vecs = static_cast<int>(a.k / 8);
+  for (int v = static_cast<int>(threadIdx.x); v < vecs; v += kThreads)
+    reinterpret_cast<uint4*>(xs + t * block_x_ld(a.k))[v] = src[v];
+}
+
+// Down projection of list entries [e_begin, e_end) into acc: a thread owns the 8 consecutive
+// output columns (c * kThreads + tid) * 8 of each chunk c and adds h_e * Wd(j_e, own columns) in
+// list order, kBatchRows rows (8 x kChunks loads of 16 bytes) in flight.
+template <class T, int kChunks>
+__device__ __forceinline__ void down_entries(const FfnArgs& a, const std::int32_t* e_col, const float* e_val,
+                                             int e_begin, int e_end, float (&acc)[kChunks][8]) {
+  const T* wd = static_cast<const T*>(a.wd);
+  const int tid = static_cast<int>(threadIdx.x);
+  constexpr int kBatch = kBatchRows;
+  for (int e0 = e_begin; e0 < e_end; e0 += kBatch) {
+    const int n = e_end - e0 < kBatch ? e_end - e0 : kBatch;
+    uint4 wv[kBatch][kChunks];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const T* drow = wd + std::int64_t{e_col[b < n ? e0 + b : e0]} * a.ldwd;
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * 8;
+        wv[b][c] = b < n && k0 < a.k ? __ldg(reinterpret_cast<const uint4*>(drow + k0)) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (b < n) {
+        const float h = e_val[e0 + b];
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const std::uint32_t words[4] = {wv[b][c].x, wv[b][c].y, wv[b][c].z, wv[b][c].w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float lo = bits_to_float<T>(static_cast<std::uint16_t>(words[i] & 0xffffu));
+            const float hi = bits_to_float<T>(static_cast<std::uint16_t>(words[i] >> 16));
+            acc[c][2 * i] = fmaf(h, lo, acc[c][2 * i]);
+            acc[c][2 * i + 1] = fmaf(h, hi, acc[c][2 * i + 1]);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int kChunks>
+__device__ __forceinline__ void zero(float (&acc)[kChunks][8]) {
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[c][i] = 0.0f;
+}
+
+__device__ __forceinline__ std::int32_t load_acquire(const std::int32_t* p) {
+  std::int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_release(std::int32_t* p, std::int32_t v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+
+// Adds part p's partial sums acc to split row `slot` (y row `row`) after parts 0 .. p - 1: thread
+// 0 waits until the row's turn is p, the CTA adds the running sum (in L2, written by the part
+// before), and the last part writes y, rounded to T, and resets the turn for the next call. The
+// sum runs in part order whichever CTA ran each part, so y does not depend on the schedule.
+template <class T, int kChunks>
+__device__ __forceinline__ void add_part(const FfnArgs& a, std::int64_t slot, std::int32_t p, std::int64_t row,
+                                         float (&acc)[kChunks][8]) {
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0)
+    while (load_acquire(a.split_turn + slot) != p) __nanosleep(128);
+  __syncthreads();
+  const bool last = p == a.parts - 1;
+  float* sum = a.split_sum + slot * a.k;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * 8;
+    if (k0 >= a.k) continue;
+    auto* s4 = reinterpret_cast<float4*>(sum + k0);
+    if (p > 0) {
+      const float4 lo = __ldcg(s4), hi = __ldcg(s4 + 1);
+      const float before[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[c][i] = before[i] + acc[c][i];
+    }
+    if (last) {
+      store_vec<T, 8>(static_cast<T*>(a.y) + row * a.ldy + k0, acc[c]);
+    } else {
+      __stcg(s4, make_float4(acc[c][0], acc[c][1], acc[c][2], acc[c][3]));
+      __stcg(s4 + 1, make_float4(acc[c][4], acc[c][5], acc[c][6], acc[c][7]));
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    if (last) {
+      a.split_turn[slot] = 0;  // the next call is a later launch
+    } else {
+      __threadfence();
+      store_release(a.split_turn + slot, p + 1);
+    }
+  }
+}
+
+// A helper CTA of the block kernel: claims the items (part, split row) in index order, part p of
+// a row being its tiles [p, p + 1) * part_tiles, and for each lists the part's entries (slots, or
+// stored values of the row's overflow-block row), runs the up product on them (one token: x in
+// staged row 0), the down projection into registers, and add_part. Claiming in index order lets
+// a part wait for the one before it: that part was claimed earlier, by a CTA already running;
+// part-major order spaces a row's parts so that the wait is short.
+template <class T, int kChunks>
+__device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
+  const BlockLists l = block_lists(smem, a.k);
+  __shared__ std::int32_t item_s, total_s;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const std::int64_t items = std::int64_t{a.block_state[kStateListed]} * a.parts;
+  const std::int64_t tiles = a.layout.tiles(a.n);
+  for (;;) {
+    __syncthreads();  // the previous item is done with the list and item_s
+    if (tid == 0) item_s = atomicAdd(a.block_state + kStateNextItem, 1);
+    __syncthreads();
+    const std::int64_t item = item_s;
+    if (item >= items) return;
+    const std::int64_t listed = items / a.parts;
+    const auto p = static_cast<std::int32_t>(item / listed);  // part-major: a row's parts start apart
+    const std::int64_t slot = item % listed;
+    const std::int64_t row = a.block_state[kStateSplitRows + slot];
+    const std::int64_t tau0 = p * a.part_tiles, tau1 = min(tiles, tau0 + a.part_tiles);
+    if (a.wu_t != nullptr) stage_x_row<T>(a, row, 0, l.xs);
+    if (warp == 0) {
+      const std::int32_t o = a.row_to_overflow[row];
+      int end = 0;
+      if (o >= 0) {
+        const std::int64_t c0 = a.layout.tile_begin(tau0), c1 = min(a.n, a.layout.tile_begin(tau1));
+        end = list_dense_row<T>(dense_gate_row<T>(a, o), c0 / 8, c1 / 8, 0, 0, lane, l.e_col, l.e_val, l.e_tok);
+      } else {
+        end = list_twell_tiles<T>(a.packed + row * a.layout.packed_width(a.n), a.layout, tau0, tau1, 0, 0, lane,
+                                  l.e_col, l.e_val, l.e_tok);
+      }
+      if (lane == 0) total_s = end;
+    }
+    __syncthreads();
+    const int total = total_s;
+    if (a.wu_t != nullptr) {
+      // One token: every entry is its own unit, already in column order.
+      for (int e = tid; e <= total; e += kThreads) {
+        if (e < total) l.s_pos[e] = static_cast<std::int16_t>(e);
+        l.g_start[e] = static_cast<std::int16_t>(e);
+      }
+      __syncthreads();
+      up_products<T>(static_cast<const T*>(a.wu_t), a.ldwu_t, a.k, l.xs, total, l.g_start, l.s_pos, l.e_col, l.e_tok,
+                     l.e_val, warp, lane);
+      __syncthreads();
+    }
+    float acc[kChunks][8];
+    zero(acc);
+    down_entries<T, kChunks>(a, l.e_col, l.e_val, 0, total, acc);
+    add_part<T, kChunks>(a, slot, p, row, acc);
+  }
+}
+
 template <class T, int kChunks>
 __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kernel(FfnArgs a) {
   static_assert(ValueTraits<T>::packs_in_slot, "the block kernel stages 16-bit x");
   extern __shared__ __align__(16) unsigned char block_smem[];
+  if (static_cast<std::int32_t>(blockIdx.x) < a.helpers) {
+    run_split_parts<T, kChunks>(a, block_smem);
+    return;
+  }
   constexpr int bt = kBlockTokens;
   const std::int64_t k = a.k;
-  auto* xs = reinterpret_cast<std::uint16_t*>(block_smem);  // bt rows, block_x_ld(k) apart
-  auto* e_col = reinterpret_cast<std::int32_t*>(block_smem + static_cast<std::size_t>(bt) * block_x_ld(k) * 2);
-  float* e_val = reinterpret_cast<float*>(e_col + kListCap);
-  auto* s_pos = reinterpret_cast<std::int16_t*>(e_val + kListCap);
-  std::int16_t* g_start = s_pos + kListCap;  // kListCap + 1 used
-  auto* e_tok = reinterpret_cast<std::uint8_t*>(g_start + kListCap + 2);
+  const BlockLists l = block_lists(block_smem, k);
+  std::uint16_t* xs = l.xs;
+  std::int32_t* e_col = l.e_col;
+  float* e_val = l.e_val;
+  std::int16_t* s_pos = l.s_pos;
+  std::int16_t* g_start = l.g_start;
+  std::uint8_t* e_tok = l.e_tok;
   __shared__ std::int32_t cnt[kBlockTokens], state[kBlockTokens], offs[kBlockTokens + 1];
   __shared__ std::int32_t dense_row[kBlockTokens];  // the token's overflow-block row, -1: TwELL slots
   __shared__ std::int32_t warp_count[kThreads / 32];
@@ -478,46 +746,32 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const bool gated = a.wu_t != nullptr;
-  const std::int64_t r0 = std::int64_t{a.block_order[blockIdx.x]} * bt;
+  const std::int64_t r0 = std::int64_t{a.block_order[blockIdx.x - static_cast<unsigned>(a.helpers)]} * bt;
   const int present = static_cast<int>(a.m - r0 < bt ? a.m - r0 : bt);
   const std::int64_t pw = a.layout.packed_width(a.n);
-  const int slots = a.layout.slots();
-  const std::int64_t tiles = a.layout.tiles(a.n);
-  const T* wd = static_cast<const T*>(a.wd);
 
-  if (gated) {
-    const int vecs = static_cast<int>(k / 8);
-    for (int t = 0; t < present; ++t) {
-      const auto* src = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + (r0 + t) * a.ldx);
-      for (int v = tid; v < vecs; v += kThreads) reinterpret_cast<uint4*>(xs + t * block_x_ld(k))[v] = src[v];
-    }
-  }
-  for (int t = warp; t < bt; t += kThreads / 32) {
+  if (gated)
+    for (int t = 0; t < present; ++t) stage_x_row<T>(a, r0 + t, t, xs);
+  // Token states from count_and_order_kernel's counts; a split row is left to the helpers.
+  if (tid < bt) {
+    const int t = tid;
     std::int32_t st = kAbsent, c = 0, o = -1;
     if (t < present) {
+      // Independent loads, one memory latency (row_nnz of a routed row is stale: not used).
       const std::int64_t row = r0 + t;
       o = a.row_to_overflow[row];
-      if (o >= 0 && !(a.overflow_vec && o < a.block_rows)) {
+      const std::int32_t n_row = a.row_nnz[row];
+      const bool split = a.split_capacity > 0 && n_row > a.block_state[kStateThreshold];
+      if (routed_row(a, o)) {
         st = kRouted;
       } else {
-        if (o >= 0) {
-          const uint4* dr = dense_gate_row<T>(a, o);
-          for (std::int64_t v = lane; v < a.n / 8; v += 32) c += stored_in(dr[v]);
-        } else {
-          const std::uint32_t* pr = a.packed + row * pw;
-          for (std::int64_t tau = lane; tau < tiles; tau += 32) c += static_cast<std::int32_t>(pr[tau * slots]);
-        }
-#pragma unroll
-        for (int d = 16; d > 0; d >>= 1) c += __shfl_xor_sync(0xffffffffu, c, d);
-        st = c > kListCap ? kRouted : kListed;
+        c = n_row;
+        st = split ? kAbsent : c > kListCap ? kRouted : kListed;
       }
     }
-    if (lane == 0) {
-      cnt[t] = c;
-      state[t] = st;
-      dense_row[t] = o;
-      if (st == kListed) a.row_nnz[r0 + t] = c;
-    }
+    cnt[t] = c;
+    state[t] = st;
+    dense_row[t] = o;
   }
   __syncthreads();
 
@@ -537,30 +791,12 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
     __syncthreads();
 
     for (int t = t0 + warp; t < t1; t += kThreads / 32) {
-      int base = offs[t - t0];
+      const int base = offs[t - t0];
       if (dense_row[t] >= 0) {
-        list_dense_row<T>(dense_gate_row<T>(a, dense_row[t]), a.n / 8, t, base, lane, e_col, e_val, e_tok);
-        continue;
-      }
-      const std::uint32_t* pr = a.packed + (r0 + t) * pw;
-      for (std::int64_t tau0 = 0; tau0 < tiles; tau0 += 32) {
-        const std::int64_t tau = tau0 + lane;
-        const int c = tau < tiles ? static_cast<int>(pr[tau * slots]) : 0;
-        const int inc = detail::warp_inclusive_sum(c, lane);
-        const int ex = inc - c;
-        const int in_chunk = tiles - tau0 < 32 ? static_cast<int>(tiles - tau0) : 32;
-        for (int i = 0; i < in_chunk; ++i) {
-          const int ci = __shfl_sync(0xffffffffu, c, i), exi = __shfl_sync(0xffffffffu, ex, i);
-          const std::int64_t ti = tau0 + i;
-          for (int q = lane; q < ci; q += 32) {
-            const std::uint32_t word = pr[ti * slots + 1 + q];
-            const int at = base + exi + q;
-            e_col[at] = static_cast<std::int32_t>(a.layout.tile_begin(ti) + TwellLayout::slot_column(word));
-            e_val[at] = bits_to_float<T>(TwellLayout::slot_value_bits(word));
-            e_tok[at] = static_cast<std::uint8_t>(t);
-          }
-        }
-        base += __shfl_sync(0xffffffffu, inc, 31);
+        list_dense_row<T>(dense_gate_row<T>(a, dense_row[t]), 0, a.n / 8, t, base, lane, e_col, e_val, e_tok);
+      } else {
+        list_twell_tiles<T>(a.packed + (r0 + t) * pw, a.layout, 0, a.layout.tiles(a.n), t, base, lane, e_col, e_val,
+                            e_tok);
       }
     }
     __syncthreads();
@@ -614,40 +850,8 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 
     for (int t = t0; t < t1; ++t) {
       float acc[kChunks][8];
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[c][i] = 0.0f;
-      const int e_end = offs[t - t0 + 1];
-      constexpr int kBatch = kBatchRows;
-      for (int e0 = offs[t - t0]; e0 < e_end; e0 += kBatch) {
-        const int n = e_end - e0 < kBatch ? e_end - e0 : kBatch;
-        uint4 wv[kBatch][kChunks];
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          const T* drow = wd + std::int64_t{e_col[b < n ? e0 + b : e0]} * a.ldwd;
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c) {
-            const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * 8;
-            wv[b][c] = b < n && k0 < k ? __ldg(reinterpret_cast<const uint4*>(drow + k0)) : make_uint4(0, 0, 0, 0);
-          }
-        }
-#pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          if (b < n) {
-            const float h = e_val[e0 + b];
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c) {
-              const std::uint32_t words[4] = {wv[b][c].x, wv[b][c].y, wv[b][c].z, wv[b][c].w};
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                acc[c][2 * i] = fmaf(h, bits_to_float<T>(static_cast<std::uint16_t>(words[i] & 0xffffu)), acc[c][2 * i]);
-                acc[c][2 * i + 1] = fmaf(h, bits_to_float<T>(static_cast<std::uint16_t>(words[i] >> 16)), acc[c][2 * i + 1]);
-              }
-            }
-          }
-        }
-      }
+      zero(acc);
+      down_entries<T, kChunks>(a, e_col, e_val, offs[t - t0], offs[t - t0 + 1], acc);
       T* y = static_cast<T*>(a.y) + (r0 + t) * a.ldy;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
@@ -663,39 +867,140 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
     if (state[t] == kRouted) ffn_token<T, 8, kChunks>(a, r0 + t, reinterpret_cast<float*>(block_smem));
 }
 
-// The block kernel's order of token blocks (kBlockTokens each), heavy blocks first: the
-// blocks holding an overflow row (a token with many times the average entries) take the first
-// CTAs, which the hardware starts first in practice (nothing promises it; the order only
-// changes the speed, never the result), and the light blocks fill in around them; in increasing
-// order, a heavy block could start in the last wave and set the kernel's length (token-skewed
-// data). A stable partition, heavy blocks then the others, by one CTA: each warp reads its rows'
-// overflow marks (row_ballots; its rows are whole blocks), one block scan of the warps' heavy
-// counts, then lane 0 places the warp's blocks.
-__global__ void __launch_bounds__(1024) order_blocks_kernel(const std::int32_t* row_to_overflow, std::int64_t m,
-                                                            std::int32_t* order) {
-  constexpr int bt = kBlockTokens;
-  static_assert(32 % bt == 0, "a ballot holds whole blocks");
-  using Ballots = std::uint32_t[detail::kBallotSteps];
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const detail::WarpRows rows = detail::warp_rows(m, static_cast<int>(threadIdx.x) >> 5);
-  const auto overflowed = [&](std::int64_t i) { return row_to_overflow[i] >= 0; };
-  const std::uint32_t block_bits = (1u << bt) - 1u;
-  std::int32_t heavy = 0;
-  detail::for_each_ballot_batch(rows, lane, overflowed, [&](std::int64_t, const Ballots& ballots) {
+// The block kernel's preparation, in one pass over the gate's rows (a warp per
+// kCountRowsPerWarp rows, a CTA per kOrderBlocks token blocks):
+//   - gate entries per token: the slot-0 words of a row's tiles, or for an overflow row in the
+//     block the stored values of its dense row (16-byte loads, nonzero_flags), into row_nnz
+//     (rows the block kernel routes to ffn_token are left to it: it writes their counts);
+//   - the order of the token blocks, heavy blocks (those holding an overflow row, a token with
+//     many times the average entries) first: they take the first CTAs, which the hardware starts
+//     first in practice, and the light blocks fill in around them; in increasing order a heavy
+//     block could start in the last wave and set the kernel's length (token-skewed data). Places
+//     are taken by atomics, so the order within each group varies between calls: it changes
+//     the speed, never the result;
+//   - when rows are split: the entry total, the longest row and the candidates (rows over
+//     kSplitEntries).
+// The last CTA to finish then sets the threshold, max(kSplitEntries, entries / resident CTAs),
+// lists the candidates over it for the helpers (none when the longest row is under it, or when
+// they would not fit split_capacity) and resets the counters for the next call.
+constexpr int kCountRowsPerWarp = 4;
+constexpr int kOrderBlocks = kThreads / 32 * kCountRowsPerWarp / kBlockTokens;  // 4 blocks of 8 tokens
+static_assert(kCountRowsPerWarp * (kThreads / 32) % kBlockTokens == 0, "a CTA orders whole token blocks");
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a, std::int32_t* order) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps], warp_overflow[kWarps];
+  __shared__ bool last;
+  __shared__ std::int32_t threshold, listed;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const std::int64_t first = (std::int64_t{blockIdx.x} * kWarps + warp) * kCountRowsPerWarp;
+  std::int32_t* state = a.block_state;
+  const bool split = a.split_capacity > 0;
+
+  std::int32_t counts[kCountRowsPerWarp];
+  unsigned counted = 0;  // bit r: row first + r is counted here
+  bool overflow = false;
 #pragma unroll
-    for (int s = 0; s < detail::kBallotSteps; ++s)
-      for (int h = 0; h < 32; h += bt) heavy += (ballots[s] >> h) & block_bits ? 1 : 0;
-  });
-  std::int32_t heavy_total = 0;
-  std::int32_t heavy_before = detail::count_of_warps_before(heavy, lane, heavy_total);
-  detail::for_each_ballot_batch(rows, lane, overflowed, [&](std::int64_t first, const Ballots& ballots) {
-    for (int s = 0; s < detail::kBallotSteps; ++s)
-      for (int h = 0; h < 32 && first + 32 * s + h < rows.end; h += bt) {
-        const std::int64_t block = (first + 32 * s + h) / bt;
-        const auto at = (ballots[s] >> h) & block_bits ? heavy_before++ : heavy_total + (block - heavy_before);
-        if (lane == 0) order[at] = static_cast<std::int32_t>(block);
+  for (int r = 0; r < kCountRowsPerWarp; ++r) {  // the rows' loads are independent
+    const std::int64_t row = first + r;
+    const std::int32_t o = row < a.m ? a.row_to_overflow[row] : -1;
+    overflow = overflow || o >= 0;
+    const bool mine = row < a.m && !routed_row(a, o);
+    counted |= mine ? 1u << r : 0u;
+    std::int32_t c = 0;
+    if (mine && o >= 0) {
+      const uint4* dr = dense_gate_row<T>(a, o);
+      for (std::int64_t v = lane; v < a.n / 8; v += 32) c += stored_in(dr[v]);
+    } else if (mine) {
+      const std::uint32_t* pr = a.packed + row * a.layout.packed_width(a.n);
+      const std::int64_t tiles = a.layout.tiles(a.n);
+      for (std::int64_t tau = lane; tau < tiles; tau += 32) c += static_cast<std::int32_t>(pr[tau * a.layout.slots()]);
+    }
+    counts[r] = c;
+  }
+  std::int32_t entries = 0, longest = 0;
+#pragma unroll
+  for (int r = 0; r < kCountRowsPerWarp; ++r) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) counts[r] += __shfl_xor_sync(0xffffffffu, counts[r], d);
+    if ((counted >> r & 1u) == 0 || lane != 0) continue;
+    a.row_nnz[first + r] = counts[r];
+    entries += counts[r];
+    longest = max(longest, counts[r]);
+    if (split && counts[r] > kSplitEntries)
+      a.split_candidates[atomicAdd(state + kStateCandidates, 1)] =
+          make_int2(static_cast<int>(first + r), counts[r]);
+  }
+  if (lane == 0) {
+    warp_entries[warp] = entries;
+    warp_longest[warp] = longest;
+    warp_overflow[warp] = overflow ? 1 : 0;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const std::int64_t blocks = (a.m + kBlockTokens - 1) / kBlockTokens;
+    constexpr int kWarpsPerBlock = kBlockTokens / kCountRowsPerWarp;
+    bool heavy[kOrderBlocks];
+    int n_heavy = 0, n_light = 0;
+    for (int j = 0; j < kOrderBlocks; ++j) {
+      heavy[j] = false;
+      for (int w = 0; w < kWarpsPerBlock; ++w) heavy[j] = heavy[j] || warp_overflow[j * kWarpsPerBlock + w] != 0;
+      const std::int64_t b = std::int64_t{blockIdx.x} * kOrderBlocks + j;
+      if (b < blocks) (heavy[j] ? n_heavy : n_light) += 1;
+    }
+    std::int32_t front = n_heavy > 0 ? atomicAdd(state + kStateFront, n_heavy) : 0;
+    std::int32_t back = n_light > 0 ? atomicAdd(state + kStateBack, n_light) : 0;
+    for (int j = 0; j < kOrderBlocks; ++j) {
+      const std::int64_t b = std::int64_t{blockIdx.x} * kOrderBlocks + j;
+      if (b < blocks) order[heavy[j] ? front++ : blocks - 1 - back++] = static_cast<std::int32_t>(b);
+    }
+    if (split) {
+      unsigned long long sum = 0;
+      std::int32_t most = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        sum += static_cast<unsigned long long>(warp_entries[w]);
+        most = max(most, warp_longest[w]);
       }
-  });
+      atomicAdd(reinterpret_cast<unsigned long long*>(state + kStateEntries), sum);
+      atomicMax(state + kStateLongest, most);
+    }
+    __threadfence();  // this CTA's candidates and sums before its ticket
+    last = atomicAdd(state + kStateDone, 1) == static_cast<std::int32_t>(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+
+  __threadfence();
+  if (threadIdx.x == 0) {
+    auto* total = reinterpret_cast<unsigned long long*>(state + kStateEntries);
+    const unsigned long long share = atomicAdd(total, 0ull) / static_cast<unsigned long long>(a.resident);
+    threshold = split ? static_cast<std::int32_t>(max(static_cast<unsigned long long>(kSplitEntries),
+                                                      min(share, static_cast<unsigned long long>(INT32_MAX))))
+                      : INT32_MAX;
+    if (atomicAdd(state + kStateLongest, 0) <= threshold) threshold = INT32_MAX;  // nothing to split
+    listed = 0;
+  }
+  __syncthreads();
+  const std::int32_t candidates = threshold == INT32_MAX ? 0 : atomicAdd(state + kStateCandidates, 0);
+  for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < candidates; i += kThreads) {
+    const int2 cand = __ldcg(a.split_candidates + i);
+    if (cand.y <= threshold) continue;
+    const std::int32_t at = atomicAdd(&listed, 1);
+    if (at < a.split_capacity) state[kStateSplitRows + at] = cand.x;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  const bool fits = listed <= a.split_capacity;
+  state[kStateListed] = fits ? listed : 0;
+  state[kStateThreshold] = fits ? threshold : INT32_MAX;
+  state[kStateNextItem] = 0;
+  state[kStateLongest] = 0;
+  state[kStateCandidates] = 0;
+  state[kStateDone] = 0;
+  state[kStateFront] = 0;
+  state[kStateBack] = 0;
+  *reinterpret_cast<unsigned long long*>(state + kStateEntries) = 0;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -734,13 +1039,67 @@ void check_io(DenseView<const T> x, DenseView<T> y, std::int64_t k, const char* 
   require(x.rows <= INT32_MAX, ErrorCode::unsupported, where, "M = ", x.rows, " exceeds 2^31 - 1 rows");
 }
 
-// Queues the up/down kernel on the gate g: the block kernel, after order_blocks_kernel has
-// written its order into block_order (room for ceil(M / 8) blocks), or ffn_rows_kernel; wu_t
-// null for the non-gated FFN. Returns the path name.
+// Parts per split row for a gate of n columns: whole tiles, at most kPartColumns columns each;
+// 0 (no splitting) when a tile is wider than that or the row would be a single part.
+std::int64_t split_parts(const TwellLayout& layout, std::int64_t n) {
+  if (layout.tile > kPartColumns) return 0;
+  const std::int64_t part_tiles = kPartColumns / layout.tile;
+  const std::int64_t parts = (layout.tiles(n) + part_tiles - 1) / part_tiles;
+  return parts >= 2 ? parts : 0;
+}
+
+// The block kernel's instance for K (two 2048-column chunks past 2048).
+template <class T>
+auto block_kernel_for(std::int64_t k) {
+  return k > kThreads * 8 ? ffn_block_kernel<T, 2> : ffn_block_kernel<T, 1>;
+}
+
+// The device's SMs and the block kernel's CTAs it runs at once.
+struct BlockKernelFit {
+  std::int64_t sms = 0, resident = 0;
+};
+
+// Whether the block kernel takes K (16-bit T; its shared memory must fit the device), and then
+// its fit on the device; sets the kernel's shared-memory limit.
+template <class T>
+bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
+  if constexpr (!ValueTraits<T>::packs_in_slot) {
+    return false;
+  } else {
+    if (k > 2 * kThreads * 8) return false;
+    const std::size_t bytes = block_smem_bytes(k);
+    int device = 0, optin = 0, sms = 0, per_sm = 0;
+    ::twell::detail::check_cuda(cudaGetDevice(&device), where);
+    ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
+    if (bytes > static_cast<std::size_t>(optin)) return false;
+    const auto kernel = block_kernel_for<T>(k);
+    ::twell::detail::check_cuda(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), where);
+    ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
+    ::twell::detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes), where);
+    fit.sms = sms;
+    fit.resident = std::int64_t{sms} * std::max(per_sm, 1);
+    return true;
+  }
+}
+
+// The plan's memory for the block kernel (FfnArgs::block_state, split_*); capacity 0: no split.
+struct BlockBuffers {
+  std::int32_t* state = nullptr;  // kStateSplitRows + capacity
+  int2* candidates = nullptr;     // M
+  std::int32_t* turn = nullptr;   // capacity, zero between calls
+  float* sum = nullptr;           // capacity x K
+  std::int64_t capacity = 0;
+};
+
+// Queues the up/down kernel on the gate g: the block kernel, after count_and_order_kernel has
+// written the counts, the order into block_order (room for ceil(M / 8) blocks) and the split rows
+// into `blocks`, or ffn_rows_kernel; wu_t null for the non-gated FFN. Returns the path name.
 template <class T>
 std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<const T> w_gate, ActivationSpec act,
                         const T* wu_t, std::int64_t ldwu_t, DenseView<const T> wd, DenseView<T> y,
-                        std::int32_t* row_nnz, std::int32_t* block_order, cudaStream_t stream, const char* where) {
+                        std::int32_t* row_nnz, std::int32_t* block_order, const BlockBuffers& buffers,
+                        cudaStream_t stream, const char* where) {
   if (x.rows == 0) return "empty";
   FfnArgs a;
   a.m = x.rows;
@@ -771,26 +1130,31 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   const bool vec = x.cols % 8 == 0 && x.ld % 8 == 0 && wd.ld % 8 == 0 && y.ld % 8 == 0 && aligned16(x.data) &&
                    aligned16(wd.data) && aligned16(y.data) && (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t)));
   if constexpr (ValueTraits<T>::packs_in_slot) {
-    if (vec && x.cols <= 2 * kThreads * 8) {  // kChunks <= 2
-      const bool wide = x.cols > kThreads * 8;
-      const std::size_t bytes = block_smem_bytes(x.cols);
-      int device = 0, optin = 0;
-      ::twell::detail::check_cuda(cudaGetDevice(&device), where);
-      ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                                  where);
-      if (bytes <= static_cast<std::size_t>(optin)) {
-        const auto blocks = static_cast<unsigned>((x.rows + kBlockTokens - 1) / kBlockTokens);
-        const auto kernel = wide ? ffn_block_kernel<T, 2> : ffn_block_kernel<T, 1>;
-        ::twell::detail::check_cuda(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-            where);
-        order_blocks_kernel<<<1, 1024, 0, stream>>>(a.row_to_overflow, a.m, block_order);
-        ::twell::detail::check_launch(where);
-        a.block_order = block_order;
-        kernel<<<blocks, kThreads, bytes, stream>>>(a);
-        ::twell::detail::check_launch(where);
-        return wide ? "ffn_block_wide_v8" : "ffn_block_v8";
+    BlockKernelFit fit;
+    if (vec && buffers.state != nullptr && block_kernel_fits<T>(x.cols, fit, where)) {
+      const std::int64_t parts = split_parts(a.layout, a.n);
+      a.block_state = buffers.state;
+      a.resident = fit.resident;
+      if (buffers.capacity > 0 && parts > 0) {
+        a.split_candidates = buffers.candidates;
+        a.split_turn = buffers.turn;
+        a.split_sum = buffers.sum;
+        a.split_capacity = buffers.capacity;
+        a.part_tiles = kPartColumns / a.layout.tile;
+        a.parts = static_cast<std::int32_t>(parts);
+        // One helper per SM: each claims parts until none is left.
+        a.helpers = static_cast<std::int32_t>(std::min(buffers.capacity * parts, fit.sms));
       }
+      constexpr std::int64_t kRowsPerCta = std::int64_t{kOrderBlocks} * kBlockTokens;
+      count_and_order_kernel<T>
+          <<<static_cast<unsigned>((x.rows + kRowsPerCta - 1) / kRowsPerCta), kThreads, 0, stream>>>(a, block_order);
+      ::twell::detail::check_launch(where);
+      a.block_order = block_order;
+      const auto blocks = static_cast<unsigned>((x.rows + kBlockTokens - 1) / kBlockTokens);
+      block_kernel_for<T>(x.cols)<<<blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols),
+                                    stream>>>(a);
+      ::twell::detail::check_launch(where);
+      return x.cols > kThreads * 8 ? "ffn_block_wide_v8" : "ffn_block_v8";
     }
   }
   const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + 2 * kThreads * sizeof(std::int32_t);
@@ -833,6 +1197,17 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
       gate_(checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, overflow_capacity, options, where)),
       row_nnz_(static_cast<std::size_t>(m), MemorySpace::device),
       block_order_(static_cast<std::size_t>((m + kBlockTokens - 1) / kBlockTokens), MemorySpace::device) {
+  BlockKernelFit fit;
+  if (block_kernel_fits<T>(k_, fit, where)) {
+    if (split_parts(gate_.layout(), n_) > 0) split_capacity_ = std::min(m, fit.resident);
+    const auto cap = static_cast<std::size_t>(split_capacity_);
+    block_state_ = Buffer<std::int32_t>(kStateSplitRows + cap, MemorySpace::device);
+    if (cap > 0) {
+      split_candidates_ = Buffer<std::int32_t>(2 * static_cast<std::size_t>(m), MemorySpace::device, Uninitialized{});
+      split_turn_ = Buffer<std::int32_t>(cap, MemorySpace::device);
+      split_sum_ = Buffer<float>(cap * static_cast<std::size_t>(k_), MemorySpace::device, Uninitialized{});
+    }
+  }
   if (!gated_) return;
   wu_t_ = DenseMatrix<T>(wu.cols, wu.rows, MemorySpace::device);
   cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});
@@ -847,9 +1222,11 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   gate_.run(x, w_gate_);
   const HybridView<const T> g = gate_.queued_result();
   const std::int64_t block_rows = g.overflow.rows;
+  const BlockBuffers buffers{block_state_.data(), reinterpret_cast<int2*>(split_candidates_.data()),
+                             split_turn_.data(), split_sum_.data(), split_capacity_};
   const std::string kernel = sparse_rows<T>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr,
                                             gated_ ? wu_t_.ld() : 0, wd_, y, row_nnz_.data(), block_order_.data(),
-                                            stream, where_);
+                                            buffers, stream, where_);
   path_ = "gate:" + gate_.path() + "+" + kernel;
   if (stats == nullptr) return;
 
@@ -861,6 +1238,11 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
     ::twell::detail::check_cuda(cudaMemcpyAsync(s.row_nnz.data(), row_nnz_.data(), row_nnz_.bytes(),
                                                 cudaMemcpyDeviceToHost, stream),
                                 where_);
+  std::int32_t split_rows = 0;  // the state is written only by the block kernel's path
+  if (kernel.starts_with("ffn_block") && split_capacity_ > 0)
+    ::twell::detail::check_cuda(cudaMemcpyAsync(&split_rows, block_state_.data() + kStateListed, sizeof(split_rows),
+                                                cudaMemcpyDeviceToHost, stream),
+                                where_);
   ::twell::detail::check_cuda(cudaStreamSynchronize(stream), where_);
   for (const std::int32_t c : s.row_nnz) {
     s.nnz += c;
@@ -868,6 +1250,7 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   }
   s.overflow_rows = count.rows;
   s.overflow_capacity = block_rows;
+  s.split_rows = split_rows;
   s.fallback_rows = std::max<std::int64_t>(0, count.rows - block_rows);
   *stats = std::move(s);
 }

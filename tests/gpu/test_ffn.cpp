@@ -230,6 +230,82 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
   }
 }
 
+TEST_CASE_TEMPLATE("block kernel: heavy tokens split across CTAs, light ones not", T, bf16, fp16) {
+  const ActivationSpec relu{Activation::relu, 0.0f};
+  struct Setting {
+    WorkloadSetting w;
+    TwellLayout layout;
+    bool split;  // whether rows over 256 entries hold more than a resident CTA's share here
+  };
+  // A token with more than max(256, all entries / resident CTAs) gate entries is cut into parts
+  // of whole tiles (at most 1024 columns) run by helper CTAs. At the first three sizes the share
+  // is below 256 on a GPU running more than ~110 CTAs at once (the H100 runs 396), so every row
+  // over 256 entries is split: paper shape at 5 % token-skewed (heavy TwELL rows and overflow
+  // rows, split as parts of a dense row), every token at 10 %, the wide form with tile 128 (8
+  // tiles per part) at 30 %. At the last one every row has ~560 entries and the share is several
+  // times that on any GPU: nothing is split.
+  const Setting settings[] = {
+      {{testing::sweep_size(300, 120), 2048, 5632, 0.05, Distribution::token_skewed}, TwellLayout{}, true},
+      {{100, 520, 5632, 0.1, Distribution::uniform}, TwellLayout{}, true},
+      {{37, 3000, 2104, 0.3, Distribution::neuron_skewed}, TwellLayout{128, 4}, true},
+      {{testing::sweep_size(3000, 1000), 64, 5632, 0.1, Distribution::uniform}, TwellLayout{}, false}};
+  for (const Setting& st : testing::sweep(settings)) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(st.w.m);
+    CAPTURE(st.w.n);
+    CAPTURE(st.w.density);
+    const Case<T> c(workload_inputs<T>(st.w, seed), relu);
+    const std::vector<std::int64_t> want = reference_row_nnz(c.host, relu);
+    const auto heavy =
+        static_cast<std::int64_t>(std::count_if(want.begin(), want.end(), [](std::int64_t n) { return n > 256; }));
+    CAPTURE(heavy);
+    REQUIRE(heavy > 0);
+
+    cuda::GatedFfnPlan<T> plan(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, st.layout);
+    // The first call sizes the overflow block (rows past it go to the per-token body, unsplit).
+    auto y = poisoned<T>(c.m(), c.k()), again = poisoned<T>(c.m(), c.k());
+    FfnStats sizing, stats;
+    plan.forward(c.x.view(), y.view(), &sizing);
+    y = poisoned<T>(c.m(), c.k());
+    plan.forward(c.x.view(), y.view(), &stats);
+    plan.forward(c.x.view(), again.view());
+    CAPTURE(stats.split_rows);
+    CHECK(stats.fallback_rows == 0);
+    if (st.split) {
+      // The pattern may differ from the reference's at entries within rounding of 0, so the heavy
+      // count may move by a row or two.
+      CHECK(std::llabs(stats.split_rows - heavy) <= 2);
+    } else {
+      CHECK(stats.split_rows == 0);
+    }
+    check_stats(stats, c.host, relu);
+    CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+    // Each heavy row on its own: its parts' sums make the whole row.
+    const auto yh = y.to(MemorySpace::host);
+    for (std::int64_t i = 0; i < c.m(); ++i) {
+      if (want[static_cast<std::size_t>(i)] <= 256) continue;
+      CAPTURE(i);
+      const DenseView<const T> got{yh.view().data + i * yh.view().ld, 1, c.k(), yh.view().ld, MemorySpace::host};
+      const DenseView<const T> ref{c.ref_gated.view().data + i * c.ref_gated.view().ld, 1, c.k(),
+                                   c.ref_gated.view().ld, MemorySpace::host};
+      CHECK(testing::relative_error<T, T>(got, ref) < tolerance<T>());
+    }
+    // The parts are added in part order whichever CTA ran them: same bits on every call.
+    const auto ha = again.to(MemorySpace::host);
+    CHECK(testing::bitwise_equal<T>(yh.view(), ha.view()));
+
+    cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), relu, st.layout);
+    auto yp = poisoned<T>(c.m(), c.k());
+    FfnStats ps;
+    plain.forward(c.x.view(), yp.view(), &ps);
+    yp = poisoned<T>(c.m(), c.k());
+    plain.forward(c.x.view(), yp.view(), &ps);
+    CHECK(ps.split_rows == stats.split_rows);
+    CHECK(error_of(yp, c.ref_plain) < tolerance<T>());
+  }
+}
+
 TEST_CASE_TEMPLATE("FFN plans: generic gate paths (fp32, ragged N, K not a multiple of 8)", T, bf16, fp16, float) {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);

@@ -25,6 +25,9 @@ struct FfnStats {
   // Overflow rows past that capacity, max(0, R - capacity): their gate rows were recomputed
   // densely inside the FFN kernel (exact, but slow); the plan's block has now grown to hold them.
   std::int64_t fallback_rows = 0;
+  // Tokens whose up/down work the GPU's block kernel split into parts run by several CTAs (more
+  // than 256 gate entries; docs/gemm_to_sparse.md, "Heavy tokens"); 0 elsewhere.
+  std::int64_t split_rows = 0;
 };
 
 template <Value T>

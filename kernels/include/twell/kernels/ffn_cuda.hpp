@@ -76,6 +76,14 @@ class FfnPlanBase {
   DenseMatrix<T> wu_t_;             // N x K, gated only
   Buffer<std::int32_t> row_nnz_;    // M
   Buffer<std::int32_t> block_order_;  // the up/down kernel's token blocks, those with overflow rows first
+  // The block kernel's (16-bit T): counters, the split threshold and the split rows, tokens with
+  // many times the average gate entries whose parts run on several CTAs (at most min(M, CTAs the
+  // device runs at once); docs/gemm_to_sparse.md, "Heavy tokens").
+  Buffer<std::int32_t> block_state_;
+  std::int64_t split_capacity_ = 0;
+  Buffer<std::int32_t> split_candidates_;  // 2 M: (row, entries) of the rows over 256 entries
+  Buffer<std::int32_t> split_turn_;   // capacity
+  Buffer<float> split_sum_;           // capacity x K, fp32 partial sums of y
   std::string path_;
 };
 
