@@ -594,10 +594,18 @@ void launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t s
 template <class T>
 void launch_gemm_dense_sm90(const Sm90Gemm& g, const Sm90Dense& d, int tile, cudaStream_t stream, const char* where) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-    if (tile == 256) {
-      launch<T, 256, true>(g, TwellOut{}, d, stream, where);
-    } else {
+    // The dense output does not depend on the TwELL tile, and each output's sum over K runs in
+    // the same order at either width. A few rows (the usual overflow block) give 256-column tiles
+    // to fewer than half of the SMs: 128-column ones then use twice as many, each with half the
+    // work (docs/gemm_to_sparse.md, "Eighth session").
+    int device = 0, sms = 0;
+    ::twell::detail::check_cuda(cudaGetDevice(&device), where);
+    ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
+    const bool narrow = tile == 128 || (2 * tile_pairs(g.m, g.n, 256) * kCluster <= sms && available<T, 128>(where));
+    if (narrow) {
       launch<T, 128, true>(g, TwellOut{}, d, stream, where);
+    } else {
+      launch<T, 256, true>(g, TwellOut{}, d, stream, where);
     }
   }
 }

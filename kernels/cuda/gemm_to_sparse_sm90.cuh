@@ -50,7 +50,8 @@ struct Sm90Dense {
 };
 
 // Queues it on `stream`. Preconditions: gemm_twell_sm90_available<T>(tile) and
-// gemm_twell_sm90_applies(g); tile 128 or 256 (the column width of a CTA's output).
+// gemm_twell_sm90_applies(g); tile 128 or 256, the gate's layout tile: a CTA's output is that
+// wide, or 128 columns when M is small enough that 256-column tiles would leave most SMs idle.
 template <class T>
 void launch_gemm_dense_sm90(const Sm90Gemm& g, const Sm90Dense& d, int tile, cudaStream_t stream, const char* where);
 
