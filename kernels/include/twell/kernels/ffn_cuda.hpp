@@ -21,8 +21,9 @@ namespace twell::cuda {
 
 // The part the gated and non-gated plans share: bound to M tokens, the weights (device views that
 // must outlive the plan), the activation, the gate layout and an overflow capacity; owns the
-// gate's GemmToSparsePlan (its TwELL part and overflow block), Wu^T (gated only) and the per-token
-// nonzero counts, all allocated by the constructor.
+// gate's GemmToSparsePlan (its TwELL part and overflow block), Wu^T (gated only), the per-token
+// nonzero counts and the up/down kernel's block order and split-row buffers, all allocated by the
+// constructor.
 //
 // forward(x, y) queues, on the plan's stream, the gate GEMM (TwELL epilogue, ranking of overflow
 // rows, dense recompute of the overflow rows that fit the block) and the up/down kernel, and
