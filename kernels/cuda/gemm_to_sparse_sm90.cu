@@ -597,11 +597,14 @@ void launch_gemm_dense_sm90(const Sm90Gemm& g, const Sm90Dense& d, int tile, cud
     // The dense output does not depend on the TwELL tile, and each output's sum over K runs in
     // the same order at either width. A few rows (the usual overflow block) give 256-column tiles
     // to fewer than half of the SMs: 128-column ones then use twice as many, each with half the
-    // work (docs/gemm_to_sparse.md, "Eighth session").
+    // work (docs/gemm_to_sparse.md, "Eighth session"). The 128-column kernel is available
+    // wherever the 256-column one is (same image and device checks, less shared memory), so the
+    // precondition covers it without another query on this per-run path.
+    static_assert(Sm90Tile<128>::kSmem <= Sm90Tile<256>::kSmem);
     int device = 0, sms = 0;
     ::twell::detail::check_cuda(cudaGetDevice(&device), where);
     ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
-    const bool narrow = tile == 128 || (2 * tile_pairs(g.m, g.n, 256) * kCluster <= sms && available<T, 128>(where));
+    const bool narrow = tile == 128 || 2 * tile_pairs(g.m, g.n, 256) * kCluster <= sms;
     if (narrow) {
       launch<T, 128, true>(g, TwellOut{}, d, stream, where);
     } else {
