@@ -66,6 +66,7 @@ struct FfnArgs {
   std::int32_t parts = 0;       // parts per split row
   std::int32_t helpers = 0;     // the block kernel's first CTAs, which run the parts
   std::int64_t resident = 0;    // CTAs of the block kernel the GPU runs at once
+  std::int32_t block_tokens = 0;  // tokens per block of the block kernel (block_tokens_for)
 };
 
 // Hardware conversions (the portable ones in types.hpp round identically but cost registers).
@@ -308,7 +309,19 @@ __global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
   ffn_token<T, V, static_cast<int>(kMaxK / (kThreads * V))>(a, blockIdx.x, smem);
 }
 
-constexpr int kBlockTokens = 8;  // tokens per CTA of the block kernel
+constexpr int kMaxBlockTokens = 8;  // tokens per CTA of the block kernel: 8, or 4 (block_tokens_for)
+constexpr int kMinBlockTokens = 4;
+
+// Tokens per block of the block kernel for M tokens on `resident` CTAs at once. With few waves of
+// CTAs the last one sets the kernel's length whatever its share of the work, so the choice is the
+// size with the fewer waves x CTA time, a 4-token CTA taking ~0.6 the time of an 8-token one (its
+// chain of phases is no shorter). H100, paper shape, 0.5 % uniform (docs/gemm_to_sparse.md, "Block
+// size"): up/down part at M = 2048 0.117 ms (8) against 0.133 (4), M = 4096 0.218 against 0.198,
+// M = 8192 0.334 against 0.367; at M = 16384 8 tokens by 2.6 %.
+std::int32_t block_tokens_for(std::int64_t m, std::int64_t resident) {
+  const auto waves = [&](std::int64_t bt) { return ((m + bt - 1) / bt + resident - 1) / resident; };
+  return waves(kMinBlockTokens) * 3 < waves(kMaxBlockTokens) * 5 ? kMinBlockTokens : kMaxBlockTokens;
+}
 constexpr int kListCap = 1024;   // gate entries per round of the block kernel
 constexpr int kBatchRows = 8;    // Wd rows per batch of the down projection (8 x kChunks loads of 16 bytes)
 
@@ -431,10 +444,10 @@ __device__ __forceinline__ int list_twell_tiles(const std::uint32_t* pr, const T
 // quarter warp) fall in distinct banks.
 __host__ __device__ constexpr std::int64_t block_x_ld(std::int64_t k) { return (k + 63) / 64 * 64 + 32; }
 
-// Dynamic shared memory of the block kernel: x of its kBlockTokens tokens as T, then the round's
-// entry list (column, gate value then h, sorted position, group start, token).
+// Dynamic shared memory of the block kernel: x of its tokens (at most kMaxBlockTokens) as T, then
+// the round's entry list (column, gate value then h, sorted position, group start, token).
 __host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
-  return static_cast<std::size_t>(kBlockTokens) * static_cast<std::size_t>(block_x_ld(k)) * 2 +
+  return static_cast<std::size_t>(kMaxBlockTokens) * static_cast<std::size_t>(block_x_ld(k)) * 2 +
          static_cast<std::size_t>(kListCap) * (4 + 4 + 2) + static_cast<std::size_t>(kListCap + 2) * 2 +
          static_cast<std::size_t>(kListCap);
 }
@@ -491,7 +504,7 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
 
 // Sparse up and down projection of a block of tokens (16-bit T, 16-byte aligned operands,
 // K <= kChunks * 2048). CTAs 0 .. a.helpers - 1 run the parts of the split rows
-// (run_split_parts); CTA a.helpers + b: the kBlockTokens = 8 tokens r0 .. r0 + 7 of block
+// (run_split_parts); CTA a.helpers + b: the a.block_tokens tokens from r0 of block
 // a.block_order[b] (count_and_order_kernel puts the heavy blocks first) and their whole output rows;
 // 8 warps.
 //   1. x of the block staged in shared memory as T (16-byte copies). A token's gate entries were
@@ -510,7 +523,8 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
 //   3. Down projection token by token: a thread owns 8 consecutive output columns per 2048
 //      (kChunks chunks) in registers and adds h_e * Wd(j_e, own columns) over the token's
 //      entries in column order, kBatchRows rows (8 x kChunks loads of 16 bytes) in flight per
-//      thread; y written once, rounded to T.
+//      thread; y written once, rounded to T. At K <= 1024 (down_threads) the CTA's threads split
+//      into groups, one token each, so no thread idles.
 // Deterministic: every sum has a fixed order (no atomics; a split row's parts are added in part
 // order). The up product's sums run in the tensor cores' order, so results equal ffn_token's up
 // to fp32 rounding of u.
@@ -534,7 +548,7 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
 // Benchmark: bench/suites/ffn.cpp.
 // The block kernel's dynamic shared memory (block_smem_bytes): x of its tokens, then the list.
 struct BlockLists {
-  std::uint16_t* xs;       // kBlockTokens rows of x as T, block_x_ld(k) apart
+  std::uint16_t* xs;       // kMaxBlockTokens rows of x as T, block_x_ld(k) apart
   std::int32_t* e_col;     // kListCap: the entries' columns
   float* e_val;            // kListCap: gate value, then h
   std::int16_t* s_pos;     // kListCap: entries in (unit, token) order
@@ -545,7 +559,7 @@ struct BlockLists {
 __device__ __forceinline__ BlockLists block_lists(unsigned char* smem, std::int64_t k) {
   BlockLists l;
   l.xs = reinterpret_cast<std::uint16_t*>(smem);
-  l.e_col = reinterpret_cast<std::int32_t*>(smem + static_cast<std::size_t>(kBlockTokens) * block_x_ld(k) * 2);
+  l.e_col = reinterpret_cast<std::int32_t*>(smem + static_cast<std::size_t>(kMaxBlockTokens) * block_x_ld(k) * 2);
   l.e_val = reinterpret_cast<float*>(l.e_col + kListCap);
   l.s_pos = reinterpret_cast<std::int16_t*>(l.e_val + kListCap);
   l.g_start = l.s_pos + kListCap;
@@ -562,14 +576,22 @@ __device__ __forceinline__ void stage_x_row(const FfnArgs& a, std::int64_t row, 
     reinterpret_cast<uint4*>(xs + t * block_x_ld(a.k))[v] = src[v];
 }
 
-// Down projection of list entries [e_begin, e_end) into acc: a thread owns the 8 consecutive
-// output columns (c * kThreads + tid) * 8 of each chunk c and adds h_e * Wd(j_e, own columns) in
-// list order, kBatchRows rows (8 x kChunks loads of 16 bytes) in flight.
+// Threads per token in the block kernel's down projection: 8 columns each, whole warps, so that
+// at K < 2048 several tokens run side by side instead of leaving threads idle.
+__device__ __forceinline__ int down_threads(std::int64_t k) {
+  int cts = kThreads;
+  while (cts > 32 && std::int64_t{cts} * 4 >= k) cts /= 2;
+  return cts;
+}
+
+// Down projection of list entries [e_begin, e_end) into acc by `cts` threads: thread ct of them
+// owns the 8 consecutive output columns (c * cts + ct) * 8 of each chunk c and adds
+// h_e * Wd(j_e, own columns) in list order, kBatchRows rows (8 x kChunks loads of 16 bytes) in
+// flight.
 template <class T, int kChunks>
 __device__ __forceinline__ void down_entries(const FfnArgs& a, const std::int32_t* e_col, const float* e_val,
-                                             int e_begin, int e_end, float (&acc)[kChunks][8]) {
+                                             int e_begin, int e_end, int ct, int cts, float (&acc)[kChunks][8]) {
   const T* wd = static_cast<const T*>(a.wd);
-  const int tid = static_cast<int>(threadIdx.x);
   constexpr int kBatch = kBatchRows;
   for (int e0 = e_begin; e0 < e_end; e0 += kBatch) {
     const int n = e_end - e0 < kBatch ? e_end - e0 : kBatch;
@@ -579,7 +601,7 @@ __device__ __forceinline__ void down_entries(const FfnArgs& a, const std::int32_
       const T* drow = wd + std::int64_t{e_col[b < n ? e0 + b : e0]} * a.ldwd;
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * 8;
+        const std::int64_t k0 = (std::int64_t{c} * cts + ct) * 8;
         wv[b][c] = b < n && k0 < a.k ? __ldg(reinterpret_cast<const uint4*>(drow + k0)) : make_uint4(0, 0, 0, 0);
       }
     }
@@ -609,6 +631,21 @@ __device__ __forceinline__ void zero(float (&acc)[kChunks][8]) {
   for (int c = 0; c < kChunks; ++c)
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[c][i] = 0.0f;
+}
+
+// y row `row` = the down projection of list entries [e_begin, e_end) (down_entries), rounded to T.
+template <class T, int kChunks>
+__device__ __forceinline__ void down_token(const FfnArgs& a, const std::int32_t* e_col, const float* e_val,
+                                           int e_begin, int e_end, std::int64_t row, int ct, int cts) {
+  float acc[kChunks][8];
+  zero(acc);
+  down_entries<T, kChunks>(a, e_col, e_val, e_begin, e_end, ct, cts, acc);
+  T* y = static_cast<T*>(a.y) + row * a.ldy;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const std::int64_t k0 = (std::int64_t{c} * cts + ct) * 8;
+    if (k0 < a.k) store_vec<T, 8>(y + k0, acc[c]);
+  }
 }
 
 __device__ __forceinline__ std::int32_t load_acquire(const std::int32_t* p) {
@@ -716,7 +753,7 @@ __device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
     }
     float acc[kChunks][8];
     zero(acc);
-    down_entries<T, kChunks>(a, l.e_col, l.e_val, 0, total, acc);
+    down_entries<T, kChunks>(a, l.e_col, l.e_val, 0, total, tid, kThreads, acc);
     add_part<T, kChunks>(a, slot, p, row, acc);
   }
 }
@@ -729,7 +766,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
     run_split_parts<T, kChunks>(a, block_smem);
     return;
   }
-  constexpr int bt = kBlockTokens;
+  const int bt = a.block_tokens;
   const std::int64_t k = a.k;
   const BlockLists l = block_lists(block_smem, k);
   std::uint16_t* xs = l.xs;
@@ -738,8 +775,8 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
   std::int16_t* s_pos = l.s_pos;
   std::int16_t* g_start = l.g_start;
   std::uint8_t* e_tok = l.e_tok;
-  __shared__ std::int32_t cnt[kBlockTokens], state[kBlockTokens], offs[kBlockTokens + 1];
-  __shared__ std::int32_t dense_row[kBlockTokens];  // the token's overflow-block row, -1: TwELL slots
+  __shared__ std::int32_t cnt[kMaxBlockTokens], state[kMaxBlockTokens], offs[kMaxBlockTokens + 1];
+  __shared__ std::int32_t dense_row[kMaxBlockTokens];  // the token's overflow-block row, -1: TwELL slots
   __shared__ std::int32_t warp_count[kThreads / 32];
   enum : std::int32_t { kListed = 0, kRouted = 1, kAbsent = 2 };
 
@@ -848,16 +885,16 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
       __syncthreads();
     }
 
-    for (int t = t0; t < t1; ++t) {
-      float acc[kChunks][8];
-      zero(acc);
-      down_entries<T, kChunks>(a, e_col, e_val, offs[t - t0], offs[t - t0 + 1], acc);
-      T* y = static_cast<T*>(a.y) + (r0 + t) * a.ldy;
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * 8;
-        if (k0 < k) store_vec<T, 8>(y + k0, acc[c]);
-      }
+    const int cts = down_threads(k);
+    if (cts == kThreads) {  // the common case, with the thread count a constant
+      for (int t = t0; t < t1; ++t)
+        down_token<T, kChunks>(a, e_col, e_val, offs[t - t0], offs[t - t0 + 1], r0 + t, tid, kThreads);
+    } else {
+      // Tokens side by side, cts threads each. The first token is read back from lane 0 so that
+      // the compiler sees it warp-uniform (cts is a multiple of 32): divergent loop bounds would
+      // put reconvergence points in the batches.
+      for (int t = t0 + __shfl_sync(0xffffffffu, tid / cts, 0); t < t1; t += kThreads / cts)
+        down_token<T, kChunks>(a, e_col, e_val, offs[t - t0], offs[t - t0 + 1], r0 + t, tid % cts, cts);
     }
     __syncthreads();  // the next round rewrites the list
     t0 = t1;
@@ -868,7 +905,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 }
 
 // The block kernel's preparation, in one pass over the gate's rows (a warp per
-// kCountRowsPerWarp rows, a CTA per kOrderBlocks token blocks):
+// kCountRowsPerWarp rows, a CTA per kCountRows rows, whole token blocks):
 //   - gate entries per token: the slot-0 words of a row's tiles, or for an overflow row in the
 //     block the stored values of its dense row (16-byte loads, nonzero_flags), into row_nnz
 //     (rows the block kernel routes to ffn_token are left to it: it writes their counts);
@@ -883,9 +920,9 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 // The last CTA to finish then sets the threshold, max(kSplitEntries, entries / resident CTAs),
 // lists the candidates over it for the helpers (none when the longest row is under it, or when
 // they would not fit split_capacity) and resets the counters for the next call.
-constexpr int kCountRowsPerWarp = 4;
-constexpr int kOrderBlocks = kThreads / 32 * kCountRowsPerWarp / kBlockTokens;  // 4 blocks of 8 tokens
-static_assert(kCountRowsPerWarp * (kThreads / 32) % kBlockTokens == 0, "a CTA orders whole token blocks");
+constexpr int kCountRowsPerWarp = 4;  // so a token block is one or two warps' rows
+constexpr int kCountRows = kThreads / 32 * kCountRowsPerWarp;  // rows of a CTA: whole token blocks
+static_assert(kCountRows % kMaxBlockTokens == 0 && kMaxBlockTokens % kCountRowsPerWarp == 0);
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a, std::int32_t* order) {
@@ -939,20 +976,20 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const std::int64_t blocks = (a.m + kBlockTokens - 1) / kBlockTokens;
-    constexpr int kWarpsPerBlock = kBlockTokens / kCountRowsPerWarp;
-    bool heavy[kOrderBlocks];
+    const int bt = a.block_tokens, cta_blocks = kCountRows / bt, warps_per_block = bt / kCountRowsPerWarp;
+    const std::int64_t blocks = (a.m + bt - 1) / bt;
+    bool heavy[kCountRows / kCountRowsPerWarp];
     int n_heavy = 0, n_light = 0;
-    for (int j = 0; j < kOrderBlocks; ++j) {
+    for (int j = 0; j < cta_blocks; ++j) {
       heavy[j] = false;
-      for (int w = 0; w < kWarpsPerBlock; ++w) heavy[j] = heavy[j] || warp_overflow[j * kWarpsPerBlock + w] != 0;
-      const std::int64_t b = std::int64_t{blockIdx.x} * kOrderBlocks + j;
+      for (int w = 0; w < warps_per_block; ++w) heavy[j] = heavy[j] || warp_overflow[j * warps_per_block + w] != 0;
+      const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + j;
       if (b < blocks) (heavy[j] ? n_heavy : n_light) += 1;
     }
     std::int32_t front = n_heavy > 0 ? atomicAdd(state + kStateFront, n_heavy) : 0;
     std::int32_t back = n_light > 0 ? atomicAdd(state + kStateBack, n_light) : 0;
-    for (int j = 0; j < kOrderBlocks; ++j) {
-      const std::int64_t b = std::int64_t{blockIdx.x} * kOrderBlocks + j;
+    for (int j = 0; j < cta_blocks; ++j) {
+      const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + j;
       if (b < blocks) order[heavy[j] ? front++ : blocks - 1 - back++] = static_cast<std::int32_t>(b);
     }
     if (split) {
@@ -1145,12 +1182,12 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
         // One helper per SM: each claims parts until none is left.
         a.helpers = static_cast<std::int32_t>(std::min(buffers.capacity * parts, fit.sms));
       }
-      constexpr std::int64_t kRowsPerCta = std::int64_t{kOrderBlocks} * kBlockTokens;
+      a.block_tokens = block_tokens_for(x.rows, fit.resident);
       count_and_order_kernel<T>
-          <<<static_cast<unsigned>((x.rows + kRowsPerCta - 1) / kRowsPerCta), kThreads, 0, stream>>>(a, block_order);
+          <<<static_cast<unsigned>((x.rows + kCountRows - 1) / kCountRows), kThreads, 0, stream>>>(a, block_order);
       ::twell::detail::check_launch(where);
       a.block_order = block_order;
-      const auto blocks = static_cast<unsigned>((x.rows + kBlockTokens - 1) / kBlockTokens);
+      const auto blocks = static_cast<unsigned>((x.rows + a.block_tokens - 1) / a.block_tokens);
       block_kernel_for<T>(x.cols)<<<blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols),
                                     stream>>>(a);
       ::twell::detail::check_launch(where);
@@ -1196,7 +1233,7 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
       stream_(options.stream), where_(where),
       gate_(checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, overflow_capacity, options, where)),
       row_nnz_(static_cast<std::size_t>(m), MemorySpace::device),
-      block_order_(static_cast<std::size_t>((m + kBlockTokens - 1) / kBlockTokens), MemorySpace::device) {
+      block_order_(static_cast<std::size_t>((m + kMinBlockTokens - 1) / kMinBlockTokens), MemorySpace::device) {
   BlockKernelFit fit;
   if (block_kernel_fits<T>(k_, fit, where)) {
     if (split_parts(gate_.layout(), n_) > 0) split_capacity_ = std::min(m, fit.resident);
