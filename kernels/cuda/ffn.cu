@@ -453,11 +453,12 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
 }
 
 // The up projection of a round on tensor cores, h = gate * u: u(t, j) = x_t . Wu^T(j, :) for the
-// block's 8 tokens (mma rows 0-7; rows 8-15 are zero) and 8 distinct units per mma tile
-// (columns); warp w takes tiles w, w + 8, ... mma's order over k is free as long as A and B follow
-// the same one: lane (g, q) = (lane / 4, lane % 4) loads 8 consecutive k, kk = k0 + 8q .. kk + 7,
-// of x row g (a 16-byte shared load) and of Wu^T row j of unit g of the tile (a 16-byte global
-// load), which feed two mmas, kk + 0..3 as mma k (2q, 2q+1, 2q+8, 2q+9) and then kk + 4..7.
+// block's tokens (mma rows 0-7, those past a 4-token block unread; rows 8-15 are zero) and 8
+// distinct units per mma tile (columns); warp w takes tiles w, w + 8, ... mma's order over k is
+// free as long as A and B follow the same one: lane (g, q) = (lane / 4, lane % 4) loads 8
+// consecutive k, kk = k0 + 8q .. kk + 7, of x row g (a 16-byte shared load) and of Wu^T row j of
+// unit g of the tile (a 16-byte global load), which feed two mmas, kk + 0..3 as mma k (2q, 2q+1,
+// 2q+8, 2q+9) and then kk + 4..7.
 // 32 k per step, kSteps steps of weight loads in flight (8 rows x 64 contiguous bytes per load
 // instruction). Accumulator (g, 2q + i) is u of token g and unit 2q + i of the tile, so the lane
 // holding it scales that entry's gate value; tokens of the block outside the round (or absent:
@@ -524,7 +525,7 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
 //      (kChunks chunks) in registers and adds h_e * Wd(j_e, own columns) over the token's
 //      entries in column order, kBatchRows rows (8 x kChunks loads of 16 bytes) in flight per
 //      thread; y written once, rounded to T. At K <= 1024 (down_threads) the CTA's threads split
-//      into groups, one token each, so no thread idles.
+//      into groups, one token each, so fewer threads idle.
 // Deterministic: every sum has a fixed order (no atomics; a split row's parts are added in part
 // order). The up product's sums run in the tensor cores' order, so results equal ffn_token's up
 // to fp32 rounding of u.
@@ -577,7 +578,8 @@ __device__ __forceinline__ void stage_x_row(const FfnArgs& a, std::int64_t row, 
 }
 
 // Threads per token in the block kernel's down projection: 8 columns each, whole warps, so that
-// at K < 2048 several tokens run side by side instead of leaving threads idle.
+// at K <= 1024 several tokens run side by side instead of leaving threads idle (between 1024 and
+// 2048 some threads still idle).
 __device__ __forceinline__ int down_threads(std::int64_t k) {
   int cts = kThreads;
   while (cts > 32 && std::int64_t{cts} * 4 >= k) cts /= 2;
@@ -1130,7 +1132,7 @@ struct BlockBuffers {
 };
 
 // Queues the up/down kernel on the gate g: the block kernel, after count_and_order_kernel has
-// written the counts, the order into block_order (room for ceil(M / 8) blocks) and the split rows
+// written the counts, the order into block_order (room for ceil(M / 4) blocks) and the split rows
 // into `blocks`, or ffn_rows_kernel; wu_t null for the non-gated FFN. Returns the path name.
 template <class T>
 std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<const T> w_gate, ActivationSpec act,

@@ -211,8 +211,12 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
   // routed to the per-token body), neuron-skewed units shared by most tokens of a block; K = 3000
   // takes the wide form (two 2048-column chunks); 3000 tokens give each warp of the block-order
   // kernel several ballots of rows, with overflow rows (TwELL(256, 32): 7 entries per tile) spread
-  // over them.
+  // over them; 2001 tokens take 8-token blocks on an H100-class GPU (block_tokens_for: between 4
+  // and 8 x its ~400 resident CTAs; the smaller cases take 4), the last block partial, at
+  // K = 2048 and in the wide form.
   const Setting settings[] = {
+      {{2001, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_v8"},
+      {{2001, 3000, 520, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_wide_v8"},
       {{3000, 64, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8"},
       {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block_v8"},
       {{40, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block_v8"},
