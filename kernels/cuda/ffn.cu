@@ -24,7 +24,6 @@ namespace twell::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr std::int64_t kMaxK = 8192;  // y accumulators live in registers: K / 256 per thread
 
 struct FfnArgs {
   std::int64_t m = 0;
@@ -171,7 +170,7 @@ __device__ __forceinline__ float gate_entry(float acc, Activation kind, float th
 // FFN each warp then takes nonzeros j and reduces x . Wu^T(j, :) over K (x staged in shared
 // memory as fp32), h_j = gate_j * u_j stays in shared memory; finally every thread adds
 // h_j * Wd(j, own columns) for each j, and thread 0 writes the row's nonzero count to row_nnz.
-// Deterministic: fixed order throughout. Preconditions: K <= kMaxK; V == 8 needs K, every leading
+// Deterministic: fixed order throughout. Preconditions: K <= kFusedFfnMaxK; V == 8 needs K, every leading
 // dimension and every pointer aligned to 8 elements (16 bytes for 16-bit types); dynamic shared
 // memory K floats + 2 x 256 words. The body is ffn_token (below), which the block kernel also
 // runs for the tokens it routes here (rows over kListCap entries, overflow rows past the block,
@@ -306,7 +305,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
   extern __shared__ float smem[];
-  ffn_token<T, V, static_cast<int>(kMaxK / (kThreads * V))>(a, blockIdx.x, smem);
+  ffn_token<T, V, static_cast<int>(kFusedFfnMaxK / (kThreads * V))>(a, blockIdx.x, smem);
 }
 
 constexpr int kMaxBlockTokens = 8;  // tokens per CTA of the block kernel: 8, or 4 (block_tokens_for)
@@ -1063,8 +1062,8 @@ void check_weights(DenseView<const T> w_in, DenseView<const T> wd, const char* w
   check_device(wd, where, "wd");
   require(wd.rows == w_in.cols && wd.cols == w_in.rows, ErrorCode::shape_mismatch, where, "wd is ", wd.rows, " x ",
           wd.cols, " but wu is ", w_in.rows, " x ", w_in.cols, " (wd must be ", w_in.cols, " x ", w_in.rows, ")");
-  require(w_in.rows <= kMaxK, ErrorCode::unsupported, where, "K = ", w_in.rows,
-          " exceeds the fused FFN kernel's limit of ", kMaxK);
+  require(w_in.rows <= kFusedFfnMaxK, ErrorCode::unsupported, where, "K = ", w_in.rows,
+          " exceeds the fused FFN kernel's limit of ", kFusedFfnMaxK);
 }
 
 template <class T>

@@ -198,6 +198,11 @@ void check_layer(const char* where, std::int64_t tokens, DenseView<const T> wg, 
 #endif
 }
 
+// path() of a forward that ran the composition, on the backend of its operands.
+std::string composed_path(MemorySpace space) {
+  return space == MemorySpace::device ? "composed:cuda" : "composed:reference";
+}
+
 template <class T>
 void check_tokens(const char* where, std::int64_t tokens, DenseView<const T> x) {
   require(x.rows == tokens, ErrorCode::shape_mismatch, where, "the layer is for ", tokens, " tokens but x has ", x.rows,
@@ -213,7 +218,9 @@ void set_up(State& s, const char* where, std::int64_t tokens, DenseView<const T>
   check_layout(layout, where);
   s.assign(tokens, wg, wu, wd, act, layout, options);
 #if TWELL_HAS_CUDA
-  if (wu.space != MemorySpace::device) return;
+  // Past the fused kernels' K the layer composes the public operations on the device instead
+  // (correct, but it allocates per call and writes the hidden state out; path "composed:cuda").
+  if (wu.space != MemorySpace::device || wu.rows > cuda::kFusedFfnMaxK) return;
   if constexpr (kGated) {
     s.plan.emplace(tokens, wg, wu, wd, act, layout, overflow_capacity, s.options);
   } else {
@@ -268,7 +275,7 @@ void GatedFfn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* st
   check_tokens(where, s.tokens, x);
   if (s.forward_on_plan(x, y, stats)) return;
   composed_gated<T>(x, s.wg, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
-  s.path = "composed:reference";
+  s.path = composed_path(x.space);
 }
 
 template <Value T>
@@ -302,7 +309,7 @@ void Ffn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* stats) 
   check_tokens(where, s.tokens, x);
   if (s.forward_on_plan(x, y, stats)) return;
   composed_plain<T>(x, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
-  s.path = "composed:reference";
+  s.path = composed_path(x.space);
 }
 
 template <Value T>

@@ -3,7 +3,7 @@
 // workload inputs: tiny and ragged shapes, 0.3 % to 50 % density, every activation, bf16 / fp16
 // (fp32 through the generic gate path), outputs poisoned with NaN; overflow-heavy token-skewed
 // rows, including more overflow rows than the plan's block holds (the exact in-kernel fallback);
-// plan reuse across calls with different x.
+// plan reuse across calls with different x; K past the fused kernels (the layers compose instead).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -458,6 +458,30 @@ TEST_CASE_TEMPLATE("one-shot cuda forms and the lib layers GatedFfn / Ffn on the
       .forward(c.x.view(), y_out_in.view());
   const DenseMatrix<T> got = y_out_in.to(MemorySpace::host), want = y_in_out.to(MemorySpace::host);
   CHECK(testing::bitwise_equal<T>(got.view(), want.view()));
+}
+
+TEST_CASE_TEMPLATE("K past the fused kernels: the plans refuse it, the lib layers compose on the device", T, bf16,
+                   fp16) {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const ActivationSpec relu{Activation::relu, 0.0f};
+  const std::int64_t k = cuda::kFusedFfnMaxK + 8;
+  const Case<T> c(workload_inputs<T>({21, k, 72, 0.1, Distribution::token_skewed}, seed), relu);
+  CHECK(testing::code_of([&] { cuda::GatedFfnPlan<T>(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu); }) ==
+        ErrorCode::unsupported);
+
+  GatedFfn<T> layer(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu);
+  auto y = poisoned<T>(c.m(), c.k());
+  FfnStats stats;
+  layer.forward(c.x.view(), y.view(), &stats);
+  CHECK(layer.path() == "composed:cuda");
+  CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+  check_stats(stats, c.host, relu);
+  Ffn<T> plain(c.m(), c.wg.view(), c.wd.view(), relu);
+  auto yp = poisoned<T>(c.m(), c.k());
+  plain.forward(c.x.view(), yp.view());
+  CHECK(plain.path() == "composed:cuda");
+  CHECK(error_of(yp, c.ref_plain) < tolerance<T>());
 }
 
 TEST_CASE("FFN plans reject bad input") {

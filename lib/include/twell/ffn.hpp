@@ -38,6 +38,8 @@ void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<
 //     then the fused up/down kernel; nothing allocated and no host wait. Overflow rows past the
 //     block are still exact (the kernel recomputes their gate rows); a forward() with stats waits
 //     for the device, reports them, and lets the block grow so later calls avoid that slow path.
+//     K (the hidden size) above cuda::kFusedFfnMaxK (8192) is past the fused kernels: such a layer
+//     runs the composed forward below on the device (path "composed:cuda").
 //   - host: the composed forward above (gemm_to_sparse, sddmm, spmm; it allocates per call).
 // stats (optional): per-token nonzero counts, overflow rows and the capacity they met (FfnStats).
 // path() names what the latest forward() ran. Shapes: x and y are M x K.

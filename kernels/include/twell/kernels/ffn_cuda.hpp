@@ -19,6 +19,11 @@
 
 namespace twell::cuda {
 
+// The largest K (hidden size) the plans below take: the up/down kernels keep a token's output row
+// in registers, K / 256 values per thread. Construction throws ErrorCode::unsupported above it;
+// twell::GatedFfn / twell::Ffn then run the composed forward on the device instead.
+inline constexpr std::int64_t kFusedFfnMaxK = 8192;
+
 // The part the gated and non-gated plans share: bound to M tokens, the weights (device views that
 // must outlive the plan), the activation, the gate layout and an overflow capacity; owns the
 // gate's GemmToSparsePlan (its TwELL part and overflow block), Wu^T (gated only), the per-token

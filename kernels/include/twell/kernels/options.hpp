@@ -30,7 +30,9 @@ struct KernelReport {
 struct KernelOptions {
   Stream stream{};
   KernelReport* report = nullptr;
-  bool allow_nondeterministic = false;  // opt-in to faster paths that use float atomics
+  // Opt-in to faster paths that would use float atomics (DESIGN.md). No kernel has one yet: every
+  // path is deterministic (fixed summation order), so the flag changes nothing today.
+  bool allow_nondeterministic = false;
 };
 
 }  // namespace twell
