@@ -81,8 +81,7 @@ inline void require_device(MemorySpace space, const char* where, const char* nam
 template <class T>
 void check_dense(DenseView<T> v, const char* where, const char* name) {
   require_device(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0 && (v.rows == 0 || v.ld >= v.cols), ErrorCode::invalid_argument, where, name,
-          " has shape ", shape(v.rows, v.cols), " and leading dimension ", v.ld);
+  twell::detail::check_dense_geometry(v, where, name);
 }
 
 inline void require_int32(std::int64_t v, const char* where, const char* what) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include <twell/any_matrix.hpp>
 #include <twell/converters/backends.hpp>
@@ -232,6 +233,29 @@ TEST_CASE("Matrix Market reader: fields, order, explicit zeros, duplicates and b
   CHECK(bad("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n1 1 1\n") == ErrorCode::malformed);
   CHECK(bad("%%MatrixMarket matrix array real general\n1 1\n1\n") == ErrorCode::unsupported);
   CHECK(bad("%%MatrixMarket matrix coordinate complex general\n1 1 0\n") == ErrorCode::unsupported);
+}
+
+TEST_CASE("matrix_as: the held matrix by type, or an error naming what is held") {
+  const auto d = random_input<bf16>(Shape{5, 7}, 0.5, testing::fresh_seed());
+  AnyMatrix any = read_npy(encode_npy<bf16>(d.view()));
+  CHECK(identical(d, matrix_as<DenseMatrix<bf16>>(std::as_const(any))));
+  CHECK(&matrix_as<DenseMatrix<bf16>>(any) == &std::get<DenseMatrix<bf16>>(any));
+  CHECK(code_of([&] { matrix_as<DenseMatrix<float>>(any); }) == ErrorCode::dtype_mismatch);
+  CHECK(code_of([&] { matrix_as<CsrMatrix<bf16>>(any); }) == ErrorCode::invalid_argument);
+  try {
+    matrix_as<DenseMatrix<fp16>>(any);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("holds bf16 values, not fp16") != std::string::npos);
+  }
+  try {
+    matrix_as<TwellMatrix<bf16>>(any);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("is dense (bf16), not twell") != std::string::npos);
+  }
+  const DenseMatrix<bf16> moved = matrix_as<DenseMatrix<bf16>>(std::move(any));
+  CHECK(identical(d, moved));
 }
 
 TEST_CASE(".npy reader rejects every malformed header") {

@@ -224,6 +224,14 @@ TEST_CASE("cuda spmm rejects host operands and bad shapes") {
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::shape_mismatch);
   }
+  // b starting 2 bytes into its buffer: refused before any launch (it would fault on the GPU).
+  DenseMatrix<float> wide(5, 4, kDevice);
+  const DenseView<const float> shifted{
+      reinterpret_cast<const float*>(reinterpret_cast<const char*>(wide.view().data) + 2), 5, 3, 4, kDevice};
+  CHECK(testing::code_of([&] { dev::spmm<float>(Op::none, a_dev.view(), shifted, c.view(), 1.0f, 0.0f); }) ==
+        ErrorCode::misaligned);
+  CHECK(testing::code_of([&] { twell::spmm<float>(Op::none, a_dev.view(), shifted, c.view()); }) ==
+        ErrorCode::misaligned);
 }
 
 namespace {

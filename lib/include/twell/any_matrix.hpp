@@ -97,6 +97,37 @@ inline MemorySpace space(const AnyMatrix& m) {
   return std::visit([](const auto& x) { return x.space(); }, m);
 }
 
+namespace detail {
+template <class M>
+void require_holds(const AnyMatrix& m) {
+  constexpr Format want_format = FormatOf<M>::value;
+  constexpr DType want_dtype = dtype_of<ValueOfMatrix<M>>;
+  require(format(m) == want_format, ErrorCode::invalid_argument, "twell::matrix_as", "the matrix is ",
+          to_string(format(m)), " (", to_string(dtype(m)), "), not ", to_string(want_format));
+  require(dtype(m) == want_dtype, ErrorCode::dtype_mismatch, "twell::matrix_as", "the matrix holds ",
+          to_string(dtype(m)), " values, not ", to_string(want_dtype));
+}
+}  // namespace detail
+
+// The matrix held, as the owning type M: twell::matrix_as<CsrMatrix<bf16>>(read_matrix(path)).
+// Another value type is a twell::Error of dtype_mismatch, another format one of invalid_argument,
+// each naming what is held (std::get would throw a bare std::bad_variant_access).
+template <class M>
+const M& matrix_as(const AnyMatrix& m) {
+  detail::require_holds<M>(m);
+  return std::get<M>(m);
+}
+template <class M>
+M& matrix_as(AnyMatrix& m) {
+  detail::require_holds<M>(m);
+  return std::get<M>(m);
+}
+template <class M>
+M matrix_as(AnyMatrix&& m) {
+  detail::require_holds<M>(m);
+  return std::get<M>(std::move(m));
+}
+
 // Any format to any other (twell::to_dense ... to_hybrid on the matrix held); `layout` is used
 // by TwELL and Hybrid targets only.
 inline AnyMatrix convert(const AnyMatrix& m, Format to, TwellLayout layout = {}, const ConvertOptions& options = {}) {

@@ -13,9 +13,9 @@ namespace twell {
 enum class ErrorCode : std::uint8_t {
   invalid_argument,  // out-of-range parameter (layout, option, index)
   shape_mismatch,    // operand shapes that do not fit together
-  dtype_mismatch,    // operands of different value types, or a file of another type
+  dtype_mismatch,    // a matrix of another value type than asked for (matrix_as on what a file held)
   space_mismatch,    // host and device operands mixed in one call
-  misaligned,        // pointer or leading dimension without the alignment a kernel needs
+  misaligned,        // a dense operand that does not start on a value boundary
   malformed,         // a matrix that breaks its format's invariants
   overflow,          // a (row, tile) with more nonzeros than its slots, under the error policy
   cuda,              // a CUDA runtime, cuBLAS or cuSPARSE call failed

@@ -29,6 +29,11 @@ void check_dense_geometry(DenseView<T> v, const char* where, const char* name) {
           " below its ", v.cols, " columns");
   require(v.rows == 0 || v.cols == 0 || v.data != nullptr, ErrorCode::invalid_argument, where, name,
           " is null with shape ", shape(v.rows, v.cols));
+  // Every path reads whole values: a pointer between value boundaries (a byte offset into a
+  // buffer) faults on the GPU and is undefined on the host. Wider alignment is never required:
+  // kernels fall back to narrower loads, and their reported path says which ran.
+  require(reinterpret_cast<std::uintptr_t>(v.data) % alignof(T) == 0, ErrorCode::misaligned, where, name,
+          " starts at ", static_cast<const void*>(v.data), ", not on a ", alignof(T), "-byte value boundary");
 }
 
 // A dense transpose's out: N x M for an M x N a, and no byte shared with a (the kernels read a
