@@ -10,6 +10,18 @@ namespace twell::cli {
 
 namespace {
 std::string dashed(std::string_view name) { return "--" + std::string(name); }
+
+// One integer option value, parsed whole and range-checked; errors name the option.
+std::int64_t parse_int(std::string_view name, std::string_view text, std::int64_t min, std::int64_t max) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
+    throw UsageError(dashed(name) + " expects an integer, got '" + std::string(text) + "'");
+  if (v < min || v > max)
+    throw UsageError(dashed(name) + " = " + std::string(text) + " is outside [" + std::to_string(min) + ", " +
+                     std::to_string(max) + "]");
+  return v;
+}
 }  // namespace
 
 std::string usage(const Spec& spec) {
@@ -89,15 +101,22 @@ std::int64_t Args::get_int(std::string_view name, std::int64_t fallback, std::in
   const auto it = values_.find(name);
   known(name);
   if (it == values_.end()) return fallback;
-  const std::string& text = it->second;
-  std::int64_t v = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-    throw UsageError(dashed(name) + " expects an integer, got '" + text + "'");
-  if (v < min || v > max)
-    throw UsageError(dashed(name) + " = " + text + " is outside [" + std::to_string(min) + ", " +
-                     std::to_string(max) + "]");
-  return v;
+  return parse_int(name, it->second, min, max);
+}
+
+std::vector<std::int64_t> Args::get_int_list(std::string_view name, const std::vector<std::int64_t>& fallback,
+                                             std::int64_t min, std::int64_t max) const {
+  const auto it = values_.find(name);
+  known(name);
+  if (it == values_.end()) return fallback;
+  std::vector<std::int64_t> out;
+  std::string_view rest = it->second;
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    out.push_back(parse_int(name, rest.substr(0, comma), min, max));
+    if (comma == std::string_view::npos) return out;
+    rest.remove_prefix(comma + 1);
+  }
 }
 
 double Args::get_double(std::string_view name, double fallback, double min, double max) const {

@@ -41,6 +41,9 @@ class Args {
   std::string get(std::string_view name, std::string_view fallback) const;
   // Numbers must parse whole ("12x" is an error) and lie in [min, max].
   std::int64_t get_int(std::string_view name, std::int64_t fallback, std::int64_t min, std::int64_t max) const;
+  // A comma-separated list of such integers ("64,128"), each in [min, max]; none may be empty.
+  std::vector<std::int64_t> get_int_list(std::string_view name, const std::vector<std::int64_t>& fallback,
+                                         std::int64_t min, std::int64_t max) const;
   double get_double(std::string_view name, double fallback, double min, double max) const;
   const std::vector<std::string>& positional() const { return positional_; }
 

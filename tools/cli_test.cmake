@@ -37,5 +37,9 @@ expect(1 "error (invalid_argument)" demo --shape small --tokens 64 --density 0.9
 set(generated "${CMAKE_CURRENT_BINARY_DIR}/cli_test_generated.twell")
 expect(0 "wrote 256 x 2816 bf16 hybrid" generate "${generated}" --shape small --tokens 256 --to hybrid)
 expect(0 "matrix 256 x 2816 bf16" stats "${generated}")
+# Candidate layouts from the command line: tile 64 with C 4 (S = 16) is listed, C 64 skipped there.
+expect(0 "    64   4    16" stats "${generated}" --tiles 64,512 --compressions 4,64)
+expect(2 "--tiles expects an integer, got ''" stats "${generated}" --tiles 64,,128)
+expect(1 "error (invalid_argument)" stats "${generated}" --compressions 3)
 expect(2 "is not one of" generate "${generated}" --to coo)
 file(REMOVE "${generated}")

@@ -113,6 +113,8 @@ int run_stats(std::span<const std::string> argv) {
                   1,
                   {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file (default fp32)"},
                    {"tile", "T", "tile of the per (row, tile) distribution (default 256)"},
+                   {"tiles", "LIST", "candidate layouts' tiles, comma-separated (default 128,256)"},
+                   {"compressions", "LIST", "candidate layouts' compressions C (default 2,4,8,16,32)"},
                    {"json", "FILE", "also write the statistics as JSON"},
                    {"png", "FILE", "also plot the histograms (needs python3 with matplotlib)"}}};
   const Args args(spec, argv);
@@ -128,6 +130,9 @@ int run_stats(std::span<const std::string> argv) {
     file_type_of(path);
     options.default_layout.tile = static_cast<std::int32_t>(args.get_int("tile", 256, 8, TwellLayout::kMaxTile));
     check_layout(options.default_layout, "--tile");
+    const auto narrow = [](const std::vector<std::int64_t>& v) { return std::vector<std::int32_t>(v.begin(), v.end()); };
+    options.tiles = narrow(args.get_int_list("tiles", {128, 256}, 1, TwellLayout::kMaxTile));
+    options.compressions = narrow(args.get_int_list("compressions", {2, 4, 8, 16, 32}, 1, TwellLayout::kMaxTile));
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
