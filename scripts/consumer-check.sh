@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs twell into a temporary prefix and builds + runs tests/consumer against it with
 # find_package(twell CONFIG REQUIRED): the CPU-only configuration always, and the CUDA one too
-# when nvcc is present. Exit status 0 when every configuration built and ran.
+# when nvcc is present; the "source" configuration instead builds tests/consumer with twell's
+# source tree as a FetchContent subproject (CPU-only). Exit status 0 when every configuration
+# built and ran.
 #
-# Environment: CONSUMER_CONFIGS ("cpu", "cuda" or "cpu cuda"; default cpu, plus cuda with nvcc),
+# Environment: CONSUMER_CONFIGS (any of "cpu", "cuda", "source"; default cpu, plus cuda with nvcc),
 # CONSUMER_JOBS (build parallelism, default 2), CONSUMER_CUDA_BUILD (an existing build folder
 # configured with the cuda backend, e.g. build/test, installed as it is instead of building the
 # library again), KEEP_CONSUMER_DIR=1 keeps the temporary directory for inspection.
@@ -22,6 +24,18 @@ fi
 
 for cfg in "${configs[@]}"; do
   echo "== consumer check: $cfg"
+  if [ "$cfg" = source ]; then
+    cmake -S "$root/tests/consumer" -B "$tmp/consumer-$cfg" -DCMAKE_BUILD_TYPE=Release -DTWELL_SOURCE_DIR="$root" \
+      -DTWELL_WITH_CUDA=OFF >"$tmp/consumer-configure-$cfg.log"
+    cmake --build "$tmp/consumer-$cfg" -j "$jobs" >"$tmp/consumer-build-$cfg.log"
+    # A subproject builds the library and nothing else of twell's.
+    if [ -n "$(find "$tmp/consumer-$cfg/_deps" -type f \( -name 'cpu_test_*' -o -name twell -o -name 'libtwell_bench*' \))" ]; then
+      echo "consumer check: the subproject built twell's tests or benchmarks" >&2
+      exit 1
+    fi
+    "$tmp/consumer-$cfg/twell_consumer"
+    continue
+  fi
   cuda=OFF
   extra=()
   if [ "$cfg" = cuda ]; then
