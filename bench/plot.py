@@ -24,6 +24,8 @@ TWELL_VARIANTS = {
     "ffn": ["fused", "unfused", "fused_plain"],
 }
 SUITE_ORDER = ["spmm", "sddmm", "convert", "gemm_to_sparse", "ffn"]
+# Ops a suite times besides its main one, and how their variants are labelled.
+SECONDARY_OPS = {"spmm_at": "A^T"}
 DISTRIBUTIONS = ["uniform", "neuron_skewed", "token_skewed"]
 
 
@@ -38,6 +40,12 @@ def ok_cases(report, suite=None):
             yield c
 
 
+def label(c):
+    """The case's variant, marked with its op when that is a secondary one (spmm's A^T product)."""
+    mark = SECONDARY_OPS.get(c.get("op"))
+    return f"{c['variant']} [{mark}]" if mark else c["variant"]
+
+
 def series(report, suite):
     """{(shape, M): {distribution: {(variant, baseline): [(density, speedup), ...]}}}"""
     out = OrderedDict()
@@ -49,7 +57,7 @@ def series(report, suite):
                 continue
             key = (c["shape"], c["M"])
             out.setdefault(key, OrderedDict()).setdefault(c["distribution"], OrderedDict()).setdefault(
-                (c["variant"], baseline), []).append((c["density_target"], s))
+                (label(c), baseline), []).append((c["density_target"], s))
     for panels in out.values():
         for lines in panels.values():
             for pts in lines.values():
@@ -146,6 +154,8 @@ def fmt(x, digits=3):
 
 def find(report, suite, variant, shape="paper", m=None, density=None, dist="uniform"):
     for c in ok_cases(report, suite):
+        if c.get("op") in SECONDARY_OPS:
+            continue
         if c["variant"] != variant or c["shape"] != shape or c["distribution"] != dist:
             continue
         if m is not None and c["M"] != m:
@@ -243,7 +253,7 @@ def summary(report):
         for c in cases:
             dens = f"{100 * c['density_target']:g} %"
             if c.get("status") != "ok":
-                lines.append(f"| {c['variant']} | {c['shape']} | {c['M']} | {dens} | {c['distribution']} | "
+                lines.append(f"| {label(c)} | {c['shape']} | {c['M']} | {dens} | {c['distribution']} | "
                              f"{c['status']} | | | |")
                 continue
             ms = c["ms"]
@@ -254,7 +264,7 @@ def summary(report):
             else:
                 rate = f"{c.get('tflop_per_s', 0):.2f} TFLOP/s"
             sp = f"{c['speedup']:.2f}x" if c.get("speedup") else ""
-            lines.append(f"| {c['variant']} | {c['shape']} | {c['M']} | {dens} | {c['distribution']} | "
+            lines.append(f"| {label(c)} | {c['shape']} | {c['M']} | {dens} | {c['distribution']} | "
                          f"{ms['median']:.4f} ({ms['p10']:.4f}-{ms['p90']:.4f}) | {rate} | {sp} | "
                          f"{c.get('baseline', '')} |")
         lines.append("")

@@ -101,15 +101,18 @@ template void Harness::fill_random<bf16>(bf16*, std::size_t, float, std::uint64_
 template void Harness::fill_random<fp16>(fp16*, std::size_t, float, std::uint64_t);
 template void Harness::fill_random<float>(float*, std::size_t, float, std::uint64_t);
 
-void Harness::gemm(DenseView<const bf16> a, DenseView<const bf16> b, DenseView<bf16> c) {
-  require(a.cols == b.rows && c.rows == a.rows && c.cols == b.cols, ErrorCode::shape_mismatch, "twell bench gemm", "A ",
-          a.rows, " x ", a.cols, ", B ", b.rows, " x ", b.cols, ", C ", c.rows, " x ", c.cols);
+void Harness::gemm(DenseView<const bf16> a, DenseView<const bf16> b, DenseView<bf16> c, bool a_transposed) {
+  const std::int64_t a_rows = a_transposed ? a.cols : a.rows, a_cols = a_transposed ? a.rows : a.cols;
+  require(a_cols == b.rows && c.rows == a_rows && c.cols == b.cols, ErrorCode::shape_mismatch, "twell bench gemm",
+          a_transposed ? "A^T " : "A ", a_rows, " x ", a_cols, ", B ", b.rows, " x ", b.cols, ", C ", c.rows, " x ",
+          c.cols);
   const float alpha = 1.0f, beta = 0.0f;
-  // Row-major C = A B is column-major C^T = B^T A^T: swap the operands, no transposes.
-  check(cublasGemmEx(static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(c.cols),
-                     static_cast<int>(c.rows), static_cast<int>(a.cols), &alpha, b.data, CUDA_R_16BF,
-                     static_cast<int>(b.ld), a.data, CUDA_R_16BF, static_cast<int>(a.ld), &beta, c.data, CUDA_R_16BF,
-                     static_cast<int>(c.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  // Row-major C = op(A) B is column-major C^T = B^T op(A)^T: swap the operands; the column-major
+  // view of a row-major A is A^T, so op(A) = A^T takes cuBLAS's transpose on it.
+  check(cublasGemmEx(static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_N, a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     static_cast<int>(c.cols), static_cast<int>(c.rows), static_cast<int>(a_cols), &alpha, b.data,
+                     CUDA_R_16BF, static_cast<int>(b.ld), a.data, CUDA_R_16BF, static_cast<int>(a.ld), &beta, c.data,
+                     CUDA_R_16BF, static_cast<int>(c.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "twell bench (cublasGemmEx)");
 }
 

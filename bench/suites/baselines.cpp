@@ -28,7 +28,7 @@ constexpr int kSelectionReps = 10;
 
 }  // namespace
 
-void spmm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> a, DenseView<const T> b,
+void spmm_baselines(Harness& h, Report& report, const Case& base, Op op_a, DenseView<const T> a, DenseView<const T> b,
                     DenseView<T> c, double flops, double dense_bytes) {
   baseline::Handles handles(h.stream());
   CsrMatrix<T> csr;
@@ -47,14 +47,14 @@ void spmm_baselines(Harness& h, Report& report, const Case& base, DenseView<cons
     Case x = base;
     x.variant = storage == baseline::SparseStorage::csr ? "cusparse_csr" : "cusparse_coo";
     run_case(report, x, [&](Case& cs) {
-      const auto algs = baseline::supported_spmm_algorithms<T>(handles, Op::none, csr.view(), storage, b, c);
+      const auto algs = baseline::supported_spmm_algorithms<T>(handles, op_a, csr.view(), storage, b, c);
       require(!algs.empty(), ErrorCode::unsupported, "cuSPARSE SpMM", "no algorithm accepts this problem");
       // Best of the algorithms: a short timing of each, then the winner timed in full.
       baseline::SpmmAlgorithm best = algs.front();
       double best_ms = std::numeric_limits<double>::infinity();
       Json tried = Json::object();
       for (const auto alg : algs) {
-        baseline::SpmmPlan<T> plan(handles, Op::none, csr.view(), storage, alg, b, c, 1.0f, 0.0f);
+        baseline::SpmmPlan<T> plan(handles, op_a, csr.view(), storage, alg, b, c, 1.0f, 0.0f);
         const Timing t = h.time([&] { plan.run(); }, kSelectionReps);
         tried[std::string(baseline::to_string(alg))] = t.median_ms;
         if (t.median_ms < best_ms) {
@@ -62,7 +62,7 @@ void spmm_baselines(Harness& h, Report& report, const Case& base, DenseView<cons
           best = alg;
         }
       }
-      baseline::SpmmPlan<T> plan(handles, Op::none, csr.view(), storage, best, b, c, 1.0f, 0.0f);
+      baseline::SpmmPlan<T> plan(handles, op_a, csr.view(), storage, best, b, c, 1.0f, 0.0f);
       cs.timing = h.time([&] { plan.run(); });
       const double coo_rows = storage == baseline::SparseStorage::coo ? 4.0 * static_cast<double>(csr.nnz()) : 0.0;
       cs.bytes = csr_bytes(csr) + coo_rows + dense_bytes;

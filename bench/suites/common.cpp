@@ -155,7 +155,7 @@ void not_built(Report& report, Case c, const std::string& why) {
 void link_baselines(Report& report, const std::string& suite, const std::vector<std::string>& twell_variants,
                     const std::vector<std::string>& baselines) {
   auto same_point = [](const Case& a, const Case& b) {
-    return a.suite == b.suite && a.shape == b.shape && a.m == b.m && a.k == b.k && a.n == b.n &&
+    return a.suite == b.suite && a.op == b.op && a.shape == b.shape && a.m == b.m && a.k == b.k && a.n == b.n &&
            a.density_target == b.density_target && a.distribution == b.distribution;
   };
   for (Case& c : report.cases) {

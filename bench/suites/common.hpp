@@ -13,6 +13,7 @@
 #include <twell/bench/harness.hpp>
 #include <twell/formats/dense.hpp>
 #include <twell/formats/hybrid.hpp>
+#include <twell/kernels/options.hpp>
 #include <twell/workload.hpp>
 
 namespace twell::bench::detail {
@@ -86,8 +87,8 @@ void link_baselines(Report& report, const std::string& suite, const std::vector<
 #if TWELL_BENCH_BASELINES
 // Adapters over kernels/include/twell/kernels/baselines.hpp (suites/baselines.cpp): each
 // appends its baseline cases for the data point `base`.
-// cuSPARSE SpMM of the dense A's CSR / COO (best of the algorithms, each timed) into c.
-void spmm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> a, DenseView<const T> b,
+// cuSPARSE SpMM, C = op(A) B, of the dense A's CSR / COO (best of the algorithms, each timed).
+void spmm_baselines(Harness& h, Report& report, const Case& base, Op op_a, DenseView<const T> a, DenseView<const T> b,
                     DenseView<T> c, double flops, double dense_bytes);
 // cuSPARSE DenseToSparse into CSR.
 void convert_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> a);

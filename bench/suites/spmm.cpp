@@ -37,6 +37,42 @@ HybridMatrix<T> to_hybrid(DenseView<const T> a, TwellLayout layout, ConvertRepor
 #endif
 }
 
+// C = A^T dy, training's weight gradient dWd = h^T dy (N x K), at the same data point: twell's
+// spmm with op(A) = transpose (A to CSR, transposed, then the CSR row kernel: no native kernel,
+// docs/api.md), cuSPARSE SpMM with opA = transpose on A's CSR / COO, and cuBLAS on the dense A.
+void transposed_cases(Harness& h, Report& report, const Case& point, const HybridMatrix<T>& a,
+                      DenseView<const T> a_dense, DenseView<const T> dy, DenseView<T> c_t, double flops) {
+  Case base = point;
+  base.op = "spmm_at";
+  const double dense_bytes = detail::bytes_of_dense(dy.rows, dy.cols) + detail::bytes_of_dense(c_t.rows, c_t.cols);
+  Case tw = base;
+  tw.variant = "twell";
+#if TWELL_BENCH_CUDA_SPMM
+  detail::run_case(report, tw, [&](Case& x) {
+    KernelReport path;
+    const KernelOptions ko{h.stream(), &path, false};
+    x.timing = h.time([&] { cuda::spmm<T>(Op::transpose, HybridView<const T>(a.view()), dy, c_t, 1.0f, 0.0f, ko); });
+    x.bytes = detail::bytes_of(a) + dense_bytes;
+    x.flops = flops;
+    x.extra["path"] = path.path;
+    x.extra["includes"] = "A (Hybrid) to CSR, the CSR transpose (both allocated per call) and the CSR row kernel";
+  });
+#else
+  detail::not_built(report, tw, "kernels/cuda/spmm.cu is not in this build");
+#endif
+#if TWELL_BENCH_BASELINES
+  detail::spmm_baselines(h, report, base, Op::transpose, a_dense, dy, c_t, flops, dense_bytes);
+#endif
+  Case dn = base;
+  dn.variant = "cublas_dense";
+  detail::run_case(report, dn, [&](Case& x) {
+    x.timing = h.time([&] { h.gemm(a_dense, dy, c_t, true); });
+    x.bytes = detail::bytes_of_dense(a_dense.rows, a_dense.cols) + dense_bytes;
+    x.flops = 2.0 * static_cast<double>(a_dense.rows) * static_cast<double>(a_dense.cols) * static_cast<double>(dy.cols);
+    x.extra["note"] = "dense A^T dy of the same (mostly zero) matrix; TFLOP/s counts dense work";
+  });
+}
+
 }  // namespace
 
 void run_spmm(Harness& h, Report& report) {
@@ -50,6 +86,9 @@ void run_spmm(Harness& h, Report& report) {
   h.fill_random(b.values().data(), b.values().size(), 1.0f / std::sqrt(static_cast<float>(units)), 21);
   DenseMatrix<T> c(m_large, out_cols, MemorySpace::device);
   const double b_bytes = detail::bytes_of_dense(units, out_cols);
+  // op(A) = A^T: dy (M x K) in, the N x K weight gradient out.
+  DenseMatrix<T> dy(m_large, out_cols, MemorySpace::device), c_t(units, out_cols, MemorySpace::device);
+  h.fill_random(dy.values().data(), dy.values().size(), 1.0f, 22);
 
   for (const auto dist : detail::distributions(quick)) {
     for (const double density : detail::sweep_densities(quick)) {
@@ -135,7 +174,8 @@ void run_spmm(Harness& h, Report& report) {
 #endif
 
 #if TWELL_BENCH_BASELINES
-        detail::spmm_baselines(h, report, base, a_dense, DenseView<const T>(b.view()), cv, flops, b_bytes + c_bytes);
+        detail::spmm_baselines(h, report, base, Op::none, a_dense, DenseView<const T>(b.view()), cv, flops,
+                               b_bytes + c_bytes);
 #else
         for (const char* name : {"cusparse_csr", "cusparse_coo"}) {
           Case bl = base;
@@ -151,9 +191,16 @@ void run_spmm(Harness& h, Report& report) {
           x.flops = 2.0 * static_cast<double>(m) * static_cast<double>(units) * static_cast<double>(out_cols);
           x.extra["note"] = "dense GEMM of the same (mostly zero) matrix; TFLOP/s counts dense work";
         });
+        // The weight-gradient product at 0.5 % only (cuSPARSE's transposed algorithms are slow to
+        // try at every density).
+        if (density == 0.005) {
+          const DenseView<const T> dyv{dy.values().data(), m, out_cols, out_cols, MemorySpace::device};
+          transposed_cases(h, report, base, a, a_dense, dyv, c_t.view(), flops);
+        }
       }
     }
   }
+  // Both ops: link_baselines pairs cases of the same op only.
   detail::link_baselines(report, "spmm", {"twell", "twell+convert"}, {"cusparse_csr", "cusparse_coo", "cublas_dense"});
   detail::link_baselines(report, "spmm", {"cusparse_csr", "cusparse_coo"}, {"cublas_dense"});
 }

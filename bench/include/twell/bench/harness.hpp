@@ -70,7 +70,8 @@ class Harness {
 
   // Row-major bf16 C = A B through cublasGemmEx (fp32 accumulation) on stream(): the plain
   // dense product a user would call, used as the dense baseline and for the GEMM ceiling.
-  void gemm(DenseView<const bf16> a, DenseView<const bf16> b, DenseView<bf16> c);
+  // With a_transposed, C = A^T B for the row-major A as stored (training's weight-gradient shape).
+  void gemm(DenseView<const bf16> a, DenseView<const bf16> b, DenseView<bf16> c, bool a_transposed = false);
 
  private:
   Config config_;
