@@ -176,6 +176,35 @@ TEST_CASE_TEMPLATE("cuda spmm at the paper's layout with token skew", T, bf16, f
   }
 }
 
+// op(A) = A^T where A's columns (the rows of A^T) are far apart in length, as the units of a
+// skewed workload: a few columns almost full (rows of A^T spanning several 512-entry segments, so
+// whole segments inside one row), most sparse, some empty (empty rows of A^T between segments).
+TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T on skewed columns: long rows split into segments", T, bf16, fp16,
+                   float) {
+  for (const std::int64_t n : {std::int64_t{64}, std::int64_t{100}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(n);
+    const std::int64_t m = 3000, k = 300;
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    DenseMatrix<T> a_dense(m, k);
+    for (std::int64_t j = 0; j < k; ++j) {
+      const float p = j % 100 == 7 ? 0.9f : (j % 5 == 0 ? 0.0f : 0.02f);
+      for (std::int64_t i = 0; i < m; ++i)
+        if (u(rng) < p) a_dense.view().at(i, j) = from_float<T>(u(rng) < 0.5f ? 0.25f + u(rng) : -0.25f - u(rng));
+    }
+    const auto b = testing::random_dense<T>(m, n, 1.0f, seed + 1);
+    const auto c0 = testing::random_dense<T>(k, n, 1.0f, seed + 2);
+    const Formats<T> f = host_formats<T>(a_dense.view(), kNarrow);
+    CHECK(f.csr.nnz() > 8 * 512);
+    for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, -1.5f}}) {
+      check_spmm<T>("csr", Op::transpose, f.csr, b, c0, alpha, beta);
+      check_spmm<T>("hybrid", Op::transpose, f.hybrid, b, c0, alpha, beta);
+    }
+  }
+}
+
 // An output view whose leading dimension is not a multiple of 8 takes the scalar path.
 TEST_CASE_TEMPLATE("cuda spmm on misaligned B and C takes the scalar path and stays right", T, bf16, float) {
   const std::uint64_t seed = testing::fresh_seed();
