@@ -26,9 +26,12 @@ namespace {
 constexpr const char* kWhere = "twell::cuda::spmm";
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-// Entries per segment of the segmented CSR kernel: a warp's chain per column chunk (~1 k cycles
-// of 16-byte loads), long enough that the head/tail partials stay small (2 x nb floats each).
-constexpr std::int64_t kSegmentEntries = 512;
+// CSR rows of more entries than this take a CTA each (long_row_spmm_kernel) instead of a warp:
+// a warp walks a row once per 32 * V-column chunk, so past ~128 entries its chain outlasts the
+// typical row's by more than the CTA's 8 warps cost. kLongRowCtas: that kernel's grid, which
+// strides over all (row, chunk) pairs and skips the short rows.
+constexpr std::int64_t kLongRow = 128;
+constexpr unsigned kLongRowCtas = 2048;
 
 // ---- per-lane column chunks --------------------------------------------------------------------
 // A lane owns V consecutive output columns of its warp's slice (V * sizeof(T) == 16 bytes when the
@@ -85,13 +88,14 @@ __device__ __forceinline__ void store_chunk(T* p, std::int64_t valid, const floa
 // ---- CSR and ELL: one warp per row -------------------------------------------------------------
 // Benchmark: bench/suites/spmm.cpp. A warp owns one row of A and, in turn, every
 // 32 * V-column chunk of that row of C; a lane owns V consecutive columns of the chunk and sums
-// the row's entries in stored order. Preconditions: valid CSR/ELL (out-of-range columns are
-// skipped, never read); for kVec, B and C 16-byte aligned with ld and cols multiples of V.
+// the row's entries in stored order. Rows of more than `long_row` entries are left to
+// long_row_spmm_kernel. Preconditions: valid CSR/ELL (out-of-range columns are skipped, never
+// read); for kVec, B and C 16-byte aligned with ld and cols multiples of V.
 template <class T, int V, bool kVec, bool kEll>
 __global__ void __launch_bounds__(kThreads)
     row_spmm_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* row_count, std::int64_t width,
-                    const std::int32_t* col_idx, const T* values, std::int64_t k_cols, const T* b, std::int64_t ldb,
-                    T* c, std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+                    const std::int32_t* col_idx, const T* values, std::int64_t long_row, std::int64_t k_cols,
+                    const T* b, std::int64_t ldb, T* c, std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
   const int lane = threadIdx.x & 31;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarps;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; i < rows; i += warps) {
@@ -103,6 +107,7 @@ __global__ void __launch_bounds__(kThreads)
       begin = row_ptr[i];
       end = row_ptr[i + 1];
     }
+    if (end - begin > long_row) continue;
     for (std::int64_t c0 = 0; c0 < nb; c0 += 32 * V) {
       const std::int64_t col = c0 + lane * V;
       const std::int64_t valid = nb - col;
@@ -123,87 +128,47 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- CSR in fixed-size entry segments (op(A) = A^T) -----------------------------------------------
-// The rows of A^T are A's columns, whose lengths follow the units' firing rates: ~60x the mean for
-// the skewed workloads, so a warp per row waits on the longest (10 ms against 0.9 for the same
-// entries spread evenly, H100, 2026-11-24). Here warp (s, chunk) takes entries
-// [s * seg_len, (s + 1) * seg_len) and one 32 * V-column chunk of C: a row's piece wholly inside
-// the segment goes to C; the piece of a row that began before the segment to head[s], that of a
-// row that began in it and runs past its end to tail[s] (fp32, nb values per segment). Empty rows
-// are left to segment_fixup_kernel. Preconditions as for the row kernel.
+// The CSR rows the row kernel leaves (more than long_row entries): a CTA per (row, 32 * V-column
+// chunk), the row's entries cut into kWarps equal ranges, the warps' partial sums added in warp
+// order through shared memory (deterministic). Rows far longer than the mean, such as the rows of
+// A^T for op(A) = A^T, whose lengths follow the units' firing rates (~60x the mean on skewed
+// workloads), then cost a CTA what a warp per row would pay alone: 9.8-10.4 ms against 0.84-0.98
+// for the same entries spread evenly (H200, 2026-11-24, paper shape, M = 16384).
 template <class T, int V, bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    csr_segment_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* col_idx, const T* values,
-                       std::int64_t nnz, std::int64_t seg_len, std::int64_t k_cols, const T* b, std::int64_t ldb, T* c,
-                       std::int64_t ldc, std::int64_t nb, float* head, float* tail, float alpha, float beta) {
-  const int lane = threadIdx.x & 31;
+    long_row_spmm_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* col_idx, const T* values,
+                         std::int64_t long_row, std::int64_t k_cols, const T* b, std::int64_t ldb, T* c,
+                         std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+  __shared__ float part[kWarps][32 * V];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   const std::int64_t chunks = (nb + 32 * V - 1) / (32 * V);
-  const std::int64_t work = (nnz + seg_len - 1) / seg_len * chunks;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarps;
-  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < work; w += warps) {
-    const std::int64_t seg = w / chunks, col = (w % chunks) * 32 * V + lane * V, valid = nb - col;
-    const std::int64_t e0 = seg * seg_len, e1 = min(e0 + seg_len, nnz);
-    // The row holding entry e0: the last r with row_ptr[r] <= e0 (e0 < nnz = row_ptr[rows]).
-    std::int64_t r = 0, hi = rows - 1;
-    while (r < hi) {
-      const std::int64_t mid = (r + hi + 1) / 2;
-      if (row_ptr[mid] <= e0) {
-        r = mid;
-      } else {
-        hi = mid - 1;
-      }
-    }
-    for (std::int64_t e = e0; e < e1; ++r) {
-      const std::int64_t rs = row_ptr[r], re = row_ptr[r + 1], piece_end = min(re, e1);
-      if (rs == re) continue;
-      float acc[V] = {};
-      for (; e < piece_end; ++e) {
+  for (std::int64_t w = blockIdx.x; w < rows * chunks; w += gridDim.x) {
+    const std::int64_t r = w / chunks, rs = row_ptr[r], len = row_ptr[r + 1] - rs;
+    if (len <= long_row) continue;  // the same for the whole CTA
+    const std::int64_t col = (w % chunks) * 32 * V + lane * V, valid = nb - col;
+    float acc[V] = {};
+    if (valid > 0) {
+      for (std::int64_t e = rs + len * warp / kWarps, end = rs + len * (warp + 1) / kWarps; e < end; ++e) {
         const std::int64_t k = col_idx[e];
-        if (valid <= 0 || k < 0 || k >= k_cols) continue;
+        if (k < 0 || k >= k_cols) continue;
         const float a = detail::load_f(values + e);
         float bv[V];
         load_chunk<T, V, kVec>(b + k * ldb + col, valid, bv);
 #pragma unroll
         for (int u = 0; u < V; ++u) acc[u] = fmaf(a, bv[u], acc[u]);
       }
-      if (valid <= 0) continue;
-      if (rs >= e0 && re <= e1) {
-        store_chunk<T, V, kVec>(c + r * ldc + col, valid, acc, alpha, beta);
-      } else {
-        float* part = (rs < e0 ? head : tail) + seg * nb + col;
-#pragma unroll
-        for (int u = 0; u < V; ++u)
-          if (u < valid) part[u] = acc[u];
-      }
     }
-  }
-}
-
-// The rows csr_segment_kernel left: a row crossing segment boundaries gets tail[first segment]
-// plus head[s] of each later segment it reaches, in segment order (deterministic); an empty row
-// gets beta * C (or zeros).
-template <class T, int V, bool kVec>
-__global__ void __launch_bounds__(kThreads)
-    segment_fixup_kernel(std::int64_t rows, const std::int64_t* row_ptr, std::int64_t seg_len, T* c, std::int64_t ldc,
-                         std::int64_t nb, const float* head, const float* tail, float alpha, float beta) {
-  const int lane = threadIdx.x & 31;
-  const std::int64_t chunks = (nb + 32 * V - 1) / (32 * V);
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarps;
-  for (std::int64_t w = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < rows * chunks;
-       w += warps) {
-    const std::int64_t r = w / chunks, col = (w % chunks) * 32 * V + lane * V, valid = nb - col;
-    const std::int64_t rs = row_ptr[r], re = row_ptr[r + 1];
-    const std::int64_t first = rs / seg_len, last = re > rs ? (re - 1) / seg_len : first;
-    if (valid <= 0 || (re > rs && first == last)) continue;
-    float acc[V] = {};
-    if (re > rs) {
-      for (std::int64_t seg = first; seg <= last; ++seg) {
-        const float* part = (seg == first ? tail : head) + seg * nb + col;
 #pragma unroll
-        for (int u = 0; u < V; ++u) acc[u] += u < valid ? part[u] : 0.0f;
-      }
+    for (int u = 0; u < V; ++u) part[warp][lane * V + u] = acc[u];
+    __syncthreads();
+    if (warp == 0 && valid > 0) {
+      float sum[V] = {};
+      for (int q = 0; q < kWarps; ++q)
+#pragma unroll
+        for (int u = 0; u < V; ++u) sum[u] += part[q][lane * V + u];
+      store_chunk<T, V, kVec>(c + r * ldc + col, valid, sum, alpha, beta);
     }
-    store_chunk<T, V, kVec>(c + r * ldc + col, valid, acc, alpha, beta);
+    __syncthreads();
   }
 }
 
@@ -448,24 +413,31 @@ void launch_rows(std::int64_t rows, const std::int64_t* row_ptr, const std::int3
                  const std::int32_t* col_idx, const T* values, std::int64_t k_cols, DenseView<const T> b,
                  DenseView<T> c, float alpha, float beta, cudaStream_t stream, bool ell) {
   if (rows == 0 || b.cols == 0) return;
-  const unsigned grid = detail::grid_for(rows, kWarps, 1 << 20);
-  if (vector_ok(b, c)) {
-    constexpr int V = 16 / sizeof(T);
+  // An ELL row holds at most `width` entries, so ELL keeps a warp per row throughout.
+  const std::int64_t long_row = ell ? INT64_MAX : kLongRow;
+  const auto launch = [&]<int V, bool kVec>() {
+    const unsigned grid = detail::grid_for(rows, kWarps, 1 << 20);
     if (ell) {
-      row_spmm_kernel<T, V, true, true><<<grid, kThreads, 0, stream>>>(
-          rows, row_ptr, row_count, width, col_idx, values, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+      row_spmm_kernel<T, V, kVec, true><<<grid, kThreads, 0, stream>>>(rows, row_ptr, row_count, width, col_idx, values,
+                                                                        long_row, k_cols, b.data, b.ld, c.data, c.ld,
+                                                                        b.cols, alpha, beta);
     } else {
-      row_spmm_kernel<T, V, true, false><<<grid, kThreads, 0, stream>>>(
-          rows, row_ptr, row_count, width, col_idx, values, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+      row_spmm_kernel<T, V, kVec, false><<<grid, kThreads, 0, stream>>>(rows, row_ptr, row_count, width, col_idx,
+                                                                         values, long_row, k_cols, b.data, b.ld, c.data,
+                                                                         c.ld, b.cols, alpha, beta);
     }
-  } else if (ell) {
-    row_spmm_kernel<T, 4, false, true><<<grid, kThreads, 0, stream>>>(
-        rows, row_ptr, row_count, width, col_idx, values, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+    detail::check_launch("twell::cuda::spmm (row kernel)");
+    if (ell) return;
+    const std::int64_t chunks = (b.cols + 32 * V - 1) / (32 * V);
+    long_row_spmm_kernel<T, V, kVec><<<detail::grid_for(rows * chunks, 1, kLongRowCtas), kThreads, 0, stream>>>(
+        rows, row_ptr, col_idx, values, long_row, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+    detail::check_launch("twell::cuda::spmm (long-row kernel)");
+  };
+  if (vector_ok(b, c)) {
+    launch.template operator()<16 / static_cast<int>(sizeof(T)), true>();
   } else {
-    row_spmm_kernel<T, 4, false, false><<<grid, kThreads, 0, stream>>>(
-        rows, row_ptr, row_count, width, col_idx, values, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
+    launch.template operator()<4, false>();
   }
-  detail::check_launch("twell::cuda::spmm (row kernel)");
 }
 
 template <class T>
@@ -481,46 +453,15 @@ void csr_none(CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float al
   launch_rows<T>(a.rows, a.row_ptr, nullptr, 0, a.col_idx, a.values, a.cols, b, c, alpha, beta, stream, false);
 }
 
-// C = alpha A B + beta C for a CSR A whose row lengths may be far apart (the rows of a transpose):
-// csr_segment_kernel and segment_fixup_kernel over kSegmentEntries-entry segments, with their
-// head/tail partial sums allocated here (2 x segments x B's columns floats: 15 MB for 462k entries
-// and 2048 columns).
-template <class T>
-void launch_segments(CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-                     cudaStream_t stream) {
-  if (a.rows == 0 || b.cols == 0) return;
-  if (a.cols == 0) return launch_scale(c, beta, stream);
-  const std::int64_t segments = (a.nnz + kSegmentEntries - 1) / kSegmentEntries;
-  const auto parts = static_cast<std::size_t>(segments * b.cols);
-  Buffer<float> head(parts, MemorySpace::device, Uninitialized{}), tail(parts, MemorySpace::device, Uninitialized{});
-  const auto launch = [&]<int V, bool kVec>() {
-    const std::int64_t chunks = (b.cols + 32 * V - 1) / (32 * V);
-    if (segments > 0) {
-      csr_segment_kernel<T, V, kVec><<<detail::grid_for(segments * chunks, kWarps, 1 << 20), kThreads, 0, stream>>>(
-          a.rows, a.row_ptr, a.col_idx, a.values, a.nnz, kSegmentEntries, a.cols, b.data, b.ld, c.data, c.ld, b.cols,
-          head.data(), tail.data(), alpha, beta);
-      detail::check_launch("twell::cuda::spmm (segment kernel)");
-    }
-    segment_fixup_kernel<T, V, kVec><<<detail::grid_for(a.rows * chunks, kWarps, 1 << 20), kThreads, 0, stream>>>(
-        a.rows, a.row_ptr, kSegmentEntries, c.data, c.ld, b.cols, head.data(), tail.data(), alpha, beta);
-    detail::check_launch("twell::cuda::spmm (segment fixup kernel)");
-  };
-  if (vector_ok(b, c)) {
-    launch.template operator()<16 / static_cast<int>(sizeof(T)), true>();
-  } else {
-    launch.template operator()<4, false>();
-  }
-}
-
 // op = transpose for every format: CSR of A^T (a fresh matrix, so no allocation is saved by
-// reusing it), then the CSR kernel.
+// reusing it), then the CSR kernels (the long rows of A^T, A's busiest columns, a CTA each).
 template <class T>
 void csr_transposed(CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
                     const KernelOptions& options) {
   KernelOptions inner = options;
   inner.report = nullptr;
   const CsrMatrix<T> at = cuda::transpose(a, inner);
-  launch_segments(at.view(), b, c, alpha, beta, detail::stream_of(options));
+  csr_none(at.view(), b, c, alpha, beta, detail::stream_of(options));
 }
 
 template <class T>
