@@ -41,5 +41,7 @@ expect(0 "matrix 256 x 2816 bf16" stats "${generated}")
 expect(0 "    64   4    16" stats "${generated}" --tiles 64,512 --compressions 4,64)
 expect(2 "--tiles expects an integer, got ''" stats "${generated}" --tiles 64,,128)
 expect(1 "error (invalid_argument)" stats "${generated}" --compressions 3)
+# (40, 16) cannot exist (16 does not divide 40): only (40, 8) is listed and recommended.
+expect(0 "recommended layout: tile 40, C 8" stats "${generated}" --tiles 40 --compressions 8,16)
 expect(2 "is not one of" generate "${generated}" --to coo)
 file(REMOVE "${generated}")

@@ -12,6 +12,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include <twell/converters/backends.hpp>
+#include <twell/formats/dense_checks.hpp>
 
 #include "cuda_check.hpp"
 
@@ -149,6 +150,13 @@ inline ConvertOptions quiet(const ConvertOptions& options) {
 inline void require_device(MemorySpace space, const char* where) {
   require(space == MemorySpace::device, ErrorCode::space_mismatch, where,
           "the cuda backend needs a device source, got host memory");
+}
+
+// A dense source: device memory, then shape, leading dimension and value alignment.
+template <class T>
+void require_dense_source(DenseView<const T> src, const char* where) {
+  require_device(src.space, where);
+  twell::detail::check_dense_geometry(src, where, "src");
 }
 
 __device__ inline int lane_id() { return static_cast<int>(threadIdx.x % kWarpSize); }

@@ -11,7 +11,7 @@ namespace {
 
 template <class T>
 void convert_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& options, const char* where) {
-  detail::require_device(src.space, where);
+  detail::require_dense_source(src, where);
   twell::detail::check_twell_destination(src, dst, MemorySpace::device, where);
   detail::check_threshold(options, where);
   detail::require_twell_policy(options, where);
@@ -25,7 +25,7 @@ void convert_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions
 template <Value T>
 TwellMatrix<T> dense_to_twell(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::dense_to_twell";
-  detail::require_device(src.space, where);
+  detail::require_dense_source(src, where);
   detail::check_threshold(options, where);
   check_layout(layout, where);
   detail::require_twell_policy(options, where);

@@ -501,7 +501,7 @@ TwellMatrix<T> csr_to_twell_as(CsrView<const T> src, TwellLayout layout, const C
 template <class T>
 HybridMatrix<T> dense_to_hybrid_as(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options,
                                    const char* where) {
-  require_device(src.space, where);
+  require_dense_source(src, where);
   return pack_hybrid<T>(src.rows, src.cols, layout, DenseRows<T>(src), options, where,
                         [&](TwellView<T> out, OverflowTarget target) {
                           launch_dense_to_twell(src, out, options.threshold, target, stream_of(options), where);

@@ -85,8 +85,9 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
     for (const std::int32_t c : options.compressions) {
       require(c >= 1 && (c & (c - 1)) == 0, ErrorCode::invalid_argument, kWhere, "candidate C = ", c,
               " is not a power of two");
-      // A (tile, C) pair with fewer than two slots cannot exist; the cross product skips it.
-      if (c <= tile / 2) s.candidates.push_back(LayoutStats{.layout = TwellLayout{tile, c}});
+      // A (tile, C) pair with C not dividing the tile or fewer than two slots cannot exist; the
+      // cross product skips it.
+      if (tile % c == 0 && c <= tile / 2) s.candidates.push_back(LayoutStats{.layout = TwellLayout{tile, c}});
     }
   }
 

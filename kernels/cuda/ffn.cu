@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <twell/converters/options.hpp>
+#include <twell/formats/dense_checks.hpp>
 #include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/ffn_cuda.hpp>
@@ -1047,12 +1048,7 @@ template <class T>
 void check_device(DenseView<T> v, const char* where, const char* name) {
   require(v.space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
           " lives in host memory; the cuda backend takes device operands only");
-  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has negative shape ", v.rows,
-          " x ", v.cols);
-  require(v.rows == 0 || v.ld >= v.cols, ErrorCode::invalid_argument, where, name, " has leading dimension ", v.ld,
-          " below its ", v.cols, " columns");
-  require(v.rows * v.cols == 0 || v.data != nullptr, ErrorCode::invalid_argument, where, name, " is null with shape ",
-          v.rows, " x ", v.cols);
+  twell::detail::check_dense_geometry(v, where, name);
 }
 
 // w_in (wg or wu) is K x N, wd is N x K.

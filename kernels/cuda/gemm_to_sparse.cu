@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <twell/converters/backends.hpp>
+#include <twell/formats/dense_checks.hpp>
 #include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/gemm_to_sparse_plan.hpp>
@@ -513,10 +514,8 @@ void check_operands(DenseView<const T> x, DenseView<const T> w, ActivationSpec a
           "negative shape: x ", x.rows, " x ", x.cols, ", w ", w.rows, " x ", w.cols);
   require(x.cols == w.rows, ErrorCode::shape_mismatch, where, "x is ", x.rows, " x ", x.cols, " but w is ", w.rows,
           " x ", w.cols, " (x.cols must equal w.rows)");
-  require((x.rows == 0 || x.ld >= x.cols) && (w.rows == 0 || w.ld >= w.cols), ErrorCode::invalid_argument, where,
-          "leading dimension below the column count: x.ld = ", x.ld, ", w.ld = ", w.ld);
-  require((x.rows * x.cols == 0 || x.data != nullptr) && (w.rows * w.cols == 0 || w.data != nullptr),
-          ErrorCode::invalid_argument, where, "null data pointer for a non-empty operand");
+  twell::detail::check_dense_geometry(x, where, "x");
+  twell::detail::check_dense_geometry(w, where, "w");
   check_activation(act, where);
   require(x.rows <= INT32_MAX, ErrorCode::unsupported, where, "M = ", x.rows, " exceeds the 32-bit row maps");
 }

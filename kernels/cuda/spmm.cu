@@ -413,7 +413,8 @@ void launch_rows(std::int64_t rows, const std::int64_t* row_ptr, const std::int3
                  const std::int32_t* col_idx, const T* values, std::int64_t k_cols, DenseView<const T> b,
                  DenseView<T> c, float alpha, float beta, cudaStream_t stream, bool ell) {
   if (rows == 0 || b.cols == 0) return;
-  // An ELL row holds at most `width` entries, so ELL keeps a warp per row throughout.
+  // ELL keeps a warp per row: its rows are padded to the longest, so a matrix with a few long
+  // rows is better stored as CSR, TwELL or Hybrid anyway.
   const std::int64_t long_row = ell ? INT64_MAX : kLongRow;
   const auto launch = [&]<int V, bool kVec>() {
     const unsigned grid = detail::grid_for(rows, kWarps, 1 << 20);

@@ -401,6 +401,11 @@ TEST_CASE("cuda converters refuse bad requests like the reference") {
         }) == ErrorCode::invalid_argument);
   CHECK(code_of([&] { (void)gpu::dense_to_ell(d_dense.view(), with(0.0f, OverflowPolicy::error, -2)); }) ==
         ErrorCode::invalid_argument);
+  const DenseView<const fp16> shifted = testing::off_boundary<fp16>(d_dense.view());
+  CHECK(code_of([&] { (void)gpu::dense_to_twell(shifted, TwellLayout{}); }) == ErrorCode::misaligned);
+  CHECK(code_of([&] { (void)gpu::dense_to_hybrid(shifted, TwellLayout{}); }) == ErrorCode::misaligned);
+  CHECK(code_of([&] { (void)gpu::dense_to_csr(shifted); }) == ErrorCode::misaligned);
+  CHECK(code_of([&] { (void)gpu::dense_to_ell(shifted); }) == ErrorCode::misaligned);
 }
 
 namespace {

@@ -507,6 +507,7 @@ TEST_CASE("FFN plans reject bad input") {
   const DenseView<const bf16> seven{x7.view().data, 7, 32, 32, MemorySpace::device};
   auto y7 = poisoned<bf16>(7, 32);
   CHECK(code_of([&] { plan.forward(seven, y7.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { plan.forward(testing::off_boundary<bf16>(x.view()), y.view()); }) == ErrorCode::misaligned);
   CHECK(code_of([&] { plan.forward(in.x.view(), y.view()); }) == ErrorCode::space_mismatch);
   GatedFfn<bf16> layer(8, wg.view(), wu.view(), wd.view());
   CHECK(code_of([&] { layer.forward(seven, y7.view()); }) == ErrorCode::shape_mismatch);

@@ -436,6 +436,9 @@ TEST_CASE("gemm_to_sparse rejects bad input") {
   CHECK(code_of([&] {
           (void)cuda::gemm_to_sparse<bf16>(x.view(), wk.view(), {Activation::relu, -1.0f}, TwellLayout{}, {});
         }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          (void)cuda::gemm_to_sparse<bf16>(testing::off_boundary<bf16>(x.view()), wk.view(), {}, TwellLayout{}, {});
+        }) == ErrorCode::misaligned);
 }
 
 namespace {

@@ -181,7 +181,8 @@ TEST_CASE_TEMPLATE("cuda spmm at the paper's layout with token skew", T, bf16, f
 // 128, which a CTA's warps share), most sparse, some empty.
 TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T on skewed columns: long rows of A^T take a CTA each", T, bf16, fp16,
                    float) {
-  for (const std::int64_t n : {std::int64_t{64}, std::int64_t{100}}) {
+  // n = 520: several column slices, the last one partial; 100: the scalar path for 16-bit types.
+  for (const std::int64_t n : {std::int64_t{64}, std::int64_t{100}, std::int64_t{520}}) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(n);
@@ -252,10 +253,8 @@ TEST_CASE("cuda spmm rejects host operands and bad shapes") {
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::shape_mismatch);
   }
-  // b starting 2 bytes into its buffer: refused before any launch (it would fault on the GPU).
-  DenseMatrix<float> wide(5, 4, kDevice);
-  const DenseView<const float> shifted{
-      reinterpret_cast<const float*>(reinterpret_cast<const char*>(wide.view().data) + 2), 5, 3, 4, kDevice};
+  // b starting a byte into its buffer: refused before any launch (it would fault on the GPU).
+  const DenseView<const float> shifted = testing::off_boundary<float>(b.view());
   CHECK(testing::code_of([&] { dev::spmm<float>(Op::none, a_dev.view(), shifted, c.view(), 1.0f, 0.0f); }) ==
         ErrorCode::misaligned);
   CHECK(testing::code_of([&] { twell::spmm<float>(Op::none, a_dev.view(), shifted, c.view()); }) ==

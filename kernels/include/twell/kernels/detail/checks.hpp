@@ -8,32 +8,13 @@
 
 #include <twell/error.hpp>
 #include <twell/formats/dense.hpp>
+#include <twell/formats/dense_checks.hpp>
 #include <twell/kernels/options.hpp>
 
 namespace twell::detail {
 
-inline std::string shape(std::int64_t rows, std::int64_t cols) {
-  return std::to_string(rows) + " x " + std::to_string(cols);
-}
-
 inline void report_path(const KernelOptions& options, const char* path) {
   if (options.report != nullptr) options.report->path = path;
-}
-
-// Shape, leading dimension and data pointer of a dense view; the caller checks its space first.
-template <class T>
-void check_dense_geometry(DenseView<T> v, const char* where, const char* name) {
-  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has negative shape ",
-          shape(v.rows, v.cols));
-  require(v.rows == 0 || v.ld >= v.cols, ErrorCode::invalid_argument, where, name, " has leading dimension ", v.ld,
-          " below its ", v.cols, " columns");
-  require(v.rows == 0 || v.cols == 0 || v.data != nullptr, ErrorCode::invalid_argument, where, name,
-          " is null with shape ", shape(v.rows, v.cols));
-  // Every path reads whole values: a pointer between value boundaries (a byte offset into a
-  // buffer) faults on the GPU and is undefined on the host. Wider alignment is never required:
-  // kernels fall back to narrower loads, and their reported path says which ran.
-  require(reinterpret_cast<std::uintptr_t>(v.data) % alignof(T) == 0, ErrorCode::misaligned, where, name,
-          " starts at ", static_cast<const void*>(v.data), ", not on a ", alignof(T), "-byte value boundary");
 }
 
 // A dense transpose's out: N x M for an M x N a, and no byte shared with a (the kernels read a
