@@ -29,7 +29,7 @@ constexpr int kThreads = kWarps * 32;
 // CSR rows of more entries than this take a CTA each (long_row_spmm_kernel) instead of a warp:
 // a warp walks a row once per 32 * V-column chunk, so past ~128 entries its chain outlasts the
 // typical row's by more than the CTA's 8 warps cost. kLongRowCtas: that kernel's grid, which
-// strides over all (row, chunk) pairs and skips the short rows.
+// strides over all (row, chunk) pairs, checking 32 at a time, and skips the short rows.
 constexpr std::int64_t kLongRow = 128;
 constexpr unsigned kLongRowCtas = 2048;
 
@@ -140,35 +140,51 @@ __global__ void __launch_bounds__(kThreads)
                          std::int64_t long_row, std::int64_t k_cols, const T* b, std::int64_t ldb, T* c,
                          std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
   __shared__ float part[kWarps][32 * V];
+  __shared__ unsigned long_items;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  const std::int64_t chunks = (nb + 32 * V - 1) / (32 * V);
-  for (std::int64_t w = blockIdx.x; w < rows * chunks; w += gridDim.x) {
-    const std::int64_t r = w / chunks, rs = row_ptr[r], len = row_ptr[r + 1] - rs;
-    if (len <= long_row) continue;  // the same for the whole CTA
-    const std::int64_t col = (w % chunks) * 32 * V + lane * V, valid = nb - col;
-    float acc[V] = {};
-    if (valid > 0) {
-      for (std::int64_t e = rs + len * warp / kWarps, end = rs + len * (warp + 1) / kWarps; e < end; ++e) {
-        const std::int64_t k = col_idx[e];
-        if (k < 0 || k >= k_cols) continue;
-        const float a = detail::load_f(values + e);
-        float bv[V];
-        load_chunk<T, V, kVec>(b + k * ldb + col, valid, bv);
+  const std::int64_t chunks = (nb + 32 * V - 1) / (32 * V), items = rows * chunks;
+  // This CTA's (row, chunk) items are blockIdx.x + gridDim.x * j (a long row's chunks go to
+  // different CTAs), 32 values of j at a time: warp 0 finds the long ones in one round of loads
+  // (most matrices have none, and a serial walk would pay a load latency per item).
+  const auto item = [&](std::int64_t j) { return blockIdx.x + static_cast<std::int64_t>(gridDim.x) * j; };
+  for (std::int64_t base = 0; item(base) < items; base += 32) {
+    if (warp == 0) {
+      const std::int64_t w = item(base + lane);
+      const bool is_long = w < items && row_ptr[w / chunks + 1] - row_ptr[w / chunks] > long_row;
+      const unsigned found = __ballot_sync(0xffffffffu, is_long);
+      if (lane == 0) long_items = found;
+    }
+    __syncthreads();
+    unsigned todo = long_items;
+    __syncthreads();  // long_items is rewritten by the next round
+    for (; todo != 0; todo &= todo - 1) {
+      const std::int64_t w = item(base + __ffs(todo) - 1);
+      const std::int64_t r = w / chunks, rs = row_ptr[r], len = row_ptr[r + 1] - rs;
+      const std::int64_t col = (w % chunks) * 32 * V + lane * V, valid = nb - col;
+      float acc[V] = {};
+      if (valid > 0) {
+        for (std::int64_t e = rs + len * warp / kWarps, end = rs + len * (warp + 1) / kWarps; e < end; ++e) {
+          const std::int64_t k = col_idx[e];
+          if (k < 0 || k >= k_cols) continue;
+          const float a = detail::load_f(values + e);
+          float bv[V];
+          load_chunk<T, V, kVec>(b + k * ldb + col, valid, bv);
 #pragma unroll
-        for (int u = 0; u < V; ++u) acc[u] = fmaf(a, bv[u], acc[u]);
+          for (int u = 0; u < V; ++u) acc[u] = fmaf(a, bv[u], acc[u]);
+        }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < V; ++u) part[warp][lane * V + u] = acc[u];
-    __syncthreads();
-    if (warp == 0 && valid > 0) {
-      float sum[V] = {};
-      for (int q = 0; q < kWarps; ++q)
+      for (int u = 0; u < V; ++u) part[warp][lane * V + u] = acc[u];
+      __syncthreads();
+      if (warp == 0 && valid > 0) {
+        float sum[V] = {};
+        for (int q = 0; q < kWarps; ++q)
 #pragma unroll
-        for (int u = 0; u < V; ++u) sum[u] += part[q][lane * V + u];
-      store_chunk<T, V, kVec>(c + r * ldc + col, valid, sum, alpha, beta);
+          for (int u = 0; u < V; ++u) sum[u] += part[q][lane * V + u];
+        store_chunk<T, V, kVec>(c + r * ldc + col, valid, sum, alpha, beta);
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
 }
 
