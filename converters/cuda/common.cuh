@@ -15,6 +15,7 @@
 #include <twell/formats/dense_checks.hpp>
 
 #include "cuda_check.hpp"
+#include "cuda_scratch.hpp"
 
 namespace twell::cuda::detail {
 
@@ -52,27 +53,18 @@ inline void order_after_allocations(cudaStream_t stream) {
   check_cuda(waited, "twell::cuda converter (cudaStreamWaitEvent)");
 }
 
-// A stream-ordered temporary (cudaMallocAsync/cudaFreeAsync on the conversion's stream): no
-// zero fill and no ordering hazard with other streams. Converters allocate these per call;
+// n values of T in stream-ordered scratch memory on the conversion's stream (Scratch): no zero
+// fill and no ordering hazard with other streams. Converters allocate these per call;
 // conversion plans (later) will own them instead.
 template <class T>
 class DeviceTemp {
  public:
-  DeviceTemp(std::size_t n, cudaStream_t stream) : stream_(stream) {
-    if (n != 0)
-      check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&data_), n * sizeof(T), stream),
-                 "twell::cuda converter (cudaMallocAsync)");
-  }
-  DeviceTemp(const DeviceTemp&) = delete;
-  DeviceTemp& operator=(const DeviceTemp&) = delete;
-  ~DeviceTemp() {
-    if (data_ != nullptr) cudaFreeAsync(data_, stream_);  // cannot report from a destructor
-  }
-  T* get() const { return data_; }
+  DeviceTemp(std::size_t n, cudaStream_t stream)
+      : memory_(n * sizeof(T), stream, "twell::cuda converter (cudaMallocAsync)") {}
+  T* get() const { return memory_.as<T>(); }
 
  private:
-  T* data_ = nullptr;
-  cudaStream_t stream_;
+  Scratch memory_;
 };
 
 // What every conversion may need to bring back to the host, in one small block of device memory.

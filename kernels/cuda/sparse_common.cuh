@@ -22,6 +22,7 @@
 #include <twell/types.hpp>
 
 #include "cuda_check.hpp"
+#include "cuda_scratch.hpp"
 
 namespace twell::cuda::detail {
 
@@ -143,26 +144,5 @@ inline unsigned grid_for(std::int64_t n, int threads, std::int64_t max_blocks = 
   if (blocks > max_blocks) blocks = max_blocks;
   return static_cast<unsigned>(blocks);
 }
-
-// Stream-ordered scratch memory, freed on the same stream when it goes out of scope.
-class Scratch {
- public:
-  Scratch(std::size_t bytes, cudaStream_t stream, const char* where) : stream_(stream) {
-    if (bytes > 0) check_cuda(cudaMallocAsync(&p_, bytes, stream), where);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
-    if (p_ != nullptr) cudaFreeAsync(p_, stream_);  // a failure cannot be reported from a destructor
-  }
-  template <class U>
-  U* as() const {
-    return static_cast<U*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t stream_;
-};
 
 }  // namespace twell::cuda::detail

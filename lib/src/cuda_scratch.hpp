@@ -1,0 +1,34 @@
+// Internal: stream-ordered scratch device memory for the cuda kernels and converters.
+#pragma once
+
+#include <cstddef>
+
+#include <cuda_runtime.h>
+
+#include "cuda_check.hpp"
+
+namespace twell::cuda::detail {
+
+// cudaMallocAsync on construction, cudaFreeAsync on the same stream at scope exit: no zero fill,
+// no host wait, and no ordering hazard with work queued on that stream.
+class Scratch {
+ public:
+  Scratch(std::size_t bytes, cudaStream_t stream, const char* where) : stream_(stream) {
+    if (bytes > 0) twell::detail::check_cuda(cudaMallocAsync(&p_, bytes, stream), where);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (p_ != nullptr) cudaFreeAsync(p_, stream_);  // a failure cannot be reported from a destructor
+  }
+  template <class U>
+  U* as() const {
+    return static_cast<U*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace twell::cuda::detail
