@@ -26,7 +26,7 @@ namespace {
 constexpr const char* kWhere = "twell::cuda::spmm";
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-// CSR rows of more entries than this take a CTA each (long_row_spmm_kernel) instead of a warp:
+// CSR rows of more entries than this take a CTA per column slice (long_row_spmm_kernel), not a warp:
 // a warp walks a row once per 32 * V-column chunk, so past ~128 entries its chain outlasts the
 // typical row's by more than the CTA's 8 warps cost. kLongRowCtas: that kernel's grid, which
 // strides over all (row, chunk) pairs, checking 32 at a time, and skips the short rows.
