@@ -14,6 +14,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 jobs="${CONSUMER_JOBS:-2}"
 tmp="$(mktemp -d -t twell-consumer-XXXXXX)"
 if [ "${KEEP_CONSUMER_DIR:-0}" != 1 ]; then trap 'rm -rf "$tmp"' EXIT; else echo "keeping $tmp"; fi
+# A failed step's output is in its log, which the EXIT trap deletes: show the newest log first.
+trap 'log="$(ls -t "$tmp"/*.log 2>/dev/null | head -1)"; [ -n "$log" ] && { echo "consumer check failed; tail of $log:" >&2; tail -n 40 "$log" >&2; }' ERR
 
 if [ -n "${CONSUMER_CONFIGS:-}" ]; then
   read -r -a configs <<<"$CONSUMER_CONFIGS"
