@@ -85,6 +85,23 @@ __device__ __forceinline__ void store_chunk(T* p, std::int64_t valid, const floa
   }
 }
 
+// acc += values[e] * B(col_idx[e], lane's columns) for entries [begin, end) in order; b points at
+// the lane's first column of B row 0. Columns outside [0, k_cols) are skipped, never read.
+template <class T, int V, bool kVec>
+__device__ __forceinline__ void add_entries(const std::int32_t* col_idx, const T* values, std::int64_t begin,
+                                            std::int64_t end, std::int64_t k_cols, const T* b, std::int64_t ldb,
+                                            std::int64_t valid, float (&acc)[V]) {
+  for (std::int64_t e = begin; e < end; ++e) {
+    const std::int64_t k = col_idx[e];
+    if (k < 0 || k >= k_cols) continue;
+    const float a = detail::load_f(values + e);
+    float bv[V];
+    load_chunk<T, V, kVec>(b + k * ldb, valid, bv);
+#pragma unroll
+    for (int u = 0; u < V; ++u) acc[u] = fmaf(a, bv[u], acc[u]);
+  }
+}
+
 // ---- CSR and ELL: one warp per row -------------------------------------------------------------
 // Benchmark: bench/suites/spmm.cpp. A warp owns one row of A and, in turn, every
 // 32 * V-column chunk of that row of C; a lane owns V consecutive columns of the chunk and sums
@@ -113,15 +130,7 @@ __global__ void __launch_bounds__(kThreads)
       const std::int64_t valid = nb - col;
       float acc[V] = {};
       if (valid > 0) {
-        for (std::int64_t e = begin; e < end; ++e) {
-          const std::int64_t k = col_idx[e];
-          if (k < 0 || k >= k_cols) continue;
-          const float a = detail::load_f(values + e);
-          float bv[V];
-          load_chunk<T, V, kVec>(b + k * ldb + col, valid, bv);
-#pragma unroll
-          for (int u = 0; u < V; ++u) acc[u] = fmaf(a, bv[u], acc[u]);
-        }
+        add_entries<T, V, kVec>(col_idx, values, begin, end, k_cols, b + col, ldb, valid, acc);
         store_chunk<T, V, kVec>(c + i * ldc + col, valid, acc, alpha, beta);
       }
     }
@@ -163,15 +172,8 @@ __global__ void __launch_bounds__(kThreads)
       const std::int64_t col = (w % chunks) * 32 * V + lane * V, valid = nb - col;
       float acc[V] = {};
       if (valid > 0) {
-        for (std::int64_t e = rs + len * warp / kWarps, end = rs + len * (warp + 1) / kWarps; e < end; ++e) {
-          const std::int64_t k = col_idx[e];
-          if (k < 0 || k >= k_cols) continue;
-          const float a = detail::load_f(values + e);
-          float bv[V];
-          load_chunk<T, V, kVec>(b + k * ldb + col, valid, bv);
-#pragma unroll
-          for (int u = 0; u < V; ++u) acc[u] = fmaf(a, bv[u], acc[u]);
-        }
+        add_entries<T, V, kVec>(col_idx, values, rs + len * warp / kWarps, rs + len * (warp + 1) / kWarps, k_cols,
+                                b + col, ldb, valid, acc);
       }
 #pragma unroll
       for (int u = 0; u < V; ++u) part[warp][lane * V + u] = acc[u];
