@@ -1,6 +1,7 @@
 // cuda spmm: C = alpha * op(A) * B + beta * C for CSR, ELL, TwELL and Hybrid A.
-// op = none runs the format's own kernel (TwELL and Hybrid: the slice-reuse pre-pass and product of
-// spmm_slices.cu when its preconditions hold, else the pair-balanced one below; Hybrid overflow
+// op = none runs the format's own kernel (TwELL and Hybrid: the tile-streaming kernel of
+// spmm_stream.cu for the smaller products it is preferred for, the slice-reuse pre-pass and product
+// of spmm_slices.cu when its preconditions hold, else the pair-balanced one below; Hybrid overflow
 // rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
 // converts A to CSR, transposes it (stable radix sort, deterministic) and runs the CSR kernel on
 // A^T (path ".../via_csr_transpose").
@@ -18,6 +19,7 @@
 #include "../../converters/cuda/warp_scan.cuh"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
+#include "spmm_stream.cuh"
 #include "vec16.cuh"
 
 namespace twell::cuda {
@@ -566,14 +568,20 @@ void require_int(std::int64_t v, const char* what) {
 }
 
 constexpr const char* kSlicePath = "slice_reuse";
+constexpr const char* kStreamPath = "tile_stream";
 
 // The TwELL rows of op none whose shadow entry is negative (all when shadow is null): the
-// slice-reuse path when it applies, else the pair-balanced kernel. `workspace` holds
-// spmm_slices_workspace_bytes and `staged_b` spmm_slices_staged_b_bytes, or either is null and
-// then allocated here (stream-ordered). Returns the path's name.
+// tile-streaming path where it is preferred, else the slice-reuse path when it applies, else the
+// pair-balanced kernel. `workspace` holds spmm_slices_workspace_bytes and `staged_b`
+// spmm_slices_staged_b_bytes, or either is null and then allocated here (stream-ordered).
+// Returns the path's name.
 template <class T>
 const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
                        float alpha, float beta, cudaStream_t stream, void* workspace, void* staged_b) {
+  if (detail::spmm_stream_preferred(a, b, c)) {
+    detail::spmm_twell_stream(a, shadow, b, c, alpha, beta, stream);
+    return kStreamPath;
+  }
   if (detail::spmm_slices_applies(a, b, c)) {
     const std::size_t bytes = detail::spmm_slices_workspace_bytes(a.rows, a.cols, a.layout);
     const std::size_t b_bytes = detail::spmm_slices_staged_b_bytes(a.cols, b.cols);
@@ -597,7 +605,7 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
   std::string path = twell_none(a.twell, shadow, b, c, alpha, beta, stream, workspace, staged_b);
-  if (path != kSlicePath) path = "pair_balanced";
+  if (path != kSlicePath && path != kStreamPath) path = "pair_balanced";
   overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp);
   return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
 }

@@ -138,12 +138,19 @@ void check_all(const HostM& a, const DenseMatrix<T>& b, const std::string& path,
 // kMaxRowEntries in spmm_slices.cu); wider ones take the pair-balanced kernel (16-byte vectors
 // here: every B and C of these tests is aligned with columns in 8s).
 bool slice_layout(TwellLayout layout, std::int64_t k) { return layout.capacity() * layout.tiles(k) <= 2048; }
+// The tile-streaming path takes the products of at most 6144 rows (every M of this file) whose
+// layout has 8 or 16 slots per (row, tile) and tiles of at most 256 columns
+// (spmm_stream_preferred in kernels/cuda/spmm_stream.cuh).
+bool stream_layout(TwellLayout layout) { return layout.tile <= 256 && (layout.slots() == 8 || layout.slots() == 16); }
 std::string twell_path(TwellLayout layout, std::int64_t k) {
+  if (stream_layout(layout)) return "cuda/spmm/twell/tile_stream";
   return slice_layout(layout, k) ? "cuda/spmm/twell/slice_reuse" : "cuda/spmm/twell/pair_balanced_vec16";
 }
 std::string hybrid_path(TwellLayout layout, std::int64_t k, std::int64_t overflow_rows) {
-  return std::string(slice_layout(layout, k) ? "cuda/spmm/hybrid/slice_reuse" : "cuda/spmm/hybrid/pair_balanced") +
-         (overflow_rows > 0 ? "+cublas_overflow" : "");
+  const char* base = stream_layout(layout)     ? "cuda/spmm/hybrid/tile_stream"
+                     : slice_layout(layout, k) ? "cuda/spmm/hybrid/slice_reuse"
+                                               : "cuda/spmm/hybrid/pair_balanced";
+  return std::string(base) + (overflow_rows > 0 ? "+cublas_overflow" : "");
 }
 
 // Sets `count` nonzeros of row i, spread over the columns (at most 255 per tile of 256, so that
@@ -337,7 +344,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
         for (const std::int64_t nb : testing::sweep_ends({std::int64_t{8}, std::int64_t{24}, std::int64_t{40}})) {
           CAPTURE(nb);
           const auto b = testing::random_dense<T>(kK, nb, 1.0f, seed + 1);
-          for (const TwellLayout layout : {TwellLayout{256, 1}, TwellLayout{128, 2}}) {
+          for (const TwellLayout layout : {TwellLayout{256, 1}, TwellLayout{128, 2}, TwellLayout{128, 8}}) {
             CAPTURE(layout.tile);
             const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), layout);
             dev::SpmmPlan<T> plan(m, kK, layout);
@@ -369,44 +376,48 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
 // product, where a row's zero times Inf is NaN: the layout here keeps every row in TwELL.)
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: Inf and NaN in B stay in the rows that use them", T, bf16, fp16) {
   constexpr std::int64_t kM = 1000, kK = 777, kN = 64, kInfRow = 300, kNanRow = 301;
-  const std::uint64_t seed = testing::fresh_seed();
-  CAPTURE(seed);
-  testing::SparseDenseOptions so;
-  so.density = 0.05;
-  const auto a_dense = testing::random_sparse_dense<T>(kM, kK, so, seed);
-  auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
-  b.view().at(kInfRow, 3) = from_float<T>(std::numeric_limits<float>::infinity());
-  b.view().at(kNanRow, 5) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
-  const auto c0 = testing::random_dense<T>(kM, kN, 1.0f, seed + 2);
-  const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 4});
-  const auto a_dev = a.to(kDevice);
-  const DenseMatrix<T> b_dev = b.to(kDevice);
-  std::int64_t rows_hit = 0;
-  for (std::int64_t i = 0; i < kM; ++i)
-    rows_hit += to_float(a_dense.view().at(i, kInfRow)) != 0.0f || to_float(a_dense.view().at(i, kNanRow)) != 0.0f;
-  REQUIRE(rows_hit > 0);
-  REQUIRE(rows_hit < kM / 4);  // most rows must stay finite, or the test shows nothing
-  for (const auto& [alpha, beta] : kAlphaBeta) {
-    CAPTURE(alpha);
-    CAPTURE(beta);
-    auto [want, got, path] = run_spmm<T>(a, a_dev, b, b_dev, c0, alpha, beta);
-    CHECK(path == twell_path(TwellLayout{256, 4}, kK));
-    std::int64_t mismatched = 0, non_finite = 0;
-    for (std::int64_t i = 0; i < kM; ++i) {
-      for (std::int64_t j = 0; j < kN; ++j) {
-        const float g = to_float(got.view().at(i, j)), w = to_float(want.view().at(i, j));
-        if (std::isfinite(w)) {
-          mismatched += std::isfinite(g) ? 0 : 1;
-        } else {
-          ++non_finite;
-          mismatched += (std::isnan(w) ? std::isnan(g) : g == w) ? 0 : 1;
-          got.view().at(i, j) = want.view().at(i, j) = from_float<T>(0.0f);
+  // The slice-reuse path at 5 %, the tile-streaming path at 1 % (16 slots hold every row).
+  for (const auto& [layout, density] : {std::pair{TwellLayout{256, 4}, 0.05}, std::pair{TwellLayout{256, 16}, 0.01}}) {
+    CAPTURE(layout.compression);
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    testing::SparseDenseOptions so;
+    so.density = density;
+    const auto a_dense = testing::random_sparse_dense<T>(kM, kK, so, seed);
+    auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
+    b.view().at(kInfRow, 3) = from_float<T>(std::numeric_limits<float>::infinity());
+    b.view().at(kNanRow, 5) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+    const auto c0 = testing::random_dense<T>(kM, kN, 1.0f, seed + 2);
+    const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), layout);
+    const auto a_dev = a.to(kDevice);
+    const DenseMatrix<T> b_dev = b.to(kDevice);
+    std::int64_t rows_hit = 0;
+    for (std::int64_t i = 0; i < kM; ++i)
+      rows_hit += to_float(a_dense.view().at(i, kInfRow)) != 0.0f || to_float(a_dense.view().at(i, kNanRow)) != 0.0f;
+    REQUIRE(rows_hit > 0);
+    REQUIRE(rows_hit < kM / 4);  // most rows must stay finite, or the test shows nothing
+    for (const auto& [alpha, beta] : kAlphaBeta) {
+      CAPTURE(alpha);
+      CAPTURE(beta);
+      auto [want, got, path] = run_spmm<T>(a, a_dev, b, b_dev, c0, alpha, beta);
+      CHECK(path == twell_path(layout, kK));
+      std::int64_t mismatched = 0, non_finite = 0;
+      for (std::int64_t i = 0; i < kM; ++i) {
+        for (std::int64_t j = 0; j < kN; ++j) {
+          const float g = to_float(got.view().at(i, j)), w = to_float(want.view().at(i, j));
+          if (std::isfinite(w)) {
+            mismatched += std::isfinite(g) ? 0 : 1;
+          } else {
+            ++non_finite;
+            mismatched += (std::isnan(w) ? std::isnan(g) : g == w) ? 0 : 1;
+            got.view().at(i, j) = want.view().at(i, j) = from_float<T>(0.0f);
+          }
         }
       }
+      CHECK(non_finite > 0);
+      CHECK(mismatched == 0);
+      CHECK(worst_row_error<T>(got, want) <= relative_bound<T>());
     }
-    CHECK(non_finite > 0);
-    CHECK(mismatched == 0);
-    CHECK(worst_row_error<T>(got, want) <= relative_bound<T>());
   }
 }
 

@@ -1,0 +1,278 @@
+// cuda spmm, TwELL (and the TwELL part of a Hybrid) with op none and 16-bit values: the
+// tile-streaming path, report path "tile_stream". spmm.cu selects it when spmm_stream_preferred
+// holds.
+//
+// Why this shape. At 0.5 % density a row of A has ~28 entries spread over all of K, so rows share
+// few B rows and gathering a B row per entry moves nnz x Nb x 2 bytes (1.9 GB at the paper's down
+// projection) through L2. Here a CTA owns a block of kRows = 256 rows and kCols = 128 columns of
+// C, held in fp32 registers (a warp owns 16 rows, a lane 4 columns of each), and walks A's column
+// tiles in order: for tile t it stages B(tile t's rows, its columns), every row of the tile whether
+// used or not, and the first 32 bytes of each of its rows' (row, t) slot groups, three stages deep
+// with cp.async. B then crosses L2 once per row block, (M / 256) x K x Nb x 2 bytes, and A's slot
+// heads once per column slice; there is no pre-pass and no workspace. An entry costs its warp one
+// conflict-free shared load of 256 bytes (all lanes read one B row) and 4 FMAs per lane. Entries
+// past the 7 a head holds (rare below ~2 % density) are read from global memory.
+//
+// Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane)
+// and per (row, tile) visit, not bytes: Nsight Compute at M = 4096 (H100, 2026-11-25): 115 us,
+// 70 M warp instructions, issue 62 % busy, L2 32 % busy. The slice-reuse kernel spends fewer
+// instructions per entry but pays a pre-pass of ~70 us, so this path takes the smaller products
+// (spmm_stream_preferred).
+//
+// Determinism: each output element is summed by one lane, tiles in order and a tile's entries in
+// slot order; no atomics. The result does not depend on the grid.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include <twell/error.hpp>
+#include <twell/types.hpp>
+
+#include "cp_async.cuh"
+#include "sparse_common.cuh"
+#include "spmm_stream.cuh"
+#include "vec16.cuh"
+
+namespace twell::cuda::detail {
+namespace {
+
+constexpr const char* kWhere = "twell::cuda::spmm";
+constexpr unsigned kFull = 0xffffffffu;
+
+constexpr int kWarps = 16;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kStages = 3;
+constexpr int kMaxTile = 256;                  // B rows of a stage: one tile of A's columns
+constexpr int kZeroRow = kMaxTile;             // a zero row that columns outside the tile read
+constexpr int kHeadSlots = 8;                  // staged slots of a (row, tile) group: the count and 7 entries
+constexpr std::uint32_t kZeroWord = kZeroRow;  // an entry of value 0 in the zero row: adds nothing
+
+// The CTA's block of C: kRowsPerWarp rows per warp, kColsPerLane columns per lane. Measured on an
+// H100 (2026-11-25, paper shape, 0.5 %, M = 4096): 115 us at 16 x 4 against 188 us at 32 x 2, whose
+// B traffic is half but whose warps pay the per-entry instructions for half the columns.
+constexpr int kRowsPerWarp = 16;
+constexpr int kColsPerLane = 4;
+constexpr int kRows = kWarps * kRowsPerWarp;  // rows of A and C per CTA
+constexpr int kCols = 32 * kColsPerLane;      // columns of B and C per CTA
+constexpr int kRowBytes = 2 * kCols;          // one staged row of B
+constexpr int kChunksPerRow = kRowBytes / 16;
+constexpr int kBBytes = (kMaxTile + 1) * kRowBytes;
+constexpr int kHeadChunks = kRows * kHeadSlots * 4 / 16;  // 16-byte copies of a stage's heads
+constexpr int kStageBytes = kBBytes + kRows * kHeadSlots * 4;
+constexpr int kSmemBytes = kStages * kStageBytes;
+static_assert(kHeadChunks % kThreads == 0 && kBBytes % 16 == 0 && kColsPerLane == 4);
+
+template <class T>
+__device__ __forceinline__ float2 unpack_pair(std::uint32_t w) {
+  return make_float2(bits_to_f<T>(w & 0xffffu), bits_to_f<T>(w >> 16));
+}
+template <class T>
+__device__ __forceinline__ std::uint32_t pack_pair(float lo, float hi) {
+  return static_cast<std::uint32_t>(bits_of<T>(lo)) | static_cast<std::uint32_t>(bits_of<T>(hi)) << 16;
+}
+
+// acc += value(word) x the lane's 4 columns of B row column(word) of the stage at b_lane (the
+// lane's first column of staged row 0). Columns past the tile read the zero row.
+template <class T>
+__device__ __forceinline__ void add_entry(std::uint32_t word, const unsigned char* b_lane, float (&acc)[kColsPerLane]) {
+  const std::uint32_t k = min(TwellLayout::slot_column(word), static_cast<std::uint32_t>(kZeroRow));
+  const float a = twell_value<T>(word, static_cast<const T*>(nullptr), 0);
+  const uint2 w = *reinterpret_cast<const uint2*>(b_lane + k * kRowBytes);
+  const float2 lo = unpack_pair<T>(w.x), hi = unpack_pair<T>(w.y);
+  acc[0] = fmaf(a, lo.x, acc[0]);
+  acc[1] = fmaf(a, lo.y, acc[1]);
+  acc[2] = fmaf(a, hi.x, acc[2]);
+  acc[3] = fmaf(a, hi.y, acc[3]);
+}
+
+// Preconditions (spmm_stream_applies): 16-bit T; layout.tile <= 256, slots() a multiple of 4 and
+// at least 8, packed 16-byte aligned; B 16-byte aligned, ldb and nb multiples of 8; C 16-byte
+// aligned, ldc a multiple of 8; dynamic shared memory of kSmemBytes. Counts above capacity
+// are clipped to capacity, columns outside the matrix add nothing; rows >= M and shadow rows (>= 0)
+// are left untouched.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, const std::uint32_t* __restrict__ packed,
+                  const std::int32_t* __restrict__ shadow, const T* __restrict__ b, std::int64_t ldb, T* __restrict__ c,
+                  std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+  extern __shared__ __align__(16) unsigned char smem[];  // [kStages][B rows | slot heads]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kCols;
+  const int tile = layout.tile, slots = layout.slots();
+  const int tiles = static_cast<int>(layout.tiles(k_cols));
+  const std::int64_t pw = layout.packed_width(k_cols);
+  const auto cap = static_cast<std::uint32_t>(layout.capacity());
+
+  // The slot heads this thread stages, fixed over the tiles: null for rows past M and shadow rows,
+  // whose heads are zero-filled (count 0).
+  constexpr int kHeadsPerThread = kHeadChunks / kThreads;
+  const std::uint32_t* head_src[kHeadsPerThread];
+#pragma unroll
+  for (int j = 0; j < kHeadsPerThread; ++j) {
+    const int q = tid + j * kThreads;
+    const std::int64_t row = row0 + q / 2;
+    const bool live = row < rows && (shadow == nullptr || shadow[row] < 0);
+    head_src[j] = live ? packed + row * pw + (q % 2) * 4 : nullptr;
+  }
+
+  // Staged rows at and past the tile width never receive a copy: zero them once in every stage.
+  for (int s = 0; s < kStages; ++s) {
+    auto* zero = reinterpret_cast<std::uint32_t*>(smem + s * kStageBytes + tile * kRowBytes);
+    for (int i = tid; i < (kMaxTile + 1 - tile) * kRowBytes / 4; i += kThreads) zero[i] = 0;
+  }
+
+  // The thread's 16-byte column chunk of the staged B rows is fixed; it copies every
+  // kThreads / kChunksPerRow-th row.
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  const int chunk = tid % kChunksPerRow;
+  const bool chunk_inside = col0 + chunk * 8 < nb;
+  const T* b_chunk = b + (chunk_inside ? col0 + chunk * 8 : 0);
+  const std::uint32_t smem_base = shared_address(smem);
+  const auto stage_tile = [&](int t) {
+    const std::uint32_t dst = smem_base + (t % kStages) * kStageBytes;
+    const int k_rows = layout.tile_cols(t, k_cols);
+    const T* src = b_chunk + layout.tile_begin(t) * ldb;
+    for (int kr = tid / kChunksPerRow; kr < tile; kr += kRowStep) {
+      const bool inside = kr < k_rows && chunk_inside;
+      cp_async16_or_zero(dst + kr * kRowBytes + chunk * 16, inside ? src + kr * ldb : b, inside);
+    }
+#pragma unroll
+    for (int j = 0; j < kHeadsPerThread; ++j) {
+      const std::uint32_t* src = head_src[j];
+      cp_async16_or_zero(dst + kBBytes + (tid + j * kThreads) * 16,
+                         src != nullptr ? src + static_cast<std::int64_t>(t) * slots : packed, src != nullptr);
+    }
+  };
+
+  // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past the heads.
+  const std::int64_t lane_offset = (row0 + warp * kRowsPerWarp + lane) * pw;
+  float acc[kRowsPerWarp][kColsPerLane] = {};
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < tiles) stage_tile(t);
+    cp_async_commit_group();
+  }
+  for (int t = 0; t < tiles; ++t) {
+    if (t + kStages - 1 < tiles) stage_tile(t + kStages - 1);
+    cp_async_commit_group();
+    cp_async_wait_groups<kStages - 1>();
+    __syncthreads();
+
+    const unsigned char* stage = smem + (t % kStages) * kStageBytes;
+    const unsigned char* b_lane = stage + lane * kColsPerLane * 2;
+    const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + warp * kRowsPerWarp * 2;
+    // The next row's head is loaded before this row's entries, and a row's first two entries
+    // take no branch (a missing second entry reads the zero row), so that shared loads of
+    // different entries overlap.
+    uint4 h_next = heads[0];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const uint4 h = h_next;
+      if (r + 1 < kRowsPerWarp) h_next = heads[2 * (r + 1)];
+      const std::uint32_t n = min(h.x, cap);
+      if (n == 0) continue;
+      add_entry<T>(h.y, b_lane, acc[r]);
+      add_entry<T>(n > 1 ? h.z : kZeroWord, b_lane, acc[r]);
+      if (n <= 2) continue;
+      add_entry<T>(h.w, b_lane, acc[r]);
+      if (n <= 3) continue;
+      const uint4 g = heads[2 * r + 1];
+      add_entry<T>(g.x, b_lane, acc[r]);
+      add_entry<T>(n > 4 ? g.y : kZeroWord, b_lane, acc[r]);
+      add_entry<T>(n > 5 ? g.z : kZeroWord, b_lane, acc[r]);
+      add_entry<T>(n > 6 ? g.w : kZeroWord, b_lane, acc[r]);
+      if (n <= 7) continue;
+      // Slots 8..n from global memory, 32 at a time, one per lane. The group's offset comes from
+      // lane r, so the compiler does not keep one per row in registers.
+      const std::int64_t offset = __shfl_sync(kFull, lane_offset, r) + static_cast<std::int64_t>(t) * slots;
+      const std::uint32_t* group = packed + offset;
+      for (std::uint32_t j0 = kHeadSlots; j0 <= n; j0 += 32) {
+        const std::uint32_t mine = j0 + lane <= n ? group[j0 + lane] : 0u;
+        const int m = static_cast<int>(min(32u, n + 1 - j0));
+#pragma unroll 1
+        for (int q = 0; q < m; ++q) add_entry<T>(__shfl_sync(kFull, mine, q), b_lane, acc[r]);
+      }
+    }
+    __syncthreads();  // this stage is refilled kStages - 1 tiles later
+  }
+  cp_async_wait_groups<0>();
+
+  const std::int64_t first = row0 + warp * kRowsPerWarp;
+  const std::int64_t my_row = first + lane;
+  const bool mine_live = lane < kRowsPerWarp && my_row < rows && (shadow == nullptr || shadow[my_row] < 0);
+  const unsigned live = __ballot_sync(kFull, mine_live);
+  const std::int64_t col = col0 + lane * kColsPerLane;
+  if (col >= nb) return;  // nb is a multiple of 8: a lane's 4 columns are all inside or all out
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    if ((live >> r & 1u) == 0) continue;
+    auto* out = reinterpret_cast<uint2*>(c + (first + r) * ldc + col);
+    float v[kColsPerLane];
+#pragma unroll
+    for (int u = 0; u < kColsPerLane; ++u) v[u] = alpha * acc[r][u];
+    if (beta != 0.0f) {
+      const uint2 old = *out;
+      const float2 lo = unpack_pair<T>(old.x), hi = unpack_pair<T>(old.y);
+      v[0] += beta * lo.x;
+      v[1] += beta * lo.y;
+      v[2] += beta * hi.x;
+      v[3] += beta * hi.y;
+    }
+    *out = make_uint2(pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]));
+  }
+}
+
+int shared_limit() {
+  int device = 0, limit = 0;
+  check_cuda(cudaGetDevice(&device), "twell::cuda::spmm (cudaGetDevice)");
+  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "twell::cuda::spmm (cudaDeviceGetAttribute, shared memory per block)");
+  return limit;
+}
+
+}  // namespace
+
+template <class T>
+bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c) {
+  if constexpr (sizeof(T) != 2) {
+    return false;
+  } else {
+    if (a.rows <= 0 || a.cols <= 0 || b.cols <= 0) return false;
+    const int slots = a.layout.slots();
+    if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
+    if (!aligned16(b.data) || !aligned16(c.data) || b.ld % 8 != 0 || c.ld % 8 != 0 || b.cols % 8 != 0) return false;
+    return kSmemBytes <= shared_limit();
+  }
+}
+
+template <class T>
+void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
+                       float alpha, float beta, cudaStream_t stream) {
+  require(spmm_stream_applies(a, b, c), ErrorCode::invalid_argument, kWhere,
+          "the tile-streaming TwELL kernel was called on operands it does not take");
+  const std::int64_t row_blocks = (a.rows + kRows - 1) / kRows;
+  const std::int64_t slices = (b.cols + kCols - 1) / kCols;
+  require(row_blocks <= 0x7fffffffLL && slices <= 65535, ErrorCode::unsupported, kWhere, "A has ", a.rows,
+          " rows and B ", b.cols, " columns; the tile-streaming kernel takes at most ", 0x7fffffffLL * kRows, " and ",
+          65535LL * kCols);
+  if constexpr (sizeof(T) == 2) {
+    auto kernel = stream_kernel<T>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+               "twell::cuda::spmm (cudaFuncSetAttribute)");
+    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(slices));
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(a.rows, a.cols, a.layout, a.packed, shadow, b.data, b.ld, c.data,
+                                                   c.ld, b.cols, alpha, beta);
+    check_launch("twell::cuda::spmm (tile-streaming kernel)");
+  }
+}
+
+#define TWELL_INSTANTIATE(T)                                                                                           \
+  template bool spmm_stream_applies<T>(TwellView<const T>, DenseView<const T>, DenseView<T>);                          \
+  template void spmm_twell_stream<T>(TwellView<const T>, const std::int32_t*, DenseView<const T>, DenseView<T>, float, \
+                                     float, cudaStream_t);
+TWELL_INSTANTIATE(bf16)
+TWELL_INSTANTIATE(fp16)
+TWELL_INSTANTIATE(float)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda::detail

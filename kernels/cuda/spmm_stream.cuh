@@ -1,0 +1,41 @@
+// Internal to kernels/cuda/spmm*.cu: the tile-streaming TwELL spmm (op none, 16-bit values) of
+// spmm_stream.cu: a CTA keeps a block of C in registers and streams the tiles of A's columns and
+// the matching rows of B through shared memory. Not installed.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include <twell/formats/dense.hpp>
+#include <twell/formats/twell_matrix.hpp>
+
+namespace twell::cuda::detail {
+
+// Whether spmm_twell_stream takes these operands: 16-bit T, a non-empty product, tiles of at most
+// 256 columns whose slot groups hold at least 8 slots and start 16-byte aligned (S a multiple of
+// 4, the packed array 16-byte aligned), B and C 16-byte aligned with leading dimensions and B's
+// columns multiples of 8, and a device with the shared memory for the kernel's three stages.
+template <class T>
+bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c);
+
+// Whether spmm.cu sends these operands to the tile-streaming kernel rather than the slice-reuse
+// one: spmm_stream_applies, at most kStreamMaxRows rows and at most 16 slots per (row, tile) (the
+// layouts of ~0.5 % density). Measured on an H100 (2026-11-25, paper shape, 0.5 %; slice-reuse in
+// brackets): M = 512 0.060 ms (0.082), 2048 0.061 (0.111), 4096 0.115 (0.141), 16384 0.440
+// (0.348): the streaming kernel grows ~27 us per 1000 rows, the slice path ~17 us after a fixed
+// ~70 us pre-pass, so they cross near 7000 rows. At 5 % (32+ slots) neither wins everywhere.
+constexpr std::int64_t kStreamMaxRows = 6144;
+template <class T>
+bool spmm_stream_preferred(TwellView<const T> a, DenseView<const T> b, DenseView<T> c) {
+  return a.rows <= kStreamMaxRows && a.layout.slots() <= 16 && spmm_stream_applies(a, b, c);
+}
+
+// C = alpha * A B + beta * C for the rows of A whose `shadow` entry is negative (every row when
+// shadow is null); other rows of C are left untouched. Requires spmm_stream_applies. One kernel on
+// `stream`, no workspace.
+template <class T>
+void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
+                       float alpha, float beta, cudaStream_t stream);
+
+}  // namespace twell::cuda::detail
