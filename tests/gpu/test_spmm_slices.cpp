@@ -1,13 +1,14 @@
-// The slice-reuse TwELL spmm (kernels/cuda/spmm_slices.cu: count and chunk pre-pass, slice-major
-// copy of B, product with a row group's entries in registers) against twell::reference::spmm on
-// the same fresh random input: tiny and ragged shapes (M = 1, 37, 257, 1000, 1025; K = 300, 777,
-// 5632, 11008; Nb = 8 to 2048), tiles of 256 and 128, densities 0, 0.5 %, 5 %, 50 % and 100 %
-// (Hybrid overflow), token-skewed rows at the paper shape with rows far over one lane's 32 entries
-// (rows of 2, 22 and 32 lanes, rows that span warps, rows of more than 1024 entries that fill a CTA
-// of their own), a block of 2100 empty rows, alpha/beta combinations with beta = 0 into
-// NaN-poisoned C, TwELL and Hybrid, bf16 and fp16. Every row is checked on its own (a few wrong
-// rows hide in a whole-matrix norm). Each case asserts through the kernel report that the
-// slice-reuse path ran; operands it does not take must fall back. SpmmPlan must give the same
+// The TwELL spmm paths of op none: the slice-reuse kernel (kernels/cuda/spmm_slices.cu: count and
+// chunk pre-pass, slice-major copy of B, product with a row group's entries in registers) and, for
+// the layouts of 8 or 16 slots at these sizes, the tile-streaming kernel (spmm_stream.cu), against
+// twell::reference::spmm on the same fresh random input: tiny and ragged shapes (M = 1, 37, 257,
+// 1000, 1025; K = 300, 777, 5632, 11008; Nb = 8 to 2048), tiles of 256 and 128, densities 0,
+// 0.5 %, 5 %, 50 % and 100 % (Hybrid overflow), token-skewed rows at the paper shape with rows far
+// over one lane's 32 entries (rows of 2, 22 and 32 lanes, rows that span warps, rows of more than
+// 1024 entries that fill a CTA of their own), a block of 2100 empty rows, alpha/beta combinations
+// with beta = 0 into NaN-poisoned C, TwELL and Hybrid, bf16 and fp16. Every row is checked on its
+// own (a few wrong rows hide in a whole-matrix norm). Each case asserts through the kernel report
+// which path ran; operands neither fast path takes must fall back. SpmmPlan must give the same
 // bits as spmm() and be reusable.
 #include <doctest/doctest.h>
 
