@@ -137,6 +137,14 @@ void check_view(HybridView<T> v, const char* where, const char* name) {
   require(v.rows() == 0 || v.row_to_overflow != nullptr, ErrorCode::malformed, where, name, " has no row_to_overflow");
 }
 
+// Streaming multiprocessors of the current device.
+inline int multiprocessor_count(const char* where) {
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), where);
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
+  return sms;
+}
+
 // Grid size for a grid-stride loop over n items with `threads` per block.
 inline unsigned grid_for(std::int64_t n, int threads, std::int64_t max_blocks = 65535LL * 16) {
   std::int64_t blocks = (n + threads - 1) / threads;

@@ -1,8 +1,8 @@
 // cuda spmm: C = alpha * op(A) * B + beta * C for CSR, ELL, TwELL and Hybrid A.
-// op = none runs the format's own kernel (TwELL and Hybrid: the tile-streaming kernel of
-// spmm_stream.cu for the smaller products it is preferred for, the slice-reuse pre-pass and product
-// of spmm_slices.cu when its preconditions hold, else the pair-balanced one below; Hybrid overflow
-// rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
+// op = none runs the format's own kernel (TwELL and Hybrid: the pair-balanced kernel below, the
+// tile-streaming kernel of spmm_stream.cu or the slice-reuse pre-pass and product of
+// spmm_slices.cu, by rows and layout (choose_twell_path) or as KernelOptions::spmm_algorithm asks;
+// Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
 // converts A to CSR, transposes it (stable radix sort, deterministic) and runs the CSR kernel on
 // A^T (path ".../via_csr_transpose").
 // Every path is deterministic: each output element is summed in a fixed order, without atomics.
@@ -491,8 +491,14 @@ void launch_twell(TwellView<const T> a, const std::int32_t* shadow, DenseView<co
   if (a.rows == 0 || b.cols == 0) return;
   if (a.cols == 0) return launch_scale(c, beta, stream);
   const std::int64_t tiles = a.layout.tiles(a.cols);
-  // The prefix array holds block_rows * tiles + 1 ints; 32 rows when it fits in 16 KB.
-  const int block_rows = static_cast<int>(std::clamp<std::int64_t>(4096 / tiles, 1, 32));
+  const std::int64_t slice_cols = vector_ok(b, c) ? 32 * (16 / sizeof(T)) : 32;  // kSlice of the launch below
+  const std::int64_t slices = (b.cols + slice_cols - 1) / slice_cols;
+  // The prefix array holds block_rows * tiles + 1 ints; 32 rows when it fits in 16 KB, fewer when
+  // the grid would leave most SMs idle: a CTA's warps then share fewer entries and wait on fewer
+  // loads in turn (a decode-sized M = 16 took 43 us on an H100 with one 32-row block per slice).
+  int block_rows = static_cast<int>(std::clamp<std::int64_t>(4096 / tiles, 1, 32));
+  const std::int64_t busy = 2LL * detail::multiprocessor_count("twell::cuda::spmm (multiprocessors)");
+  while (block_rows > 1 && (a.rows + block_rows - 1) / block_rows * slices < busy) block_rows /= 2;
   const std::int64_t pairs = block_rows * tiles;
   require(pairs < (1LL << 26), ErrorCode::unsupported, kWhere, "A has ", tiles,
           " tiles per row; the TwELL kernel supports at most 2^26");
@@ -501,7 +507,6 @@ void launch_twell(TwellView<const T> a, const std::int32_t* shadow, DenseView<co
           65535LL * block_rows, " per call with ", tiles, " tiles per row");
   const auto launch = [&]<int V, bool kVec>() {
     constexpr int kSlice = 32 * V;
-    const std::int64_t slices = (b.cols + kSlice - 1) / kSlice;
     require(slices <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, "B has too many columns: ", b.cols);
     const std::size_t shared = sizeof(float) * kWarps * 2 * kSlice + sizeof(int) * (pairs + 1 + kThreads);
     auto kernel = twell_spmm_kernel<T, V, kVec>;
@@ -570,19 +575,64 @@ void require_int(std::int64_t v, const char* what) {
 constexpr const char* kSlicePath = "slice_reuse";
 constexpr const char* kStreamPath = "tile_stream";
 
-// The TwELL rows of op none whose shadow entry is negative (all when shadow is null): the
-// tile-streaming path where it is preferred, else the slice-reuse path when it applies, else the
-// pair-balanced kernel. `workspace` holds spmm_slices_workspace_bytes and `staged_b`
-// spmm_slices_staged_b_bytes, or either is null and then allocated here (stream-ordered).
-// Returns the path's name.
+// The TwELL kernel for op none: `requested` when it takes the operands (else Error(unsupported)),
+// or with SpmmAlgorithm::automatic the fastest measured on an H100 (2026-11-25, paper shape
+// K = 5632, Nb = 2048; docs/benchmarks/README.md, "spmm paths by M"):
+//   - pair-balanced up to 768 rows, and up to 2048 rows for layouts of more than 16 slots (~5 %):
+//     its grid narrows its row blocks to fill the SMs, and it reads only the B rows A uses
+//     (M = 16: 0.010 ms, tile-streaming 0.045, slice-reuse 0.066; M = 256: 0.024 against 0.060;
+//     5 %, M = 2048: 0.415 against slice-reuse 0.474);
+//   - tile-streaming up to 6144 rows for layouts of 8-16 slots (~0.5 %: M = 1024 0.060 against
+//     pair-balanced 0.067; M = 4096 0.116 against slice-reuse 0.141; M = 6144 0.171 against 0.176);
+//   - slice-reuse above that (M = 16384: 0.348 against tile-streaming 0.440), where it applies;
+//   - pair-balanced for the rest (fp32, tiles over 256 columns, misaligned or narrow B and C).
+constexpr std::int64_t kPairMaxRows = 768, kPairMaxRowsDense = 2048, kStreamMaxRows = 6144;
+constexpr int kStreamMaxSlots = 16;
+
+template <class T>
+SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, SpmmAlgorithm requested) {
+  switch (requested) {
+    case SpmmAlgorithm::pair_balanced:
+      return requested;
+    case SpmmAlgorithm::tile_stream:
+      require(detail::spmm_stream_applies(a, b, c), ErrorCode::unsupported, kWhere,
+              "the tile_stream algorithm takes 16-bit values, tiles of at most 256 columns with 8 or more slots "
+              "(a multiple of 4), 16-byte aligned operands with B's columns and leading dimensions in 8s, and ",
+              "a device with 222 KB of shared memory per block; A is ", detail::shape(a.rows, a.cols),
+              " in tiles of ", a.layout.tile, " with ", a.layout.slots(), " slots");
+      return requested;
+    case SpmmAlgorithm::slice_reuse:
+      require(detail::spmm_slices_applies(a, b, c), ErrorCode::unsupported, kWhere,
+              "the slice_reuse algorithm takes 16-bit values, tiles of at most 256 columns, rows of at most 2048 "
+              "entries (capacity x tiles), 16-byte aligned operands with leading dimensions in 8s, B's columns a "
+              "multiple of its slice width and K small enough to stage two slices of B; A is ",
+              detail::shape(a.rows, a.cols), " in tiles of ", a.layout.tile, " with ", a.layout.slots(), " slots");
+      return requested;
+    case SpmmAlgorithm::automatic:
+      break;
+  }
+  const int slots = a.layout.slots();
+  if (a.rows <= kPairMaxRows || (slots > kStreamMaxSlots && a.rows <= kPairMaxRowsDense))
+    return SpmmAlgorithm::pair_balanced;
+  if (a.rows <= kStreamMaxRows && slots <= kStreamMaxSlots && detail::spmm_stream_applies(a, b, c))
+    return SpmmAlgorithm::tile_stream;
+  if (detail::spmm_slices_applies(a, b, c)) return SpmmAlgorithm::slice_reuse;
+  return SpmmAlgorithm::pair_balanced;
+}
+
+// The TwELL rows of op none whose shadow entry is negative (all when shadow is null) by the
+// kernel `path` (from choose_twell_path). `workspace` holds spmm_slices_workspace_bytes and
+// `staged_b` spmm_slices_staged_b_bytes, or either is null and then allocated here
+// (stream-ordered) if the slice-reuse path needs it. Returns the path's name.
 template <class T>
 const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
-                       float alpha, float beta, cudaStream_t stream, void* workspace, void* staged_b) {
-  if (detail::spmm_stream_preferred(a, b, c)) {
+                       float alpha, float beta, cudaStream_t stream, SpmmAlgorithm path, void* workspace,
+                       void* staged_b) {
+  if (path == SpmmAlgorithm::tile_stream) {
     detail::spmm_twell_stream(a, shadow, b, c, alpha, beta, stream);
     return kStreamPath;
   }
-  if (detail::spmm_slices_applies(a, b, c)) {
+  if (path == SpmmAlgorithm::slice_reuse) {
     const std::size_t bytes = detail::spmm_slices_workspace_bytes(a.rows, a.cols, a.layout);
     const std::size_t b_bytes = detail::spmm_slices_staged_b_bytes(a.cols, b.cols);
     detail::Scratch own(workspace == nullptr ? bytes : 0, stream, "twell::cuda::spmm (slice pre-pass workspace)");
@@ -598,13 +648,14 @@ const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseVi
 // Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows.
 template <class T>
 std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-                        cudaStream_t stream, void* workspace, void* staged_b, float* overflow_tmp) {
+                        cudaStream_t stream, SpmmAlgorithm path_choice, void* workspace, void* staged_b,
+                        float* overflow_tmp) {
   require_int(b.cols, "B columns");
   require_int(a.cols(), "A columns");
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  std::string path = twell_none(a.twell, shadow, b, c, alpha, beta, stream, workspace, staged_b);
+  std::string path = twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b);
   if (path != kSlicePath && path != kStreamPath) path = "pair_balanced";
   overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp);
   return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
@@ -667,7 +718,8 @@ void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, f
                   options);
     return;
   }
-  const char* path = twell_none(a, nullptr, b, c, alpha, beta, detail::stream_of(options), nullptr, nullptr);
+  const char* path = twell_none(a, nullptr, b, c, alpha, beta, detail::stream_of(options),
+                                choose_twell_path(a, b, c, options.spmm_algorithm), nullptr, nullptr);
   detail::report_path(options, (std::string("cuda/spmm/twell/") + path).c_str());
 }
 
@@ -679,15 +731,17 @@ void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
                   options);
     return;
   }
-  const std::string path = hybrid_none(a, b, c, alpha, beta, detail::stream_of(options), nullptr, nullptr, nullptr);
+  const std::string path = hybrid_none(a, b, c, alpha, beta, detail::stream_of(options),
+                                       choose_twell_path(a.twell, b, c, options.spmm_algorithm), nullptr, nullptr,
+                                       nullptr);
   detail::report_path(options, path.c_str());
 }
 
 // ---- SpmmPlan ------------------------------------------------------------------------------------
 
 template <Value T>
-SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream stream)
-    : m_(m), k_(k), layout_(layout), stream_(stream) {
+SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream stream, SpmmAlgorithm algorithm)
+    : m_(m), k_(k), layout_(layout), stream_(stream), algorithm_(algorithm) {
   constexpr const char* where = "twell::cuda::SpmmPlan";
   require(m >= 0 && k >= 0, ErrorCode::invalid_argument, where, "shape ", detail::shape(m, k), " is negative");
   check_layout(layout, where);
@@ -722,10 +776,11 @@ template <Value T>
 void SpmmPlan<T>::run(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
   check_spmm(Op::none, a, a.rows, a.cols, b, c);
   check_a(a.rows, a.cols, a.layout);
-  if (detail::spmm_slices_applies(a, b, c)) reserve_b_cols(b.cols);
+  const SpmmAlgorithm path = choose_twell_path(a, b, c, algorithm_);
+  if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   path_ = std::string("cuda/spmm/twell/") +
-          twell_none(a, nullptr, b, c, alpha, beta, stream, workspace_.data(), staged_b_.data());
+          twell_none(a, nullptr, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data());
 }
 
 template <Value T>
@@ -733,9 +788,10 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
   check_spmm(Op::none, a, a.rows(), a.cols(), b, c);
   check_a(a.rows(), a.cols(), a.twell.layout);
   reserve_overflow(a.overflow.rows, b.cols);
-  if (detail::spmm_slices_applies(a.twell, b, c)) reserve_b_cols(b.cols);
+  const SpmmAlgorithm path = choose_twell_path(a.twell, b, c, algorithm_);
+  if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  path_ = hybrid_none(a, b, c, alpha, beta, stream, workspace_.data(), staged_b_.data(), overflow_.data());
+  path_ = hybrid_none(a, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data(), overflow_.data());
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                           \

@@ -809,14 +809,6 @@ int slice_columns(std::int64_t k_cols) {
   return 0;
 }
 
-int multiprocessors() {
-  int device = 0, sms = 0;
-  check_cuda(cudaGetDevice(&device), "twell::cuda::spmm (cudaGetDevice)");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "twell::cuda::spmm (cudaDeviceGetAttribute, multiprocessors)");
-  return sms;
-}
-
 template <class T, int kKc>
 void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c, float alpha,
             float beta, void* workspace, void* staged_b, cudaStream_t stream) {
@@ -824,7 +816,7 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   const Lists lists = carve(workspace, geo);
   const int tiles = static_cast<int>(geo.tiles);
   const unsigned pieces = static_cast<unsigned>(geo.pieces);
-  const int sms = multiprocessors();
+  const int sms = multiprocessor_count("twell::cuda::spmm (multiprocessors)");
 
   count_kernel<<<pieces, kPieceRows, kPieceRows * tiles, stream>>>(a.rows, a.cols, a.layout, a.packed, shadow, lists,
                                                                    geo.groups_max * kLanes);

@@ -1,6 +1,6 @@
 // cuda spmm, TwELL (and the TwELL part of a Hybrid) with op none and 16-bit values: the
-// tile-streaming path, report path "tile_stream". spmm.cu selects it when spmm_stream_preferred
-// holds.
+// tile-streaming path, report path "tile_stream". spmm.cu chooses it for mid-sized products
+// (choose_twell_path) or when SpmmAlgorithm::tile_stream asks for it.
 //
 // Why this shape. At 0.5 % density a row of A has ~28 entries spread over all of K, so rows share
 // few B rows and gathering a B row per entry moves nnz x Nb x 2 bytes (1.9 GB at the paper's down
@@ -17,7 +17,7 @@
 // and per (row, tile) visit, not bytes: Nsight Compute at M = 4096 (H100, 2026-11-25): 115 us,
 // 70 M warp instructions, issue 62 % busy, L2 32 % busy. The slice-reuse kernel spends fewer
 // instructions per entry but pays a pre-pass of ~70 us, so this path takes the smaller products
-// (spmm_stream_preferred).
+// (choose_twell_path in spmm.cu).
 //
 // Determinism: each output element is summed by one lane, tiles in order and a tile's entries in
 // slot order; no atomics. The result does not depend on the grid.

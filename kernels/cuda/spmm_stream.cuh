@@ -19,18 +19,6 @@ namespace twell::cuda::detail {
 template <class T>
 bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c);
 
-// Whether spmm.cu sends these operands to the tile-streaming kernel rather than the slice-reuse
-// one: spmm_stream_applies, at most kStreamMaxRows rows and at most 16 slots per (row, tile) (the
-// layouts of ~0.5 % density). Measured on an H100 (2026-11-25, paper shape, 0.5 %; slice-reuse in
-// brackets): M = 512 0.060 ms (0.082), 2048 0.061 (0.111), 4096 0.115 (0.141), 16384 0.440
-// (0.348): the streaming kernel grows ~27 us per 1000 rows, the slice path ~17 us after a fixed
-// ~70 us pre-pass, so they cross near 7000 rows. At 5 % (32+ slots) neither wins everywhere.
-constexpr std::int64_t kStreamMaxRows = 6144;
-template <class T>
-bool spmm_stream_preferred(TwellView<const T> a, DenseView<const T> b, DenseView<T> c) {
-  return a.rows <= kStreamMaxRows && a.layout.slots() <= 16 && spmm_stream_applies(a, b, c);
-}
-
 // C = alpha * A B + beta * C for the rows of A whose `shadow` entry is negative (every row when
 // shadow is null); other rows of C are left untouched. Requires spmm_stream_applies. One kernel on
 // `stream`, no workspace.

@@ -18,6 +18,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -76,82 +77,101 @@ double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
   return worst;
 }
 
-// Both backends' C = alpha A B + beta C0 (C poisoned with NaN when beta == 0) and the cuda path.
+// The reference C = alpha A B + beta C0 (NaN-poisoned when beta == 0).
+template <class T, class HostM>
+DenseMatrix<T> reference_spmm(const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha,
+                              float beta) {
+  DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(a_host.rows(), b.cols()) : c0.to(kHost);
+  ref::spmm<T>(Op::none, a_host.view(), b.view(), want.view(), alpha, beta);
+  return want;
+}
+
+// The cuda C = alpha A B + beta C0 (C poisoned with NaN when beta == 0) by `algorithm`, and the
+// path it reports.
 template <class T>
 struct SpmmRun {
-  DenseMatrix<T> want, got;
+  DenseMatrix<T> got;
   std::string path;
 };
-template <class T, class HostM, class DevM>
-SpmmRun<T> run_spmm(const HostM& a_host, const DevM& a_dev, const DenseMatrix<T>& b, const DenseMatrix<T>& b_dev,
-                    const DenseMatrix<T>& c0, float alpha, float beta) {
-  const std::int64_t m = a_host.rows();
-  const std::int64_t nb = b.cols();
-  DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(m, nb) : c0.to(kHost);
-  ref::spmm<T>(Op::none, a_host.view(), b.view(), want.view(), alpha, beta);
-  DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(m, nb).to(kDevice) : c0.to(kDevice);
+template <class T, class DevM>
+SpmmRun<T> run_spmm(const DevM& a_dev, const DenseMatrix<T>& b_dev, const DenseMatrix<T>& c0, float alpha, float beta,
+                    SpmmAlgorithm algorithm) {
+  DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(a_dev.rows(), b_dev.cols()).to(kDevice) : c0.to(kDevice);
   KernelReport report;
   KernelOptions options;
   options.report = &report;
+  options.spmm_algorithm = algorithm;
   dev::spmm<T>(Op::none, a_dev.view(), b_dev.view(), c_dev.view(), alpha, beta, options);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  return {std::move(want), c_dev.to(kHost), report.path};
+  return {c_dev.to(kHost), report.path};
 }
 
-// Runs both backends on the same A, B, C0 and returns the cuda path taken. With a plan, the plan
-// runs too and must reproduce spmm()'s bits.
+// The kernels a case forces, each with the path it must report.
+using Kernels = std::vector<std::pair<SpmmAlgorithm, std::string>>;
+
+// Both backends on the same A, B, C0: the automatic choice and every kernel of `forced` must
+// match the reference. With a plan (automatic), the plan runs too and must reproduce spmm()'s bits
+// and path. Returns the automatic path.
 template <class T, class HostM>
 std::string check_spmm(const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha, float beta,
-                       dev::SpmmPlan<T>* plan = nullptr) {
+                       const Kernels& forced, dev::SpmmPlan<T>* plan = nullptr) {
   CAPTURE(alpha);
   CAPTURE(beta);
   const auto a_dev = a_host.to(kDevice);
   const DenseMatrix<T> b_dev = b.to(kDevice);
-  const SpmmRun<T> run = run_spmm<T>(a_host, a_dev, b, b_dev, c0, alpha, beta);
-  const DenseMatrix<T>& want = run.want;
-  const DenseMatrix<T>& got = run.got;
-  CAPTURE(run.path);
-  const double err = testing::relative_error<T, T>(got.view(), want.view());
-  CHECK(err <= relative_bound<T>());  // NaN (poison leaked or an element unwritten) fails too
-  const double row_err = worst_row_error<T>(got, want);
-  CHECK(row_err <= relative_bound<T>());
-
+  const DenseMatrix<T> want = reference_spmm<T>(a_host, b, c0, alpha, beta);
+  const auto check = [&](const SpmmRun<T>& run) {
+    CAPTURE(run.path);
+    const double err = testing::relative_error<T, T>(run.got.view(), want.view());
+    CHECK(err <= relative_bound<T>());  // NaN (poison leaked or an element unwritten) fails too
+    const double row_err = worst_row_error<T>(run.got, want);
+    CHECK(row_err <= relative_bound<T>());
+  };
+  const SpmmRun<T> automatic = run_spmm<T>(a_dev, b_dev, c0, alpha, beta, SpmmAlgorithm::automatic);
+  check(automatic);
+  for (const auto& [algorithm, path] : forced) {
+    const SpmmRun<T> run = run_spmm<T>(a_dev, b_dev, c0, alpha, beta, algorithm);
+    CHECK(run.path == path);
+    check(run);
+  }
   if (plan != nullptr) {
     DenseMatrix<T> c_plan = beta == 0.0f ? nan_dense<T>(a_host.rows(), b.cols()).to(kDevice) : c0.to(kDevice);
     plan->run(a_dev.view(), b_dev.view(), c_plan.view(), alpha, beta);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(plan->path() == run.path);
+    CHECK(plan->path() == automatic.path);
     const DenseMatrix<T> got_plan = c_plan.to(kHost);
-    CHECK(testing::bitwise_equal<T>(got_plan.view(), got.view()));
+    CHECK(testing::bitwise_equal<T>(got_plan.view(), automatic.got.view()));
   }
-  return run.path;
+  return automatic.path;
 }
 
 template <class T, class HostM>
-void check_all(const HostM& a, const DenseMatrix<T>& b, const std::string& path, std::uint64_t seed,
+void check_all(const HostM& a, const DenseMatrix<T>& b, const Kernels& forced, std::uint64_t seed,
                dev::SpmmPlan<T>* plan = nullptr) {
   const auto c0 = testing::random_dense<T>(a.rows(), b.cols(), 1.0f, seed + 2);
   for (const auto& [alpha, beta] : testing::sweep_ends({kAlphaBeta[0], kAlphaBeta[1], kAlphaBeta[2]}))
-    CHECK(check_spmm<T>(a, b, c0, alpha, beta, plan) == path);
+    check_spmm<T>(a, b, c0, alpha, beta, forced, plan);
 }
 
-// The slice-reuse path takes layouts whose rows hold at most 2048 entries (capacity x tiles, see
-// kMaxRowEntries in spmm_slices.cu); wider ones take the pair-balanced kernel (16-byte vectors
-// here: every B and C of these tests is aligned with columns in 8s).
-bool slice_layout(TwellLayout layout, std::int64_t k) { return layout.capacity() * layout.tiles(k) <= 2048; }
-// The tile-streaming path takes the products of at most 6144 rows (every M of this file) whose
-// layout has 8 or 16 slots per (row, tile) and tiles of at most 256 columns
-// (spmm_stream_preferred in kernels/cuda/spmm_stream.cuh).
-bool stream_layout(TwellLayout layout) { return layout.tile <= 256 && (layout.slots() == 8 || layout.slots() == 16); }
-std::string twell_path(TwellLayout layout, std::int64_t k) {
-  if (stream_layout(layout)) return "cuda/spmm/twell/tile_stream";
-  return slice_layout(layout, k) ? "cuda/spmm/twell/slice_reuse" : "cuda/spmm/twell/pair_balanced_vec16";
+// The slice-reuse kernel takes layouts whose rows hold at most 2048 entries (capacity x tiles, see
+// kMaxRowEntries in spmm_slices.cu) in tiles of at most 256 columns (and a K whose two slices of B
+// fit in shared memory: `slices_fit`); the tile-streaming kernel tiles of at most 256 columns with
+// 8 or more slots, a multiple of 4 (every B and C of these tests is aligned, with columns in 8s).
+// The pair-balanced kernel takes everything (16-byte vectors here).
+Kernels forced_kernels(const std::string& format, TwellLayout layout, std::int64_t k, std::int64_t overflow_rows,
+                       bool slices_fit) {
+  const std::string base = "cuda/spmm/" + format + "/";
+  const std::string tail = overflow_rows > 0 ? "+cublas_overflow" : "";
+  Kernels kernels{{SpmmAlgorithm::pair_balanced, base + (format == "twell" ? "pair_balanced_vec16" : "pair_balanced") + tail}};
+  if (layout.tile <= 256 && layout.slots() >= 8 && layout.slots() % 4 == 0)
+    kernels.emplace_back(SpmmAlgorithm::tile_stream, base + "tile_stream" + tail);
+  if (layout.tile <= 256 && layout.capacity() * layout.tiles(k) <= 2048 && slices_fit)
+    kernels.emplace_back(SpmmAlgorithm::slice_reuse, base + "slice_reuse" + tail);
+  return kernels;
 }
-std::string hybrid_path(TwellLayout layout, std::int64_t k, std::int64_t overflow_rows) {
-  const char* base = stream_layout(layout)     ? "cuda/spmm/hybrid/tile_stream"
-                     : slice_layout(layout, k) ? "cuda/spmm/hybrid/slice_reuse"
-                                               : "cuda/spmm/hybrid/pair_balanced";
-  return std::string(base) + (overflow_rows > 0 ? "+cublas_overflow" : "");
+Kernels twell_kernels(TwellLayout layout, std::int64_t k) { return forced_kernels("twell", layout, k, 0, true); }
+Kernels hybrid_kernels(TwellLayout layout, std::int64_t k, std::int64_t overflow_rows, bool slices_fit = true) {
+  return forced_kernels("hybrid", layout, k, overflow_rows, slices_fit);
 }
 
 // Sets `count` nonzeros of row i, spread over the columns (at most 255 per tile of 256, so that
@@ -209,7 +229,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm matches the reference: shapes, t
         // Plain TwELL where a layout has room for every row: C = 1 (capacity 255 of 256).
         if (density < 1.0 && so.full_row_share == 0.0) {
           const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
-          check_all<T>(a, b, twell_path(TwellLayout{256, 1}, k), seed);
+          check_all<T>(a, b, twell_kernels(TwellLayout{256, 1}, k), seed);
         }
         // Hybrid at the paper's layouts and narrower ones; at 100 % every row overflows.
         for (const TwellLayout layout : {TwellLayout{256, 16}, TwellLayout{128, 4}, TwellLayout{256, 2}}) {
@@ -217,7 +237,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm matches the reference: shapes, t
           CAPTURE(layout.compression);
           const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
           dev::SpmmPlan<T> plan(m, k, layout);
-          check_all<T>(a, b, hybrid_path(layout, k, a.overflow_rows()), seed, &plan);
+          check_all<T>(a, b, hybrid_kernels(layout, k, a.overflow_rows()), seed, &plan);
         }
       }
     }
@@ -247,10 +267,10 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm under token skew, with Hybrid ov
       const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), layout);
       CHECK(hybrid.overflow_rows() > 0);
       dev::SpmmPlan<T> plan(m, kK, layout);
-      check_all<T>(hybrid, b, hybrid_path(layout, kK, hybrid.overflow_rows()), seed, &plan);
+      check_all<T>(hybrid, b, hybrid_kernels(layout, kK, hybrid.overflow_rows()), seed, &plan);
     }
     const TwellMatrix<T> twell = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
-    check_all<T>(twell, b, twell_path(TwellLayout{256, 1}, kK), seed);
+    check_all<T>(twell, b, twell_kernels(TwellLayout{256, 1}, kK), seed);
   }
 }
 
@@ -277,7 +297,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows tha
   {
     const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), TwellLayout{256, 1});
     dev::SpmmPlan<T> plan(kM, kK, TwellLayout{256, 1});
-    check_all<T>(a, b, twell_path(TwellLayout{256, 1}, kK), seed, &plan);
+    check_all<T>(a, b, twell_kernels(TwellLayout{256, 1}, kK), seed, &plan);
   }
   // Hybrid(256, 4) (63 per tile, 1386 per row) keeps the rows of up to 1025 entries on the slice
   // path, the 1025-entry rows in groups of their own, and sends the 3000 and 5610 to the block.
@@ -285,7 +305,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows tha
     CAPTURE(layout.compression);
     const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
     dev::SpmmPlan<T> plan(kM, kK, layout);
-    check_all<T>(a, b, hybrid_path(layout, kK, a.overflow_rows()), seed, &plan);
+    check_all<T>(a, b, hybrid_kernels(layout, kK, a.overflow_rows()), seed, &plan);
   }
   // Rows of exactly 1024 entries (32 lanes each), so that the first group ends with a row on lanes
   // 992-1023, then rows of 70 entries (3 lanes), so that rows straddle warp boundaries.
@@ -295,7 +315,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: rows of many lanes and rows tha
     for (std::int64_t i = 0; i < kRows; ++i) fill_row(full, i, i < 100 ? 1024 : 70);
     const TwellMatrix<T> a = ref::dense_to_twell<T>(full.view(), TwellLayout{256, 4});
     const auto b_small = testing::random_dense<T>(kK, 256, 1.0f, seed + 5);
-    check_all<T>(a, b_small, twell_path(TwellLayout{256, 4}, kK), seed);
+    check_all<T>(a, b_small, twell_kernels(TwellLayout{256, 4}, kK), seed);
   }
 }
 
@@ -318,12 +338,12 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: empty row blocks", T, bf16, fp1
     CAPTURE(layout.compression);
     const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), layout);
     dev::SpmmPlan<T> plan(kM, kK, layout);
-    check_all<T>(a, b, hybrid_path(layout, kK, a.overflow_rows()), seed, &plan);
+    check_all<T>(a, b, hybrid_kernels(layout, kK, a.overflow_rows()), seed, &plan);
   }
   const DenseMatrix<T> zero =
       testing::random_sparse_dense<T>(kM, kK, testing::SparseDenseOptions{.density = 0.0}, seed);
   const TwellMatrix<T> a = ref::dense_to_twell<T>(zero.view(), TwellLayout{256, 8});
-  check_all<T>(a, b, twell_path(TwellLayout{256, 8}, kK), seed);
+  check_all<T>(a, b, twell_kernels(TwellLayout{256, 8}, kK), seed);
 }
 
 // Ragged shapes: K not a multiple of the tile (777: last tiles of 9 columns) and the Llama shape
@@ -345,11 +365,11 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
         for (const std::int64_t nb : testing::sweep_ends({std::int64_t{8}, std::int64_t{24}, std::int64_t{40}})) {
           CAPTURE(nb);
           const auto b = testing::random_dense<T>(kK, nb, 1.0f, seed + 1);
-          for (const TwellLayout layout : {TwellLayout{256, 1}, TwellLayout{128, 2}, TwellLayout{128, 8}}) {
+          for (const TwellLayout layout : {TwellLayout{256, 1}, TwellLayout{128, 2}, TwellLayout{128, 4}}) {
             CAPTURE(layout.tile);
             const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), layout);
             dev::SpmmPlan<T> plan(m, kK, layout);
-            check_all<T>(a, b, twell_path(layout, kK), seed, &plan);
+            check_all<T>(a, b, twell_kernels(layout, kK), seed, &plan);
           }
         }
       }
@@ -359,11 +379,8 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
         const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 4);
         const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), TwellLayout{256, 8});
         dev::SpmmPlan<T> plan(m, kK, TwellLayout{256, 8});
-        const std::string path = device_takes_k(kK)
-                                     ? hybrid_path(TwellLayout{256, 8}, kK, a.overflow_rows())
-                                     : (a.overflow_rows() > 0 ? "cuda/spmm/hybrid/pair_balanced+cublas_overflow"
-                                                              : "cuda/spmm/hybrid/pair_balanced");
-        check_all<T>(a, b, path, seed, &plan);
+        check_all<T>(a, b, hybrid_kernels(TwellLayout{256, 8}, kK, a.overflow_rows(), device_takes_k(kK)), seed,
+                     &plan);
       }
     }
   }
@@ -377,7 +394,8 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
 // product, where a row's zero times Inf is NaN: the layout here keeps every row in TwELL.)
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: Inf and NaN in B stay in the rows that use them", T, bf16, fp16) {
   constexpr std::int64_t kM = 1000, kK = 777, kN = 64, kInfRow = 300, kNanRow = 301;
-  // The slice-reuse path at 5 %, the tile-streaming path at 1 % (16 slots hold every row).
+  // Every kernel at 5 % with 64 slots; at 1 % (16 slots hold every row) the tile-streaming and
+  // pair-balanced ones, which take that layout.
   for (const auto& [layout, density] : {std::pair{TwellLayout{256, 4}, 0.05}, std::pair{TwellLayout{256, 16}, 0.01}}) {
     CAPTURE(layout.compression);
     const std::uint64_t seed = testing::fresh_seed();
@@ -397,11 +415,13 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: Inf and NaN in B stay in the ro
       rows_hit += to_float(a_dense.view().at(i, kInfRow)) != 0.0f || to_float(a_dense.view().at(i, kNanRow)) != 0.0f;
     REQUIRE(rows_hit > 0);
     REQUIRE(rows_hit < kM / 4);  // most rows must stay finite, or the test shows nothing
-    for (const auto& [alpha, beta] : kAlphaBeta) {
+    for (const auto& [alpha, beta] : kAlphaBeta) for (const auto& [algorithm, expected] : twell_kernels(layout, kK)) {
       CAPTURE(alpha);
       CAPTURE(beta);
-      auto [want, got, path] = run_spmm<T>(a, a_dev, b, b_dev, c0, alpha, beta);
-      CHECK(path == twell_path(layout, kK));
+      CAPTURE(expected);
+      DenseMatrix<T> want = reference_spmm<T>(a, b, c0, alpha, beta);
+      auto [got, path] = run_spmm<T>(a_dev, b_dev, c0, alpha, beta, algorithm);
+      CHECK(path == expected);
       std::int64_t mismatched = 0, non_finite = 0;
       for (std::int64_t i = 0; i < kM; ++i) {
         for (std::int64_t j = 0; j < kN; ++j) {
@@ -436,7 +456,7 @@ TEST_CASE("cuda SpmmPlan is reusable and checks its shape") {
     const auto a = ref::dense_to_hybrid<bf16>(testing::random_sparse_dense<bf16>(m, k, so, seed).view(), layout);
     const auto b = testing::random_dense<bf16>(k, nb, 1.0f, seed + 1);
     const auto c0 = testing::random_dense<bf16>(m, nb, 1.0f, seed + 2);
-    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, &plan) == hybrid_path(layout, k, a.overflow_rows()));
+    check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, hybrid_kernels(layout, k, a.overflow_rows()), &plan);
   }
   const auto other = ref::dense_to_hybrid<bf16>(testing::random_dense<bf16>(m, k, 1.0f, 5).view(), TwellLayout{256, 8});
   const auto a_dev = other.to(kDevice);
@@ -462,13 +482,13 @@ TEST_CASE("cuda slice-reuse TwELL spmm: other operands fall back") {
     const TwellMatrix<bf16> a = ref::dense_to_twell<bf16>(a_dense.view(), TwellLayout{256, 4});
     const auto b = testing::random_dense<bf16>(kK, 202, 1.0f, seed + 1);
     const auto c0 = testing::random_dense<bf16>(300, 202, 1.0f, seed + 2);
-    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f) == "cuda/spmm/twell/pair_balanced_scalar");
+    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, {}) == "cuda/spmm/twell/pair_balanced_scalar");
   }
   {
     const TwellMatrix<bf16> a = ref::dense_to_twell<bf16>(a_dense.view(), TwellLayout{512, 2});
     const auto b = testing::random_dense<bf16>(kK, 256, 1.0f, seed + 3);
     const auto c0 = testing::random_dense<bf16>(300, 256, 1.0f, seed + 4);
-    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f) == "cuda/spmm/twell/pair_balanced_vec16");
+    CHECK(check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, {}) == "cuda/spmm/twell/pair_balanced_vec16");
   }
   {
     const auto a_f = testing::random_sparse_dense<float>(300, kK, so, seed + 5);
@@ -476,7 +496,79 @@ TEST_CASE("cuda slice-reuse TwELL spmm: other operands fall back") {
     const auto b = testing::random_dense<float>(kK, 256, 1.0f, seed + 6);
     const auto c0 = testing::random_dense<float>(300, 256, 1.0f, seed + 7);
     dev::SpmmPlan<float> plan(300, kK, TwellLayout{256, 16});
-    const std::string path = check_spmm<float>(a, b, c0, 0.5f, 2.0f, &plan);
+    const std::string path = check_spmm<float>(a, b, c0, 0.5f, 2.0f, {}, &plan);
     CHECK(path.rfind("cuda/spmm/hybrid/pair_balanced", 0) == 0);
   }
+}
+
+// SpmmAlgorithm::automatic by rows and layout (kernels/cuda/spmm.cu, choose_twell_path): the
+// pair-balanced kernel up to 768 rows (2048 for more than 16 slots), the tile-streaming one up to
+// 6144 rows at 8-16 slots, the slice-reuse one above; each on both sides of its bound, with B 64
+// wide to keep the reference cheap. A plan made for a forced kernel runs that kernel.
+TEST_CASE("cuda spmm picks its TwELL kernel by rows and layout") {
+  constexpr std::int64_t kK = 5632, kN = 64;
+  struct Case {
+    std::int64_t m;
+    TwellLayout layout;
+    const char* path;
+  };
+  const Case cases[] = {{16, {256, 16}, "pair_balanced"},   {768, {256, 16}, "pair_balanced"},
+                        {769, {256, 16}, "tile_stream"},    {6144, {256, 16}, "tile_stream"},
+                        {6145, {256, 16}, "slice_reuse"},   {769, {256, 32}, "tile_stream"},
+                        {2048, {256, 4}, "pair_balanced"}, {2049, {256, 4}, "slice_reuse"}};
+  for (const Case& c : testing::sweep(cases)) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(c.m);
+    CAPTURE(c.layout.compression);
+    testing::SparseDenseOptions so;
+    so.density = 0.004;
+    // Hybrid: 8 slots (capacity 7) may overflow a tile now and then at this density.
+    const HybridMatrix<bf16> a =
+        ref::dense_to_hybrid<bf16>(testing::random_sparse_dense<bf16>(c.m, kK, so, seed).view(), c.layout);
+    const auto b = testing::random_dense<bf16>(kK, kN, 1.0f, seed + 1);
+    const auto c0 = testing::random_dense<bf16>(c.m, kN, 1.0f, seed + 2);
+    dev::SpmmPlan<bf16> plan(c.m, kK, c.layout);
+    const std::string path = check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, {}, &plan);
+    CHECK(path.rfind(std::string("cuda/spmm/hybrid/") + c.path, 0) == 0);
+  }
+  // A plan bound to a kernel runs it whatever the rows.
+  const TwellLayout layout{256, 16};
+  const auto a_dense = testing::random_sparse_dense<bf16>(100, kK, testing::SparseDenseOptions{.density = 0.005}, 7);
+  const auto a = ref::dense_to_twell<bf16>(a_dense.view(), layout).to(kDevice);
+  const auto b = testing::random_dense<bf16>(kK, kN, 1.0f, 8).to(kDevice);
+  DenseMatrix<bf16> c(100, kN, kDevice);
+  dev::SpmmPlan<bf16> plan(100, kK, layout, {}, SpmmAlgorithm::slice_reuse);
+  plan.run(a.view(), b.view(), c.view());
+  CHECK(plan.path() == "cuda/spmm/twell/slice_reuse");
+}
+
+template <class T>
+void expect_unsupported(const TwellMatrix<T>& a_host, std::int64_t nb, SpmmAlgorithm algorithm) {
+  const auto a = a_host.to(kDevice);
+  const auto b = testing::random_dense<T>(a_host.cols(), nb, 1.0f, 3).to(kDevice);
+  DenseMatrix<T> c(a_host.rows(), nb, kDevice);
+  KernelOptions options;
+  options.spmm_algorithm = algorithm;
+  try {
+    dev::spmm<T>(Op::none, a.view(), b.view(), c.view(), 1.0f, 0.0f, options);
+    FAIL("no error for a forced kernel that does not take the operands");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::unsupported);
+  }
+}
+
+// A forced kernel that does not take the operands is refused with unsupported, never run on them
+// nor silently replaced: the tile-streaming kernel with 4 slots or fp32 values, the slice-reuse
+// kernel with tiles of 512 columns.
+TEST_CASE("cuda spmm refuses a forced TwELL kernel that does not take the operands") {
+  constexpr std::int64_t kM = 64, kK = 1024, kN = 64;
+  const testing::SparseDenseOptions so{.density = 0.0};  // the layouts alone decide: 4 slots hold no row of 1 %
+  const auto a16 = testing::random_sparse_dense<bf16>(kM, kK, so, 1);
+  expect_unsupported<bf16>(ref::dense_to_twell<bf16>(a16.view(), TwellLayout{256, 64}), kN,
+                           SpmmAlgorithm::tile_stream);
+  expect_unsupported<bf16>(ref::dense_to_twell<bf16>(a16.view(), TwellLayout{512, 4}), kN, SpmmAlgorithm::slice_reuse);
+  const auto a32 = testing::random_sparse_dense<float>(kM, kK, so, 2);
+  expect_unsupported<float>(ref::dense_to_twell<float>(a32.view(), TwellLayout{256, 16}), kN,
+                            SpmmAlgorithm::tile_stream);
 }

@@ -27,12 +27,19 @@ struct KernelReport {
   std::string path;
 };
 
+// The kernel of a cuda spmm with a TwELL or Hybrid A and op(A) = A (other formats, ops and the
+// reference backend ignore it). automatic picks by rows, layout and operands (docs/api.md, "spmm
+// paths"); the others force one kernel and raise ErrorCode::unsupported, naming the condition,
+// where it does not take the operands. pair_balanced takes every operand.
+enum class SpmmAlgorithm : std::uint8_t { automatic, pair_balanced, tile_stream, slice_reuse };
+
 struct KernelOptions {
   Stream stream{};
   KernelReport* report = nullptr;
   // Opt-in to faster paths that would use float atomics (DESIGN.md). No kernel has one yet: every
   // path is deterministic (fixed summation order), so the flag changes nothing today.
   bool allow_nondeterministic = false;
+  SpmmAlgorithm spmm_algorithm = SpmmAlgorithm::automatic;
 };
 
 }  // namespace twell

@@ -27,17 +27,18 @@ namespace twell::cuda {
 // it up front), and the fp32 buffer of R x Nb into which cuBLAS computes the Hybrid overflow rows
 // (reserve_overflow()).
 //
-// run() queues on the plan's stream and never waits for the device. Operands that the
-// slice-reuse path does not take (fp32, tiles over 256 columns, B columns not a multiple of the
-// slice width (8, or 4 on devices with less shared memory), misaligned B or C, K too large for two
-// slices of B in shared memory) run the generic kernel, as spmm() does. The buffers are reused by
+// run() queues on the plan's stream and never waits for the device. It picks its kernel as spmm()
+// does for KernelOptions::spmm_algorithm = `algorithm` (automatic: by rows and layout, docs/api.md;
+// a forced kernel that does not take the operands raises unsupported), so only slice-reuse runs use
+// the workspace and the copy of B. The buffers are reused by
 // every run: two runs of one plan must not execute concurrently on different streams.
 // Errors: A's rows, columns or layout differ from the plan's, or the spmm argument checks
 // (shape_mismatch, space_mismatch, invalid_argument).
 template <Value T>
 class SpmmPlan {
  public:
-  SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream stream = {});
+  SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream stream = {},
+           SpmmAlgorithm algorithm = SpmmAlgorithm::automatic);
   SpmmPlan(const SpmmPlan&) = delete;
   SpmmPlan& operator=(const SpmmPlan&) = delete;
   SpmmPlan(SpmmPlan&&) noexcept = default;
@@ -56,6 +57,7 @@ class SpmmPlan {
   std::int64_t cols() const { return k_; }
   const TwellLayout& layout() const { return layout_; }
   Stream stream() const { return stream_; }
+  SpmmAlgorithm algorithm() const { return algorithm_; }
 
  private:
   void check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const;
@@ -63,6 +65,7 @@ class SpmmPlan {
   std::int64_t m_ = 0, k_ = 0;
   TwellLayout layout_{};
   Stream stream_{};
+  SpmmAlgorithm algorithm_ = SpmmAlgorithm::automatic;
   Buffer<std::uint64_t> workspace_;  // 8-byte elements: cudaMalloc's alignment, and the kernels need 16
   Buffer<std::uint64_t> staged_b_;   // B slice-major
   Buffer<float> overflow_;           // R x Nb products of the overflow rows
