@@ -1,6 +1,7 @@
 // spmm suite: the down projection C = A B with A the sparse M x 5632 hidden state and B the
 // 5632 x 2048 weight (paper shape), TwELL/Hybrid against cuSPARSE CSR/COO and dense cuBLAS.
 #include <cmath>
+#include <utility>
 
 #include <twell/bench/features.hpp>
 
@@ -147,10 +148,32 @@ void run_spmm(Harness& h, Report& report) {
           x.flops = flops;
           x.extra["path"] = plan.path();
           x.extra["includes"] =
-              "SpmmPlan::run: pre-pass (entry chunks, slice-major copy of B), product, overflow rows (cuBLAS + "
-              "scatter); the plan's buffers are allocated outside the timed region";
+              "SpmmPlan::run with the kernel it picks (extra.path; slice_reuse: its pre-pass and slice-major copy "
+              "of B), overflow rows (cuBLAS + scatter); the plan's buffers are allocated outside the timed region";
           layout_facts(x);
         });
+        // At 0.5 % each TwELL kernel forced in turn, so that the automatic choice can be checked
+        // against the others in one run (docs/benchmarks/README.md, "spmm paths by M").
+        if (density == 0.005) {
+          for (const auto& [algorithm, name] : {std::pair{SpmmAlgorithm::pair_balanced, "twell_pair_balanced"},
+                                                std::pair{SpmmAlgorithm::tile_stream, "twell_tile_stream"},
+                                                std::pair{SpmmAlgorithm::slice_reuse, "twell_slice_reuse"}}) {
+            Case forced = base;
+            forced.variant = name;
+            detail::run_case(report, forced, [&](Case& x) {
+              cuda::SpmmPlan<T> plan(m, units, layout, h.stream(), algorithm);
+              plan.reserve_overflow(a.overflow_rows(), out_cols);
+              plan.reserve_b_cols(out_cols);
+              x.timing = h.time(
+                  [&] { plan.run(HybridView<const T>(a.view()), DenseView<const T>(b.view()), cv, 1.0f, 0.0f); });
+              x.bytes = detail::bytes_of(a) + b_bytes + c_bytes;
+              x.flops = flops;
+              x.extra["path"] = plan.path();
+              x.extra["includes"] = "as twell, with KernelOptions::spmm_algorithm forced to this kernel";
+              layout_facts(x);
+            });
+          }
+        }
         Case twc = base;
         twc.variant = "twell+convert";
 #if TWELL_BENCH_CUDA_CONVERT
