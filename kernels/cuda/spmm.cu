@@ -575,9 +575,12 @@ void require_int(std::int64_t v, const char* what) {
 constexpr const char* kSlicePath = "slice_reuse";
 constexpr const char* kStreamPath = "tile_stream";
 
-// The TwELL kernel for op none: `requested` when it takes the operands (else Error(unsupported)),
-// or with SpmmAlgorithm::automatic the fastest measured on an H100 (2026-11-25, paper shape
-// K = 5632, Nb = 2048; docs/benchmarks/README.md, "spmm paths by M"):
+// The TwELL kernel for op none: `requested` when it takes the operands (else Error(unsupported);
+// an empty product, which only scales C, always takes the pair-balanced path), or with
+// SpmmAlgorithm::automatic the fastest measured at 0.5 % on an H100 (2026-11-25, paper shape
+// K = 5632, Nb = 2048; docs/benchmarks/README.md, "spmm paths by M"; at 5 % dense cuBLAS is 6x
+// faster than every sparse kernel, and the rule below is not the fastest of them at 2048 rows,
+// where the tile-streaming kernel wins):
 //   - pair-balanced up to 768 rows, and up to 2048 rows for layouts of more than 16 slots (~5 %):
 //     its grid narrows its row blocks to fill the SMs, and it reads only the B rows A uses
 //     (M = 16: 0.010 ms, tile-streaming 0.045, slice-reuse 0.066; M = 256: 0.024 against 0.060;
@@ -591,6 +594,7 @@ constexpr int kStreamMaxSlots = 16;
 
 template <class T>
 SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, SpmmAlgorithm requested) {
+  if (a.rows == 0 || a.cols == 0 || b.cols == 0) return SpmmAlgorithm::pair_balanced;  // nothing or C *= beta
   switch (requested) {
     case SpmmAlgorithm::pair_balanced:
       return requested;

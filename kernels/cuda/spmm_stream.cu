@@ -21,9 +21,7 @@
 //
 // Determinism: each output element is summed by one lane, tiles in order and a tile's entries in
 // slot order; no atomics. The result does not depend on the grid.
-#include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include <twell/error.hpp>
 #include <twell/types.hpp>
@@ -88,7 +86,8 @@ __device__ __forceinline__ void add_entry(std::uint32_t word, const unsigned cha
 // Preconditions (spmm_stream_applies): 16-bit T; layout.tile <= 256, slots() a multiple of 4 and
 // at least 8, packed 16-byte aligned; B 16-byte aligned, ldb and nb multiples of 8; C 16-byte
 // aligned, ldc a multiple of 8; dynamic shared memory of kSmemBytes. Counts above capacity
-// are clipped to capacity, columns outside the matrix add nothing; rows >= M and shadow rows (>= 0)
+// are clipped to capacity; a column outside the tile reads the zero row, so it adds nothing
+// (NaN if its value is Inf or NaN: valid TwELL has no such entry); rows >= M and shadow rows (>= 0)
 // are left untouched.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)

@@ -7,8 +7,9 @@
 // over one lane's 32 entries (rows of 2, 22 and 32 lanes, rows that span warps, rows of more than
 // 1024 entries that fill a CTA of their own), a block of 2100 empty rows, alpha/beta combinations
 // with beta = 0 into NaN-poisoned C, TwELL and Hybrid, bf16 and fp16. Every row is checked on its
-// own (a few wrong rows hide in a whole-matrix norm). Each case asserts through the kernel report
-// which path ran; operands neither fast path takes must fall back. SpmmPlan must give the same
+// own (a few wrong rows hide in a whole-matrix norm). Each case runs the automatic choice and
+// every kernel forced that takes its layout, asserting the forced kernels' reported paths; the
+// automatic choice has a case of its own; operands neither fast path takes must fall back. SpmmPlan must give the same
 // bits as spmm() and be reusable.
 #include <doctest/doctest.h>
 
@@ -394,8 +395,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
 // product, where a row's zero times Inf is NaN: the layout here keeps every row in TwELL.)
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: Inf and NaN in B stay in the rows that use them", T, bf16, fp16) {
   constexpr std::int64_t kM = 1000, kK = 777, kN = 64, kInfRow = 300, kNanRow = 301;
-  // Every kernel at 5 % with 64 slots; at 1 % (16 slots hold every row) the tile-streaming and
-  // pair-balanced ones, which take that layout.
+  // Every kernel, at 5 % with 64 slots and at 1 % with 16 (which hold every row there).
   for (const auto& [layout, density] : {std::pair{TwellLayout{256, 4}, 0.05}, std::pair{TwellLayout{256, 16}, 0.01}}) {
     CAPTURE(layout.compression);
     const std::uint64_t seed = testing::fresh_seed();
@@ -534,15 +534,20 @@ TEST_CASE("cuda spmm picks its TwELL kernel by rows and layout") {
     const std::string path = check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, {}, &plan);
     CHECK(path.rfind(std::string("cuda/spmm/hybrid/") + c.path, 0) == 0);
   }
-  // A plan bound to a kernel runs it whatever the rows.
+  // A plan bound to a kernel runs it whatever the rows, and right.
   const TwellLayout layout{256, 16};
-  const auto a_dense = testing::random_sparse_dense<bf16>(100, kK, testing::SparseDenseOptions{.density = 0.005}, 7);
-  const auto a = ref::dense_to_twell<bf16>(a_dense.view(), layout).to(kDevice);
-  const auto b = testing::random_dense<bf16>(kK, kN, 1.0f, 8).to(kDevice);
-  DenseMatrix<bf16> c(100, kN, kDevice);
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto a_dense = testing::random_sparse_dense<bf16>(100, kK, testing::SparseDenseOptions{.density = 0.005}, seed);
+  const TwellMatrix<bf16> a = ref::dense_to_twell<bf16>(a_dense.view(), layout);
+  const auto b = testing::random_dense<bf16>(kK, kN, 1.0f, seed + 1);
+  const DenseMatrix<bf16> want = reference_spmm<bf16>(a, b, b, 1.0f, 0.0f);  // beta 0: C0 unused
+  DenseMatrix<bf16> c = nan_dense<bf16>(100, kN).to(kDevice);
   dev::SpmmPlan<bf16> plan(100, kK, layout, {}, SpmmAlgorithm::slice_reuse);
-  plan.run(a.view(), b.view(), c.view());
+  plan.run(a.to(kDevice).view(), b.to(kDevice).view(), c.view());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(plan.path() == "cuda/spmm/twell/slice_reuse");
+  CHECK(worst_row_error<bf16>(c.to(kHost), want) <= relative_bound<bf16>());
 }
 
 template <class T>
