@@ -137,6 +137,14 @@ void check_view(HybridView<T> v, const char* where, const char* name) {
   require(v.rows() == 0 || v.row_to_overflow != nullptr, ErrorCode::malformed, where, name, " has no row_to_overflow");
 }
 
+// Bytes of shared memory a block of the current device may opt in to.
+inline int shared_memory_per_block(const char* where) {
+  int device = 0, bytes = 0;
+  check_cuda(cudaGetDevice(&device), where);
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
+  return bytes;
+}
+
 // Streaming multiprocessors of the current device.
 inline int multiprocessor_count(const char* where) {
   int device = 0, sms = 0;

@@ -799,10 +799,7 @@ __global__ void __launch_bounds__(kLanes, 1)
 // Columns of one staged slice: 8 when two slices of 8 fit the device's shared memory, else 4, else
 // 0 (the path does not apply).
 int slice_columns(std::int64_t k_cols) {
-  int device = 0, limit = 0;
-  check_cuda(cudaGetDevice(&device), "twell::cuda::spmm (cudaGetDevice)");
-  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-             "twell::cuda::spmm (cudaDeviceGetAttribute, shared memory per block)");
+  const int limit = shared_memory_per_block("twell::cuda::spmm (shared memory per block)");
   const std::int64_t k_pad = padded_k(k_cols);
   if (2 * k_pad * 16 + product_static_bytes<8>() <= limit) return 8;
   if (2 * k_pad * 8 + product_static_bytes<4>() <= limit) return 4;

@@ -221,14 +221,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-int shared_limit() {
-  int device = 0, limit = 0;
-  check_cuda(cudaGetDevice(&device), "twell::cuda::spmm (cudaGetDevice)");
-  check_cuda(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-             "twell::cuda::spmm (cudaDeviceGetAttribute, shared memory per block)");
-  return limit;
-}
-
 }  // namespace
 
 template <class T>
@@ -240,7 +232,7 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
     const int slots = a.layout.slots();
     if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
     if (!aligned16(b.data) || !aligned16(c.data) || b.ld % 8 != 0 || c.ld % 8 != 0 || b.cols % 8 != 0) return false;
-    return kSmemBytes <= shared_limit();
+    return kSmemBytes <= shared_memory_per_block("twell::cuda::spmm (shared memory per block)");
   }
 }
 
