@@ -749,10 +749,6 @@ SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream
   constexpr const char* where = "twell::cuda::SpmmPlan";
   require(m >= 0 && k >= 0, ErrorCode::invalid_argument, where, "shape ", detail::shape(m, k), " is negative");
   check_layout(layout, where);
-  if (m > 0 && k > 0 && sizeof(T) == 2) {  // the slice-reuse path takes 16-bit values only
-    const std::size_t bytes = detail::spmm_slices_workspace_bytes(m, k, layout);
-    workspace_ = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
-  }
 }
 
 template <Value T>
@@ -771,9 +767,12 @@ void SpmmPlan<T>::reserve_overflow(std::int64_t rows, std::int64_t b_cols) {
 
 template <Value T>
 void SpmmPlan<T>::reserve_b_cols(std::int64_t b_cols) {
-  const std::size_t bytes = detail::spmm_slices_staged_b_bytes(k_, std::max<std::int64_t>(b_cols, 0));
-  if (bytes > staged_b_.bytes())
-    staged_b_ = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
+  const auto grow = [](Buffer<std::uint64_t>& buffer, std::size_t bytes) {
+    if (bytes > buffer.bytes()) buffer = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
+  };
+  if constexpr (sizeof(T) != 2) return;  // the slice-reuse path takes 16-bit values only
+  if (m_ > 0 && k_ > 0) grow(workspace_, detail::spmm_slices_workspace_bytes(m_, k_, layout_));
+  grow(staged_b_, detail::spmm_slices_staged_b_bytes(k_, std::max<std::int64_t>(b_cols, 0)));
 }
 
 template <Value T>

@@ -1,6 +1,7 @@
 // twell::cuda::SpmmPlan: spmm with op none of a TwELL or Hybrid A (M x K, one layout) bound to
-// its shape, owning the workspaces of the slice-reuse path, so that run() allocates nothing on
-// the hot path. Host-includable: no CUDA headers. Available when TWELL_HAS_CUDA.
+// its shape, owning the workspaces of the slice-reuse path and of Hybrid overflow rows, so that
+// a steady state of run() allocates nothing. Host-includable: no CUDA headers. Available when
+// TWELL_HAS_CUDA.
 #pragma once
 
 #include <cstdint>
@@ -18,14 +19,15 @@ namespace twell::cuda {
 // C = alpha * A B + beta * C, exactly what twell::cuda::spmm(Op::none, ...) computes (same
 // paths, same bits), with A of m rows, k columns and `layout`.
 //
-// Storage, allocated by the constructor (bf16 and fp16 plans): the workspace of the slice-reuse
-// path's pre-pass, which regroups A's entries into chunks of at most 32 per lane (about the size
-// of A's packed slots: per row, room for the ceil(capacity x tiles / 32) lanes its capacity
-// allows, 136 bytes each, plus tiles + 4 bytes). Two buffers are allocated by the first run that
-// needs more than the plan holds and kept (so a steady state allocates nothing): the slice-major
-// copy of B that the path stages from (Nb x (K + 2) bf16/fp16 values; reserve_b_cols() allocates
-// it up front), and the fp32 buffer of R x Nb into which cuBLAS computes the Hybrid overflow rows
-// (reserve_overflow()).
+// Storage: the constructor allocates nothing. Buffers are allocated by the first run that needs
+// more than the plan holds and kept (so a steady state allocates nothing): for slice-reuse runs
+// (bf16 and fp16 plans) the pre-pass workspace, which regroups A's entries into chunks of at most
+// 32 per lane (about the size of A's packed slots: per row, room for the ceil(capacity x tiles /
+// 32) lanes its capacity allows, 136 bytes each, plus tiles + 4 bytes), and the slice-major copy
+// of B that the path stages from (Nb x (K + 2) bf16/fp16 values), both allocated up front by
+// reserve_b_cols(); for Hybrids with overflow rows the fp32 buffer of R x Nb into which cuBLAS
+// computes them (reserve_overflow()). Plans whose runs take the pair-balanced or tile-streaming
+// kernel hold no slice buffers.
 //
 // run() queues on the plan's stream and never waits for the device. It picks its kernel as spmm()
 // does for KernelOptions::spmm_algorithm = `algorithm` (automatic: by rows and layout, docs/api.md;
@@ -49,7 +51,8 @@ class SpmmPlan {
   void run(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f, float beta = 0.0f);
   // Holds an overflow buffer for `rows` overflow rows times `b_cols` columns of B.
   void reserve_overflow(std::int64_t rows, std::int64_t b_cols);
-  // Holds the slice-major copy of a B of `b_cols` columns.
+  // Holds the slice-reuse path's buffers for a B of `b_cols` columns: the pre-pass workspace and
+  // the slice-major copy of B.
   void reserve_b_cols(std::int64_t b_cols);
 
   const std::string& path() const { return path_; }  // the path of the latest run
