@@ -586,8 +586,10 @@ constexpr const char* kStreamPath = "tile_stream";
 //     (M = 16: 0.010 ms, tile-streaming 0.045, slice-reuse 0.066; M = 256: 0.024 against 0.060;
 //     5 %, M = 2048: 0.415 against slice-reuse 0.474);
 //   - tile-streaming up to 6144 rows for layouts of 8-16 slots (~0.5 %: M = 1024 0.060 against
-//     pair-balanced 0.067; M = 4096 0.116 against slice-reuse 0.141; M = 6144 0.171 against 0.176);
-//   - slice-reuse above that (M = 16384: 0.348 against tile-streaming 0.440), where it applies;
+//     pair-balanced 0.067; M = 4096 0.106 against slice-reuse 0.143; M = 6144 0.155 against
+//     0.173, token-skewed 0.203 against 0.198);
+//   - slice-reuse above that (M = 8192: 0.209 against tile-streaming 0.206 uniform but 0.237
+//     against 0.264 token-skewed; M = 16384: 0.349 against 0.402), where it applies;
 //   - pair-balanced for the rest (fp32, tiles over 256 columns, misaligned or narrow B and C).
 constexpr std::int64_t kPairMaxRows = 768, kPairMaxRowsDense = 2048, kStreamMaxRows = 6144;
 constexpr int kStreamMaxSlots = 16;

@@ -13,11 +13,13 @@
 // conflict-free shared load of 256 bytes (all lanes read one B row) and 4 FMAs per lane. Entries
 // past the 7 a head holds (rare below ~2 % density) are read from global memory.
 //
-// Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane)
-// and per (row, tile) visit, not bytes: Nsight Compute at M = 4096 (H100, 2026-11-25): 115 us,
-// 70 M warp instructions, issue 62 % busy, L2 32 % busy. The slice-reuse kernel spends fewer
-// instructions per entry but pays a pre-pass of ~70 us, so this path takes the smaller products
-// (choose_twell_path in spmm.cu).
+// Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane),
+// per (row, tile) visit and per staged copy, not bytes: Nsight Compute at M = 4096 (H100,
+// 2026-11-25): 105 us, 62.6 M warp instructions, issue 62 % busy (115 us and 69.6 M before the
+// staging loop was unrolled with fixed strides); L2 ~30 % busy. The slice-reuse kernel spends
+// fewer instructions per entry but pays a pre-pass of ~70 us, so this path takes the smaller
+// products (choose_twell_path in spmm.cu). A tensor-core product (mma.sync over entries dealt
+// into groups of 8) was tried and lost to latency: docs/benchmarks/README.md, "Why each miss".
 //
 // Determinism: each output element is summed by one lane, tiles in order and a tile's entries in
 // slot order; no atomics. The result does not depend on the grid.
@@ -122,24 +124,32 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // The thread's 16-byte column chunk of the staged B rows is fixed; it copies every
-  // kThreads / kChunksPerRow-th row.
+  // kRowStep-th row from its first, `first_row`. The copies are unrolled over the largest tile
+  // with the shared offsets as immediates and the source advanced by a fixed stride: a generic
+  // loop spent ~15 instructions per copy on 64-bit addresses, about a fifth of the kernel's.
   constexpr int kRowStep = kThreads / kChunksPerRow;
-  const int chunk = tid % kChunksPerRow;
+  const int chunk = tid % kChunksPerRow, first_row = tid / kChunksPerRow;
   const bool chunk_inside = col0 + chunk * 8 < nb;
-  const T* b_chunk = b + (chunk_inside ? col0 + chunk * 8 : 0);
+  const T* b_chunk = b + (chunk_inside ? col0 + chunk * 8 : 0) + first_row * ldb;
+  const std::int64_t row_step = kRowStep * ldb;
   const std::uint32_t smem_base = shared_address(smem);
+  const std::uint32_t chunk_dst = smem_base + first_row * kRowBytes + chunk * 16;
   const auto stage_tile = [&](int t) {
-    const std::uint32_t dst = smem_base + (t % kStages) * kStageBytes;
-    const int k_rows = layout.tile_cols(t, k_cols);
+    const std::uint32_t dst = chunk_dst + (t % kStages) * kStageBytes;
+    const int rows_left = layout.tile_cols(t, k_cols) - first_row;  // rows of this tile from first_row on
     const T* src = b_chunk + layout.tile_begin(t) * ldb;
-    for (int kr = tid / kChunksPerRow; kr < tile; kr += kRowStep) {
-      const bool inside = kr < k_rows && chunk_inside;
-      cp_async16_or_zero(dst + kr * kRowBytes + chunk * 16, inside ? src + kr * ldb : b, inside);
+#pragma unroll
+    for (int j = 0; j < kMaxTile / kRowStep; ++j) {
+      if (first_row + j * kRowStep >= tile) break;
+      const bool inside = j * kRowStep < rows_left && chunk_inside;
+      cp_async16_or_zero(dst + j * kRowStep * kRowBytes, inside ? src : b, inside);
+      src += row_step;
     }
+    const std::uint32_t stage = smem_base + (t % kStages) * kStageBytes;
 #pragma unroll
     for (int j = 0; j < kHeadsPerThread; ++j) {
       const std::uint32_t* src = head_src[j];
-      cp_async16_or_zero(dst + kBBytes + (tid + j * kThreads) * 16,
+      cp_async16_or_zero(stage + kBBytes + (tid + j * kThreads) * 16,
                          src != nullptr ? src + static_cast<std::int64_t>(t) * slots : packed, src != nullptr);
     }
   };
