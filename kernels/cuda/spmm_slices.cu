@@ -32,6 +32,7 @@
 #include <twell/types.hpp>
 
 #include "../../converters/cuda/warp_scan.cuh"
+#include "cp_async.cuh"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
 #include "vec16.cuh"
@@ -80,13 +81,6 @@ template <int kKc>
 constexpr int product_static_bytes() {
   return static_cast<int>(sizeof(float)) * 2 * 2 * kCtaWarps * kKc + 8 * kLanes + 8 * kCtaWarps + 16;
 }
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // The shared address of an entry's B row: buf + column * row_bytes, written so that it compiles
 // to one mask and one shift-add (LEA); in C++ the compiler turns it into a shift, a mask and an add.
@@ -611,7 +605,7 @@ __global__ void __launch_bounds__(kLanes, 1)
 
   auto stage_slice = [&](int slice, int buf) {
     const unsigned char* src = staged + static_cast<std::int64_t>(slice) * slice_bytes;
-    unsigned char* dst = stage + buf * slice_bytes;
+    const std::uint32_t dst = shared_address(stage) + buf * slice_bytes;
     for (int i = tid * 16; i < slice_bytes; i += kLanes * 16) cp_async16(dst + i, src + i);
   };
 
@@ -700,7 +694,7 @@ __global__ void __launch_bounds__(kLanes, 1)
   // Item it = g * slices + s of this CTA's range; a new group starts where s wraps to 0.
   int g = sched[0] / slices, s = sched[0] % slices;
   stage_slice(s, 0);
-  cp_async_commit();
+  cp_async_commit_group();
   for (;;) {
     const int it = g * slices + s;
     if (it >= sched[1]) break;
@@ -714,11 +708,11 @@ __global__ void __launch_bounds__(kLanes, 1)
       }
       load_group(g);
     }
-    cp_async_wait_all();
+    cp_async_wait_groups<0>();
     __syncthreads();
     if (n > 0 && s != 0) combine(parity ^ 1, prev_slice);
     if (it + 1 < sched[1]) stage_slice(s + 1 == slices ? 0 : s + 1, parity ^ 1);
-    cp_async_commit();
+    cp_async_commit_group();
 
     const std::uint32_t buf = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) + parity * slice_bytes;
     float acc[kKc];
