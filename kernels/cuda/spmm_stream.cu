@@ -48,7 +48,8 @@ constexpr int kHeadSlots = 8;                  // staged slots of a (row, tile) 
 constexpr std::uint32_t kZeroWord = kZeroRow;  // an entry of value 0 in the zero row: adds nothing
 
 // The CTA's block of C: kRowsPerWarp rows per warp, kColsPerLane columns per lane. Measured on an
-// H100 (2026-11-25, paper shape, 0.5 %, M = 4096): 115 us at 16 x 4 against 188 us at 32 x 2, whose
+// H100 (2026-11-25, paper shape, 0.5 %, M = 4096, before the staging change below): 115 us at
+// 16 x 4 against 188 us at 32 x 2, whose
 // B traffic is half but whose warps pay the per-entry instructions for half the columns.
 constexpr int kRowsPerWarp = 16;
 constexpr int kColsPerLane = 4;
@@ -126,24 +127,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The thread's 16-byte column chunk of the staged B rows is fixed; it copies every
   // kRowStep-th row from its first, `first_row`. The copies are unrolled over the largest tile
   // with the shared offsets as immediates and the source advanced by a fixed stride: a generic
-  // loop spent ~15 instructions per copy on 64-bit addresses, about a fifth of the kernel's.
+  // loop spent ~21 instructions per copy on 64-bit addresses, about a fifth of the kernel's.
   constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(kMaxTile % kRowStep == 0, "the unrolled copies cover the largest tile");
   const int chunk = tid % kChunksPerRow, first_row = tid / kChunksPerRow;
   const bool chunk_inside = col0 + chunk * 8 < nb;
   const T* b_chunk = b + (chunk_inside ? col0 + chunk * 8 : 0) + first_row * ldb;
-  const std::int64_t row_step = kRowStep * ldb;
+  const auto row_step_bytes = static_cast<std::uintptr_t>(kRowStep * ldb * static_cast<std::int64_t>(sizeof(T)));
   const std::uint32_t smem_base = shared_address(smem);
   const std::uint32_t chunk_dst = smem_base + first_row * kRowBytes + chunk * 16;
   const auto stage_tile = [&](int t) {
     const std::uint32_t dst = chunk_dst + (t % kStages) * kStageBytes;
     const int rows_left = layout.tile_cols(t, k_cols) - first_row;  // rows of this tile from first_row on
-    const T* src = b_chunk + layout.tile_begin(t) * ldb;
+    // The address of row first_row + j * kRowStep as an integer: on the ragged last tile it runs
+    // past B, and only copies inside the tile read it.
+    auto src = reinterpret_cast<std::uintptr_t>(b_chunk + layout.tile_begin(t) * ldb);
 #pragma unroll
     for (int j = 0; j < kMaxTile / kRowStep; ++j) {
       if (first_row + j * kRowStep >= tile) break;
       const bool inside = j * kRowStep < rows_left && chunk_inside;
-      cp_async16_or_zero(dst + j * kRowStep * kRowBytes, inside ? src : b, inside);
-      src += row_step;
+      cp_async16_or_zero(dst + j * kRowStep * kRowBytes, inside ? reinterpret_cast<const void*>(src) : b, inside);
+      src += row_step_bytes;
     }
     const std::uint32_t stage = smem_base + (t % kStages) * kStageBytes;
 #pragma unroll
