@@ -395,13 +395,6 @@ __global__ void scatter_rows_kernel(std::int64_t r_rows, std::int64_t nb, const 
 
 // ---- host side ------------------------------------------------------------------------------------
 
-template <class T>
-bool vector_ok(DenseView<const T> b, DenseView<T> c) {
-  constexpr std::int64_t v = 16 / sizeof(T);
-  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  return aligned(b.data) && aligned(c.data) && b.ld % v == 0 && c.ld % v == 0 && b.cols % v == 0;
-}
-
 void check_op(Op op) {
   require(op == Op::none || op == Op::transpose, ErrorCode::invalid_argument, kWhere, "op_a ", static_cast<int>(op),
           " is unknown");
@@ -454,7 +447,7 @@ void launch_rows(std::int64_t rows, const std::int64_t* row_ptr, const std::int3
         rows, row_ptr, col_idx, values, long_row, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
     detail::check_launch("twell::cuda::spmm (long-row kernel)");
   };
-  if (vector_ok(b, c)) {
+  if (detail::vector_operands(b, c)) {
     launch.template operator()<16 / static_cast<int>(sizeof(T)), true>();
   } else {
     launch.template operator()<4, false>();
@@ -491,7 +484,8 @@ void launch_twell(TwellView<const T> a, const std::int32_t* shadow, DenseView<co
   if (a.rows == 0 || b.cols == 0) return;
   if (a.cols == 0) return launch_scale(c, beta, stream);
   const std::int64_t tiles = a.layout.tiles(a.cols);
-  const std::int64_t slice_cols = vector_ok(b, c) ? 32 * (16 / sizeof(T)) : 32;  // kSlice of the launch below
+  // kSlice of the launch below
+  const std::int64_t slice_cols = detail::vector_operands(b, c) ? 32 * (16 / sizeof(T)) : 32;
   const std::int64_t slices = (b.cols + slice_cols - 1) / slice_cols;
   // The prefix array holds block_rows * tiles + 1 ints; 32 rows when it fits in 16 KB, fewer when
   // the grid would leave most SMs idle: a CTA's warps then share fewer entries and wait on fewer
@@ -518,7 +512,7 @@ void launch_twell(TwellView<const T> a, const std::int32_t* shadow, DenseView<co
                                                b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
     detail::check_launch("twell::cuda::spmm (TwELL kernel)");
   };
-  if (vector_ok(b, c)) {
+  if (detail::vector_operands(b, c)) {
     launch.template operator()<16 / sizeof(T), true>();
   } else {
     launch.template operator()<1, false>();
@@ -648,7 +642,7 @@ const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseVi
     return kSlicePath;
   }
   launch_twell(a, shadow, b, c, alpha, beta, stream);
-  return vector_ok(b, c) ? "pair_balanced_vec16" : "pair_balanced_scalar";
+  return detail::vector_operands(b, c) ? "pair_balanced_vec16" : "pair_balanced_scalar";
 }
 
 // Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows.

@@ -245,7 +245,7 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
     if (a.rows <= 0 || a.cols <= 0 || b.cols <= 0) return false;
     const int slots = a.layout.slots();
     if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
-    if (!aligned16(b.data) || !aligned16(c.data) || b.ld % 8 != 0 || c.ld % 8 != 0 || b.cols % 8 != 0) return false;
+    if (!vector_operands(b, c)) return false;
     return kSmemBytes <= shared_memory_per_block("twell::cuda::spmm (shared memory per block)");
   }
 }

@@ -14,6 +14,14 @@ namespace twell::cuda::detail {
 // Whether p may be read or written as a uint4.
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+// Whether B and C can be read and written 16 bytes at a time along their rows: both 16-byte
+// aligned, with leading dimensions and B's columns whole 16-byte words.
+template <class T>
+bool vector_operands(DenseView<const T> b, DenseView<T> c) {
+  constexpr std::int64_t v = 16 / sizeof(T);
+  return aligned16(b.data) && aligned16(c.data) && b.ld % v == 0 && c.ld % v == 0 && b.cols % v == 0;
+}
+
 // The 16 / sizeof(T) values of one 16-byte word as floats, in memory order.
 template <class T>
 __device__ __forceinline__ void unpack16(const uint4& u, float (&out)[16 / sizeof(T)]) {
