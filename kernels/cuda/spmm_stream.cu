@@ -275,35 +275,35 @@ __global__ void __launch_bounds__(kThreads, 1)
 //
 // C = A^T B with B and A of M rows: C's rows are A's columns. A CTA owns one tile of A's columns
 // (C rows tile_begin(t) on, 256 at most) and kCols columns of C, in registers as above: a warp owns
-// a window of 16 of the tile's columns, a lane 4 columns of C. It streams A's rows through shared
-// memory in blocks of 256 (the rows of B alongside, staged as the tile rows of the kernel above, and
-// the 32-byte heads of the rows' (row, t) slot groups), two stages deep. Per block:
-//   1. two threads per row find where each window's run of the row's slots starts (the slots are in
-//      column order); a row of the Hybrid's dense block instead gets its nonzero columns per window;
-//   2. each warp counts its window's entries per row, scans the counts over the rows, writes the
-//      entries into a queue of its own in row order (value, row, column in the window in one word)
-//      and walks the queue, two entries at a time: one shared load of a B row per entry and a jump
-//      on the entry's C row (registers cannot be indexed). A window of more than kQueue entries in
-//      a block is walked in several rounds.
+// a window of 16 of the tile's columns, a lane 4 columns of C. It streams A's rows through
+// shared memory in blocks of 256 (the rows of B alongside, staged as the tile rows of the kernel
+// above, and the 32-byte heads of the rows' (row, t) slot groups). The slots of a group are in
+// column order, so a warp's entries in a row are one run of slots: per block, two threads per row
+// write where each window's run starts (`RowRecord`), and a warp then walks its runs 32 rows at a
+// time, one row per lane, applying each entry to its C row (a switch on the row: registers cannot
+// be indexed). Rows of a Hybrid's dense block are read from it, 16 values per window.
 //
-// Determinism: an output element is summed by one lane, A's rows in order. The result does not
-// depend on the grid.
+// Determinism: an output element is summed by one lane, A's row blocks in order; within a block,
+// the warp takes the first entry of every row that has one, then every second, and so on, rows in
+// order. The order depends on A alone, not on the grid or timing.
 
 constexpr int kWindow = 16;  // columns of A (rows of C) per warp: kRowsPerWarp rows of the CTA's block
 static_assert(kWindow == kRowsPerWarp && kWarps * kWindow == kMaxTile);
-constexpr int kStagesT = 2;
-constexpr int kStageBytesT = kMaxTile * kRowBytes + kRows * kHeadSlots * 4;  // B rows | slot heads
-constexpr int kQueue = 512;                                                 // entries per warp and round
-// After the stages: starts[kWarps + 1][kMaxTile] (uint8: entries of a row below window w),
-// hits[kWarps][kMaxTile] (uint16: a dense row's nonzero columns in window w), the warps' queues.
-constexpr int kStartsOffset = kStagesT * kStageBytesT;
-constexpr int kHitsOffset = kStartsOffset + (kWarps + 1) * kMaxTile;
-constexpr int kQueueOffset = kHitsOffset + kWarps * kMaxTile * 2;
-constexpr int kSmemBytesT = kQueueOffset + kWarps * kQueue * 4;
-static_assert(kHitsOffset % 16 == 0 && kQueueOffset % 16 == 0);
+
+// Per staged row of A: where each warp's run of slots starts (starts[w]: entries with a column
+// below w * kWindow; starts[kWarps]: all of them) and the row's index in the Hybrid's dense block
+// (-1 for none).
+struct RowRecord {
+  std::uint8_t starts[kWarps + 1];
+  std::uint8_t pad[3];
+  std::int32_t dense_row;
+};
+static_assert(sizeof(RowRecord) == 24);
+constexpr int kRecordBytes = kMaxTile * static_cast<int>(sizeof(RowRecord));
+constexpr int kSmemBytesT = kStages * kStageBytes + kRecordBytes;
 
 // acc[r % 16] += a x the lane's 4 columns of the staged B row at b_row: one jump on r, which keeps
-// acc in registers. Valid TwELL gives 0 <= r < kWindow.
+// acc in registers (they cannot be indexed). Valid TwELL gives 0 <= r < kWindow.
 template <class T>
 __device__ __forceinline__ void add_to_row(int r, float a, const unsigned char* b_row,
                                            float (&acc)[kRowsPerWarp][kColsPerLane]) {
@@ -336,11 +336,6 @@ __device__ __forceinline__ void add_to_row(int r, float a, const unsigned char* 
   }
 }
 
-// A queue word: the value's 16 bits, the block row and the column in the window.
-__device__ __forceinline__ std::uint32_t queue_word(std::uint32_t value_bits16, int row, std::uint32_t column) {
-  return value_bits16 << 16 | static_cast<std::uint32_t>(row) << 4 | (column % kWindow);
-}
-
 // Preconditions (spmm_stream_t_applies): those of stream_kernel for A, B (M x nb) and C (K x nb),
 // dynamic shared memory of kSmemBytesT; `overflow` (R x K, ld_overflow) holds the rows whose
 // `shadow` entry is >= 0 (shadow null: none). Every row of C below K is written.
@@ -350,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     const std::int32_t* __restrict__ shadow, const T* __restrict__ overflow, std::int64_t ld_overflow,
                     const T* __restrict__ b, std::int64_t ldb, T* __restrict__ c, std::int64_t ldc, std::int64_t nb,
                     float alpha, float beta) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];  // [kStages][B rows | slot heads], row records
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int t = static_cast<int>(blockIdx.x);
   const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kCols;
@@ -358,130 +353,101 @@ __global__ void __launch_bounds__(kThreads, 1)
   const std::int64_t pw = layout.packed_width(k_cols);
   const auto cap = static_cast<std::uint32_t>(layout.capacity());
   const int window = warp * kWindow;
-  const std::int64_t tile_col0 = layout.tile_begin(t);
   const std::int64_t blocks = (rows + kMaxTile - 1) / kMaxTile;
 
-  std::uint8_t* starts = smem + kStartsOffset;                                    // [w][row]
-  auto* hits = reinterpret_cast<std::uint16_t*>(smem + kHitsOffset);              // [w][row]
-  auto* queue = reinterpret_cast<std::uint32_t*>(smem + kQueueOffset) + warp * kQueue;
   const std::uint32_t smem_base = shared_address(smem);
+  auto* records = reinterpret_cast<RowRecord*>(smem + kStages * kStageBytes);
   const BlockStager<T> stager(b, ldb, col0, nb, tid);
   // Thread tid stages half tid % 2 of the head of row tid / 2 of each block.
   static_assert(kMaxTile * 2 == kThreads);
   const int head_row = tid / 2;
   const std::int64_t head_offset = head_row * pw + static_cast<std::int64_t>(t) * slots + (tid % 2) * 4;
   const auto stage_block = [&](std::int64_t i) {
-    const std::uint32_t stage = smem_base + static_cast<std::uint32_t>(i % kStagesT) * kStageBytesT;
+    const std::uint32_t stage = smem_base + static_cast<std::uint32_t>(i % kStages) * kStageBytes;
     const std::int64_t first = i * kMaxTile;
     const int count = static_cast<int>(min(static_cast<std::int64_t>(kMaxTile), rows - first));
     stager.stage(stage, first, count, count);
     const bool live = head_row < count;
-    cp_async16_or_zero(stage + kMaxTile * kRowBytes + tid * 16, live ? packed + (first * pw + head_offset) : packed,
-                       live);
+    cp_async16_or_zero(stage + kBBytes + tid * 16, live ? packed + (first * pw + head_offset) : packed, live);
   };
 
   float acc[kRowsPerWarp][kColsPerLane] = {};
-  if (blocks > 0) stage_block(0);
-  cp_async_commit_group();
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < blocks) stage_block(i);
+    cp_async_commit_group();
+  }
   for (std::int64_t i = 0; i < blocks; ++i) {
-    cp_async_wait_groups<0>();
+    cp_async_wait_groups<kStages - 2>();
     __syncthreads();  // block i is staged, and every warp is done with block i - 1
-    if (i + 1 < blocks) stage_block(i + 1);  // into block i - 1's stage
+    if (i + kStages - 1 < blocks) stage_block(i + kStages - 1);  // into block i - 1's stage
     cp_async_commit_group();
 
-    const unsigned char* stage = smem + (i % kStagesT) * kStageBytesT;
-    const auto* heads = reinterpret_cast<const std::uint32_t*>(stage + kMaxTile * kRowBytes);  // [row][kHeadSlots]
+    const unsigned char* stage = smem + (i % kStages) * kStageBytes;
+    const auto* heads = reinterpret_cast<const std::uint32_t*>(stage + kBBytes);  // [row][kHeadSlots]
     const std::int64_t first = i * kMaxTile;
     // Slot s (0-based entry) of block row `row`: the first 7 from the staged head.
     const auto slot_word = [&](int row, std::uint32_t s) {
       return s + 1 < kHeadSlots ? heads[row * kHeadSlots + 1 + s]
                                 : packed[(first + row) * pw + static_cast<std::int64_t>(t) * slots + 1 + s];
     };
-    {  // 1. Thread pair (row, half) for windows 8 * half .. 8 * half + 7 (half 1 also writes starts[16]).
+    {  // Row records: thread pair (row, half) counts the entries below windows 8 * half .. 8 * half + 8.
       const int row = tid / 2, half = tid % 2;
       const std::int64_t m = first + row;
       const int dense_row = shadow != nullptr && m < rows ? shadow[m] : -1;
       const std::uint32_t n = dense_row >= 0 ? 0u : min(heads[row * kHeadSlots], cap);
+      RowRecord& rec = records[row];
       std::uint32_t e = 0;
       const int w_end = half == 0 ? kWarps / 2 : kWarps + 1;
       for (int w = half * (kWarps / 2); w < w_end; ++w) {
         while (e < n && TwellLayout::slot_column(slot_word(row, e)) < static_cast<std::uint32_t>(w * kWindow)) ++e;
-        starts[w * kMaxTile + row] = static_cast<std::uint8_t>(e);
-        if (w == kWarps) break;
-        std::uint32_t mask = 0;
-        if (dense_row >= 0) {
-          const T* values = overflow + dense_row * ld_overflow + tile_col0 + w * kWindow;
-          const std::int64_t inside = k_cols - (tile_col0 + w * kWindow);
-#pragma unroll
-          for (int r = 0; r < kWindow; ++r) {
-            const std::uint16_t v = r < inside ? *reinterpret_cast<const std::uint16_t*>(values + r) : 0;
-            mask |= static_cast<std::uint32_t>((v & 0x7fffu) != 0) << r;  // +-0 is not an entry
-          }
-        }
-        hits[w * kMaxTile + row] = static_cast<std::uint16_t>(mask);
+        rec.starts[w] = static_cast<std::uint8_t>(e);
       }
+      if (half == 0) rec.dense_row = dense_row;
     }
     __syncthreads();
 
-    // 2. Lane l takes rows 8 l .. 8 l + 7 of the warp's window: counts, their scan over the lanes.
-    // Row j's values sit in bytes (starts) and 16-bit halves (hits) of these words.
-    const auto lo = reinterpret_cast<const std::uint64_t*>(starts + warp * kMaxTile)[lane];
-    const auto hi = reinterpret_cast<const std::uint64_t*>(starts + (warp + 1) * kMaxTile)[lane];
-    const ulonglong2 dense_hits = reinterpret_cast<const ulonglong2*>(hits + warp * kMaxTile)[lane];
-    const auto start_of = [](std::uint64_t word, int j) { return static_cast<std::uint32_t>(word >> (8 * j)) & 0xffu; };
-    const auto hits_of = [&](int j) {
-      return static_cast<std::uint32_t>((j < 4 ? dense_hits.x : dense_hits.y) >> (16 * (j % 4))) & 0xffffu;
-    };
-    std::uint32_t mine = 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) mine += start_of(hi, j) - start_of(lo, j) + __popc(hits_of(j));
-    std::uint32_t before = mine;  // inclusive scan, then exclusive
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const std::uint32_t v = __shfl_up_sync(kFull, before, d);
-      if (lane >= d) before += v;
-    }
-    const std::uint32_t total = __shfl_sync(kFull, before, 31);
-    before -= mine;
-
-    const unsigned char* b_stage = stage + lane * kColsPerLane * 2;
-    for (std::uint32_t round = 0; round < total; round += kQueue) {
-      // The lane's entries whose queue position falls in this round, rows in order.
-      std::uint32_t pos = before;
+    const unsigned char* b_lane = stage + lane * kColsPerLane * 2;
 #pragma unroll 1
-      for (int j = 0; j < 8; ++j) {
-        const int row = lane * 8 + j;
-        for (std::uint32_t s = start_of(lo, j), end = start_of(hi, j); s < end; ++s, ++pos) {
-          if (pos - round < kQueue) {
-            const std::uint32_t w = slot_word(row, s);
-            queue[pos - round] = queue_word(w >> 16, row, TwellLayout::slot_column(w));
-          }
+    for (int row0 = 0; row0 < kMaxTile; row0 += 32) {
+      const int row = row0 + lane;
+      const RowRecord& rec = records[row];
+      const int dense_row = rec.dense_row;
+      std::uint32_t s = rec.starts[warp], left = rec.starts[warp + 1] - s;
+      std::uint32_t hits = 0;  // a dense row: its nonzero columns in the window
+      const T* dense = nullptr;
+      if (dense_row >= 0) {
+        dense = overflow + dense_row * ld_overflow + layout.tile_begin(t) + window;
+        const std::int64_t inside = k_cols - (layout.tile_begin(t) + window);
+#pragma unroll
+        for (int r = 0; r < kWindow; ++r) {
+          const std::uint16_t v = r < inside ? *reinterpret_cast<const std::uint16_t*>(dense + r) : 0;
+          hits |= static_cast<std::uint32_t>((v & 0x7fffu) != 0) << r;  // +-0 is not an entry
         }
-        std::uint32_t h = hits_of(j);
-        if (h != 0) {
-          const std::int64_t dense_row = shadow[first + row];
-          const T* values = overflow + dense_row * ld_overflow + tile_col0 + window;
-          for (; h != 0; h &= h - 1, ++pos) {
-            const int r = __ffs(h) - 1;
-            if (pos - round < kQueue)
-              queue[pos - round] = queue_word(*reinterpret_cast<const std::uint16_t*>(values + r), row, r);
+        left = __popc(hits);
+      }
+      // Round j applies every row's j-th entry in the window, rows in order.
+      for (;;) {
+        const unsigned busy = __ballot_sync(kFull, left != 0);
+        if (busy == 0) break;
+        std::uint32_t word = 0;
+        if (left != 0) {
+          if (dense != nullptr) {
+            const int r = __ffs(hits) - 1;
+            hits &= hits - 1;
+            word = TwellLayout::pack(*reinterpret_cast<const std::uint16_t*>(dense + r),
+                                     static_cast<std::uint32_t>(window + r));
+          } else {
+            word = slot_word(row, s++);
           }
+          --left;
+        }
+        for (unsigned pending = busy; pending != 0; pending &= pending - 1) {
+          const int from = __ffs(pending) - 1;
+          const std::uint32_t w = __shfl_sync(kFull, word, from);
+          add_to_row<T>(static_cast<int>(TwellLayout::slot_column(w)) - window,
+                        twell_value<T>(w, static_cast<const T*>(nullptr), 0), b_lane + (row0 + from) * kRowBytes, acc);
         }
       }
-      __syncwarp();
-      const int n = static_cast<int>(min(total - round, static_cast<std::uint32_t>(kQueue)));
-#pragma unroll 1
-      for (int e = 0; e < n; e += 2) {
-        const std::uint32_t q0 = queue[e];
-        const bool two = e + 1 < n;
-        const std::uint32_t q1 = queue[two ? e + 1 : e];
-        add_to_row<T>(static_cast<int>(q0 & 15u), bits_to_f<T>(q0 >> 16), b_stage + (q0 >> 4 & 0xffu) * kRowBytes,
-                      acc);
-        if (two)
-          add_to_row<T>(static_cast<int>(q1 & 15u), bits_to_f<T>(q1 >> 16), b_stage + (q1 >> 4 & 0xffu) * kRowBytes,
-                        acc);
-      }
-      __syncwarp();  // the queue is refilled by the next round
     }
   }
   cp_async_wait_groups<0>();
@@ -492,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     if (window + r >= width) break;
-    auto* out = reinterpret_cast<uint2*>(c + (tile_col0 + window + r) * ldc + col);
+    auto* out = reinterpret_cast<uint2*>(c + (layout.tile_begin(t) + window + r) * ldc + col);
     store_scaled<T>(out, acc[r], alpha, beta);
   }
 }
