@@ -39,35 +39,28 @@ HybridMatrix<T> to_hybrid(DenseView<const T> a, TwellLayout layout, ConvertRepor
 }
 
 // C = A^T dy, training's weight gradient dWd = h^T dy (N x K), at the same data point: twell's
-// spmm with op(A) = transpose (the automatic choice: the transposed tile-streaming kernel for these
-// operands) and its CSR route forced (A to CSR, transposed, both allocated per call, then the CSR
-// row kernels), cuSPARSE SpMM with opA = transpose on A's CSR / COO, and cuBLAS on the dense A.
+// spmm with op(A) = transpose (A to CSR, transposed, then the CSR row kernel: no native kernel,
+// docs/api.md), cuSPARSE SpMM with opA = transpose on A's CSR / COO, and cuBLAS on the dense A.
 void transposed_cases(Harness& h, Report& report, const Case& point, const HybridMatrix<T>& a,
                       DenseView<const T> a_dense, DenseView<const T> dy, DenseView<T> c_t, double flops) {
   Case base = point;
   base.op = "spmm_at";
   const double dense_bytes = detail::bytes_of_dense(dy.rows, dy.cols) + detail::bytes_of_dense(c_t.rows, c_t.cols);
-  for (const auto& [variant, algorithm] :
-       {std::pair{"twell", SpmmAlgorithm::automatic}, std::pair{"twell_via_csr", SpmmAlgorithm::pair_balanced}}) {
-    Case tw = base;
-    tw.variant = variant;
+  Case tw = base;
+  tw.variant = "twell";
 #if TWELL_BENCH_CUDA_SPMM
-    detail::run_case(report, tw, [&](Case& x) {
-      KernelReport path;
-      KernelOptions ko{h.stream(), &path, false};
-      ko.spmm_algorithm = algorithm;
-      x.timing = h.time([&] { cuda::spmm<T>(Op::transpose, HybridView<const T>(a.view()), dy, c_t, 1.0f, 0.0f, ko); });
-      x.bytes = detail::bytes_of(a) + dense_bytes;
-      x.flops = flops;
-      x.extra["path"] = path.path;
-      x.extra["includes"] = path.path.ends_with("tile_stream_t")
-                                ? "the transposed tile-streaming kernel alone (no workspace, Hybrid dense rows inside)"
-                                : "A (Hybrid) to CSR, the CSR transpose (both allocated per call) and the CSR row kernels";
-    });
+  detail::run_case(report, tw, [&](Case& x) {
+    KernelReport path;
+    const KernelOptions ko{h.stream(), &path, false};
+    x.timing = h.time([&] { cuda::spmm<T>(Op::transpose, HybridView<const T>(a.view()), dy, c_t, 1.0f, 0.0f, ko); });
+    x.bytes = detail::bytes_of(a) + dense_bytes;
+    x.flops = flops;
+    x.extra["path"] = path.path;
+    x.extra["includes"] = "A (Hybrid) to CSR, the CSR transpose (both allocated per call) and the CSR row kernel";
+  });
 #else
-    detail::not_built(report, tw, "kernels/cuda/spmm.cu is not in this build");
+  detail::not_built(report, tw, "kernels/cuda/spmm.cu is not in this build");
 #endif
-  }
 #if TWELL_BENCH_BASELINES
   detail::spmm_baselines(h, report, base, Op::transpose, a_dense, dy, c_t, flops, dense_bytes);
 #endif

@@ -3,9 +3,8 @@
 // tile-streaming kernel of spmm_stream.cu or the slice-reuse pre-pass and product of
 // spmm_slices.cu, by rows and layout (choose_twell_path) or as KernelOptions::spmm_algorithm asks;
 // Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
-// takes, for 16-bit TwELL and Hybrid operands, the transposed tile-streaming kernel of
-// spmm_stream.cu (path ".../tile_stream_t"); otherwise it converts A to CSR, transposes it (stable
-// radix sort, deterministic) and runs the CSR kernel on A^T (path ".../via_csr_transpose").
+// converts A to CSR, transposes it (stable radix sort, deterministic) and runs the CSR kernel on
+// A^T (path ".../via_csr_transpose").
 // Every path is deterministic: each output element is summed in a fixed order, without atomics.
 #include <algorithm>
 #include <cstdint>
@@ -681,31 +680,6 @@ void transposed(const char* format, ToCsr to_csr, DenseView<const T> b, DenseVie
   detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_csr_transpose").c_str());
 }
 
-// op = transpose for TwELL and Hybrid: the transposed tile-streaming kernel where `requested`
-// allows it and it takes the operands (automatic: up to kStreamMaxSlotsT slots, past which rows
-// with more entries than a head holds dominate), else `through_csr`. Returns whether the kernel ran.
-constexpr int kStreamMaxSlotsT = 32;
-
-template <class T>
-bool stream_transposed(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> overflow,
-                       DenseView<const T> b, DenseView<T> c, float alpha, float beta, const KernelOptions& options,
-                       const char* format) {
-  const SpmmAlgorithm requested = options.spmm_algorithm;
-  require(requested != SpmmAlgorithm::slice_reuse, ErrorCode::unsupported, kWhere,
-          "the slice_reuse algorithm takes op(A) = A only");
-  const bool applies = detail::spmm_stream_t_applies(a, b, c);
-  require(applies || requested != SpmmAlgorithm::tile_stream, ErrorCode::unsupported, kWhere,
-          "the tile_stream algorithm with op(A) = A^T takes 16-bit values, tiles of at most 256 columns with 8 or "
-          "more slots (a multiple of 4), 16-byte aligned operands with B's columns and leading dimensions in 8s; A is ",
-          detail::shape(a.rows, a.cols), " in tiles of ", a.layout.tile, " with ", a.layout.slots(), " slots");
-  const bool chosen = requested == SpmmAlgorithm::tile_stream ||
-                      (requested == SpmmAlgorithm::automatic && a.layout.slots() <= kStreamMaxSlotsT);
-  if (!applies || !chosen) return false;
-  detail::spmm_twell_stream_t(a, shadow, overflow, b, c, alpha, beta, detail::stream_of(options));
-  detail::report_path(options, (std::string("cuda/spmm/") + format + "/tile_stream_t").c_str());
-  return true;
-}
-
 }  // namespace
 
 template <Value T>
@@ -740,7 +714,6 @@ template <Value T>
 void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
-    if (stream_transposed<T>(a, nullptr, {}, b, c, alpha, beta, options, "twell")) return;
     transposed<T>("twell", [&](const ConvertOptions& o) { return cuda::twell_to_csr(a, o); }, b, c, alpha, beta,
                   options);
     return;
@@ -754,8 +727,6 @@ template <Value T>
 void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
   if (check_spmm(op_a, a, a.rows(), a.cols(), b, c)) {
-    const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-    if (stream_transposed<T>(a.twell, shadow, a.overflow, b, c, alpha, beta, options, "hybrid")) return;
     transposed<T>("hybrid", [&](const ConvertOptions& o) { return cuda::hybrid_to_csr(a, o); }, b, c, alpha, beta,
                   options);
     return;

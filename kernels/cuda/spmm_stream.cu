@@ -72,87 +72,18 @@ __device__ __forceinline__ std::uint32_t pack_pair(float lo, float hi) {
   return static_cast<std::uint32_t>(bits_of<T>(lo)) | static_cast<std::uint32_t>(bits_of<T>(hi)) << 16;
 }
 
-// *out = alpha * acc + beta * *out for a lane's 4 columns of C (*out not read when beta is 0).
-template <class T>
-__device__ __forceinline__ void store_scaled(uint2* out, const float (&acc)[kColsPerLane], float alpha, float beta) {
-  float v[kColsPerLane];
-#pragma unroll
-  for (int u = 0; u < kColsPerLane; ++u) v[u] = alpha * acc[u];
-  if (beta != 0.0f) {
-    const uint2 old = *out;
-    const float2 lo = unpack_pair<T>(old.x), hi = unpack_pair<T>(old.y);
-    v[0] += beta * lo.x;
-    v[1] += beta * lo.y;
-    v[2] += beta * hi.x;
-    v[3] += beta * hi.y;
-  }
-  *out = make_uint2(pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]));
-}
-
-// Copies blocks of at most kMaxTile consecutive rows of B's kCols columns from col0 into a stage,
-// kRowBytes apart. A thread owns one 16-byte column chunk and copies every kRowStep-th row from
-// its first; the copies are unrolled over the largest block with the shared offsets as immediates
-// and the source advanced by a fixed stride (a generic loop spent ~21 instructions per copy on
-// 64-bit addresses, about a fifth of the tile-streaming kernel's).
-template <class T>
-class BlockStager {
- public:
-  __device__ BlockStager(const T* b, std::int64_t ldb, std::int64_t col0, std::int64_t nb, int tid)
-      : b_(b), ldb_(ldb), first_row_(tid / kChunksPerRow) {
-    const int chunk = tid % kChunksPerRow;
-    chunk_inside_ = col0 + chunk * 8 < nb;
-    b_chunk_ = b + (chunk_inside_ ? col0 + chunk * 8 : 0) + first_row_ * ldb;
-    row_step_bytes_ = static_cast<std::uintptr_t>(kRowStep * ldb * static_cast<std::int64_t>(sizeof(T)));
-    dst_offset_ = first_row_ * kRowBytes + chunk * 16;
-  }
-
-  // Rows begin .. begin + count - 1 of B into the stage at shared address `stage`; staged rows from
-  // count to extent - 1 are zero-filled and rows from extent on are left alone.
-  __device__ __forceinline__ void stage(std::uint32_t stage, std::int64_t begin, int count, int extent) const {
-    const std::uint32_t dst = stage + dst_offset_;
-    const int rows_left = count - first_row_;  // rows of the block from first_row_ on
-    // The address of row first_row_ + j * kRowStep as an integer: on a ragged last block it runs
-    // past B, and only copies inside the block read it.
-    auto src = reinterpret_cast<std::uintptr_t>(b_chunk_ + begin * ldb_);
-#pragma unroll
-    for (int j = 0; j < kMaxTile / kRowStep; ++j) {
-      if (first_row_ + j * kRowStep >= extent) break;
-      const bool inside = j * kRowStep < rows_left && chunk_inside_;
-      cp_async16_or_zero(dst + j * kRowStep * kRowBytes, inside ? reinterpret_cast<const void*>(src) : b_, inside);
-      src += row_step_bytes_;
-    }
-  }
-
- private:
-  static constexpr int kRowStep = kThreads / kChunksPerRow;
-  static_assert(kMaxTile % kRowStep == 0, "the unrolled copies cover the largest block");
-
-  const T* b_;
-  std::int64_t ldb_;
-  int first_row_;
-  bool chunk_inside_;
-  const T* b_chunk_;
-  std::uintptr_t row_step_bytes_;
-  std::uint32_t dst_offset_;
-};
-
-// acc += a x the lane's 4 columns of the staged B row at b_row (the lane's first column).
-template <class T>
-__device__ __forceinline__ void add_row(float a, const unsigned char* b_row, float (&acc)[kColsPerLane]) {
-  const uint2 w = *reinterpret_cast<const uint2*>(b_row);
-  const float2 lo = unpack_pair<T>(w.x), hi = unpack_pair<T>(w.y);
-  acc[0] = fmaf(a, lo.x, acc[0]);
-  acc[1] = fmaf(a, lo.y, acc[1]);
-  acc[2] = fmaf(a, hi.x, acc[2]);
-  acc[3] = fmaf(a, hi.y, acc[3]);
-}
-
 // acc += value(word) x the lane's 4 columns of B row column(word) of the stage at b_lane (the
 // lane's first column of staged row 0). Columns past the tile read the zero row.
 template <class T>
 __device__ __forceinline__ void add_entry(std::uint32_t word, const unsigned char* b_lane, float (&acc)[kColsPerLane]) {
   const std::uint32_t k = min(TwellLayout::slot_column(word), static_cast<std::uint32_t>(kZeroRow));
-  add_row<T>(twell_value<T>(word, static_cast<const T*>(nullptr), 0), b_lane + k * kRowBytes, acc);
+  const float a = twell_value<T>(word, static_cast<const T*>(nullptr), 0);
+  const uint2 w = *reinterpret_cast<const uint2*>(b_lane + k * kRowBytes);
+  const float2 lo = unpack_pair<T>(w.x), hi = unpack_pair<T>(w.y);
+  acc[0] = fmaf(a, lo.x, acc[0]);
+  acc[1] = fmaf(a, lo.y, acc[1]);
+  acc[2] = fmaf(a, hi.x, acc[2]);
+  acc[3] = fmaf(a, hi.y, acc[3]);
 }
 
 // Preconditions (spmm_stream_applies): 16-bit T; layout.tile <= 256, slots() a multiple of 4 and
@@ -193,11 +124,32 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = tid; i < (kMaxTile + 1 - tile) * kRowBytes / 4; i += kThreads) zero[i] = 0;
   }
 
+  // The thread's 16-byte column chunk of the staged B rows is fixed; it copies every
+  // kRowStep-th row from its first, `first_row`. The copies are unrolled over the largest tile
+  // with the shared offsets as immediates and the source advanced by a fixed stride: a generic
+  // loop spent ~21 instructions per copy on 64-bit addresses, about a fifth of the kernel's.
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(kMaxTile % kRowStep == 0, "the unrolled copies cover the largest tile");
+  const int chunk = tid % kChunksPerRow, first_row = tid / kChunksPerRow;
+  const bool chunk_inside = col0 + chunk * 8 < nb;
+  const T* b_chunk = b + (chunk_inside ? col0 + chunk * 8 : 0) + first_row * ldb;
+  const auto row_step_bytes = static_cast<std::uintptr_t>(kRowStep * ldb * static_cast<std::int64_t>(sizeof(T)));
   const std::uint32_t smem_base = shared_address(smem);
-  const BlockStager<T> stager(b, ldb, col0, nb, tid);
+  const std::uint32_t chunk_dst = smem_base + first_row * kRowBytes + chunk * 16;
   const auto stage_tile = [&](int t) {
+    const std::uint32_t dst = chunk_dst + (t % kStages) * kStageBytes;
+    const int rows_left = layout.tile_cols(t, k_cols) - first_row;  // rows of this tile from first_row on
+    // The address of row first_row + j * kRowStep as an integer: on the ragged last tile it runs
+    // past B, and only copies inside the tile read it.
+    auto src = reinterpret_cast<std::uintptr_t>(b_chunk + layout.tile_begin(t) * ldb);
+#pragma unroll
+    for (int j = 0; j < kMaxTile / kRowStep; ++j) {
+      if (first_row + j * kRowStep >= tile) break;
+      const bool inside = j * kRowStep < rows_left && chunk_inside;
+      cp_async16_or_zero(dst + j * kRowStep * kRowBytes, inside ? reinterpret_cast<const void*>(src) : b, inside);
+      src += row_step_bytes;
+    }
     const std::uint32_t stage = smem_base + (t % kStages) * kStageBytes;
-    stager.stage(stage, layout.tile_begin(t), layout.tile_cols(t, k_cols), tile);
 #pragma unroll
     for (int j = 0; j < kHeadsPerThread; ++j) {
       const std::uint32_t* src = head_src[j];
@@ -267,232 +219,35 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     if ((live >> r & 1u) == 0) continue;
-    store_scaled<T>(reinterpret_cast<uint2*>(c + (first + r) * ldc + col), acc[r], alpha, beta);
-  }
-}
-
-// ---- op(A) = A^T -----------------------------------------------------------------------------------
-//
-// C = A^T B with B and A of M rows: C's rows are A's columns. A CTA owns one tile of A's columns
-// (C rows tile_begin(t) on, 256 at most) and kCols columns of C, in registers as above: a warp owns
-// a window of 16 of the tile's columns, a lane 4 columns of C. It streams A's rows through
-// shared memory in blocks of 256 (the rows of B alongside, staged as the tile rows of the kernel
-// above, and the 32-byte heads of the rows' (row, t) slot groups). The slots of a group are in
-// column order, so a warp's entries in a row are one run of slots: per block, two threads per row
-// write where each window's run starts (`RowRecord`), and a warp then walks its runs 32 rows at a
-// time, one row per lane, applying each entry to its C row (a switch on the row: registers cannot
-// be indexed). Rows of a Hybrid's dense block are read from it, 16 values per window.
-//
-// Determinism: an output element is summed by one lane, A's row blocks in order; within a block,
-// the warp takes the first entry of every row that has one, then every second, and so on, rows in
-// order. The order depends on A alone, not on the grid or timing.
-
-constexpr int kWindow = 16;  // columns of A (rows of C) per warp: kRowsPerWarp rows of the CTA's block
-static_assert(kWindow == kRowsPerWarp && kWarps * kWindow == kMaxTile);
-
-// Per staged row of A: where each warp's run of slots starts (starts[w]: entries with a column
-// below w * kWindow; starts[kWarps]: all of them) and the row's index in the Hybrid's dense block
-// (-1 for none).
-struct RowRecord {
-  std::uint8_t starts[kWarps + 1];
-  std::uint8_t pad[3];
-  std::int32_t dense_row;
-};
-static_assert(sizeof(RowRecord) == 24);
-constexpr int kRecordBytes = kMaxTile * static_cast<int>(sizeof(RowRecord));
-constexpr int kSmemBytesT = kStages * kStageBytes + kRecordBytes;
-
-// acc[r % 16] += a x the lane's 4 columns of the staged B row at b_row: one jump on r, which keeps
-// acc in registers (they cannot be indexed). Valid TwELL gives 0 <= r < kWindow.
-template <class T>
-__device__ __forceinline__ void add_to_row(int r, float a, const unsigned char* b_row,
-                                           float (&acc)[kRowsPerWarp][kColsPerLane]) {
-  static_assert(kRowsPerWarp == 16);
-  const uint2 w = *reinterpret_cast<const uint2*>(b_row);
-  const float2 lo = unpack_pair<T>(w.x), hi = unpack_pair<T>(w.y);
-  const auto add = [&](float(&row)[kColsPerLane]) {
-    row[0] = fmaf(a, lo.x, row[0]);
-    row[1] = fmaf(a, lo.y, row[1]);
-    row[2] = fmaf(a, hi.x, row[2]);
-    row[3] = fmaf(a, hi.y, row[3]);
-  };
-  switch (static_cast<unsigned>(r) % 16u) {
-    case 0: return add(acc[0]);
-    case 1: return add(acc[1]);
-    case 2: return add(acc[2]);
-    case 3: return add(acc[3]);
-    case 4: return add(acc[4]);
-    case 5: return add(acc[5]);
-    case 6: return add(acc[6]);
-    case 7: return add(acc[7]);
-    case 8: return add(acc[8]);
-    case 9: return add(acc[9]);
-    case 10: return add(acc[10]);
-    case 11: return add(acc[11]);
-    case 12: return add(acc[12]);
-    case 13: return add(acc[13]);
-    case 14: return add(acc[14]);
-    default: return add(acc[15]);
-  }
-}
-
-// Preconditions (spmm_stream_t_applies): those of stream_kernel for A, B (M x nb) and C (K x nb),
-// dynamic shared memory of kSmemBytesT; `overflow` (R x K, ld_overflow) holds the rows whose
-// `shadow` entry is >= 0 (shadow null: none). Every row of C below K is written.
-template <class T>
-__global__ void __launch_bounds__(kThreads, 1)
-    stream_t_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, const std::uint32_t* __restrict__ packed,
-                    const std::int32_t* __restrict__ shadow, const T* __restrict__ overflow, std::int64_t ld_overflow,
-                    const T* __restrict__ b, std::int64_t ldb, T* __restrict__ c, std::int64_t ldc, std::int64_t nb,
-                    float alpha, float beta) {
-  extern __shared__ __align__(16) unsigned char smem[];  // [kStages][B rows | slot heads], row records
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int t = static_cast<int>(blockIdx.x);
-  const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kCols;
-  const int slots = layout.slots();
-  const std::int64_t pw = layout.packed_width(k_cols);
-  const auto cap = static_cast<std::uint32_t>(layout.capacity());
-  const int window = warp * kWindow;
-  const std::int64_t blocks = (rows + kMaxTile - 1) / kMaxTile;
-
-  const std::uint32_t smem_base = shared_address(smem);
-  auto* records = reinterpret_cast<RowRecord*>(smem + kStages * kStageBytes);
-  const BlockStager<T> stager(b, ldb, col0, nb, tid);
-  // Thread tid stages half tid % 2 of the head of row tid / 2 of each block.
-  static_assert(kMaxTile * 2 == kThreads);
-  const int head_row = tid / 2;
-  const std::int64_t head_offset = head_row * pw + static_cast<std::int64_t>(t) * slots + (tid % 2) * 4;
-  const auto stage_block = [&](std::int64_t i) {
-    const std::uint32_t stage = smem_base + static_cast<std::uint32_t>(i % kStages) * kStageBytes;
-    const std::int64_t first = i * kMaxTile;
-    const int count = static_cast<int>(min(static_cast<std::int64_t>(kMaxTile), rows - first));
-    stager.stage(stage, first, count, count);
-    const bool live = head_row < count;
-    cp_async16_or_zero(stage + kBBytes + tid * 16, live ? packed + (first * pw + head_offset) : packed, live);
-  };
-
-  float acc[kRowsPerWarp][kColsPerLane] = {};
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < blocks) stage_block(i);
-    cp_async_commit_group();
-  }
-  for (std::int64_t i = 0; i < blocks; ++i) {
-    cp_async_wait_groups<kStages - 2>();
-    __syncthreads();  // block i is staged, and every warp is done with block i - 1
-    if (i + kStages - 1 < blocks) stage_block(i + kStages - 1);  // into block i - 1's stage
-    cp_async_commit_group();
-
-    const unsigned char* stage = smem + (i % kStages) * kStageBytes;
-    const auto* heads = reinterpret_cast<const std::uint32_t*>(stage + kBBytes);  // [row][kHeadSlots]
-    const std::int64_t first = i * kMaxTile;
-    // Slot s (0-based entry) of block row `row`: the first 7 from the staged head.
-    const auto slot_word = [&](int row, std::uint32_t s) {
-      return s + 1 < kHeadSlots ? heads[row * kHeadSlots + 1 + s]
-                                : packed[(first + row) * pw + static_cast<std::int64_t>(t) * slots + 1 + s];
-    };
-    {  // Row records: thread pair (row, half) counts the entries below windows 8 * half .. 8 * half + 8.
-      const int row = tid / 2, half = tid % 2;
-      const std::int64_t m = first + row;
-      const int dense_row = shadow != nullptr && m < rows ? shadow[m] : -1;
-      const std::uint32_t n = dense_row >= 0 ? 0u : min(heads[row * kHeadSlots], cap);
-      RowRecord& rec = records[row];
-      std::uint32_t e = 0;
-      const int w_end = half == 0 ? kWarps / 2 : kWarps + 1;
-      for (int w = half * (kWarps / 2); w < w_end; ++w) {
-        while (e < n && TwellLayout::slot_column(slot_word(row, e)) < static_cast<std::uint32_t>(w * kWindow)) ++e;
-        rec.starts[w] = static_cast<std::uint8_t>(e);
-      }
-      if (half == 0) rec.dense_row = dense_row;
-    }
-    __syncthreads();
-
-    const unsigned char* b_lane = stage + lane * kColsPerLane * 2;
-#pragma unroll 1
-    for (int row0 = 0; row0 < kMaxTile; row0 += 32) {
-      const int row = row0 + lane;
-      const RowRecord& rec = records[row];
-      const int dense_row = rec.dense_row;
-      std::uint32_t s = rec.starts[warp], left = rec.starts[warp + 1] - s;
-      std::uint32_t hits = 0;  // a dense row: its nonzero columns in the window
-      const T* dense = nullptr;
-      if (dense_row >= 0) {
-        dense = overflow + dense_row * ld_overflow + layout.tile_begin(t) + window;
-        const std::int64_t inside = k_cols - (layout.tile_begin(t) + window);
+    auto* out = reinterpret_cast<uint2*>(c + (first + r) * ldc + col);
+    float v[kColsPerLane];
 #pragma unroll
-        for (int r = 0; r < kWindow; ++r) {
-          const std::uint16_t v = r < inside ? *reinterpret_cast<const std::uint16_t*>(dense + r) : 0;
-          hits |= static_cast<std::uint32_t>((v & 0x7fffu) != 0) << r;  // +-0 is not an entry
-        }
-        left = __popc(hits);
-      }
-      // Round j applies every row's j-th entry in the window, rows in order.
-      for (;;) {
-        const unsigned busy = __ballot_sync(kFull, left != 0);
-        if (busy == 0) break;
-        std::uint32_t word = 0;
-        if (left != 0) {
-          if (dense != nullptr) {
-            const int r = __ffs(hits) - 1;
-            hits &= hits - 1;
-            word = TwellLayout::pack(*reinterpret_cast<const std::uint16_t*>(dense + r),
-                                     static_cast<std::uint32_t>(window + r));
-          } else {
-            word = slot_word(row, s++);
-          }
-          --left;
-        }
-        for (unsigned pending = busy; pending != 0; pending &= pending - 1) {
-          const int from = __ffs(pending) - 1;
-          const std::uint32_t w = __shfl_sync(kFull, word, from);
-          add_to_row<T>(static_cast<int>(TwellLayout::slot_column(w)) - window,
-                        twell_value<T>(w, static_cast<const T*>(nullptr), 0), b_lane + (row0 + from) * kRowBytes, acc);
-        }
-      }
+    for (int u = 0; u < kColsPerLane; ++u) v[u] = alpha * acc[r][u];
+    if (beta != 0.0f) {
+      const uint2 old = *out;
+      const float2 lo = unpack_pair<T>(old.x), hi = unpack_pair<T>(old.y);
+      v[0] += beta * lo.x;
+      v[1] += beta * lo.y;
+      v[2] += beta * hi.x;
+      v[3] += beta * hi.y;
     }
+    *out = make_uint2(pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]));
   }
-  cp_async_wait_groups<0>();
-
-  const int width = layout.tile_cols(t, k_cols);
-  const std::int64_t col = col0 + lane * kColsPerLane;
-  if (col >= nb) return;  // nb is a multiple of 8: a lane's 4 columns are all inside or all out
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    if (window + r >= width) break;
-    auto* out = reinterpret_cast<uint2*>(c + (layout.tile_begin(t) + window + r) * ldc + col);
-    store_scaled<T>(out, acc[r], alpha, beta);
-  }
-}
-
-// The operand conditions both kernels share, with the shared memory of `smem_bytes`.
-template <class T>
-bool stream_operands_apply(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, int smem_bytes) {
-  if constexpr (sizeof(T) != 2) {
-    return false;
-  } else {
-    if (a.cols <= 0 || b.cols <= 0) return false;
-    const int slots = a.layout.slots();
-    if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
-    if (!vector_operands(b, c)) return false;
-    return smem_bytes <= shared_memory_per_block("twell::cuda::spmm (shared memory per block)");
-  }
-}
-
-void check_grid(std::int64_t blocks, std::int64_t slices, std::int64_t b_cols) {
-  require(blocks <= 0x7fffffffLL && slices <= 65535, ErrorCode::unsupported, kWhere, "A has ", blocks,
-          " blocks of rows or column tiles and B ", b_cols, " columns; the tile-streaming kernels take at most ",
-          0x7fffffffLL, " and ", 65535LL * kCols);
 }
 
 }  // namespace
 
 template <class T>
 bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c) {
-  return a.rows > 0 && stream_operands_apply(a, b, c, kSmemBytes);
-}
-
-template <class T>
-bool spmm_stream_t_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c) {
-  return stream_operands_apply(a, b, c, kSmemBytesT);
+  if constexpr (sizeof(T) != 2) {
+    return false;
+  } else {
+    if (a.rows <= 0 || a.cols <= 0 || b.cols <= 0) return false;
+    const int slots = a.layout.slots();
+    if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
+    if (!vector_operands(b, c)) return false;
+    return kSmemBytes <= shared_memory_per_block("twell::cuda::spmm (shared memory per block)");
+  }
 }
 
 template <class T>
@@ -502,7 +257,9 @@ void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseVi
           "the tile-streaming TwELL kernel was called on operands it does not take");
   const std::int64_t row_blocks = (a.rows + kRows - 1) / kRows;
   const std::int64_t slices = (b.cols + kCols - 1) / kCols;
-  check_grid(row_blocks, slices, b.cols);
+  require(row_blocks <= 0x7fffffffLL && slices <= 65535, ErrorCode::unsupported, kWhere, "A has ", a.rows,
+          " rows and B ", b.cols, " columns; the tile-streaming kernel takes at most ", 0x7fffffffLL * kRows, " and ",
+          65535LL * kCols);
   if constexpr (sizeof(T) == 2) {
     auto kernel = stream_kernel<T>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
@@ -514,32 +271,10 @@ void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseVi
   }
 }
 
-template <class T>
-void spmm_twell_stream_t(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> overflow,
-                         DenseView<const T> b, DenseView<T> c, float alpha, float beta, cudaStream_t stream) {
-  require(spmm_stream_t_applies(a, b, c), ErrorCode::invalid_argument, kWhere,
-          "the transposed tile-streaming TwELL kernel was called on operands it does not take");
-  const std::int64_t tiles = a.layout.tiles(a.cols);
-  const std::int64_t slices = (b.cols + kCols - 1) / kCols;
-  check_grid(tiles, slices, b.cols);
-  if constexpr (sizeof(T) == 2) {
-    auto kernel = stream_t_kernel<T>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesT),
-               "twell::cuda::spmm (cudaFuncSetAttribute)");
-    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(slices));
-    kernel<<<grid, kThreads, kSmemBytesT, stream>>>(a.rows, a.cols, a.layout, a.packed, shadow, overflow.data,
-                                                    overflow.ld, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
-    check_launch("twell::cuda::spmm (transposed tile-streaming kernel)");
-  }
-}
-
 #define TWELL_INSTANTIATE(T)                                                                                           \
   template bool spmm_stream_applies<T>(TwellView<const T>, DenseView<const T>, DenseView<T>);                          \
-  template bool spmm_stream_t_applies<T>(TwellView<const T>, DenseView<const T>, DenseView<T>);                        \
   template void spmm_twell_stream<T>(TwellView<const T>, const std::int32_t*, DenseView<const T>, DenseView<T>, float, \
-                                     float, cudaStream_t);                                                             \
-  template void spmm_twell_stream_t<T>(TwellView<const T>, const std::int32_t*, DenseView<const T>,                    \
-                                       DenseView<const T>, DenseView<T>, float, float, cudaStream_t);
+                                     float, cudaStream_t);
 TWELL_INSTANTIATE(bf16)
 TWELL_INSTANTIATE(fp16)
 TWELL_INSTANTIATE(float)

@@ -26,16 +26,4 @@ template <class T>
 void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
                        float alpha, float beta, cudaStream_t stream);
 
-// Whether spmm_twell_stream_t takes these operands of C = A^T B (B: M x nb, C: K x nb): the
-// conditions above, except that A may have no rows.
-template <class T>
-bool spmm_stream_t_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c);
-
-// C = alpha * A^T B + beta * C, every row of C written. A's rows whose `shadow` entry is >= 0 are
-// read from `overflow` (the Hybrid's dense block) instead; shadow null: none. Requires
-// spmm_stream_t_applies. One kernel on `stream`, no workspace.
-template <class T>
-void spmm_twell_stream_t(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> overflow,
-                         DenseView<const T> b, DenseView<T> c, float alpha, float beta, cudaStream_t stream);
-
 }  // namespace twell::cuda::detail
