@@ -1,6 +1,7 @@
 // spmm suite: the down projection C = A B with A the sparse M x 5632 hidden state and B the
 // 5632 x 2048 weight (paper shape), TwELL/Hybrid against cuSPARSE CSR/COO and dense cuBLAS.
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include <twell/bench/features.hpp>
@@ -39,8 +40,9 @@ HybridMatrix<T> to_hybrid(DenseView<const T> a, TwellLayout layout, ConvertRepor
 }
 
 // C = A^T dy, training's weight gradient dWd = h^T dy (N x K), at the same data point: twell's
-// spmm with op(A) = transpose (A to CSR, transposed, then the CSR row kernel: no native kernel,
-// docs/api.md), cuSPARSE SpMM with opA = transpose on A's CSR / COO, and cuBLAS on the dense A.
+// spmm with op(A) = transpose (A transposed into a Hybrid by the direct kernels, then the op-none
+// Hybrid path; docs/api.md), cuSPARSE SpMM with opA = transpose on A's CSR / COO, and cuBLAS on the
+// dense A.
 void transposed_cases(Harness& h, Report& report, const Case& point, const HybridMatrix<T>& a,
                       DenseView<const T> a_dense, DenseView<const T> dy, DenseView<T> c_t, double flops) {
   Case base = point;
@@ -56,7 +58,10 @@ void transposed_cases(Harness& h, Report& report, const Case& point, const Hybri
     x.bytes = detail::bytes_of(a) + dense_bytes;
     x.flops = flops;
     x.extra["path"] = path.path;
-    x.extra["includes"] = "A (Hybrid) to CSR, the CSR transpose (both allocated per call) and the CSR row kernel";
+    x.extra["includes"] = path.path.find("via_transpose") != std::string::npos
+                              ? "A transposed into a Hybrid (two passes and a read-back of its overflow row count; "
+                                "stream-ordered scratch), then the op-none Hybrid path on it"
+                              : "A (Hybrid) to CSR, the CSR transpose (both allocated per call) and the CSR row kernels";
   });
 #else
   detail::not_built(report, tw, "kernels/cuda/spmm.cu is not in this build");

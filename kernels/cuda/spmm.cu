@@ -3,11 +3,16 @@
 // tile-streaming kernel of spmm_stream.cu or the slice-reuse pre-pass and product of
 // spmm_slices.cu, by rows and layout (choose_twell_path) or as KernelOptions::spmm_algorithm asks;
 // Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
-// converts A to CSR, transposes it (stable radix sort, deterministic) and runs the CSR kernel on
-// A^T (path ".../via_csr_transpose").
+// transposes a 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a Hybrid directly
+// (transpose_twell.cu) and runs the op-none Hybrid path on it (path ".../via_transpose+<path>");
+// other operands are converted to CSR, transposed (stable radix sort, deterministic), and the CSR
+// kernel runs on A^T (path ".../via_csr_transpose").
 // Every path is deterministic: each output element is summed in a fixed order, without atomics.
 #include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include <cublas_v2.h>
 
@@ -20,6 +25,7 @@
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
 #include "spmm_stream.cuh"
+#include "transpose_twell.cuh"
 #include "vec16.cuh"
 
 namespace twell::cuda {
@@ -680,6 +686,42 @@ void transposed(const char* format, ToCsr to_csr, DenseView<const T> b, DenseVie
   detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_csr_transpose").c_str());
 }
 
+// op = transpose for 16-bit TwELL and Hybrid: A^T as a Hybrid in tiles of 256 (transpose_twell.cu,
+// in stream-ordered scratch), then the op-none Hybrid path on it, whose kernels are much faster
+// than the CSR row kernels. A^T gets A's slots per 256 columns, at least 16; beyond 32 (layouts for
+// ~2 % density and up, where A^T's storage would grow past A's CSR) the CSR route is taken. Returns
+// the path, empty where this route does not apply.
+template <class T>
+std::string via_transpose(detail::TwellRows<T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+                          const KernelOptions& options) {
+  constexpr std::int64_t kTile = 256, kMinSlots = 16, kMaxSlots = 32;
+  const TwellLayout in = a.twell.layout;
+  const auto slots = std::max<std::int64_t>(
+      kMinSlots, static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(
+                     (static_cast<std::int64_t>(in.slots()) * kTile + in.tile - 1) / in.tile))));
+  const TwellLayout layout{static_cast<std::int32_t>(kTile), static_cast<std::int32_t>(kTile / std::min(slots, kTile))};
+  if (slots > kMaxSlots || !detail::twell_transpose_applies<T>(in, layout)) return {};
+  const cudaStream_t stream = detail::stream_of(options);
+  const std::int64_t k = a.twell.cols, m = a.twell.rows;
+  const auto words = static_cast<std::size_t>(k);
+  detail::Scratch maps(3 * words * sizeof(std::int32_t), stream, kWhere);
+  auto* row_to_overflow = maps.as<std::int32_t>();
+  std::int32_t* overflow_to_row = row_to_overflow + words;
+  auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
+  const std::int64_t r = detail::twell_transpose_count(a, layout, row_to_overflow, overflow_to_row, max_count, stream);
+  detail::Scratch packed(words * static_cast<std::size_t>(layout.packed_width(m)) * sizeof(std::uint32_t), stream,
+                         kWhere);
+  detail::Scratch dense(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
+  const HybridView<T> at{TwellView<T>{k, m, layout, packed.as<std::uint32_t>(), nullptr, MemorySpace::device},
+                         DenseView<T>{dense.as<T>(), r, m, m, MemorySpace::device}, row_to_overflow, overflow_to_row};
+  detail::twell_transpose_fill(a, at, stream);
+  const HybridView<const T> view = at;
+  const std::string path = hybrid_none(view, b, c, alpha, beta, stream,
+                                       choose_twell_path(view.twell, b, c, options.spmm_algorithm), nullptr, nullptr,
+                                       nullptr);
+  return path.substr(std::string_view("cuda/spmm/hybrid/").size());
+}
+
 }  // namespace
 
 template <Value T>
@@ -714,6 +756,10 @@ template <Value T>
 void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
+    if (const std::string path = via_transpose<T>({a}, b, c, alpha, beta, options); !path.empty()) {
+      detail::report_path(options, ("cuda/spmm/twell/via_transpose+" + path).c_str());
+      return;
+    }
     transposed<T>("twell", [&](const ConvertOptions& o) { return cuda::twell_to_csr(a, o); }, b, c, alpha, beta,
                   options);
     return;
@@ -727,6 +773,11 @@ template <Value T>
 void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
   if (check_spmm(op_a, a, a.rows(), a.cols(), b, c)) {
+    const detail::TwellRows<T> rows{a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, a.overflow};
+    if (const std::string path = via_transpose<T>(rows, b, c, alpha, beta, options); !path.empty()) {
+      detail::report_path(options, ("cuda/spmm/hybrid/via_transpose+" + path).c_str());
+      return;
+    }
     transposed<T>("hybrid", [&](const ConvertOptions& o) { return cuda::hybrid_to_csr(a, o); }, b, c, alpha, beta,
                   options);
     return;

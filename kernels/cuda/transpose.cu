@@ -1,7 +1,10 @@
 // cuda transpose: sparse M x N to sparse N x M. CSR is transposed directly by a stable radix
 // sort of (column, entry) pairs, so each new row keeps its entries in increasing old-row order
-// and the result is deterministic; ELL, TwELL and Hybrid go through CSR with the cuda converters.
+// and the result is deterministic; 16-bit TwELL and Hybrid with tiles of at most 256 columns by
+// the direct kernels of transpose_twell.cu; ELL and the other TwELL and Hybrid operands go through
+// CSR with the cuda converters.
 #include <cstdint>
+#include <string>
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -10,6 +13,7 @@
 #include <twell/kernels/detail/per_format.hpp>
 
 #include "sparse_common.cuh"
+#include "transpose_twell.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -68,20 +72,44 @@ int key_bits(std::int64_t cols) {
   return bits;
 }
 
-// TwELL and Hybrid: to CSR with `to_csr`, transpose, and into a Hybrid of the given layout; only
-// the outer path is reported.
+// TwELL and Hybrid: directly (transpose_twell.cu) for 16-bit values and tiles of at most 256
+// columns on both sides, else to CSR with `to_csr`, transposed, and into a Hybrid of the given
+// layout; only the outer path is reported. The result is host-synchronous, as the CSR transpose's.
 template <class T, class View, class ToCsr>
-HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOptions& options, ToCsr to_csr,
-                                    const char* path) {
+HybridMatrix<T> transpose_to_hybrid(View a, detail::TwellRows<T> rows, TwellLayout layout,
+                                    const KernelOptions& options, ToCsr to_csr, const char* format) {
   detail::check_view(a, kWhere, "A");
   check_layout(layout, kWhere);
+  const cudaStream_t stream = detail::stream_of(options);
+  if (detail::twell_transpose_applies<T>(rows.twell.layout, layout)) {
+    const std::int64_t k = rows.twell.cols, m = rows.twell.rows;
+    const auto words = static_cast<std::size_t>(k);
+    detail::Scratch maps(3 * words * sizeof(std::int32_t), stream, kWhere);
+    auto* row_to_overflow = maps.as<std::int32_t>();
+    std::int32_t* overflow_to_row = row_to_overflow + words;
+    auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
+    const std::int64_t r =
+        detail::twell_transpose_count(rows, layout, row_to_overflow, overflow_to_row, max_count, stream);
+    HybridMatrix<T> out(k, m, layout, r, MemorySpace::device);
+    detail::check_cuda(cudaMemcpyAsync(out.row_to_overflow().data(), row_to_overflow, words * sizeof(std::int32_t),
+                                       cudaMemcpyDeviceToDevice, stream),
+                       "twell::cuda::transpose (copy)");
+    detail::check_cuda(cudaMemcpyAsync(out.overflow_to_row().data(), overflow_to_row,
+                                       static_cast<std::size_t>(r) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                                       stream),
+                       "twell::cuda::transpose (copy)");
+    detail::twell_transpose_fill(rows, out.view(), stream);
+    detail::check_cuda(cudaStreamSynchronize(stream), "twell::cuda::transpose (synchronize)");
+    detail::report_path(options, (std::string("cuda/transpose/") + format + "/direct").c_str());
+    return out;
+  }
   KernelOptions inner = options;
   inner.report = nullptr;
   const ConvertOptions convert{.overflow = OverflowPolicy::hybrid, .stream = options.stream};
   const CsrMatrix<T> csr = to_csr(a, convert);
   const CsrMatrix<T> t = transpose(csr.view(), inner);
   HybridMatrix<T> out = cuda::csr_to_hybrid(t.view(), layout, convert);
-  detail::report_path(options, path);
+  detail::report_path(options, (std::string("cuda/transpose/") + format + "/via_csr").c_str());
   return out;
 }
 
@@ -164,12 +192,13 @@ EllMatrix<T> transpose(EllView<const T> a, const KernelOptions& options) {
 
 template <Value T>
 HybridMatrix<T> transpose(TwellView<const T> a, TwellLayout layout, const KernelOptions& options) {
-  return transpose_to_hybrid<T>(a, layout, options, &cuda::twell_to_csr<T>, "cuda/transpose/twell/via_csr");
+  return transpose_to_hybrid<T>(a, detail::TwellRows<T>{a}, layout, options, &cuda::twell_to_csr<T>, "twell");
 }
 
 template <Value T>
 HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const KernelOptions& options) {
-  return transpose_to_hybrid<T>(a, layout, options, &cuda::hybrid_to_csr<T>, "cuda/transpose/hybrid/via_csr");
+  const detail::TwellRows<T> rows{a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, a.overflow};
+  return transpose_to_hybrid<T>(a, rows, layout, options, &cuda::hybrid_to_csr<T>, "hybrid");
 }
 
 template <Value T>

@@ -28,6 +28,7 @@
 #include <twell/kernels/spmm_plan.hpp>
 #include <twell/workload.hpp>
 
+#include "checks.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
 #include "sweep.hpp"
@@ -43,6 +44,7 @@ constexpr MemorySpace kDevice = MemorySpace::device;
 
 using testing::nan_dense;
 using testing::relative_bound;
+using testing::worst_row_error;
 
 // Token-skewed activations at the paper's 0.5 % mean density (the real workload's rows).
 template <class T>
@@ -55,28 +57,6 @@ DenseMatrix<T> token_skewed_activations(std::int64_t tokens, std::int64_t units,
 }
 
 constexpr std::pair<float, float> kAlphaBeta[] = {{1.0f, 0.0f}, {-0.75f, 0.0f}, {0.5f, -1.5f}};
-
-// The largest relative error of one row of got against the same row of want (Frobenius norms); a
-// row that want holds as zero must be zero. NaN when a NaN is found: poison that leaked under
-// beta = 0, or an element left unwritten.
-template <class T>
-double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
-  const auto g = got.view();
-  const auto w = want.view();
-  double worst = 0.0;
-  for (std::int64_t i = 0; i < w.rows; ++i) {
-    double diff = 0.0, norm = 0.0;
-    for (std::int64_t j = 0; j < w.cols; ++j) {
-      const double a = to_float(g.at(i, j)), b = to_float(w.at(i, j));
-      diff += (a - b) * (a - b);
-      norm += b * b;
-    }
-    if (std::isnan(diff)) return std::numeric_limits<double>::quiet_NaN();
-    const double err = norm > 0.0 ? std::sqrt(diff / norm) : (diff > 0.0 ? 1.0 : 0.0);
-    worst = std::max(worst, err);
-  }
-  return worst;
-}
 
 // The reference C = alpha A B + beta C0 (NaN-poisoned when beta == 0).
 template <class T, class HostM>
@@ -423,19 +403,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: Inf and NaN in B stay in the ro
         DenseMatrix<T> want = reference_spmm<T>(a, b, c0, alpha, beta);
         auto [got, path] = run_spmm<T>(a_dev, b_dev, c0, alpha, beta, algorithm);
         CHECK(path == expected);
-        std::int64_t mismatched = 0, non_finite = 0;
-        for (std::int64_t i = 0; i < kM; ++i) {
-          for (std::int64_t j = 0; j < kN; ++j) {
-            const float g = to_float(got.view().at(i, j)), w = to_float(want.view().at(i, j));
-            if (std::isfinite(w)) {
-              mismatched += std::isfinite(g) ? 0 : 1;
-            } else {
-              ++non_finite;
-              mismatched += (std::isnan(w) ? std::isnan(g) : g == w) ? 0 : 1;
-              got.view().at(i, j) = want.view().at(i, j) = from_float<T>(0.0f);
-            }
-          }
-        }
+        const auto [mismatched, non_finite] = testing::split_non_finite<T>(got, want);
         CHECK(non_finite > 0);
         CHECK(mismatched == 0);
         CHECK(worst_row_error<T>(got, want) <= relative_bound<T>());

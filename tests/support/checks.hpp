@@ -3,6 +3,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
 #include <twell/error.hpp>
 #include <twell/formats/dense.hpp>
 
@@ -26,6 +31,51 @@ template <class T>
 DenseView<const T> off_boundary(DenseView<const T> v) {
   v.data = reinterpret_cast<const T*>(reinterpret_cast<const char*>(v.data) + 1);
   return v;
+}
+
+// The largest relative error of one row of got against the same row of want (Frobenius norms); a
+// row that want holds as zero must be zero. NaN when a NaN is found: poison that leaked under
+// beta = 0, or an element left unwritten.
+template <class T>
+double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+  const auto g = got.view();
+  const auto w = want.view();
+  double worst = 0.0;
+  for (std::int64_t i = 0; i < w.rows; ++i) {
+    double diff = 0.0, norm = 0.0;
+    for (std::int64_t j = 0; j < w.cols; ++j) {
+      const double a = to_float(g.at(i, j)), b = to_float(w.at(i, j));
+      diff += (a - b) * (a - b);
+      norm += b * b;
+    }
+    if (std::isnan(diff)) return std::numeric_limits<double>::quiet_NaN();
+    const double err = norm > 0.0 ? std::sqrt(diff / norm) : (diff > 0.0 ? 1.0 : 0.0);
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+// Elementwise check of the non-finite elements: NaN where want has NaN, the same infinity where it
+// has one, finite where want is finite. Sets both to zero where want is not finite, so that a norm
+// check of the rest can follow. Returns {mismatched elements, non-finite elements of want}.
+template <class T>
+std::pair<std::int64_t, std::int64_t> split_non_finite(DenseMatrix<T>& got, DenseMatrix<T>& want) {
+  std::int64_t mismatched = 0, non_finite = 0;
+  auto g = got.view();
+  auto w = want.view();
+  for (std::int64_t i = 0; i < w.rows; ++i) {
+    for (std::int64_t j = 0; j < w.cols; ++j) {
+      const float gv = to_float(g.at(i, j)), wv = to_float(w.at(i, j));
+      if (std::isfinite(wv)) {
+        mismatched += std::isfinite(gv) ? 0 : 1;
+      } else {
+        ++non_finite;
+        mismatched += (std::isnan(wv) ? std::isnan(gv) : gv == wv) ? 0 : 1;
+        g.at(i, j) = w.at(i, j) = from_float<T>(0.0f);
+      }
+    }
+  }
+  return {mismatched, non_finite};
 }
 
 }  // namespace twell::testing

@@ -1,0 +1,306 @@
+// The direct transpose of 16-bit TwELL and Hybrid matrices (kernels/cuda/transpose_twell.cu) and
+// spmm with op(A) = A^T through it (kernels/cuda/spmm.cu, path ".../via_transpose+<op-none path>"),
+// against twell::reference on the same fresh random input.
+// - transpose: the Hybrid must equal the reference's word for word (slot words, both row maps, the
+//   dense block's bits) for tiny and ragged shapes, densities 0 to 100 % with NaN, Inf and -0.0
+//   values, input tiles of 16 to 256 and output tiles of 16 to 256, TwELL and Hybrid inputs
+//   (Hybrid dense rows read as whole rows), columns of A hot enough to overflow A^T's groups.
+// - spmm: C = alpha A^T B + beta C (B: M x Nb, C: K x Nb) with beta = 0 into NaN-poisoned C, every
+//   row of C checked on its own, the automatic choice and each op-none kernel forced on A^T, a
+//   repeat run bit-equal, token-skewed rows at the paper's shape, Inf and NaN in B reaching only
+//   the rows of C whose column of A has an entry in their row of B (a dense row's -0.0 is none),
+//   and the operands this route does not take going through CSR.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include <twell/converters/backends.hpp>
+#include <twell/kernels/backends.hpp>
+#include <twell/workload.hpp>
+
+#include "checks.hpp"
+#include "fixtures.hpp"
+#include "random.hpp"
+#include "sweep.hpp"
+
+using namespace twell;
+namespace ref = twell::reference;
+namespace dev = twell::cuda;
+
+namespace {
+
+constexpr MemorySpace kHost = MemorySpace::host;
+constexpr MemorySpace kDevice = MemorySpace::device;
+
+using testing::nan_dense;
+using testing::relative_bound;
+using testing::worst_row_error;
+
+template <class U>
+bool same_words(const Buffer<U>& got, const Buffer<U>& want) {
+  const Buffer<U> host = got.copy_to(kHost);
+  return host.size() == want.size() &&
+         std::equal(host.data(), host.data() + host.size(), want.data(), [](const U& x, const U& y) {
+           return std::memcmp(&x, &y, sizeof(U)) == 0;
+         });
+}
+
+// Whether a TwELL of `layout` holds every row of d.
+template <class T>
+bool fits(DenseView<const T> d, TwellLayout layout) {
+  for (std::int64_t i = 0; i < d.rows; ++i)
+    for (std::int64_t t = 0; t < layout.tiles(d.cols); ++t) {
+      std::int64_t count = 0;
+      for (std::int64_t j = layout.tile_begin(t); j < layout.tile_begin(t) + layout.tile_cols(t, d.cols); ++j)
+        count += is_stored(d.at(i, j)) ? 1 : 0;
+      if (layout.overflows(count)) return false;
+    }
+  return true;
+}
+
+template <class T, class HostM>
+void check_transpose(const HostM& a, TwellLayout out_layout, const std::string& format) {
+  CAPTURE(format);
+  CAPTURE(out_layout.tile);
+  CAPTURE(out_layout.compression);
+  const HybridMatrix<T> want = ref::transpose<T>(a.view(), out_layout);
+  const auto a_dev = a.to(kDevice);
+  KernelReport report;
+  const HybridMatrix<T> got = dev::transpose<T>(a_dev.view(), out_layout, KernelOptions{{}, &report});
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(report.path == "cuda/transpose/" + format + "/direct");
+  REQUIRE(got.overflow_rows() == want.overflow_rows());
+  CHECK(same_words(got.twell().packed(), want.twell().packed()));
+  CHECK(same_words(got.row_to_overflow(), want.row_to_overflow()));
+  CHECK(same_words(got.overflow_to_row(), want.overflow_to_row()));
+  CHECK(same_words(got.overflow().values(), want.overflow().values()));
+}
+
+constexpr std::pair<float, float> kAlphaBeta[] = {{1.0f, 0.0f}, {-0.75f, 0.0f}, {0.5f, -1.5f}};
+
+// The reference C = alpha A^T B + beta C0 (NaN-poisoned when beta == 0).
+template <class T, class HostM>
+DenseMatrix<T> reference_spmm_t(const HostM& a, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha,
+                                float beta) {
+  DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(a.cols(), b.cols()) : c0.to(kHost);
+  ref::spmm<T>(Op::transpose, a.view(), b.view(), want.view(), alpha, beta);
+  return want;
+}
+
+template <class T>
+struct SpmmRun {
+  DenseMatrix<T> got;
+  std::string path;
+};
+
+template <class T, class DevM>
+SpmmRun<T> run_spmm_t(const DevM& a_dev, const DenseMatrix<T>& b_dev, const DenseMatrix<T>& c0, float alpha,
+                      float beta, SpmmAlgorithm algorithm) {
+  DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(a_dev.cols(), b_dev.cols()).to(kDevice) : c0.to(kDevice);
+  KernelReport report;
+  KernelOptions options;
+  options.report = &report;
+  options.spmm_algorithm = algorithm;
+  dev::spmm<T>(Op::transpose, a_dev.view(), b_dev.view(), c_dev.view(), alpha, beta, options);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  return {c_dev.to(kHost), report.path};
+}
+
+template <class T>
+void check_close(const SpmmRun<T>& run, const DenseMatrix<T>& want) {
+  CAPTURE(run.path);
+  CHECK(testing::relative_error<T, T>(run.got.view(), want.view()) <= relative_bound<T>());  // NaN fails too
+  CHECK(worst_row_error<T>(run.got, want) <= relative_bound<T>());
+}
+
+// The automatic choice (twice: the same bits) and the op-none kernels forced on A^T: pair-balanced
+// always, tile-streaming for aligned operands, slice-reuse where B's M rows fit its staging.
+template <class T, class HostM>
+void check_spmm_t(const HostM& a, const DenseMatrix<T>& b, const std::string& format, std::uint64_t seed) {
+  const auto a_dev = a.to(kDevice);
+  const DenseMatrix<T> b_dev = b.to(kDevice);
+  const auto c0 = testing::random_dense<T>(a.cols(), b.cols(), 1.0f, seed + 7);
+  const std::string prefix = "cuda/spmm/" + format + "/via_transpose+";
+  std::vector<SpmmAlgorithm> forced = {SpmmAlgorithm::pair_balanced};
+  if (b.cols() % 8 == 0) forced.push_back(SpmmAlgorithm::tile_stream);
+  if (b.cols() % 8 == 0 && a.rows() <= 4000) forced.push_back(SpmmAlgorithm::slice_reuse);
+  for (const auto& [alpha, beta] : testing::sweep_ends({kAlphaBeta[0], kAlphaBeta[1], kAlphaBeta[2]})) {
+    CAPTURE(alpha);
+    CAPTURE(beta);
+    const DenseMatrix<T> want = reference_spmm_t<T>(a, b, c0, alpha, beta);
+    const SpmmRun<T> automatic = run_spmm_t<T>(a_dev, b_dev, c0, alpha, beta, SpmmAlgorithm::automatic);
+    CHECK(automatic.path.rfind(prefix, 0) == 0);
+    check_close<T>(automatic, want);
+    const SpmmRun<T> again = run_spmm_t<T>(a_dev, b_dev, c0, alpha, beta, SpmmAlgorithm::automatic);
+    CHECK(testing::bitwise_equal<T>(again.got.view(), automatic.got.view()));
+    for (const SpmmAlgorithm algorithm : forced) {
+      CAPTURE(static_cast<int>(algorithm));
+      const SpmmRun<T> run = run_spmm_t<T>(a_dev, b_dev, c0, alpha, beta, algorithm);
+      CHECK(run.path.rfind(prefix, 0) == 0);
+      check_close<T>(run, want);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the reference word for word", T, bf16, fp16) {
+  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 1},    {3, 8},     {45, 37},   {300, 70},
+                                                               {64, 1030}, {1000, 300}, {700, 5632}};
+  constexpr TwellLayout kIn[] = {{256, 16}, {128, 4}, {16, 4}};
+  constexpr TwellLayout kOut[] = {{256, 16}, {128, 8}, {16, 2}};
+  for (const auto& [m, k] : testing::sweep(kShapes)) {
+    for (const double density : testing::sweep({0.0, 0.005, 0.05, 0.5, 1.0})) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(m);
+      CAPTURE(k);
+      CAPTURE(density);
+      testing::SparseDenseOptions so;
+      so.density = density;
+      so.specials = true;
+      so.full_row_share = density > 0.0 && density < 0.5 ? 0.03 : 0.0;
+      auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
+      // A hot column: A^T's row 1 past every layout's capacity where M allows.
+      if (k > 1 && density > 0.0)
+        for (std::int64_t i = 0; i < m; i += 2) a_dense.view().at(i, 1) = from_float<T>(0.5f + 0.001f * i);
+      for (const TwellLayout in : kIn) {
+        CAPTURE(in.tile);
+        CAPTURE(in.compression);
+        const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), in);
+        const bool plain = fits<T>(a_dense.view(), in);
+        for (const TwellLayout out : kOut) {
+          check_transpose<T>(hybrid, out, "hybrid");
+          if (plain) check_transpose<T>(ref::dense_to_twell<T>(a_dense.view(), in), out, "twell");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: shapes, layouts, densities", T, bf16,
+                   fp16) {
+  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 300},   {37, 777},  {300, 5632},
+                                                               {1000, 300}, {1025, 777}, {3000, 64}};
+  // A^T gets A's slots per 256 columns: 16 for {256, 16} and {64, 16}, 32 for the others.
+  constexpr TwellLayout kLayouts[] = {{256, 16}, {64, 16}, {128, 8}, {256, 8}};
+  for (const auto& [m, k] : testing::sweep(kShapes)) {
+    for (const std::int64_t nb : testing::sweep({std::int64_t{8}, std::int64_t{136}, std::int64_t{100}})) {
+      for (const double density : testing::sweep({0.0, 0.005, 0.05, 0.5})) {
+        if (static_cast<double>(m) * static_cast<double>(k) * density * static_cast<double>(nb) > 1e8) continue;
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(m);
+        CAPTURE(k);
+        CAPTURE(nb);
+        CAPTURE(density);
+        testing::SparseDenseOptions so;
+        so.density = density;
+        so.empty_row_share = 0.1;
+        so.full_row_share = density > 0.0 && density < 0.5 ? 0.02 : 0.0;  // rows that overflow A's layout
+        const auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
+        const auto b = testing::random_dense<T>(m, nb, 1.0f, seed + 1);
+        for (const TwellLayout layout : kLayouts) {
+          CAPTURE(layout.tile);
+          CAPTURE(layout.compression);
+          if (fits<T>(a_dense.view(), layout))
+            check_spmm_t<T>(ref::dense_to_twell<T>(a_dense.view(), layout), b, "twell", seed);
+          check_spmm_t<T>(ref::dense_to_hybrid<T>(a_dense.view(), layout), b, "hybrid", seed);
+        }
+      }
+    }
+  }
+}
+
+// The paper's shape under token skew: Hybrid dense rows of A among its TwELL rows, hot units that
+// overflow A^T's groups (dense rows of A^T, through cuBLAS), rows past a staged head.
+TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: token-skewed rows, paper shape", T,
+                   bf16, fp16) {
+  constexpr std::int64_t kK = 5632;
+  const std::int64_t nb = testing::sweep_size(256, 64);
+  for (const std::int64_t m : {std::int64_t{700}, std::int64_t{2000}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(m);
+    DenseMatrix<T> a_dense = workload::activations<T>({.tokens = m,
+                                                       .units = kK,
+                                                       .density = 0.005,
+                                                       .distribution = workload::Distribution::token_skewed,
+                                                       .seed = seed});
+    for (std::int64_t i = 0; i < m; i += 3)  // a hot unit: A^T's row 77 overflows
+      a_dense.view().at(i, 77) = from_float<T>(0.25f + 0.001f * static_cast<float>(i % 97));
+    const auto b = testing::random_dense<T>(m, nb, 1.0f, seed + 1);
+    for (const TwellLayout layout : {TwellLayout{256, 16}, TwellLayout{256, 8}}) {
+      const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), layout);
+      CHECK(hybrid.overflow_rows() > 0);
+      check_spmm_t<T>(hybrid, b, "hybrid", seed);
+    }
+  }
+}
+
+// An Inf and a NaN in B reach exactly the rows of C whose column of A holds an entry in their row
+// of B; the Inf's row of A is a Hybrid dense row with -0.0 in every third column, which is no
+// entry (0 x Inf would be NaN).
+TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: Inf and NaN in B", T, bf16, fp16) {
+  constexpr std::int64_t kM = 900, kK = 777, kN = 64, kInfRow = 300, kNanRow = 301;
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  testing::SparseDenseOptions so;
+  so.density = 0.01;
+  auto a_dense = testing::random_sparse_dense<T>(kM, kK, so, seed);
+  for (std::int64_t j = 0; j < kK; ++j)
+    a_dense.view().at(kInfRow, j) = from_float<T>(j % 3 == 0 ? -0.0f : 0.5f + 0.001f * static_cast<float>(j));
+  auto b = testing::random_dense<T>(kM, kN, 1.0f, seed + 1);
+  b.view().at(kInfRow, 3) = from_float<T>(std::numeric_limits<float>::infinity());
+  b.view().at(kNanRow, 5) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  const auto c0 = testing::random_dense<T>(kK, kN, 1.0f, seed + 2);
+  const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), TwellLayout{256, 16});
+  REQUIRE(a.overflow_rows() > 0);
+  const auto a_dev = a.to(kDevice);
+  const DenseMatrix<T> b_dev = b.to(kDevice);
+  for (const auto& [alpha, beta] : kAlphaBeta) {
+    CAPTURE(alpha);
+    CAPTURE(beta);
+    DenseMatrix<T> want = reference_spmm_t<T>(a, b, c0, alpha, beta);
+    auto [got, path] = run_spmm_t<T>(a_dev, b_dev, c0, alpha, beta, SpmmAlgorithm::automatic);
+    CHECK(path.rfind("cuda/spmm/hybrid/via_transpose+", 0) == 0);
+    const auto [mismatched, non_finite] = testing::split_non_finite<T>(got, want);
+    CHECK(non_finite > 0);
+    CHECK(non_finite < kK * kN / 2);  // the -0.0 columns stay finite
+    CHECK(mismatched == 0);
+    CHECK(worst_row_error<T>(got, want) <= relative_bound<T>());
+  }
+}
+
+// fp32, tiles over 256 columns and layouts of more than 32 slots per 256 columns go through CSR
+// (the paths are checked as prefixes: A^T may have overflow rows).
+TEST_CASE("cuda spmm with op(A) = A^T takes the CSR route where the direct transpose does not apply") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  testing::SparseDenseOptions so;
+  so.density = 0.05;
+  const auto a16 = testing::random_sparse_dense<bf16>(200, 600, so, seed);
+  const auto a32 = testing::random_sparse_dense<float>(200, 600, so, seed);
+  const auto check = [&](const auto& a, const char* path) {
+    using T = std::remove_cvref_t<decltype(*a.view().overflow.data)>;
+    CAPTURE(path);
+    const auto b = testing::random_dense<T>(a.rows(), 64, 1.0f, seed + 1);
+    const auto c0 = testing::random_dense<T>(a.cols(), 64, 1.0f, seed + 2);
+    const SpmmRun<T> run = run_spmm_t<T>(a.to(kDevice), b.to(kDevice), c0, 1.0f, 0.0f, SpmmAlgorithm::automatic);
+    CHECK(run.path.rfind(path, 0) == 0);
+    check_close<T>(run, reference_spmm_t<T>(a, b, c0, 1.0f, 0.0f));
+  };
+  check(ref::dense_to_hybrid<float>(a32.view(), TwellLayout{256, 16}), "cuda/spmm/hybrid/via_csr_transpose");
+  check(ref::dense_to_hybrid<bf16>(a16.view(), TwellLayout{512, 16}), "cuda/spmm/hybrid/via_csr_transpose");
+  check(ref::dense_to_hybrid<bf16>(a16.view(), TwellLayout{256, 4}), "cuda/spmm/hybrid/via_csr_transpose");
+  check(ref::dense_to_hybrid<bf16>(a16.view(), TwellLayout{256, 16}), "cuda/spmm/hybrid/via_transpose+pair_balanced");
+}
