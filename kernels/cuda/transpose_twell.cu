@@ -75,7 +75,7 @@ __device__ __forceinline__ std::uint32_t mask_count(const std::uint32_t (&mask)[
 
 // Pass 1: max_count[k] = the largest group of A^T row k (A's column k) over the row blocks.
 template <class T>
-__global__ void __launch_bounds__(kThreads) count_kernel(TwellRows<T> a, int out_tile, std::uint32_t* max_count) {
+__global__ void __launch_bounds__(kThreads) transpose_count_kernel(TwellRows<T> a, int out_tile, std::uint32_t* max_count) {
   __shared__ std::uint32_t masks[kMaxTile][kWords];
   mark_rows(a, out_tile, masks);
   const int t = static_cast<int>(blockIdx.y), c = static_cast<int>(threadIdx.x);
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) count_kernel(TwellRows<T> a, int out
 
 // One CTA: the rows of A^T past capacity get dense-block indices in increasing order; *r_out = R.
 __global__ void __launch_bounds__(kMapThreads)
-    map_kernel(std::int64_t k, const std::uint32_t* max_count, std::uint32_t capacity, std::int32_t* row_to_overflow,
+    transpose_map_kernel(std::int64_t k, const std::uint32_t* max_count, std::uint32_t capacity, std::int32_t* row_to_overflow,
                std::int32_t* overflow_to_row, std::int64_t* r_out) {
   using Scan = cub::BlockScan<std::int64_t, kMapThreads>;
   __shared__ typename Scan::TempStorage scan;
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kMapThreads)
 // Pass 2: the slot groups of A^T for A's tile blockIdx.y and row block blockIdx.x (A^T's tile),
 // and the entries of A^T's dense rows.
 template <class T>
-__global__ void __launch_bounds__(kThreads) fill_kernel(TwellRows<T> a, HybridView<T> out) {
+__global__ void __launch_bounds__(kThreads) transpose_fill_kernel(TwellRows<T> a, HybridView<T> out) {
   __shared__ std::uint32_t masks[kMaxTile][kWords];
   const TwellLayout layout = out.twell.layout;
   mark_rows(a, layout.tile, masks);
@@ -155,13 +155,13 @@ std::int64_t twell_transpose_count(TwellRows<T> a, TwellLayout layout, std::int3
              "twell::cuda::transpose (memset)");
   if constexpr (sizeof(T) == 2) {
     if (m > 0) {
-      count_kernel<T><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(
+      transpose_count_kernel<T><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(
           a, layout.tile, max_count);
       check_launch("twell::cuda::transpose (count kernel)");
     }
   }
   Scratch r_dev(sizeof(std::int64_t), stream, kWhere);
-  map_kernel<<<1, kMapThreads, 0, stream>>>(k, max_count, static_cast<std::uint32_t>(layout.capacity()),
+  transpose_map_kernel<<<1, kMapThreads, 0, stream>>>(k, max_count, static_cast<std::uint32_t>(layout.capacity()),
                                             row_to_overflow, overflow_to_row, r_dev.as<std::int64_t>());
   check_launch("twell::cuda::transpose (map kernel)");
   std::int64_t r = 0;
@@ -183,7 +183,7 @@ void twell_transpose_fill(TwellRows<T> a, HybridView<T> out, cudaStream_t stream
                "twell::cuda::transpose (memset)");
   const std::int64_t blocks = (m + out.twell.layout.tile - 1) / out.twell.layout.tile;
   if constexpr (sizeof(T) == 2) {
-    fill_kernel<T><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.twell.layout.tiles(k))), kThreads, 0,
+    transpose_fill_kernel<T><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.twell.layout.tiles(k))), kThreads, 0,
                      stream>>>(a, out);
     check_launch("twell::cuda::transpose (fill kernel)");
   }
