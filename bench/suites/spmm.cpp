@@ -61,7 +61,7 @@ void transposed_cases(Harness& h, Report& report, const Case& point, const Hybri
     x.extra["includes"] = path.path.find("via_transpose") != std::string::npos
                               ? "A transposed into a Hybrid (two passes and a read-back of its overflow row count; "
                                 "stream-ordered scratch), then the op-none Hybrid path on it"
-                              : "A (Hybrid) to CSR, the CSR transpose (both allocated per call) and the CSR row kernels";
+                              : "A (Hybrid) to CSR, its CSR transpose (both allocated per call), the CSR row kernels";
   });
 #else
   detail::not_built(report, tw, "kernels/cuda/spmm.cu is not in this build");

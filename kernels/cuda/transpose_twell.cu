@@ -56,13 +56,15 @@ __device__ __forceinline__ void for_each_entry(const TwellRows<T>& a, std::int64
 
 // masks[c][w] bit r: row (block row 32 w + r) of the CTA's block has an entry in column c.
 template <class T>
-__device__ __forceinline__ void mark_rows(const TwellRows<T>& a, int out_tile, std::uint32_t (&masks)[kMaxTile][kWords]) {
+__device__ __forceinline__ void mark_rows(const TwellRows<T>& a, int out_tile,
+                                          std::uint32_t (&masks)[kMaxTile][kWords]) {
   for (int i = threadIdx.x; i < kMaxTile * kWords; i += kThreads) (&masks[0][0])[i] = 0;
   __syncthreads();
   const int r = static_cast<int>(threadIdx.x);
   const std::int64_t m = static_cast<std::int64_t>(blockIdx.x) * out_tile + r;
   if (r < out_tile && m < a.twell.rows)
-    for_each_entry(a, m, static_cast<int>(blockIdx.y), [&](int c, std::uint16_t) { atomicOr(&masks[c][r / 32], 1u << (r % 32)); });
+    for_each_entry(a, m, static_cast<int>(blockIdx.y),
+                   [&](int c, std::uint16_t) { atomicOr(&masks[c][r / 32], 1u << (r % 32)); });
   __syncthreads();
 }
 
@@ -75,7 +77,8 @@ __device__ __forceinline__ std::uint32_t mask_count(const std::uint32_t (&mask)[
 
 // Pass 1: max_count[k] = the largest group of A^T row k (A's column k) over the row blocks.
 template <class T>
-__global__ void __launch_bounds__(kThreads) transpose_count_kernel(TwellRows<T> a, int out_tile, std::uint32_t* max_count) {
+__global__ void __launch_bounds__(kThreads)
+    transpose_count_kernel(TwellRows<T> a, int out_tile, std::uint32_t* max_count) {
   __shared__ std::uint32_t masks[kMaxTile][kWords];
   mark_rows(a, out_tile, masks);
   const int t = static_cast<int>(blockIdx.y), c = static_cast<int>(threadIdx.x);
@@ -86,8 +89,8 @@ __global__ void __launch_bounds__(kThreads) transpose_count_kernel(TwellRows<T> 
 
 // One CTA: the rows of A^T past capacity get dense-block indices in increasing order; *r_out = R.
 __global__ void __launch_bounds__(kMapThreads)
-    transpose_map_kernel(std::int64_t k, const std::uint32_t* max_count, std::uint32_t capacity, std::int32_t* row_to_overflow,
-               std::int32_t* overflow_to_row, std::int64_t* r_out) {
+    transpose_map_kernel(std::int64_t k, const std::uint32_t* max_count, std::uint32_t capacity,
+                         std::int32_t* row_to_overflow, std::int32_t* overflow_to_row, std::int64_t* r_out) {
   using Scan = cub::BlockScan<std::int64_t, kMapThreads>;
   __shared__ typename Scan::TempStorage scan;
   const std::int64_t per = (k + kMapThreads - 1) / kMapThreads;
@@ -114,7 +117,9 @@ __global__ void __launch_bounds__(kThreads) transpose_fill_kernel(TwellRows<T> a
   const int t = static_cast<int>(blockIdx.y), r = static_cast<int>(threadIdx.x);
   const std::int64_t k0 = a.twell.layout.tile_begin(t), m = static_cast<std::int64_t>(blockIdx.x) * layout.tile + r;
   const auto cap = static_cast<std::uint32_t>(layout.capacity());
-  const auto group_of = [&](int c) { return out.twell.packed + layout.slot_offset(k0 + c, blockIdx.x, out.twell.cols); };
+  const auto group_of = [&](int c) {
+    return out.twell.packed + layout.slot_offset(k0 + c, blockIdx.x, out.twell.cols);
+  };
   if (r < layout.tile && m < a.twell.rows) {
     const std::uint32_t below = (1u << (r % 32)) - 1u;
     for_each_entry(a, m, t, [&](int c, std::uint16_t v) {
@@ -122,8 +127,7 @@ __global__ void __launch_bounds__(kThreads) transpose_fill_kernel(TwellRows<T> a
       for (int w = 0; w < r / 32; ++w) rank += __popc(masks[c][w]);
       if (rank < cap) group_of(c)[1 + rank] = TwellLayout::pack(v, static_cast<std::uint32_t>(r));
       const std::int32_t dense_row = out.row_to_overflow[k0 + c];
-      if (dense_row >= 0)
-        reinterpret_cast<std::uint16_t*>(out.overflow.data)[dense_row * out.overflow.ld + m] = v;
+      if (dense_row >= 0) reinterpret_cast<std::uint16_t*>(out.overflow.data)[dense_row * out.overflow.ld + m] = v;
     });
   }
   const int c = r;
@@ -155,14 +159,15 @@ std::int64_t twell_transpose_count(TwellRows<T> a, TwellLayout layout, std::int3
              "twell::cuda::transpose (memset)");
   if constexpr (sizeof(T) == 2) {
     if (m > 0) {
-      transpose_count_kernel<T><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(
-          a, layout.tile, max_count);
+      transpose_count_kernel<T>
+          <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(a, layout.tile,
+                                                                                                       max_count);
       check_launch("twell::cuda::transpose (count kernel)");
     }
   }
   Scratch r_dev(sizeof(std::int64_t), stream, kWhere);
   transpose_map_kernel<<<1, kMapThreads, 0, stream>>>(k, max_count, static_cast<std::uint32_t>(layout.capacity()),
-                                            row_to_overflow, overflow_to_row, r_dev.as<std::int64_t>());
+                                                      row_to_overflow, overflow_to_row, r_dev.as<std::int64_t>());
   check_launch("twell::cuda::transpose (map kernel)");
   std::int64_t r = 0;
   check_cuda(cudaMemcpyAsync(&r, r_dev.as<std::int64_t>(), sizeof(r), cudaMemcpyDeviceToHost, stream),
@@ -183,16 +188,17 @@ void twell_transpose_fill(TwellRows<T> a, HybridView<T> out, cudaStream_t stream
                "twell::cuda::transpose (memset)");
   const std::int64_t blocks = (m + out.twell.layout.tile - 1) / out.twell.layout.tile;
   if constexpr (sizeof(T) == 2) {
-    transpose_fill_kernel<T><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.twell.layout.tiles(k))), kThreads, 0,
-                     stream>>>(a, out);
+    transpose_fill_kernel<T>
+        <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.twell.layout.tiles(k))), kThreads, 0, stream>>>(
+            a, out);
     check_launch("twell::cuda::transpose (fill kernel)");
   }
 }
 
-#define TWELL_INSTANTIATE(T)                                                                                        \
-  template bool twell_transpose_applies<T>(TwellLayout, TwellLayout);                                               \
-  template std::int64_t twell_transpose_count<T>(TwellRows<T>, TwellLayout, std::int32_t*, std::int32_t*,           \
-                                                 std::uint32_t*, cudaStream_t);                                     \
+#define TWELL_INSTANTIATE(T)                                                                              \
+  template bool twell_transpose_applies<T>(TwellLayout, TwellLayout);                                     \
+  template std::int64_t twell_transpose_count<T>(TwellRows<T>, TwellLayout, std::int32_t*, std::int32_t*, \
+                                                 std::uint32_t*, cudaStream_t);                           \
   template void twell_transpose_fill<T>(TwellRows<T>, HybridView<T>, cudaStream_t);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE

@@ -49,9 +49,8 @@ template <class U>
 bool same_words(const Buffer<U>& got, const Buffer<U>& want) {
   const Buffer<U> host = got.copy_to(kHost);
   return host.size() == want.size() &&
-         std::equal(host.data(), host.data() + host.size(), want.data(), [](const U& x, const U& y) {
-           return std::memcmp(&x, &y, sizeof(U)) == 0;
-         });
+         std::equal(host.data(), host.data() + host.size(), want.data(),
+                    [](const U& x, const U& y) { return std::memcmp(&x, &y, sizeof(U)) == 0; });
 }
 
 // Whether a TwELL of `layout` holds every row of d.
@@ -103,8 +102,8 @@ struct SpmmRun {
 };
 
 template <class T, class DevM>
-SpmmRun<T> run_spmm_t(const DevM& a_dev, const DenseMatrix<T>& b_dev, const DenseMatrix<T>& c0, float alpha,
-                      float beta, SpmmAlgorithm algorithm) {
+SpmmRun<T> run_spmm_t(const DevM& a_dev, const DenseMatrix<T>& b_dev, const DenseMatrix<T>& c0, float alpha, float beta,
+                      SpmmAlgorithm algorithm) {
   DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(a_dev.cols(), b_dev.cols()).to(kDevice) : c0.to(kDevice);
   KernelReport report;
   KernelOptions options;
@@ -154,7 +153,7 @@ void check_spmm_t(const HostM& a, const DenseMatrix<T>& b, const std::string& fo
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the reference word for word", T, bf16, fp16) {
-  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 1},    {3, 8},     {45, 37},   {300, 70},
+  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 1},     {3, 8},      {45, 37},   {300, 70},
                                                                {64, 1030}, {1000, 300}, {700, 5632}};
   constexpr TwellLayout kIn[] = {{256, 16}, {128, 4}, {16, 4}};
   constexpr TwellLayout kOut[] = {{256, 16}, {128, 8}, {16, 2}};
@@ -189,7 +188,7 @@ TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the refere
 
 TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: shapes, layouts, densities", T, bf16,
                    fp16) {
-  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 300},   {37, 777},  {300, 5632},
+  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 300},    {37, 777},   {300, 5632},
                                                                {1000, 300}, {1025, 777}, {3000, 64}};
   // A^T gets A's slots per 256 columns: 16 for {256, 16} and {64, 16}, 32 for the others.
   constexpr TwellLayout kLayouts[] = {{256, 16}, {64, 16}, {128, 8}, {256, 8}};
@@ -223,8 +222,8 @@ TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: sha
 
 // The paper's shape under token skew: Hybrid dense rows of A among its TwELL rows, hot units that
 // overflow A^T's groups (dense rows of A^T, through cuBLAS), rows past a staged head.
-TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: token-skewed rows, paper shape", T,
-                   bf16, fp16) {
+TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: token-skewed rows, paper shape", T, bf16,
+                   fp16) {
   constexpr std::int64_t kK = 5632;
   const std::int64_t nb = testing::sweep_size(256, 64);
   for (const std::int64_t m : {std::int64_t{700}, std::int64_t{2000}}) {
