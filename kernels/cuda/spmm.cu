@@ -689,8 +689,10 @@ void transposed(const char* format, ToCsr to_csr, DenseView<const T> b, DenseVie
 // op = transpose for 16-bit TwELL and Hybrid: A^T as a Hybrid in tiles of 256 (transpose_twell.cu,
 // in stream-ordered scratch), then the op-none Hybrid path on it, whose kernels are much faster
 // than the CSR row kernels. A^T gets A's slots per 256 columns, at least 16; beyond 32 (layouts for
-// ~2 % density and up, where A^T's storage would grow past A's CSR) the CSR route is taken. Returns
-// the path, empty where this route does not apply.
+// ~2 % density and up, where A^T's storage would grow past A's CSR) the CSR route is taken. The
+// product of A^T's TwELL rows is enqueued before the host waits for the number of A^T's dense
+// rows, which it needs to allocate their block. Returns the path, empty where this route does not
+// apply.
 template <class T>
 std::string via_transpose(detail::TwellRows<T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
                           const KernelOptions& options) {
@@ -704,22 +706,31 @@ std::string via_transpose(detail::TwellRows<T> a, DenseView<const T> b, DenseVie
   const cudaStream_t stream = detail::stream_of(options);
   const std::int64_t k = a.twell.cols, m = a.twell.rows;
   const auto words = static_cast<std::size_t>(k);
-  detail::Scratch maps(3 * words * sizeof(std::int32_t), stream, kWhere);
-  auto* row_to_overflow = maps.as<std::int32_t>();
+  const auto packed_words = words * static_cast<std::size_t>(layout.packed_width(m));
+  detail::Scratch work(sizeof(std::int64_t) + (packed_words + 3 * words) * sizeof(std::uint32_t), stream, kWhere);
+  auto* r_device = work.as<std::int64_t>();
+  auto* packed = reinterpret_cast<std::uint32_t*>(r_device + 1);
+  auto* row_to_overflow = reinterpret_cast<std::int32_t*>(packed + packed_words);
   std::int32_t* overflow_to_row = row_to_overflow + words;
   auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
-  const std::int64_t r = detail::twell_transpose_count(a, layout, row_to_overflow, overflow_to_row, max_count, stream);
-  detail::Scratch packed(words * static_cast<std::size_t>(layout.packed_width(m)) * sizeof(std::uint32_t), stream,
-                         kWhere);
+  const TwellView<T> at{k, m, layout, packed, nullptr, MemorySpace::device};
+  detail::twell_transpose_groups(a, at, row_to_overflow, overflow_to_row, max_count, r_device, stream);
+  const detail::CountReadBack r_back(r_device, stream);
+  const TwellView<const T> at_const = at;
+  std::string path = twell_none(at_const, row_to_overflow, b, c, alpha, beta, stream,
+                                choose_twell_path(at_const, b, c, options.spmm_algorithm), nullptr, nullptr);
+  if (path != kSlicePath && path != kStreamPath) path = "pair_balanced";
+  const std::int64_t r = r_back.wait();
+  if (r == 0) return path;
+  require_int(b.cols, "B columns");
+  require_int(m, "A^T columns");
+  require_int(b.ld, "B leading dimension");
   detail::Scratch dense(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
-  const HybridView<T> at{TwellView<T>{k, m, layout, packed.as<std::uint32_t>(), nullptr, MemorySpace::device},
-                         DenseView<T>{dense.as<T>(), r, m, m, MemorySpace::device}, row_to_overflow, overflow_to_row};
-  detail::twell_transpose_fill(a, at, stream);
-  const HybridView<const T> view = at;
-  const std::string path = hybrid_none(view, b, c, alpha, beta, stream,
-                                       choose_twell_path(view.twell, b, c, options.spmm_algorithm), nullptr, nullptr,
-                                       nullptr);
-  return path.substr(std::string_view("cuda/spmm/hybrid/").size());
+  const HybridView<T> hybrid{at, DenseView<T>{dense.as<T>(), r, m, m, MemorySpace::device}, row_to_overflow,
+                             overflow_to_row};
+  detail::twell_transpose_dense_rows(a, hybrid, stream);
+  overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream, nullptr);
+  return path + "+cublas_overflow";
 }
 
 }  // namespace

@@ -84,21 +84,23 @@ HybridMatrix<T> transpose_to_hybrid(View a, detail::TwellRows<T> rows, TwellLayo
   if (detail::twell_transpose_applies<T>(rows.twell.layout, layout)) {
     const std::int64_t k = rows.twell.cols, m = rows.twell.rows;
     const auto words = static_cast<std::size_t>(k);
-    detail::Scratch maps(3 * words * sizeof(std::int32_t), stream, kWhere);
-    auto* row_to_overflow = maps.as<std::int32_t>();
-    std::int32_t* overflow_to_row = row_to_overflow + words;
+    HybridMatrix<T> out(k, m, layout, 0, MemorySpace::device);  // the dense block once R is known
+    detail::Scratch work(2 * words * sizeof(std::int32_t) + sizeof(std::int64_t), stream, kWhere);
+    auto* r_device = work.as<std::int64_t>();
+    auto* overflow_to_row = reinterpret_cast<std::int32_t*>(r_device + 1);
     auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
-    const std::int64_t r =
-        detail::twell_transpose_count(rows, layout, row_to_overflow, overflow_to_row, max_count, stream);
-    HybridMatrix<T> out(k, m, layout, r, MemorySpace::device);
-    detail::check_cuda(cudaMemcpyAsync(out.row_to_overflow().data(), row_to_overflow, words * sizeof(std::int32_t),
-                                       cudaMemcpyDeviceToDevice, stream),
-                       "twell::cuda::transpose (copy)");
-    detail::check_cuda(cudaMemcpyAsync(out.overflow_to_row().data(), overflow_to_row,
-                                       static_cast<std::size_t>(r) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
-                                       stream),
-                       "twell::cuda::transpose (copy)");
-    detail::twell_transpose_fill(rows, out.view(), stream);
+    detail::twell_transpose_groups(rows, out.twell().view(), out.row_to_overflow().data(), overflow_to_row, max_count,
+                                   r_device, stream);
+    const std::int64_t r = detail::CountReadBack(r_device, stream).wait();
+    if (r > 0) {
+      out.overflow() = DenseMatrix<T>(r, m, MemorySpace::device);
+      out.overflow_to_row() = Buffer<std::int32_t>(static_cast<std::size_t>(r), MemorySpace::device);
+      detail::check_cuda(cudaMemcpyAsync(out.overflow_to_row().data(), overflow_to_row,
+                                         static_cast<std::size_t>(r) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
+                                         stream),
+                         "twell::cuda::transpose (copy)");
+      detail::twell_transpose_dense_rows(rows, out.view(), stream);
+    }
     detail::check_cuda(cudaStreamSynchronize(stream), "twell::cuda::transpose (synchronize)");
     detail::report_path(options, (std::string("cuda/transpose/") + format + "/direct").c_str());
     return out;

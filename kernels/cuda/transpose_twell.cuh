@@ -23,22 +23,37 @@ struct TwellRows {
 };
 
 // Whether the direct transpose takes A's layout and the output's: 16-bit values, tiles of at most
-// 256 columns on both sides.
+// 256 columns on both sides, at most 32 slots per output group.
 template <class T>
 bool twell_transpose_applies(TwellLayout a_layout, TwellLayout out_layout);
 
-// Pass 1 of A^T (K x M) in `layout`: marks the rows of A^T (A's columns) with a (row, tile) group
-// past capacity. Writes row_to_overflow (K entries: -1 or the row's index in the dense block) and
-// the first R entries of overflow_to_row (room for K), using `max_count` (K words) as workspace,
-// and returns R. Synchronises `stream`: R is read back.
+// Pass 1 of A^T (K x M) into `out` (K x M in its layout): every slot group in full (the true count,
+// the first entries in increasing row of A, zeros); which rows of A^T have a group past capacity
+// (row_to_overflow: K entries, -1 or the row's index in the dense block; the first R entries of
+// overflow_to_row, room for K); R into *r_device. `max_count`: K words of workspace. Asynchronous.
 template <class T>
-std::int64_t twell_transpose_count(TwellRows<T> a, TwellLayout layout, std::int32_t* row_to_overflow,
-                                   std::int32_t* overflow_to_row, std::uint32_t* max_count, cudaStream_t stream);
+void twell_transpose_groups(TwellRows<T> a, TwellView<T> out, std::int32_t* row_to_overflow,
+                            std::int32_t* overflow_to_row, std::uint32_t* max_count, std::int64_t* r_device,
+                            cudaStream_t stream);
 
-// Pass 2: writes `out` (K x M, the layout and maps of pass 1, an R x M dense block): every slot
-// group in full (count, entries in increasing row of A, zeros), the rows of A^T past capacity also
-// whole into the dense block. The result is that of the reference's transpose. Asynchronous.
+// Pass 2: the rows of A^T past capacity, whole, into out's R x M dense block (zeroed here), with
+// the maps of pass 1. Together the two passes give the reference transpose. Asynchronous.
 template <class T>
-void twell_transpose_fill(TwellRows<T> a, HybridView<T> out, cudaStream_t stream);
+void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t stream);
+
+// A device count copied to pinned host memory behind the work on `stream` so far: the host can
+// enqueue more work before wait() blocks for the value.
+class CountReadBack {
+ public:
+  CountReadBack(const std::int64_t* count_device, cudaStream_t stream);
+  CountReadBack(const CountReadBack&) = delete;
+  CountReadBack& operator=(const CountReadBack&) = delete;
+  ~CountReadBack();
+  std::int64_t wait() const;
+
+ private:
+  std::int64_t* host_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+};
 
 }  // namespace twell::cuda::detail
