@@ -707,12 +707,15 @@ std::string via_transpose(detail::TwellRows<T> a, DenseView<const T> b, DenseVie
   const std::int64_t k = a.twell.cols, m = a.twell.rows;
   const auto words = static_cast<std::size_t>(k);
   const auto packed_words = words * static_cast<std::size_t>(layout.packed_width(m));
-  detail::Scratch work(sizeof(std::int64_t) + (packed_words + 3 * words) * sizeof(std::uint32_t), stream, kWhere);
-  auto* r_device = work.as<std::int64_t>();
-  auto* packed = reinterpret_cast<std::uint32_t*>(r_device + 1);
+  // One allocation: A^T's slots first (the op-none kernels want them 16-byte aligned), its maps, the
+  // count workspace, and R (8-byte aligned).
+  const std::size_t words_before_r = (packed_words + 3 * words + 1) / 2 * 2;
+  detail::Scratch work(words_before_r * sizeof(std::uint32_t) + sizeof(std::int64_t), stream, kWhere);
+  auto* packed = work.as<std::uint32_t>();
   auto* row_to_overflow = reinterpret_cast<std::int32_t*>(packed + packed_words);
   std::int32_t* overflow_to_row = row_to_overflow + words;
   auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
+  auto* r_device = reinterpret_cast<std::int64_t*>(packed + words_before_r);
   const TwellView<T> at{k, m, layout, packed, nullptr, MemorySpace::device};
   detail::twell_transpose_groups(a, at, row_to_overflow, overflow_to_row, max_count, r_device, stream);
   const detail::CountReadBack r_back(r_device, stream);

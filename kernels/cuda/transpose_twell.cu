@@ -25,10 +25,11 @@ namespace twell::cuda::detail {
 namespace {
 
 constexpr const char* kWhere = "twell::cuda::transpose";
-constexpr int kMaxTile = 256;          // columns of A per CTA, and rows of A per CTA (the output tile)
-constexpr int kThreads = kMaxTile;     // a thread per row, then a thread per column
-constexpr int kWords = kMaxTile / 32;  // words of a column's row mask
-constexpr int kMaxSlots = 32;          // slots of an output group: a CTA's groups fit in shared memory
+constexpr int kMaxTile = 256;           // columns of A per CTA, and rows of A per CTA (the output tile)
+constexpr int kThreads = kMaxTile;      // a thread per row, then a thread per column
+constexpr int kWords = kMaxTile / 32;   // words of a column's row mask
+constexpr int kMaskPitch = kWords + 1;  // a column's mask in shared memory: thread c reads column c conflict-free
+constexpr int kMaxSlots = 32;           // slots of an output group: a CTA's groups fit in shared memory
 constexpr int kMapThreads = 1024;
 
 // Calls f(column in the tile, value bits) for each entry of row m of A in tile t (16-bit values;
@@ -60,8 +61,8 @@ __device__ __forceinline__ void for_each_entry(const TwellRows<T>& a, std::int64
 // masks[c][w] bit r: row (block row 32 w + r) of the CTA's block has an entry in column c.
 template <class T>
 __device__ __forceinline__ void mark_rows(const TwellRows<T>& a, int out_tile,
-                                          std::uint32_t (&masks)[kMaxTile][kWords]) {
-  for (int i = threadIdx.x; i < kMaxTile * kWords; i += kThreads) (&masks[0][0])[i] = 0;
+                                          std::uint32_t (&masks)[kMaxTile][kMaskPitch]) {
+  for (int i = threadIdx.x; i < kMaxTile * kMaskPitch; i += kThreads) (&masks[0][0])[i] = 0;
   __syncthreads();
   const int r = static_cast<int>(threadIdx.x);
   const std::int64_t m = static_cast<std::int64_t>(blockIdx.x) * out_tile + r;
@@ -71,7 +72,7 @@ __device__ __forceinline__ void mark_rows(const TwellRows<T>& a, int out_tile,
   __syncthreads();
 }
 
-__device__ __forceinline__ std::uint32_t mask_count(const std::uint32_t (&mask)[kWords]) {
+__device__ __forceinline__ std::uint32_t mask_count(const std::uint32_t (&mask)[kMaskPitch]) {
   std::uint32_t n = 0;
 #pragma unroll
   for (int w = 0; w < kWords; ++w) n += __popc(mask[w]);
@@ -84,18 +85,20 @@ __device__ __forceinline__ std::uint32_t mask_count(const std::uint32_t (&mask)[
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     transpose_groups_kernel(TwellRows<T> a, TwellView<T> out, std::uint32_t* max_count) {
-  __shared__ std::uint32_t masks[kMaxTile][kWords];
+  __shared__ std::uint32_t masks[kMaxTile][kMaskPitch];
   __shared__ std::uint32_t groups[kMaxTile * kMaxSlots];  // [column of A][slot]
   const TwellLayout layout = out.layout;
   const int slots = layout.slots(), t = static_cast<int>(blockIdx.y), r = static_cast<int>(threadIdx.x);
   const auto cap = static_cast<std::uint32_t>(layout.capacity());
   const int width = a.twell.layout.tile_cols(t, a.twell.cols);
   const std::int64_t k0 = a.twell.layout.tile_begin(t), m = static_cast<std::int64_t>(blockIdx.x) * layout.tile + r;
+  // Zero first, in consecutive words (column r's own slots are 32 words apart from column r + 1's:
+  // one bank); mark_rows's barriers order it before the writes below.
+  for (int i = r; i < width * slots; i += kThreads) groups[i] = 0;
   mark_rows(a, layout.tile, masks);
-  if (r < width) {  // column r: its count, its unused slots zero
+  if (r < width) {  // column r's count
     const std::uint32_t n = mask_count(masks[r]);
     groups[r * slots] = n;
-    for (int s = static_cast<int>(min(n, cap)) + 1; s < slots; ++s) groups[r * slots + s] = 0;
     if (n > 0) atomicMax(&max_count[k0 + r], n);
   }
   if (r < layout.tile && m < a.twell.rows) {
