@@ -237,6 +237,8 @@ TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: tok
                                                        .seed = seed});
     for (std::int64_t i = 0; i < m; i += 3)  // a hot unit: A^T's row 77 overflows
       a_dense.view().at(i, 77) = from_float<T>(0.25f + 0.001f * static_cast<float>(i % 97));
+    for (std::int64_t j = 512; j < 512 + 40; ++j)  // a row past 32 slots in one tile: a dense row of A
+      a_dense.view().at(5, j) = from_float<T>(-0.5f - 0.001f * static_cast<float>(j));
     const auto b = testing::random_dense<T>(m, nb, 1.0f, seed + 1);
     for (const TwellLayout layout : {TwellLayout{256, 16}, TwellLayout{256, 8}}) {
       const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), layout);
