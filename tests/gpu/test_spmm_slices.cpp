@@ -31,6 +31,7 @@
 #include "checks.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "spmm_runs.hpp"
 #include "sweep.hpp"
 
 using namespace twell;
@@ -56,35 +57,19 @@ DenseMatrix<T> token_skewed_activations(std::int64_t tokens, std::int64_t units,
                                    .seed = seed});
 }
 
-constexpr std::pair<float, float> kAlphaBeta[] = {{1.0f, 0.0f}, {-0.75f, 0.0f}, {0.5f, -1.5f}};
+using testing::kSpmmAlphaBeta;
+using testing::SpmmRun;
 
-// The reference C = alpha A B + beta C0 (NaN-poisoned when beta == 0).
+// The reference and the cuda C = alpha A B + beta C0 (op none).
 template <class T, class HostM>
 DenseMatrix<T> reference_spmm(const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha,
                               float beta) {
-  DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(a_host.rows(), b.cols()) : c0.to(kHost);
-  ref::spmm<T>(Op::none, a_host.view(), b.view(), want.view(), alpha, beta);
-  return want;
+  return testing::reference_spmm<T>(Op::none, a_host, b, c0, alpha, beta);
 }
-
-// The cuda C = alpha A B + beta C0 (C poisoned with NaN when beta == 0) by `algorithm`, and the
-// path it reports.
-template <class T>
-struct SpmmRun {
-  DenseMatrix<T> got;
-  std::string path;
-};
 template <class T, class DevM>
 SpmmRun<T> run_spmm(const DevM& a_dev, const DenseMatrix<T>& b_dev, const DenseMatrix<T>& c0, float alpha, float beta,
                     SpmmAlgorithm algorithm) {
-  DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(a_dev.rows(), b_dev.cols()).to(kDevice) : c0.to(kDevice);
-  KernelReport report;
-  KernelOptions options;
-  options.report = &report;
-  options.spmm_algorithm = algorithm;
-  dev::spmm<T>(Op::none, a_dev.view(), b_dev.view(), c_dev.view(), alpha, beta, options);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  return {c_dev.to(kHost), report.path};
+  return testing::run_spmm<T>(Op::none, a_dev, b_dev, c0, alpha, beta, algorithm);
 }
 
 // The kernels a case forces, each with the path it must report.
@@ -130,7 +115,7 @@ template <class T, class HostM>
 void check_all(const HostM& a, const DenseMatrix<T>& b, const Kernels& forced, std::uint64_t seed,
                dev::SpmmPlan<T>* plan = nullptr) {
   const auto c0 = testing::random_dense<T>(a.rows(), b.cols(), 1.0f, seed + 2);
-  for (const auto& [alpha, beta] : testing::sweep_ends({kAlphaBeta[0], kAlphaBeta[1], kAlphaBeta[2]}))
+  for (const auto& [alpha, beta] : testing::sweep_ends({kSpmmAlphaBeta[0], kSpmmAlphaBeta[1], kSpmmAlphaBeta[2]}))
     check_spmm<T>(a, b, c0, alpha, beta, forced, plan);
 }
 
@@ -395,7 +380,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: Inf and NaN in B stay in the ro
       rows_hit += to_float(a_dense.view().at(i, kInfRow)) != 0.0f || to_float(a_dense.view().at(i, kNanRow)) != 0.0f;
     REQUIRE(rows_hit > 0);
     REQUIRE(rows_hit < kM / 4);  // most rows must stay finite, or the test shows nothing
-    for (const auto& [alpha, beta] : kAlphaBeta) {
+    for (const auto& [alpha, beta] : kSpmmAlphaBeta) {
       for (const auto& [algorithm, expected] : twell_kernels(layout, kK)) {
         CAPTURE(alpha);
         CAPTURE(beta);

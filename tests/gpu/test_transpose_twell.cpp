@@ -30,6 +30,7 @@
 #include "checks.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "spmm_runs.hpp"
 #include "sweep.hpp"
 
 using namespace twell;
@@ -84,34 +85,19 @@ void check_transpose(const HostM& a, TwellLayout out_layout, const std::string& 
   CHECK(same_words(got.overflow().values(), want.overflow().values()));
 }
 
-constexpr std::pair<float, float> kAlphaBeta[] = {{1.0f, 0.0f}, {-0.75f, 0.0f}, {0.5f, -1.5f}};
+using testing::kSpmmAlphaBeta;
+using testing::SpmmRun;
 
-// The reference C = alpha A^T B + beta C0 (NaN-poisoned when beta == 0).
+// The reference and the cuda C = alpha A^T B + beta C0.
 template <class T, class HostM>
 DenseMatrix<T> reference_spmm_t(const HostM& a, const DenseMatrix<T>& b, const DenseMatrix<T>& c0, float alpha,
                                 float beta) {
-  DenseMatrix<T> want = beta == 0.0f ? nan_dense<T>(a.cols(), b.cols()) : c0.to(kHost);
-  ref::spmm<T>(Op::transpose, a.view(), b.view(), want.view(), alpha, beta);
-  return want;
+  return testing::reference_spmm<T>(Op::transpose, a, b, c0, alpha, beta);
 }
-
-template <class T>
-struct SpmmRun {
-  DenseMatrix<T> got;
-  std::string path;
-};
-
 template <class T, class DevM>
-SpmmRun<T> run_spmm_t(const DevM& a_dev, const DenseMatrix<T>& b_dev, const DenseMatrix<T>& c0, float alpha, float beta,
-                      SpmmAlgorithm algorithm) {
-  DenseMatrix<T> c_dev = beta == 0.0f ? nan_dense<T>(a_dev.cols(), b_dev.cols()).to(kDevice) : c0.to(kDevice);
-  KernelReport report;
-  KernelOptions options;
-  options.report = &report;
-  options.spmm_algorithm = algorithm;
-  dev::spmm<T>(Op::transpose, a_dev.view(), b_dev.view(), c_dev.view(), alpha, beta, options);
-  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  return {c_dev.to(kHost), report.path};
+SpmmRun<T> run_spmm_t(const DevM& a_dev, const DenseMatrix<T>& b_dev, const DenseMatrix<T>& c0, float alpha,
+                      float beta, SpmmAlgorithm algorithm) {
+  return testing::run_spmm<T>(Op::transpose, a_dev, b_dev, c0, alpha, beta, algorithm);
 }
 
 template <class T>
@@ -132,7 +118,7 @@ void check_spmm_t(const HostM& a, const DenseMatrix<T>& b, const std::string& fo
   std::vector<SpmmAlgorithm> forced = {SpmmAlgorithm::pair_balanced};
   if (b.cols() % 8 == 0) forced.push_back(SpmmAlgorithm::tile_stream);
   if (b.cols() % 8 == 0 && a.rows() <= 4000) forced.push_back(SpmmAlgorithm::slice_reuse);
-  for (const auto& [alpha, beta] : testing::sweep_ends({kAlphaBeta[0], kAlphaBeta[1], kAlphaBeta[2]})) {
+  for (const auto& [alpha, beta] : testing::sweep_ends({kSpmmAlphaBeta[0], kSpmmAlphaBeta[1], kSpmmAlphaBeta[2]})) {
     CAPTURE(alpha);
     CAPTURE(beta);
     const DenseMatrix<T> want = reference_spmm_t<T>(a, b, c0, alpha, beta);
@@ -268,7 +254,7 @@ TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: Inf
   REQUIRE(a.overflow_rows() > 0);
   const auto a_dev = a.to(kDevice);
   const DenseMatrix<T> b_dev = b.to(kDevice);
-  for (const auto& [alpha, beta] : kAlphaBeta) {
+  for (const auto& [alpha, beta] : kSpmmAlphaBeta) {
     CAPTURE(alpha);
     CAPTURE(beta);
     DenseMatrix<T> want = reference_spmm_t<T>(a, b, c0, alpha, beta);
