@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <optional>
 #include <string>
-#include <string_view>
 
 #include <cublas_v2.h>
 
@@ -686,54 +686,83 @@ void transposed(const char* format, ToCsr to_csr, DenseView<const T> b, DenseVie
   detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_csr_transpose").c_str());
 }
 
-// op = transpose for 16-bit TwELL and Hybrid: A^T as a Hybrid in tiles of 256 (transpose_twell.cu,
-// in stream-ordered scratch), then the op-none Hybrid path on it, whose kernels are much faster
-// than the CSR row kernels. A^T gets A's slots per 256 columns, at least 16; beyond 32 (layouts for
-// ~2 % density and up, where A^T's storage would grow past A's CSR) the CSR route is taken. The
-// product of A^T's TwELL rows is enqueued before the host waits for the number of A^T's dense
-// rows, which it needs to allocate their block. Returns the path, empty where this route does not
-// apply.
+// op = transpose for 16-bit TwELL and Hybrid: A^T as a Hybrid in tiles of 256 (transpose_twell.cu),
+// then the op-none Hybrid path on it, whose kernels are much faster than the CSR row kernels. A^T
+// gets A's slots per 256 columns, at least 16; beyond 32 (layouts for ~2 % density and up, where
+// A^T's storage would grow past A's CSR) the CSR route is taken: transposed_layout says none.
 template <class T>
-std::string via_transpose(detail::TwellRows<T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-                          const KernelOptions& options) {
+std::optional<TwellLayout> transposed_layout(TwellLayout in) {
   constexpr std::int64_t kTile = 256, kMinSlots = 16, kMaxSlots = 32;
-  const TwellLayout in = a.twell.layout;
   const auto slots = std::max<std::int64_t>(
       kMinSlots, static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(
                      (static_cast<std::int64_t>(in.slots()) * kTile + in.tile - 1) / in.tile))));
-  const TwellLayout layout{static_cast<std::int32_t>(kTile), static_cast<std::int32_t>(kTile / std::min(slots, kTile))};
-  if (slots > kMaxSlots || !detail::twell_transpose_applies<T>(in, layout)) return {};
-  const cudaStream_t stream = detail::stream_of(options);
+  if (slots > kMaxSlots) return std::nullopt;
+  const TwellLayout layout{static_cast<std::int32_t>(kTile), static_cast<std::int32_t>(kTile / slots)};
+  if (!detail::twell_transpose_applies<T>(in, layout)) return std::nullopt;
+  return layout;
+}
+
+// 32-bit words of the transposed route's working storage for A (m x k), A^T in `layout`: A^T's
+// slots first (the op-none kernels want them 16-byte aligned), its two maps, the count workspace,
+// and R (8-byte aligned).
+std::size_t transposed_words(std::int64_t m, std::int64_t k, TwellLayout layout) {
+  const auto words = static_cast<std::size_t>(k);
+  return (words * static_cast<std::size_t>(layout.packed_width(m)) + 3 * words + 1) / 2 * 2 + 2;
+}
+
+// C = alpha A^T B + beta C through A^T in `layout`, in `work` (transposed_words). The product of
+// A^T's TwELL rows is enqueued before the host waits for the number R of A^T's dense rows; then
+// dense_rows(R) gives room for R x m values and overflow_tmp(R) for R x Nb floats (or null: the
+// overflow product allocates its own). Returns the op-none path on A^T.
+template <class T, class DenseRows, class OverflowTmp>
+std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, DenseView<const T> b, DenseView<T> c,
+                               float alpha, float beta, SpmmAlgorithm algorithm, cudaStream_t stream,
+                               std::uint32_t* work, DenseRows dense_rows, OverflowTmp overflow_tmp) {
   const std::int64_t k = a.twell.cols, m = a.twell.rows;
   const auto words = static_cast<std::size_t>(k);
   const auto packed_words = words * static_cast<std::size_t>(layout.packed_width(m));
-  // One allocation: A^T's slots first (the op-none kernels want them 16-byte aligned), its maps, the
-  // count workspace, and R (8-byte aligned).
-  const std::size_t words_before_r = (packed_words + 3 * words + 1) / 2 * 2;
-  detail::Scratch work(words_before_r * sizeof(std::uint32_t) + sizeof(std::int64_t), stream, kWhere);
-  auto* packed = work.as<std::uint32_t>();
+  std::uint32_t* packed = work;
   auto* row_to_overflow = reinterpret_cast<std::int32_t*>(packed + packed_words);
   std::int32_t* overflow_to_row = row_to_overflow + words;
   auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
-  auto* r_device = reinterpret_cast<std::int64_t*>(packed + words_before_r);
+  auto* r_device = reinterpret_cast<std::int64_t*>(work + transposed_words(m, k, layout) - 2);
   const TwellView<T> at{k, m, layout, packed, nullptr, MemorySpace::device};
   detail::twell_transpose_groups(a, at, row_to_overflow, overflow_to_row, max_count, r_device, stream);
   const detail::CountReadBack r_back(r_device, stream);
   const TwellView<const T> at_const = at;
   std::string path = twell_none(at_const, row_to_overflow, b, c, alpha, beta, stream,
-                                choose_twell_path(at_const, b, c, options.spmm_algorithm), nullptr, nullptr);
+                                choose_twell_path(at_const, b, c, algorithm), nullptr, nullptr);
   if (path != kSlicePath && path != kStreamPath) path = "pair_balanced";
   const std::int64_t r = r_back.wait();
   if (r == 0) return path;
   require_int(b.cols, "B columns");
   require_int(m, "A^T columns");
   require_int(b.ld, "B leading dimension");
-  detail::Scratch dense(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
-  const HybridView<T> hybrid{at, DenseView<T>{dense.as<T>(), r, m, m, MemorySpace::device}, row_to_overflow,
+  const HybridView<T> hybrid{at, DenseView<T>{dense_rows(r), r, m, m, MemorySpace::device}, row_to_overflow,
                              overflow_to_row};
   detail::twell_transpose_dense_rows(a, hybrid, stream);
-  overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream, nullptr);
+  overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream, overflow_tmp(r));
   return path + "+cublas_overflow";
+}
+
+// The free function's transposed route: its storage in stream-ordered scratch for the call.
+// Returns the path, empty where the route does not apply.
+template <class T>
+std::string via_transpose(detail::TwellRows<T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+                          const KernelOptions& options) {
+  const std::optional<TwellLayout> layout = transposed_layout<T>(a.twell.layout);
+  if (!layout) return {};
+  const cudaStream_t stream = detail::stream_of(options);
+  const std::int64_t m = a.twell.rows;
+  detail::Scratch work(transposed_words(m, a.twell.cols, *layout) * sizeof(std::uint32_t), stream, kWhere);
+  std::optional<detail::Scratch> dense;  // kept to the end: freed in stream order after its last use
+  return transposed_product(
+      a, *layout, b, c, alpha, beta, options.spmm_algorithm, stream, work.as<std::uint32_t>(),
+      [&](std::int64_t r) {
+        dense.emplace(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
+        return dense->as<T>();
+      },
+      [](std::int64_t) { return static_cast<float*>(nullptr); });
 }
 
 }  // namespace
@@ -856,6 +885,54 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   path_ = hybrid_none(a, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data(), overflow_.data());
+}
+
+template <Value T>
+template <class Rows>
+std::string SpmmPlan<T>::run_transposed(const Rows& a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
+  const std::optional<TwellLayout> layout = transposed_layout<T>(a.twell.layout);
+  if (!layout) return {};
+  const std::size_t words = transposed_words(m_, k_, *layout);
+  if (words > transposed_.size()) transposed_ = Buffer<std::uint32_t>(words, MemorySpace::device, Uninitialized{});
+  return transposed_product(
+      a, *layout, b, c, alpha, beta, algorithm_, static_cast<cudaStream_t>(stream_.handle), transposed_.data(),
+      [&](std::int64_t r) {
+        const auto need = static_cast<std::size_t>(r * m_);
+        if (need > transposed_dense_.size())
+          transposed_dense_ = Buffer<T>(need, MemorySpace::device, Uninitialized{});
+        return transposed_dense_.data();
+      },
+      [&](std::int64_t r) {
+        reserve_overflow(r, b.cols);
+        return overflow_.data();
+      });
+}
+
+template <Value T>
+void SpmmPlan<T>::run(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
+  if (!check_spmm(op_a, a, a.rows, a.cols, b, c)) return run(a, b, c, alpha, beta);
+  check_a(a.rows, a.cols, a.layout);
+  if (const std::string path = run_transposed(detail::TwellRows<T>{a}, b, c, alpha, beta); !path.empty()) {
+    path_ = "cuda/spmm/twell/via_transpose+" + path;
+    return;
+  }
+  KernelReport report;
+  cuda::spmm<T>(op_a, a, b, c, alpha, beta, KernelOptions{stream_, &report, false, algorithm_});
+  path_ = report.path;
+}
+
+template <Value T>
+void SpmmPlan<T>::run(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
+  if (!check_spmm(op_a, a, a.rows(), a.cols(), b, c)) return run(a, b, c, alpha, beta);
+  check_a(a.rows(), a.cols(), a.twell.layout);
+  const detail::TwellRows<T> rows{a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, a.overflow};
+  if (const std::string path = run_transposed(rows, b, c, alpha, beta); !path.empty()) {
+    path_ = "cuda/spmm/hybrid/via_transpose+" + path;
+    return;
+  }
+  KernelReport report;
+  cuda::spmm<T>(op_a, a, b, c, alpha, beta, KernelOptions{stream_, &report, false, algorithm_});
+  path_ = report.path;
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                           \

@@ -1,6 +1,6 @@
-// twell::cuda::SpmmPlan: spmm with op none of a TwELL or Hybrid A (M x K, one layout) bound to
-// its shape, owning the workspaces of the slice-reuse path and of Hybrid overflow rows, so that
-// a steady state of run() allocates nothing. Host-includable: no CUDA headers. Available when
+// twell::cuda::SpmmPlan: spmm of a TwELL or Hybrid A (M x K, one layout) bound to its shape,
+// owning the workspaces of the slice-reuse path, of Hybrid overflow rows and of op transpose's
+// A^T, so that a steady state of run() allocates nothing. Host-includable: no CUDA headers. Available when
 // TWELL_HAS_CUDA.
 #pragma once
 
@@ -16,8 +16,8 @@
 
 namespace twell::cuda {
 
-// C = alpha * A B + beta * C, exactly what twell::cuda::spmm(Op::none, ...) computes (same
-// paths, same bits), with A of m rows, k columns and `layout`.
+// C = alpha * op(A) B + beta * C, exactly what twell::cuda::spmm computes (same paths, same bits),
+// with A of m rows, k columns and `layout`.
 //
 // Storage: the constructor allocates nothing. Buffers are allocated by the first run that needs
 // more than the plan holds and kept (so a steady state allocates nothing): for slice-reuse runs
@@ -27,7 +27,10 @@ namespace twell::cuda {
 // of B that the path stages from (Nb x (K + 2) bf16/fp16 values), both allocated up front by
 // reserve_b_cols(); for Hybrids with overflow rows the fp32 buffer of R x Nb into which cuBLAS
 // computes them (reserve_overflow()). Plans whose runs take the pair-balanced or tile-streaming
-// kernel hold no slice buffers.
+// kernel hold no slice buffers. Runs with op transpose that transpose A hold A^T (its slots, about
+// A's packed size, and its maps) and A^T's dense rows (R x m values, for the columns of A too busy
+// for A^T's groups); their product on A^T, should it take the slice-reuse kernel, allocates that
+// kernel's buffers per call (stream-ordered), as spmm() does.
 //
 // run() queues on the plan's stream and never waits for the device. It picks its kernel as spmm()
 // does for KernelOptions::spmm_algorithm = `algorithm` (automatic: by rows and layout, docs/api.md;
@@ -49,6 +52,13 @@ class SpmmPlan {
 
   void run(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f, float beta = 0.0f);
   void run(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f, float beta = 0.0f);
+  // C = alpha * op(A) B + beta * C: op none as above; op transpose (B: m x Nb, C: k x Nb, training's
+  // dWd = h^T dy) as spmm(Op::transpose, ...) computes it (same paths, same bits), with A^T's
+  // storage held by the plan where that route transposes A (docs/api.md).
+  void run(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f,
+           float beta = 0.0f);
+  void run(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f,
+           float beta = 0.0f);
   // Holds an overflow buffer for `rows` overflow rows times `b_cols` columns of B.
   void reserve_overflow(std::int64_t rows, std::int64_t b_cols);
   // Holds the slice-reuse path's buffers for a B of `b_cols` columns: the pre-pass workspace and
@@ -64,6 +74,9 @@ class SpmmPlan {
 
  private:
   void check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const;
+  // The route of op transpose through A^T on the plan's buffers; empty where it does not apply.
+  template <class Rows>
+  std::string run_transposed(const Rows& a, DenseView<const T> b, DenseView<T> c, float alpha, float beta);
 
   std::int64_t m_ = 0, k_ = 0;
   TwellLayout layout_{};
@@ -72,6 +85,8 @@ class SpmmPlan {
   Buffer<std::uint64_t> workspace_;  // 8-byte elements: cudaMalloc's alignment, and the kernels need 16
   Buffer<std::uint64_t> staged_b_;   // B slice-major
   Buffer<float> overflow_;           // R x Nb products of the overflow rows
+  Buffer<std::uint32_t> transposed_;  // op transpose: A^T's slots and maps
+  Buffer<T> transposed_dense_;        // op transpose: A^T's dense rows
   std::string path_;
 };
 
