@@ -63,6 +63,17 @@ void transposed_cases(Harness& h, Report& report, const Case& point, const Hybri
                                 "stream-ordered scratch), then the op-none Hybrid path on it"
                               : "A (Hybrid) to CSR, its CSR transpose (both allocated per call), the CSR row kernels";
   });
+  Case planned = base;
+  planned.variant = "twell_plan";
+  detail::run_case(report, planned, [&](Case& x) {
+    cuda::SpmmPlan<T> plan(a.rows(), a.cols(), a.layout(), h.stream());
+    x.timing = h.time([&] { plan.run(Op::transpose, HybridView<const T>(a.view()), dy, c_t, 1.0f, 0.0f); });
+    x.bytes = detail::bytes_of(a) + dense_bytes;
+    x.flops = flops;
+    x.extra["path"] = plan.path();
+    x.extra["includes"] = "SpmmPlan::run(Op::transpose): as spmm() with A^T's storage held by the plan (grown in the "
+                          "warm-up runs)";
+  });
 #else
   detail::not_built(report, tw, "kernels/cuda/spmm.cu is not in this build");
 #endif
