@@ -8,7 +8,8 @@
 // rows before it in the mask, so each group comes out in increasing row order, as the reference
 // writes it, with no sort and no atomics on values. The CTA builds its groups in shared memory
 // (output layouts of at most 32 slots) and writes them out whole: written from each thread, a
-// group's words 4 KB apart from the next thread's cost 111 us at M = 16384 against ~20 (H100).
+// group's words 4 KB apart from the next thread's, that fill alone took 111 us at M = 16384 on an
+// H100, against 46 us for this whole pass.
 // Groups past capacity keep the true count and the first entries (a Hybrid's shadow rows); one CTA
 // then gives the rows of A^T with such a group their dense-block indices (R), and a second, light
 // pass writes those rows whole once the caller has allocated the block.
