@@ -719,6 +719,10 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
                                float alpha, float beta, SpmmAlgorithm algorithm, cudaStream_t stream,
                                std::uint32_t* work, DenseRows dense_rows, OverflowTmp overflow_tmp) {
   const std::int64_t k = a.twell.cols, m = a.twell.rows;
+  // What cuBLAS takes for A^T's dense rows, checked before any work is queued.
+  require_int(b.cols, "B columns");
+  require_int(m, "A^T columns");
+  require_int(b.ld, "B leading dimension");
   const auto words = static_cast<std::size_t>(k);
   const auto packed_words = words * static_cast<std::size_t>(layout.packed_width(m));
   std::uint32_t* packed = work;
@@ -735,9 +739,6 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
   if (path != kSlicePath && path != kStreamPath) path = "pair_balanced";
   const std::int64_t r = r_back.wait();
   if (r == 0) return path;
-  require_int(b.cols, "B columns");
-  require_int(m, "A^T columns");
-  require_int(b.ld, "B leading dimension");
   const HybridView<T> hybrid{at, DenseView<T>{dense_rows(r), r, m, m, MemorySpace::device}, row_to_overflow,
                              overflow_to_row};
   detail::twell_transpose_dense_rows(a, hybrid, stream);

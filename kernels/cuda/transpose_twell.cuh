@@ -42,7 +42,8 @@ template <class T>
 void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t stream);
 
 // A device count copied to pinned host memory behind the work on `stream` so far: the host can
-// enqueue more work before wait() blocks for the value.
+// enqueue more work before wait() blocks for the value. The pinned word is one per host thread:
+// one CountReadBack at a time per thread.
 class CountReadBack {
  public:
   CountReadBack(const std::int64_t* count_device, cudaStream_t stream);
