@@ -651,6 +651,12 @@ const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseVi
   return detail::vector_operands(b, c) ? "pair_balanced_vec16" : "pair_balanced_scalar";
 }
 
+// A Hybrid path's name for twell_none's: the pair-balanced kernel without its vec16/scalar suffix.
+std::string hybrid_kernel_name(const char* twell_path) {
+  const std::string name = twell_path;
+  return name == kSlicePath || name == kStreamPath ? name : "pair_balanced";
+}
+
 // Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows.
 template <class T>
 std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
@@ -661,8 +667,8 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  std::string path = twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b);
-  if (path != kSlicePath && path != kStreamPath) path = "pair_balanced";
+  std::string path =
+      hybrid_kernel_name(twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b));
   overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp);
   return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
 }
@@ -734,9 +740,9 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
   detail::twell_transpose_groups(a, at, row_to_overflow, overflow_to_row, max_count, r_device, stream);
   const detail::CountReadBack r_back(r_device, stream);
   const TwellView<const T> at_const = at;
-  std::string path = twell_none(at_const, row_to_overflow, b, c, alpha, beta, stream,
-                                choose_twell_path(at_const, b, c, algorithm), nullptr, nullptr);
-  if (path != kSlicePath && path != kStreamPath) path = "pair_balanced";
+  const SpmmAlgorithm kernel = choose_twell_path(at_const, b, c, algorithm);
+  const std::string path =
+      hybrid_kernel_name(twell_none(at_const, row_to_overflow, b, c, alpha, beta, stream, kernel, nullptr, nullptr));
   const std::int64_t r = r_back.wait();
   if (r == 0) return path;
   const HybridView<T> hybrid{at, DenseView<T>{dense_rows(r), r, m, m, MemorySpace::device}, row_to_overflow,
@@ -746,24 +752,27 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
   return path + "+cublas_overflow";
 }
 
-// The free function's transposed route: its storage in stream-ordered scratch for the call.
-// Returns the path, empty where the route does not apply.
-template <class T>
-std::string via_transpose(detail::TwellRows<T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-                          const KernelOptions& options) {
-  const std::optional<TwellLayout> layout = transposed_layout<T>(a.twell.layout);
-  if (!layout) return {};
+// The free function's transposed route for TwELL and Hybrid A: its storage in stream-ordered
+// scratch for the call. Returns false where the route does not apply.
+template <class T, class View>
+bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
+                   const KernelOptions& options) {
+  const detail::TwellRows<T> rows = detail::twell_rows<T>(a);
+  const std::optional<TwellLayout> layout = transposed_layout<T>(rows.twell.layout);
+  if (!layout) return false;
   const cudaStream_t stream = detail::stream_of(options);
-  const std::int64_t m = a.twell.rows;
-  detail::Scratch work(transposed_words(m, a.twell.cols, *layout) * sizeof(std::uint32_t), stream, kWhere);
+  const std::int64_t m = rows.twell.rows;
+  detail::Scratch work(transposed_words(m, rows.twell.cols, *layout) * sizeof(std::uint32_t), stream, kWhere);
   std::optional<detail::Scratch> dense;  // kept to the end: freed in stream order after its last use
-  return transposed_product(
-      a, *layout, b, c, alpha, beta, options.spmm_algorithm, stream, work.as<std::uint32_t>(),
+  const std::string path = transposed_product(
+      rows, *layout, b, c, alpha, beta, options.spmm_algorithm, stream, work.as<std::uint32_t>(),
       [&](std::int64_t r) {
         dense.emplace(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
         return dense->as<T>();
       },
       [](std::int64_t) { return static_cast<float*>(nullptr); });
+  detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_transpose+" + path).c_str());
+  return true;
 }
 
 }  // namespace
@@ -800,10 +809,7 @@ template <Value T>
 void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
-    if (const std::string path = via_transpose<T>({a}, b, c, alpha, beta, options); !path.empty()) {
-      detail::report_path(options, ("cuda/spmm/twell/via_transpose+" + path).c_str());
-      return;
-    }
+    if (via_transpose<T>(a, "twell", b, c, alpha, beta, options)) return;
     transposed<T>("twell", [&](const ConvertOptions& o) { return cuda::twell_to_csr(a, o); }, b, c, alpha, beta,
                   options);
     return;
@@ -817,11 +823,7 @@ template <Value T>
 void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
   if (check_spmm(op_a, a, a.rows(), a.cols(), b, c)) {
-    const detail::TwellRows<T> rows{a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, a.overflow};
-    if (const std::string path = via_transpose<T>(rows, b, c, alpha, beta, options); !path.empty()) {
-      detail::report_path(options, ("cuda/spmm/hybrid/via_transpose+" + path).c_str());
-      return;
-    }
+    if (via_transpose<T>(a, "hybrid", b, c, alpha, beta, options)) return;
     transposed<T>("hybrid", [&](const ConvertOptions& o) { return cuda::hybrid_to_csr(a, o); }, b, c, alpha, beta,
                   options);
     return;
@@ -889,14 +891,22 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
 }
 
 template <Value T>
-template <class Rows>
-std::string SpmmPlan<T>::run_transposed(const Rows& a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
-  const std::optional<TwellLayout> layout = transposed_layout<T>(a.twell.layout);
-  if (!layout) return {};
+template <class View>
+void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha,
+                                 float beta) {
+  const detail::TwellRows<T> rows = detail::twell_rows<T>(a);
+  check_a(rows.twell.rows, rows.twell.cols, rows.twell.layout);
+  const std::optional<TwellLayout> layout = transposed_layout<T>(rows.twell.layout);
+  if (!layout) {  // the CSR route, as spmm() takes it
+    KernelReport report;
+    cuda::spmm<T>(Op::transpose, a, b, c, alpha, beta, KernelOptions{stream_, &report, false, algorithm_});
+    path_ = report.path;
+    return;
+  }
   const std::size_t words = transposed_words(m_, k_, *layout);
   if (words > transposed_.size()) transposed_ = Buffer<std::uint32_t>(words, MemorySpace::device, Uninitialized{});
-  return transposed_product(
-      a, *layout, b, c, alpha, beta, algorithm_, static_cast<cudaStream_t>(stream_.handle), transposed_.data(),
+  const std::string path = transposed_product(
+      rows, *layout, b, c, alpha, beta, algorithm_, static_cast<cudaStream_t>(stream_.handle), transposed_.data(),
       [&](std::int64_t r) {
         const auto need = static_cast<std::size_t>(r * m_);
         if (need > transposed_dense_.size())
@@ -907,33 +917,19 @@ std::string SpmmPlan<T>::run_transposed(const Rows& a, DenseView<const T> b, Den
         reserve_overflow(r, b.cols);
         return overflow_.data();
       });
+  path_ = std::string("cuda/spmm/") + format + "/via_transpose+" + path;
 }
 
 template <Value T>
 void SpmmPlan<T>::run(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
   if (!check_spmm(op_a, a, a.rows, a.cols, b, c)) return run(a, b, c, alpha, beta);
-  check_a(a.rows, a.cols, a.layout);
-  if (const std::string path = run_transposed(detail::TwellRows<T>{a}, b, c, alpha, beta); !path.empty()) {
-    path_ = "cuda/spmm/twell/via_transpose+" + path;
-    return;
-  }
-  KernelReport report;
-  cuda::spmm<T>(op_a, a, b, c, alpha, beta, KernelOptions{stream_, &report, false, algorithm_});
-  path_ = report.path;
+  run_transposed(a, "twell", b, c, alpha, beta);
 }
 
 template <Value T>
 void SpmmPlan<T>::run(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
   if (!check_spmm(op_a, a, a.rows(), a.cols(), b, c)) return run(a, b, c, alpha, beta);
-  check_a(a.rows(), a.cols(), a.twell.layout);
-  const detail::TwellRows<T> rows{a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, a.overflow};
-  if (const std::string path = run_transposed(rows, b, c, alpha, beta); !path.empty()) {
-    path_ = "cuda/spmm/hybrid/via_transpose+" + path;
-    return;
-  }
-  KernelReport report;
-  cuda::spmm<T>(op_a, a, b, c, alpha, beta, KernelOptions{stream_, &report, false, algorithm_});
-  path_ = report.path;
+  run_transposed(a, "hybrid", b, c, alpha, beta);
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                           \

@@ -76,9 +76,10 @@ int key_bits(std::int64_t cols) {
 // columns on both sides, else to CSR with `to_csr`, transposed, and into a Hybrid of the given
 // layout; only the outer path is reported. The result is host-synchronous, as the CSR transpose's.
 template <class T, class View, class ToCsr>
-HybridMatrix<T> transpose_to_hybrid(View a, detail::TwellRows<T> rows, TwellLayout layout,
-                                    const KernelOptions& options, ToCsr to_csr, const char* format) {
+HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOptions& options, ToCsr to_csr,
+                                    const char* format) {
   detail::check_view(a, kWhere, "A");
+  const detail::TwellRows<T> rows = detail::twell_rows<T>(a);
   check_layout(layout, kWhere);
   const cudaStream_t stream = detail::stream_of(options);
   if (detail::twell_transpose_applies<T>(rows.twell.layout, layout)) {
@@ -194,13 +195,12 @@ EllMatrix<T> transpose(EllView<const T> a, const KernelOptions& options) {
 
 template <Value T>
 HybridMatrix<T> transpose(TwellView<const T> a, TwellLayout layout, const KernelOptions& options) {
-  return transpose_to_hybrid<T>(a, detail::TwellRows<T>{a}, layout, options, &cuda::twell_to_csr<T>, "twell");
+  return transpose_to_hybrid<T>(a, layout, options, &cuda::twell_to_csr<T>, "twell");
 }
 
 template <Value T>
 HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const KernelOptions& options) {
-  const detail::TwellRows<T> rows{a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, a.overflow};
-  return transpose_to_hybrid<T>(a, rows, layout, options, &cuda::hybrid_to_csr<T>, "hybrid");
+  return transpose_to_hybrid<T>(a, layout, options, &cuda::hybrid_to_csr<T>, "hybrid");
 }
 
 template <Value T>

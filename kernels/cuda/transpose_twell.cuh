@@ -22,6 +22,15 @@ struct TwellRows {
   DenseView<const T> dense{};
 };
 
+template <class T>
+TwellRows<T> twell_rows(TwellView<const T> a) {
+  return {a};
+}
+template <class T>
+TwellRows<T> twell_rows(HybridView<const T> a) {
+  return {a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, a.overflow};
+}
+
 // Whether the direct transpose takes A's layout and the output's: 16-bit values, tiles of at most
 // 256 columns on both sides, at most 32 slots per output group.
 template <class T>

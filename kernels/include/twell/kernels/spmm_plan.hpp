@@ -74,9 +74,9 @@ class SpmmPlan {
 
  private:
   void check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const;
-  // The route of op transpose through A^T on the plan's buffers; empty where it does not apply.
-  template <class Rows>
-  std::string run_transposed(const Rows& a, DenseView<const T> b, DenseView<T> c, float alpha, float beta);
+  // op transpose: through A^T on the plan's buffers where spmm() transposes A, else as spmm().
+  template <class View>
+  void run_transposed(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha, float beta);
 
   std::int64_t m_ = 0, k_ = 0;
   TwellLayout layout_{};
