@@ -203,6 +203,12 @@ def contract_rows(report):
                  f"{fmt(c['ms']['median'])} ms ({fmt(0.27 / c['ms']['median'])}x the paper's 0.27 ms, target >= 1.5x); "
                  f"vs dense {fmt(vs.get('cublas_dense'))}x" if c else "not measured"))
 
+    c = find(report, "spmm", "twell+convert", m=big, density=0.005)
+    vs = (c or {}).get("extra", {}).get("speedup_vs", {}) if c else {}
+    rows.append(("the same with each side's conversion from dense (twell: dense -> Hybrid; cuSPARSE: DenseToSparse)",
+                 "reported", fmt(vs.get("cusparse_csr+convert")),
+                 f"{fmt(c['ms']['median'])} ms" if c else "not measured"))
+
     # The conversion kernel itself (into a preallocated TwELL, nothing read back); the allocating
     # dense -> Hybrid (scan, maps, dense block) in the detail.
     c = find(report, "convert", "dense->twell_into_async", m=big, density=0.005)

@@ -103,10 +103,14 @@ void clear_caches() {
   activation_cache().clear();
 }
 
-double bytes_of(const HybridMatrix<T>& h) {
-  return static_cast<double>(h.twell().packed().bytes() + h.twell().value_plane().bytes() +
-                             h.overflow().values().bytes() + h.row_to_overflow().bytes() + h.overflow_to_row().bytes());
+double bytes_of(HybridView<const T> h) {
+  const double words = static_cast<double>(h.rows()) * static_cast<double>(h.twell.packed_width());
+  const double plane = h.twell.value_plane != nullptr ? words * sizeof(T) : 0.0;
+  return 4.0 * words + plane + bytes_of_dense(h.overflow_rows(), h.cols()) +
+         4.0 * static_cast<double>(h.rows() + h.overflow_rows());
 }
+
+double bytes_of(const HybridMatrix<T>& h) { return bytes_of(h.view()); }
 
 double bytes_of_dense(std::int64_t rows, std::int64_t cols) {
   return static_cast<double>(rows) * static_cast<double>(cols) * sizeof(T);

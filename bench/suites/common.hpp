@@ -61,6 +61,7 @@ void clear_caches();
 
 // Bytes of each format as stored on the device.
 double bytes_of(const HybridMatrix<T>& h);
+double bytes_of(HybridView<const T> h);
 double bytes_of_dense(std::int64_t rows, std::int64_t cols);
 
 // The fields every case of one sweep point shares: suite, op, the shape's name, M, K, N, the

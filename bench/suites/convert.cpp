@@ -1,6 +1,7 @@
 // convert suite: dense M x 5632 activations -> TwELL / Hybrid on the device, against a plain
 // device copy of the dense matrix (the bandwidth ceiling of a pass over it) and cuSPARSE's
 // DenseToSparse into CSR. dense->twell and dense->hybrid allocate their result (owning API);
+// dense->hybrid_plan converts into a DenseToHybridPlan's storage (the hot path for Hybrids);
 // dense->twell_into writes a preallocated TwELL (the hot path), with the overflow check, and
 // dense->twell_into_async without it (the kernel alone). GB/s: dense bytes read plus packed
 // bytes written.
@@ -9,6 +10,7 @@
 #include <twell/bench/features.hpp>
 
 #include <twell/converters/backends.hpp>
+#include <twell/converters/hybrid_plan.hpp>
 #if TWELL_BENCH_BASELINES
 #include <twell/kernels/baselines.hpp>
 #endif
@@ -54,6 +56,20 @@ void run_convert(Harness& h, Report& report) {
         x.extra["nnz"] = rep.nnz;
         x.extra["includes"] = "allocation of the result (the API returns an owning matrix)";
       });
+      // The hot path for Hybrids: a plan allocated once, outside the timing (with room for this
+      // matrix's overflow rows), converting into its own storage.
+      detail::run_case(report, detail::with_variant(base, "dense->hybrid_plan"), [&](Case& x) {
+        cuda::DenseToHybridPlan<T> plan(m, units, layout, overflow_rows);
+        ConvertOptions o;
+        o.stream = h.stream();
+        const HybridView<T> once = plan.run(a, o);
+        x.timing = h.time([&] { (void)plan.run(a, o); });
+        x.bytes = dense_bytes + detail::bytes_of(HybridView<const T>(once));
+        x.extra["tile"] = layout.tile;
+        x.extra["C"] = layout.compression;
+        x.extra["overflow_rows"] = overflow_rows;
+        x.extra["includes"] = "packing, scan of the overflow flags, one 4-byte read back of R, maps and dense rows";
+      });
       // Plain TwELL only where nothing overflows: the error policy would throw otherwise.
       if (overflow_rows > 0) {
         for (const char* v : {"dense->twell", "dense->twell_into", "dense->twell_into_async"}) {
@@ -95,7 +111,8 @@ void run_convert(Harness& h, Report& report) {
         });
       }
 #else
-      for (const char* v : {"dense->hybrid", "dense->twell", "dense->twell_into", "dense->twell_into_async"})
+      for (const char* v :
+           {"dense->hybrid", "dense->hybrid_plan", "dense->twell", "dense->twell_into", "dense->twell_into_async"})
         detail::not_built(report, detail::with_variant(base, v), "converters/cuda/*.cu are not in this build");
 #endif
 

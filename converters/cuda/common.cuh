@@ -107,14 +107,28 @@ T read_value(const T* device_ptr, cudaStream_t stream) {
   return host;
 }
 
-// out[i] = in[0] + ... + in[i]; temporary storage sized and allocated per call.
+// The temporary storage inclusive_sum needs for n items.
+template <class In, class Out>
+std::size_t inclusive_sum_bytes(std::int64_t n) {
+  std::size_t bytes = 0;
+  if (n > 0)
+    check_cuda(cub::DeviceScan::InclusiveSum(nullptr, bytes, In{}, Out{}, n), "twell::cuda converter (cub scan)");
+  return bytes;
+}
+
+// out[i] = in[0] + ... + in[i], with `bytes` (inclusive_sum_bytes) of temporary storage at temp.
+template <class In, class Out>
+void inclusive_sum(In in, Out out, std::int64_t n, void* temp, std::size_t bytes, cudaStream_t stream) {
+  if (n == 0) return;
+  check_cuda(cub::DeviceScan::InclusiveSum(temp, bytes, in, out, n, stream), "twell::cuda converter (cub scan)");
+}
+
+// The same with the temporary storage allocated per call.
 template <class In, class Out>
 void inclusive_sum(In in, Out out, std::int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  std::size_t bytes = 0;
-  check_cuda(cub::DeviceScan::InclusiveSum(nullptr, bytes, in, out, n, stream), "twell::cuda converter (cub scan)");
+  const std::size_t bytes = inclusive_sum_bytes<In, Out>(n);
   DeviceTemp<std::byte> temp(bytes, stream);
-  check_cuda(cub::DeviceScan::InclusiveSum(temp.get(), bytes, in, out, n, stream), "twell::cuda converter (cub scan)");
+  inclusive_sum(in, out, n, temp.get(), bytes, stream);
 }
 
 // *out = max(in[0..n)); temporary storage sized and allocated per call. Requires n > 0.

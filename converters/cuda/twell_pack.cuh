@@ -395,6 +395,26 @@ void conclude_twell(const DeviceCounters& counters, TwellView<const T> out, cons
     *options.report = ConvertReport{static_cast<std::int64_t>(c.nnz), static_cast<std::int64_t>(c.dropped), 0};
 }
 
+// The rest of a Hybrid once its R overflow rows are known (out.overflow has R rows): both maps
+// from the per-row flags and their inclusive scan, and the overflow rows copied from `rows`.
+template <class T, class Rows>
+void write_hybrid_rows(const std::int32_t* flags, const std::int32_t* ranks, HybridView<T> out, Rows rows,
+                       float threshold, cudaStream_t stream, const char* where) {
+  const std::int64_t n_rows = out.rows();
+  if (n_rows > 0) {
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n_rows + kBlockThreads - 1) / kBlockThreads,
+                                                                     kMaxBlocks));
+    map_overflow_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(flags, ranks, n_rows, out.row_to_overflow,
+                                                                   out.overflow_to_row);
+    check_launch(where);
+  }
+  if (const unsigned blocks = blocks_for_warps(out.overflow.rows); blocks != 0) {
+    to_dense_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, out.overflow.rows, out.overflow_to_row,
+                                                                   threshold, out.overflow.data, out.cols(), nullptr);
+    check_launch(where);
+  }
+}
+
 // The packing kernel has written `twell` (true counts: shadows) and flagged the rows with an
 // overflowed tile; scans the flags into the row maps (increasing row order, no atomics), copies
 // those rows whole from `rows` into the dense block and returns the hybrid.
@@ -414,20 +434,7 @@ HybridMatrix<T> assemble_hybrid(TwellMatrix<T>&& twell, const std::int32_t* flag
   out.row_to_overflow() = Buffer<std::int32_t>(static_cast<std::size_t>(n_rows), MemorySpace::device);
   out.overflow_to_row() = Buffer<std::int32_t>(static_cast<std::size_t>(overflow_rows), MemorySpace::device);
   order_after_allocations(stream);
-  if (n_rows > 0) {
-    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n_rows + kBlockThreads - 1) / kBlockThreads,
-                                                                     kMaxBlocks));
-    map_overflow_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(flags, ranks.get(), n_rows,
-                                                                   out.row_to_overflow().data(),
-                                                                   out.overflow_to_row().data());
-    check_launch(where);
-  }
-  if (const unsigned blocks = blocks_for_warps(overflow_rows); blocks != 0) {
-    to_dense_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, overflow_rows, out.overflow_to_row().data(),
-                                                                   options.threshold, out.overflow().values().data(),
-                                                                   cols, nullptr);
-    check_launch(where);
-  }
+  write_hybrid_rows<T>(flags, ranks.get(), out.view(), rows, options.threshold, stream, where);
   if (options.report != nullptr) {
     const Counters c = counters.read();
     *options.report = ConvertReport{static_cast<std::int64_t>(c.nnz), 0, overflow_rows};

@@ -13,6 +13,8 @@
 
 #include <twell/convert.hpp>
 #include <twell/converters/backends.hpp>
+#include <twell/converters/hybrid_plan.hpp>
+#include <twell/formats/copy.hpp>
 #include <twell/formats/validate.hpp>
 
 #include "checks.hpp"
@@ -231,6 +233,15 @@ ConvertOptions with(float threshold, OverflowPolicy policy, std::int64_t ell_wid
 
 constexpr OverflowPolicy kPolicies[] = {OverflowPolicy::error, OverflowPolicy::drop};
 
+// A bf16 matrix at 2 % density with 5 % of its rows full, so that TwELL and Hybrid layouts
+// overflow.
+DenseMatrix<bf16> overflowing_bf16(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  SparseDenseOptions spec;
+  spec.density = 0.02;
+  spec.full_row_share = 0.05;
+  return random_sparse_dense<bf16>(rows, cols, spec, seed);
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda converters match the reference: tiny and ragged shapes, all densities", T, bf16, fp16, float) {
@@ -354,10 +365,7 @@ TEST_CASE("cuda converters queue their work on options.stream") {
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const std::uint64_t seed = fresh_seed();
   CAPTURE(seed);
-  SparseDenseOptions spec;
-  spec.density = 0.02;
-  spec.full_row_share = 0.05;
-  const auto dense = random_sparse_dense<bf16>(500, 3000, spec, seed);
+  const auto dense = overflowing_bf16(500, 3000, seed);
   const auto d_dense = dense.to(kDevice);
   ConvertOptions o;
   o.stream.handle = stream;
@@ -477,10 +485,7 @@ TEST_CASE("cuda dense_to_twell_into under drop without a report runs on options.
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const std::uint64_t seed = fresh_seed();
   CAPTURE(seed);
-  SparseDenseOptions spec;
-  spec.density = 0.02;
-  spec.full_row_share = 0.05;  // overflowing rows: drop has work to do
-  const auto dense = random_sparse_dense<bf16>(700, 3000, spec, seed);
+  const auto dense = overflowing_bf16(700, 3000, seed);
   const auto d_dense = dense.to(kDevice);
   TwellMatrix<bf16> dst(700, 3000, TwellLayout{256, 16}, kDevice);
   poison(dst);
@@ -519,4 +524,110 @@ TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination of the wrong 
         ErrorCode::invalid_argument);
   CHECK(code_of([&] { gpu::dense_to_twell_into(g, dst.view(), with(-1.0f, OverflowPolicy::error)); }) ==
         ErrorCode::invalid_argument);
+}
+
+namespace {
+
+// 0xFF over everything a Hybrid view of the device covers, so that a later conversion into the
+// same storage must write every word itself.
+template <Value T>
+void poison(HybridView<T> v) {
+  const auto words = static_cast<std::size_t>(v.rows() * v.twell.packed_width());
+  if (words > 0) cuda_ok(cudaMemset(v.twell.packed, 0xff, words * 4));
+  if (v.twell.value_plane != nullptr && words > 0) cuda_ok(cudaMemset(v.twell.value_plane, 0xff, words * sizeof(T)));
+  if (v.rows() > 0) cuda_ok(cudaMemset(v.row_to_overflow, 0xff, static_cast<std::size_t>(v.rows()) * 4));
+  if (v.overflow_rows() > 0) {
+    cuda_ok(cudaMemset(v.overflow_to_row, 0xff, static_cast<std::size_t>(v.overflow_rows()) * 4));
+    cuda_ok(cudaMemset(v.overflow.data, 0xff, static_cast<std::size_t>(v.overflow_rows() * v.cols()) * sizeof(T)));
+  }
+  cuda_ok(cudaDeviceSynchronize());
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda DenseToHybridPlan equals dense_to_hybrid run after run, growing only when R does", T, bf16,
+                   fp16, float) {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {3, 257}, {17, 1000}, {700, 3000}};
+  const TwellLayout layouts[] = {{256, 16}, {128, 8}, {64, 4}};
+  // One plan converts a sequence of matrices: no overflow, some, every row (R = M), fewer again.
+  struct Step {
+    double density, full_rows;
+    float threshold;
+  };
+  const Step steps[] = {{0.0, 0.0, 0.0f}, {0.05, 0.1, 0.0f}, {1.0, 0.0, 0.0f}, {0.005, 0.02, 0.0f}, {0.3, 0.05, 0.5f}};
+  for (const auto& [rows, cols] : shapes)
+    for (const TwellLayout layout : layouts) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CAPTURE(layout.tile);
+      CAPTURE(layout.compression);
+      gpu::DenseToHybridPlan<T> plan(rows, cols, layout);
+      CHECK(plan.overflow_capacity() == 0);
+      std::int64_t most = 0;  // the largest R so far: the capacity the plan must hold
+      std::int64_t growths = 0;
+      for (const Step& step : steps) {
+        const std::uint64_t seed = fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(step.density);
+        SparseDenseOptions spec;
+        spec.density = step.density;
+        spec.full_row_share = step.full_rows;
+        spec.specials = true;
+        const auto dense = random_sparse_dense<T>(rows, cols, spec, seed);
+        const auto d_dense = dense.to(kDevice);
+        ConvertOptions options;
+        options.threshold = step.threshold;
+        compare(
+            "DenseToHybridPlan::run", options,
+            [&](auto o) { return ref::dense_to_hybrid(dense.view(), layout, o); },
+            [&](auto o) {
+              const HybridView<T> got = plan.run(d_dense.view(), o);
+              auto copy = copy_to(got, kDevice);
+              poison(got);
+              return copy;
+            });
+        // Without a report the result is the same (no counters are read back).
+        const auto want = ref::dense_to_hybrid(dense.view(), layout, options);
+        expect_same(copy_to(plan.run(d_dense.view(), options), kHost), want);
+        if (want.overflow_rows() > most) {
+          most = want.overflow_rows();
+          ++growths;
+        }
+        CHECK(plan.overflow_capacity() == most);
+        CHECK(plan.growths() == growths);
+      }
+    }
+}
+
+TEST_CASE("cuda DenseToHybridPlan runs on options.stream and refuses bad requests") {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  using testing::code_of;
+  const TwellLayout layout{256, 16};
+  gpu::DenseToHybridPlan<bf16> plan(300, 2000, layout, 300);  // room for every row: no growth
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  const auto dense = overflowing_bf16(300, 2000, seed);
+  const auto d_dense = dense.to(kDevice);
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ConvertOptions on_stream;
+  on_stream.stream.handle = stream;
+  const HybridView<bf16> got = plan.run(d_dense.view(), on_stream);
+  cuda_ok(cudaStreamSynchronize(stream));
+  const auto want = ref::dense_to_hybrid(dense.view(), layout);
+  CHECK(want.overflow_rows() > 0);
+  expect_same(copy_to(got, kHost), want);
+  CHECK(plan.growths() == 0);
+  cuda_ok(cudaStreamDestroy(stream));
+
+  CHECK(code_of([&] { (void)plan.run(dense.view()); }) == ErrorCode::space_mismatch);
+  const auto other = overflowing_bf16(300, 2001, seed).to(kDevice);
+  CHECK(code_of([&] { (void)plan.run(other.view()); }) == ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { (void)plan.run(d_dense.view(), with(-1.0f, OverflowPolicy::error)); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([&] { gpu::DenseToHybridPlan<bf16>(10, 10, TwellLayout{256, 3}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { gpu::DenseToHybridPlan<bf16>(10, 10, layout, -1); }) == ErrorCode::invalid_argument);
 }

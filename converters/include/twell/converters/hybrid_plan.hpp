@@ -1,0 +1,64 @@
+// twell::cuda::DenseToHybridPlan: dense -> Hybrid on the GPU into storage the plan owns, so that a
+// steady state of conversions allocates nothing (cuda::dense_to_hybrid allocates its result, the
+// maps and its scan on every call). Host-includable: no CUDA headers. Available when TWELL_HAS_CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <twell/converters/options.hpp>
+#include <twell/formats/dense.hpp>
+#include <twell/formats/hybrid.hpp>
+#include <twell/formats/layout.hpp>
+#include <twell/formats/twell_matrix.hpp>
+#include <twell/memory.hpp>
+
+namespace twell::cuda {
+
+// Converts device dense matrices of `rows` x `cols` into Hybrids of `layout`: the same result as
+// cuda::dense_to_hybrid, word for word (slots, both maps, the dense block).
+//
+// Storage: the constructor allocates the TwELL part, the per-row flags, their scan and its
+// temporary storage, row_to_overflow, and a dense block with its map for `overflow_capacity`
+// rows. A run whose matrix has more overflow rows than the block holds enlarges it to that many
+// (the one allocation a run can make; growths() counts them) and keeps it.
+//
+// run() queues on options.stream and waits once, for R (a 4-byte read-back), plus once more for
+// the entry count when options.report is set. It returns a view of the result that stays valid
+// until the next run() or the plan's destruction. Runs reuse the storage: two runs of one plan
+// must not execute concurrently on different streams. options.threshold and options.report mean
+// what they mean for dense_to_hybrid; options.overflow is not consulted (a Hybrid holds every
+// row). Errors: a layout dense_to_hybrid refuses (constructor); a source not in device memory
+// (space_mismatch) or not rows x cols (shape_mismatch); a negative or NaN threshold.
+template <Value T>
+class DenseToHybridPlan {
+ public:
+  DenseToHybridPlan(std::int64_t rows, std::int64_t cols, TwellLayout layout, std::int64_t overflow_capacity = 0);
+  DenseToHybridPlan(const DenseToHybridPlan&) = delete;
+  DenseToHybridPlan& operator=(const DenseToHybridPlan&) = delete;
+  DenseToHybridPlan(DenseToHybridPlan&&) noexcept = default;
+  DenseToHybridPlan& operator=(DenseToHybridPlan&&) noexcept = default;
+  ~DenseToHybridPlan() = default;
+
+  HybridView<T> run(DenseView<const T> src, const ConvertOptions& options = {});
+
+  std::int64_t rows() const { return twell_.rows(); }
+  std::int64_t cols() const { return twell_.cols(); }
+  const TwellLayout& layout() const { return twell_.layout(); }
+  std::int64_t overflow_capacity() const { return capacity_; }
+  std::int64_t growths() const { return growths_; }
+
+ private:
+  TwellMatrix<T> twell_;
+  Buffer<std::int32_t> flags_;          // 1 for a row with an overflowed tile
+  Buffer<std::int32_t> ranks_;          // inclusive scan of the flags
+  Buffer<std::uint64_t> scan_storage_;  // the scan's temporary storage
+  std::size_t scan_bytes_ = 0;
+  Buffer<std::int32_t> row_to_overflow_;  // rows entries
+  Buffer<std::int32_t> overflow_to_row_;  // capacity entries
+  Buffer<T> overflow_;                    // capacity x cols values
+  std::int64_t capacity_ = 0;
+  std::int64_t growths_ = 0;
+};
+
+}  // namespace twell::cuda
