@@ -248,4 +248,24 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (counters != nullptr) add_count(&counters->nnz, stored_total);
 }
 
+// Output row r of `out` (leading dimension cols) is row map[r] of the dense source, its values
+// that are not stored (is_stored) written as zeros: the same rows as to_dense_kernel from
+// DenseRows, a thread per element instead of a warp per row, for the few long rows of a Hybrid's
+// dense block (229 rows of 5632 took to_dense_kernel 79 us on an H100: 29 CTAs, each warp a chain
+// of 2-byte stores).
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads)
+    gather_dense_rows_kernel(DenseRows<T> src, std::int64_t n_out_rows, const std::int32_t* map, float threshold,
+                             T* out) {
+  for (std::int64_t r = blockIdx.y; r < n_out_rows; r += gridDim.y) {
+    const T* row = src.data + static_cast<std::int64_t>(map[r]) * src.ld;
+    T* o = out + r * src.cols;
+    for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < src.cols;
+         j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      const T v = row[j];
+      o[j] = is_stored(v, threshold) ? v : T{};
+    }
+  }
+}
+
 }  // namespace twell::cuda::detail

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "common.cuh"
@@ -408,11 +409,19 @@ void write_hybrid_rows(const std::int32_t* flags, const std::int32_t* ranks, Hyb
                                                                    out.overflow_to_row);
     check_launch(where);
   }
-  if (const unsigned blocks = blocks_for_warps(out.overflow.rows); blocks != 0) {
-    to_dense_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, out.overflow.rows, out.overflow_to_row,
-                                                                   threshold, out.overflow.data, out.cols(), nullptr);
-    check_launch(where);
+  const std::int64_t r = out.overflow.rows;
+  if (r == 0 || out.cols() == 0) return;
+  if constexpr (std::is_same_v<Rows, DenseRows<T>>) {
+    const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((out.cols() + kBlockThreads - 1) / kBlockThreads,
+                                                                 kMaxBlocks)),
+                    static_cast<unsigned>(std::min<std::int64_t>(r, 65535)));
+    gather_dense_rows_kernel<T><<<grid, kBlockThreads, 0, stream>>>(rows, r, out.overflow_to_row, threshold,
+                                                                    out.overflow.data);
+  } else {
+    to_dense_kernel<T, Rows><<<blocks_for_warps(r), kBlockThreads, 0, stream>>>(
+        rows, r, out.overflow_to_row, threshold, out.overflow.data, out.cols(), nullptr);
   }
+  check_launch(where);
 }
 
 // The packing kernel has written `twell` (true counts: shadows) and flagged the rows with an
