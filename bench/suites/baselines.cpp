@@ -78,9 +78,13 @@ void spmm_baselines(Harness& h, Report& report, const Case& base, Op op_a, Dense
     });
   }
   // The same product with cuSPARSE's own conversion from dense in the timed region, to set
-  // against twell+convert: DenseToSparse (analysis, allocation of the result, conversion), then
-  // SpMM with the best CSR algorithm. The SpMM runs on a plan built once on an identical CSR, so
-  // that the buffer query and preprocessing, which a user would also keep, stay outside.
+  // against twell+convert: DenseToSparse as the convert suite times it (analysis, then the CSR's
+  // cudaMalloc and zero fill, the device syncs around them, the conversion and the widening of its
+  // 32-bit row offsets to CsrMatrix's 64-bit row_ptr: cuSPARSE needs the count before the arrays
+  // exist), then SpMM with the best CSR algorithm. The SpMM runs on a plan
+  // built once on an identical CSR, so that the buffer query and preprocessing stay outside. The
+  // allocation makes this side slower and noisier than a conversion into preallocated arrays
+  // would be (twell's side allocates nothing in its region): docs/benchmarks/README.md.
   if (op_a == Op::none && csr_ok) {
     Case x = base;
     x.variant = "cusparse_csr+convert";
@@ -95,7 +99,9 @@ void spmm_baselines(Harness& h, Report& report, const Case& base, Op op_a, Dense
                  dense_bytes;
       cs.flops = flops;
       cs.extra["algorithm"] = std::string(baseline::to_string(best_csr));
-      cs.extra["includes"] = "cuSPARSE DenseToSparse (analysis, allocation of the result, conversion) and SpMM";
+      cs.extra["includes"] =
+          "cuSPARSE DenseToSparse (analysis, allocation and zero fill of the CSR with device syncs, conversion) "
+          "and SpMM";
     });
   }
 }

@@ -1,5 +1,6 @@
 // cuda DenseToHybridPlan: dense_to_hybrid's kernels (packing with per-row flags, scan, maps, dense
 // block) on storage the plan owns.
+#include <algorithm>
 #include <optional>
 
 #include <twell/converters/hybrid_plan.hpp>
@@ -28,10 +29,16 @@ DenseToHybridPlan<T>::DenseToHybridPlan(std::int64_t rows, std::int64_t cols, Tw
   scan_bytes_ = detail::inclusive_sum_bytes<const std::int32_t*, std::int32_t*>(rows);
   scan_storage_ = Buffer<std::uint64_t>((scan_bytes_ + 7) / 8, MemorySpace::device, Uninitialized{});
   row_to_overflow_ = Buffer<std::int32_t>(n, MemorySpace::device, Uninitialized{});
-  overflow_to_row_ =
-      Buffer<std::int32_t>(static_cast<std::size_t>(overflow_capacity), MemorySpace::device, Uninitialized{});
-  overflow_ = Buffer<T>(static_cast<std::size_t>(overflow_capacity * cols), MemorySpace::device, Uninitialized{});
-  capacity_ = overflow_capacity;
+  hold_overflow_rows(std::min(overflow_capacity, rows));  // no more rows than the matrix can overflow
+}
+
+// The dense block and its map for `capacity` rows. Nothing is read from them before a run's
+// kernels write it, so they are not zero-filled (and need no ordering against a legacy-stream fill).
+template <Value T>
+void DenseToHybridPlan<T>::hold_overflow_rows(std::int64_t capacity) {
+  overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(capacity), MemorySpace::device, Uninitialized{});
+  overflow_ = Buffer<T>(static_cast<std::size_t>(capacity * cols()), MemorySpace::device, Uninitialized{});
+  capacity_ = capacity;
 }
 
 template <Value T>
@@ -54,15 +61,14 @@ HybridView<T> DenseToHybridPlan<T>::run(DenseView<const T> src, const ConvertOpt
   detail::inclusive_sum(flags_.data(), ranks_.data(), n, scan_storage_.data(), scan_bytes_, stream);
   const std::int64_t r = n == 0 ? 0 : detail::read_value(ranks_.data() + (n - 1), stream);
   if (r > capacity_) {
-    // The old block is not in use (the host has waited for the stream), and nothing is read from
-    // the new one before the kernels below write it, so no zero fill and no ordering are needed.
-    overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(r), MemorySpace::device, Uninitialized{});
-    overflow_ = Buffer<T>(static_cast<std::size_t>(r * cols()), MemorySpace::device, Uninitialized{});
-    capacity_ = r;
+    // The old block is not in use: the host has waited for the stream. Doubling keeps a slowly
+    // rising R from reallocating (and so synchronising the device) at every run.
+    hold_overflow_rows(std::min(rows(), std::max(r, 2 * capacity_)));
     ++growths_;
   }
-  const HybridView<T> out{twell_.view(), DenseView<T>{overflow_.data(), r, cols(), cols(), MemorySpace::device},
-                          row_to_overflow_.data(), overflow_to_row_.data()};
+  const HybridView<T> out{twell_.view(),
+                          DenseView<T>{r > 0 ? overflow_.data() : nullptr, r, cols(), cols(), MemorySpace::device},
+                          row_to_overflow_.data(), r > 0 ? overflow_to_row_.data() : nullptr};
   detail::write_hybrid_rows<T>(flags_.data(), ranks_.data(), out, detail::DenseRows<T>(src), options.threshold, stream,
                                kWhere);
   if (options.report != nullptr) *options.report = ConvertReport{static_cast<std::int64_t>(counters->read().nnz), 0, r};

@@ -4,6 +4,7 @@
 // bit for bit (padding and unused slots included) and validated.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -549,7 +550,7 @@ TEST_CASE_TEMPLATE("cuda DenseToHybridPlan equals dense_to_hybrid run after run,
                    fp16, float) {
   namespace ref = twell::reference;
   namespace gpu = twell::cuda;
-  const std::pair<std::int64_t, std::int64_t> shapes[] = {{1, 1}, {3, 257}, {17, 1000}, {700, 3000}};
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{0, 9}, {4, 0}, {1, 1}, {3, 257}, {17, 1000}, {700, 3000}};
   const TwellLayout layouts[] = {{256, 16}, {128, 8}, {64, 4}};
   // One plan converts a sequence of matrices: no overflow, some, every row (R = M), fewer again.
   struct Step {
@@ -565,7 +566,8 @@ TEST_CASE_TEMPLATE("cuda DenseToHybridPlan equals dense_to_hybrid run after run,
       CAPTURE(layout.compression);
       gpu::DenseToHybridPlan<T> plan(rows, cols, layout);
       CHECK(plan.overflow_capacity() == 0);
-      std::int64_t most = 0;  // the largest R so far: the capacity the plan must hold
+      // The block the plan must hold: past its capacity, max(R, twice the capacity), at most M.
+      std::int64_t capacity = 0;
       std::int64_t growths = 0;
       for (const Step& step : steps) {
         const std::uint64_t seed = fresh_seed();
@@ -591,11 +593,11 @@ TEST_CASE_TEMPLATE("cuda DenseToHybridPlan equals dense_to_hybrid run after run,
         // Without a report the result is the same (no counters are read back).
         const auto want = ref::dense_to_hybrid(dense.view(), layout, options);
         expect_same(copy_to(plan.run(d_dense.view(), options), kHost), want);
-        if (want.overflow_rows() > most) {
-          most = want.overflow_rows();
+        if (want.overflow_rows() > capacity) {
+          capacity = std::min(rows, std::max(want.overflow_rows(), 2 * capacity));
           ++growths;
         }
-        CHECK(plan.overflow_capacity() == most);
+        CHECK(plan.overflow_capacity() == capacity);
         CHECK(plan.growths() == growths);
       }
     }
@@ -630,4 +632,5 @@ TEST_CASE("cuda DenseToHybridPlan runs on options.stream and refuses bad request
         ErrorCode::invalid_argument);
   CHECK(code_of([&] { gpu::DenseToHybridPlan<bf16>(10, 10, TwellLayout{256, 3}); }) == ErrorCode::invalid_argument);
   CHECK(code_of([&] { gpu::DenseToHybridPlan<bf16>(10, 10, layout, -1); }) == ErrorCode::invalid_argument);
+  CHECK(gpu::DenseToHybridPlan<bf16>(10, 10, layout, 50).overflow_capacity() == 10);  // at most every row
 }

@@ -19,17 +19,22 @@ namespace twell::cuda {
 // cuda::dense_to_hybrid, word for word (slots, both maps, the dense block).
 //
 // Storage: the constructor allocates the TwELL part, the per-row flags, their scan and its
-// temporary storage, row_to_overflow, and a dense block with its map for `overflow_capacity`
-// rows. A run whose matrix has more overflow rows than the block holds enlarges it to that many
-// (the one allocation a run can make; growths() counts them) and keeps it.
+// temporary storage, row_to_overflow, and a dense block with its map for `overflow_capacity` rows
+// (at most `rows`). A run whose matrix has more overflow rows than the block holds enlarges it to
+// max(R, twice the block), at most `rows` (growths() counts these; each is a cudaMalloc and a
+// cudaFree, which synchronise the device), and keeps it. With options.report set, a run also takes
+// a small stream-ordered block for the entry count (cudaMallocAsync).
 //
 // run() queues on options.stream and waits once, for R (a 4-byte read-back), plus once more for
 // the entry count when options.report is set. It returns a view of the result that stays valid
-// until the next run() or the plan's destruction. Runs reuse the storage: two runs of one plan
-// must not execute concurrently on different streams. options.threshold and options.report mean
-// what they mean for dense_to_hybrid; options.overflow is not consulted (a Hybrid holds every
-// row). Errors: a layout dense_to_hybrid refuses (constructor); a source not in device memory
-// (space_mismatch) or not rows x cols (shape_mismatch); a negative or NaN threshold.
+// until the next run() or the plan's destruction (a view with R = 0 has null overflow pointers, as
+// dense_to_hybrid's result). Runs reuse the storage: two runs of one plan must not execute
+// concurrently on different streams, and a moved-from plan must not run. options.threshold and
+// options.report mean what they mean for dense_to_hybrid; options.overflow is not consulted (a
+// Hybrid holds every row). Errors: the constructor refuses a layout dense_to_hybrid refuses, more
+// rows than the 32-bit row maps index, and negative sizes (invalid_argument); run() a source not
+// in device memory (space_mismatch), not rows x cols (shape_mismatch) or with a leading dimension
+// or alignment the dense checks refuse, and a negative or NaN threshold (invalid_argument).
 template <Value T>
 class DenseToHybridPlan {
  public:
@@ -49,6 +54,8 @@ class DenseToHybridPlan {
   std::int64_t growths() const { return growths_; }
 
  private:
+  void hold_overflow_rows(std::int64_t capacity);
+
   TwellMatrix<T> twell_;
   Buffer<std::int32_t> flags_;          // 1 for a row with an overflowed tile
   Buffer<std::int32_t> ranks_;          // inclusive scan of the flags
