@@ -3,7 +3,7 @@
 # benchmarks and draw their plots, writing logs, JSON and plots under OUTDIR.
 #
 #   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--contract] [--arch80 | --skip-build-80]
-#                        [--skip-tests] [--skip-bench] [--reps N]
+#                        [--skip-tests] [--skip-bench] [--reps N] [--tests RE]
 #
 #   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
 #                   gpu-check.log (everything), gpu-tests.log, bench.json, bench-summary.md,
@@ -20,6 +20,8 @@
 #   --skip-build-80 no sm_80 build (the default)
 #   --skip-tests, --skip-bench   leave out a phase
 #   --reps N        timed runs per benchmark case (default 50)
+#   --tests RE      only the gpu test executables whose name matches RE (ctest -R), e.g.
+#                   'baselines|converters' to check what a change touched before a full run
 #   --sanitize-limit S   seconds allowed to the sanitizer phase (default 420): one run per (tool,
 #                   test case), TWELL_GPU_CHECK_SANITIZE_JOBS (default 12) at a time
 #   --sanitize-tools LIST   compute-sanitizer tools (default racecheck,memcheck); all runs of both
@@ -54,6 +56,7 @@ sanitize_jobs="${TWELL_GPU_CHECK_SANITIZE_JOBS:-12}"
 sanitize_tools="racecheck,memcheck"
 sanitize_suites="."
 sanitize_cases="."
+tests_re=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=1 ;;
@@ -66,6 +69,7 @@ while [ $# -gt 0 ]; do
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --reps) reps="${2:?--reps needs a number}"; shift ;;
+    --tests) tests_re="${2:?--tests needs a pattern}"; shift ;;
     --sanitize-limit) sanitize_limit="${2:?--sanitize-limit needs seconds}"; shift ;;
     --sanitize-tools) sanitize_tools="${2:?--sanitize-tools needs a list}"; shift ;;
     --sanitize-suites) sanitize_suites="${2:?--sanitize-suites needs a pattern}"; shift ;;
@@ -111,6 +115,14 @@ configure_and_build() {  # DIR ARCHS
     -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
     >>"$log" 2>&1 || return 1
   cmake --build "$dir" -j "$jobs" >>"$log" 2>&1
+}
+
+# The gpu test suites, all or those --tests names, side by side: most of their time is the CPU
+# reference on the host's cores.
+run_gpu_tests() {  # BUILD_DIR LOG
+  local select=()
+  [ -n "$tests_re" ] && select=(-R "$tests_re")
+  (cd "$1" && ctest -L gpu "${select[@]}" -j "$test_jobs" --output-on-failure --timeout 300) >"$2" 2>&1
 }
 
 # ctest's own summary line, e.g. "100% tests passed, 0 tests failed out of 12".
@@ -222,8 +234,7 @@ fi
 
 if [ "$built" = 1 ] && [ "$run_tests" = 1 ]; then
   t0=$(now)
-  # The suites run side by side: most of their time is the CPU reference on the host's cores.
-  (cd "$build" && ctest -L gpu -j "$test_jobs" --output-on-failure --timeout 300) >"$out/gpu-tests.log" 2>&1
+  run_gpu_tests "$build" "$out/gpu-tests.log"
   rc=$?
   line="$(tests_line "$out/gpu-tests.log")"
   [ $rc -eq 0 ] && st=ok || st=FAILED
@@ -236,7 +247,7 @@ fi
 if [ "$arch80" = 1 ]; then
   t0=$(now)
   if configure_and_build "$build80" "80"; then
-    (cd "$build80" && ctest -L gpu -j "$test_jobs" --output-on-failure --timeout 300) >"$out/gpu-tests-80.log" 2>&1
+    run_gpu_tests "$build80" "$out/gpu-tests-80.log"
     rc=$?
     line="$(tests_line "$out/gpu-tests-80.log")"
     [ $rc -eq 0 ] && st=ok || st=FAILED

@@ -17,11 +17,12 @@ namespace {
 // converters.
 CsrMatrix<T> csr_of(baseline::Handles& handles, DenseView<const T> a) {
   baseline::DenseToCsrPlan<T> plan(handles, a);
-  return plan.run();
+  return plan.run_allocating();
 }
 
-double csr_bytes(const CsrMatrix<T>& a) {
-  return static_cast<double>(a.row_ptr().bytes() + a.col_idx().bytes() + a.values().bytes());
+double csr_bytes(CsrView<const T> a) {
+  return static_cast<double>(a.rows + 1) * sizeof(std::int64_t) +
+         static_cast<double>(a.nnz) * static_cast<double>(sizeof(std::int32_t) + sizeof(T));
 }
 
 constexpr int kSelectionReps = 10;
@@ -71,38 +72,45 @@ void spmm_baselines(Harness& h, Report& report, const Case& base, Op op_a, Dense
         csr_ok = true;
       }
       const double coo_rows = storage == baseline::SparseStorage::coo ? 4.0 * static_cast<double>(csr.nnz()) : 0.0;
-      cs.bytes = csr_bytes(csr) + coo_rows + dense_bytes;
+      cs.bytes = csr_bytes(csr.view()) + coo_rows + dense_bytes;
       cs.flops = flops;
       cs.extra["algorithm"] = std::string(baseline::to_string(best));
       cs.extra["algorithms_ms"] = tried;
     });
   }
   // The same product with cuSPARSE's own conversion from dense in the timed region, to set
-  // against twell+convert: DenseToSparse as the convert suite times it (analysis, then the CSR's
-  // cudaMalloc and zero fill, the device syncs around them, the conversion and the widening of its
-  // 32-bit row offsets to CsrMatrix's 64-bit row_ptr: cuSPARSE needs the count before the arrays
-  // exist), then SpMM with the best CSR algorithm. The SpMM runs on a plan
-  // built once on an identical CSR, so that the buffer query and preprocessing stay outside. The
-  // allocation makes this side slower and noisier than a conversion into preallocated arrays
-  // would be (twell's side allocates nothing in its region): docs/benchmarks/README.md.
+  // against twell+convert, in two forms: cusparse_csr+convert_plan converts into a DenseToCsrPlan's
+  // arrays (analysis with its read-back of the count, conversion, widening of the 32-bit row
+  // offsets; as twell's side, nothing allocated), cusparse_csr+convert into a new CSR (its
+  // cudaMalloc and zero fill with device syncs too: cuSPARSE needs the count before the arrays
+  // exist). Then SpMM with the best CSR algorithm, on a plan built once on the converted arrays, so
+  // that the buffer query and preprocessing stay outside (the pattern does not change between runs).
   if (op_a == Op::none && csr_ok) {
-    Case x = base;
-    x.variant = "cusparse_csr+convert";
-    run_case(report, x, [&](Case& cs) {
-      baseline::DenseToCsrPlan<T> convert(handles, a);
-      baseline::SpmmPlan<T> plan(handles, op_a, csr.view(), baseline::SparseStorage::csr, best_csr, b, c, 1.0f, 0.0f);
-      cs.timing = h.time([&] {
-        (void)convert.run();
-        plan.run();
+    for (const bool into_plan : {true, false}) {
+      Case x = base;
+      x.variant = into_plan ? "cusparse_csr+convert_plan" : "cusparse_csr+convert";
+      run_case(report, x, [&](Case& cs) {
+        baseline::DenseToCsrPlan<T> convert(handles, a, into_plan ? csr.nnz() : 0);
+        const CsrView<const T> converted = into_plan ? convert.run() : csr.view();
+        baseline::SpmmPlan<T> plan(handles, op_a, converted, baseline::SparseStorage::csr, best_csr, b, c, 1.0f, 0.0f);
+        cs.timing = h.time([&] {
+          if (into_plan)
+            (void)convert.run();
+          else
+            (void)convert.run_allocating();
+          plan.run();
+        });
+        cs.bytes = bytes_of_dense(a.rows, a.cols) + 2 * csr_bytes(csr.view()) + dense_bytes;
+        cs.flops = flops;
+        cs.extra["algorithm"] = std::string(baseline::to_string(best_csr));
+        cs.extra["includes"] =
+            into_plan ? "cuSPARSE DenseToSparse into a DenseToCsrPlan's arrays (analysis with its read-back of the "
+                        "count, conversion, row offsets widened to 64 bits) and SpMM"
+                      : "cuSPARSE DenseToSparse (analysis, allocation and zero fill of the CSR with device syncs, "
+                        "conversion) and SpMM";
+        if (into_plan) cs.extra["growths"] = convert.growths();
       });
-      cs.bytes = static_cast<double>(a.rows) * static_cast<double>(a.cols) * sizeof(T) + 2 * csr_bytes(csr) +
-                 dense_bytes;
-      cs.flops = flops;
-      cs.extra["algorithm"] = std::string(baseline::to_string(best_csr));
-      cs.extra["includes"] =
-          "cuSPARSE DenseToSparse (analysis, allocation and zero fill of the CSR with device syncs, conversion) "
-          "and SpMM";
-    });
+    }
   }
 }
 
@@ -112,10 +120,23 @@ void convert_baselines(Harness& h, Report& report, const Case& base, DenseView<c
   run_case(report, x, [&](Case& cs) {
     baseline::Handles handles(h.stream());
     baseline::DenseToCsrPlan<T> plan(handles, a);
-    const CsrMatrix<T> once = plan.run();
-    cs.timing = h.time([&] { (void)plan.run(); });
-    cs.bytes = static_cast<double>(a.rows) * static_cast<double>(a.cols) * sizeof(T) + csr_bytes(once);
+    const CsrMatrix<T> once = plan.run_allocating();
+    cs.timing = h.time([&] { (void)plan.run_allocating(); });
+    cs.bytes = bytes_of_dense(a.rows, a.cols) + csr_bytes(once.view());
     cs.extra["includes"] = "analysis, allocation of the result and conversion";
+  });
+  Case y = base;
+  y.variant = "cusparse_dense_to_csr_plan";
+  run_case(report, y, [&](Case& cs) {
+    baseline::Handles handles(h.stream());
+    baseline::DenseToCsrPlan<T> plan(handles, a);
+    const CsrView<const T> once = plan.run();  // sizes the plan's arrays outside the timing
+    cs.timing = h.time([&] { (void)plan.run(); });
+    cs.bytes = bytes_of_dense(a.rows, a.cols) + csr_bytes(once);
+    cs.extra["growths"] = plan.growths();
+    cs.extra["includes"] =
+        "analysis (with its read-back of the count) and conversion into the plan's arrays, row offsets widened "
+        "to 64 bits; nothing allocated";
   });
 }
 
@@ -128,7 +149,7 @@ void sddmm_baselines(Harness& h, Report& report, const Case& base, DenseView<con
     CsrMatrix<T> out = csr_of(handles, pattern);
     baseline::SddmmPlan<T> plan(handles, dy, Op::transpose, wd, out.view(), 1.0f, 0.0f);
     cs.timing = h.time([&] { plan.run(); });
-    cs.bytes = dense_bytes + 2 * csr_bytes(out);
+    cs.bytes = dense_bytes + 2 * csr_bytes(out.view());
     cs.flops = flops;
     cs.extra["native_16bit"] = plan.native();
   });

@@ -1,6 +1,7 @@
 // convert suite: dense M x 5632 activations -> TwELL / Hybrid on the device, against a plain
 // device copy of the dense matrix (the bandwidth ceiling of a pass over it) and cuSPARSE's
-// DenseToSparse into CSR. dense->twell and dense->hybrid allocate their result (owning API);
+// DenseToSparse into CSR, allocating the result (cusparse_dense_to_csr) or into a plan's arrays
+// (cusparse_dense_to_csr_plan). dense->twell and dense->hybrid allocate their result (owning API);
 // dense->hybrid_plan converts into a DenseToHybridPlan's storage (the hot path for Hybrids);
 // dense->twell_into writes a preallocated TwELL (the hot path), with the overflow check, and
 // dense->twell_into_async without it (the kernel alone). GB/s: dense bytes read plus packed
@@ -129,8 +130,9 @@ void run_convert(Harness& h, Report& report) {
 #if TWELL_BENCH_BASELINES
       detail::convert_baselines(h, report, base, a);
 #else
-      detail::not_built(report, detail::with_variant(base, "cusparse_dense_to_csr"),
-                        "kernels/include/twell/kernels/baselines.hpp is not in this build");
+      for (const char* v : {"cusparse_dense_to_csr", "cusparse_dense_to_csr_plan"})
+        detail::not_built(report, detail::with_variant(base, v),
+                          "kernels/include/twell/kernels/baselines.hpp is not in this build");
 #endif
     }
   }
@@ -138,9 +140,12 @@ void run_convert(Harness& h, Report& report) {
     if (c.suite != "convert" || c.status != "ok" || h.copy_gbps() <= 0) continue;
     c.extra["percent_of_copy_bandwidth"] = 100.0 * c.gbps() / h.copy_gbps();
   }
-  detail::link_baselines(report, "convert",
-                         {"dense->hybrid", "dense->twell", "dense->twell_into", "dense->twell_into_async"},
-                         {"cusparse_dense_to_csr", "copy"});
+  // Each conversion against cuSPARSE's of the same kind first: allocating ones against the
+  // allocating DenseToSparse, those into preallocated storage against DenseToSparse into a plan.
+  detail::link_baselines(report, "convert", {"dense->hybrid", "dense->twell"},
+                         {"cusparse_dense_to_csr", "cusparse_dense_to_csr_plan", "copy"});
+  detail::link_baselines(report, "convert", {"dense->hybrid_plan", "dense->twell_into", "dense->twell_into_async"},
+                         {"cusparse_dense_to_csr_plan", "cusparse_dense_to_csr", "copy"});
 }
 
 }  // namespace twell::bench

@@ -250,8 +250,9 @@ void run_spmm(Harness& h, Report& report) {
   // Both ops: link_baselines pairs cases of the same op only.
   detail::link_baselines(report, "spmm", {"twell"}, {"cusparse_csr", "cusparse_coo", "cublas_dense"});
   // Conversion from dense included on both sides.
-  detail::link_baselines(report, "spmm", {"twell+convert"},
-                         {"cusparse_csr+convert", "cusparse_csr", "cusparse_coo", "cublas_dense"});
+  detail::link_baselines(
+      report, "spmm", {"twell+convert"},
+      {"cusparse_csr+convert_plan", "cusparse_csr+convert", "cusparse_csr", "cusparse_coo", "cublas_dense"});
   detail::link_baselines(report, "spmm", {"cusparse_csr", "cusparse_coo"}, {"cublas_dense"});
 }
 

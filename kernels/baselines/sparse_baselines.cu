@@ -400,24 +400,58 @@ struct DenseToCsrPlan<T>::Impl {
   DenseView<const T> src;
   cusparseDnMatDescr_t dense = nullptr;
   cusparseSpMatDescr_t csr = nullptr;
-  DeviceBytes offsets;  // 32-bit row offsets, widened into the result
+  DeviceBytes offsets;  // cuSPARSE's 32-bit row offsets, widened into a 64-bit row_ptr
   DeviceBytes buffer;
+  // run()'s result: row_ptr for rows + 1, column indices and values for `capacity` entries.
+  DeviceBytes row_ptr, col_idx, values;
+  std::int64_t capacity = 0;
+  std::int64_t growths = 0;
   ~Impl() {
     if (csr != nullptr) cusparseDestroySpMat(csr);
     if (dense != nullptr) cusparseDestroyDnMat(dense);
   }
+
+  void hold(std::int64_t entries, const char* where) {
+    col_idx = DeviceBytes(static_cast<std::size_t>(entries) * sizeof(std::int32_t), where);
+    values = DeviceBytes(static_cast<std::size_t>(entries) * sizeof(T), where);
+    capacity = entries;
+  }
+  // The analysis: cuSPARSE counts the entries and reads the count back.
+  std::int64_t count_entries(const char* where) {
+    check_supported(cusparseDenseToSparse_analysis(handles->impl().sparse, dense, csr,
+                                                   CUSPARSE_DENSETOSPARSE_ALG_DEFAULT, buffer.get()),
+                    where, "cusparseDenseToSparse_analysis");
+    std::int64_t rows = 0, cols = 0, nnz = 0;
+    detail::check_cusparse(cusparseSpMatGetSize(csr, &rows, &cols, &nnz), where);
+    return nnz;
+  }
+  // The conversion into (col, val) and the widening of the row offsets into out_row_ptr.
+  void convert_into(std::int64_t nnz, std::int32_t* col, T* val, std::int64_t* out_row_ptr, const char* where) {
+    detail::check_cusparse(cusparseCsrSetPointers(csr, offsets.get(), nnz > 0 ? col : nullptr, nnz > 0 ? val : nullptr),
+                           where);
+    check_supported(cusparseDenseToSparse_convert(handles->impl().sparse, dense, csr,
+                                                  CUSPARSE_DENSETOSPARSE_ALG_DEFAULT, buffer.get()),
+                    where, "cusparseDenseToSparse_convert");
+    widen_row_ptr_kernel<<<blocks_for(src.rows + 1), 256, 0, handles->impl().stream>>>(
+        src.rows, static_cast<const std::int32_t*>(offsets.get()), out_row_ptr);
+    detail::check_launch(where);
+  }
 };
 
 template <Value T>
-DenseToCsrPlan<T>::DenseToCsrPlan(Handles& handles, DenseView<const T> src) : impl_(std::make_unique<Impl>()) {
+DenseToCsrPlan<T>::DenseToCsrPlan(Handles& handles, DenseView<const T> src, std::int64_t capacity)
+    : impl_(std::make_unique<Impl>()) {
   constexpr const char* where = "twell::baseline::DenseToCsrPlan";
   detail::check_dense(src, where, "src");
   detail::require_int32(src.rows * src.cols, where, "rows * cols");
+  require(capacity >= 0, ErrorCode::invalid_argument, where, "capacity = ", capacity, " is negative");
   Impl& p = *impl_;
   p.handles = &handles;
   p.src = src;
   const cudaDataType_t type = detail::cuda_type<T>();
   p.offsets = DeviceBytes(static_cast<std::size_t>(src.rows + 1) * 4, where);
+  p.row_ptr = DeviceBytes(static_cast<std::size_t>(src.rows + 1) * 8, where);
+  p.hold(std::min(capacity, src.rows * src.cols), where);
   detail::check_cusparse(cusparseCreateDnMat(&p.dense, src.rows, src.cols, std::max<std::int64_t>(src.ld, 1),
                                              const_cast<T*>(src.data), type, CUSPARSE_ORDER_ROW),
                          where);
@@ -439,27 +473,42 @@ template <Value T>
 DenseToCsrPlan<T>& DenseToCsrPlan<T>::operator=(DenseToCsrPlan&&) noexcept = default;
 
 template <Value T>
-CsrMatrix<T> DenseToCsrPlan<T>::run() {
+CsrView<const T> DenseToCsrPlan<T>::run() {
   constexpr const char* where = "twell::baseline::DenseToCsrPlan::run";
   Impl& p = *impl_;
-  cusparseHandle_t h = p.handles->impl().sparse;
-  const cudaStream_t stream = p.handles->impl().stream;
-  check_supported(cusparseDenseToSparse_analysis(h, p.dense, p.csr, CUSPARSE_DENSETOSPARSE_ALG_DEFAULT, p.buffer.get()),
-                  where, "cusparseDenseToSparse_analysis");
-  std::int64_t rows = 0, cols = 0, nnz = 0;
-  detail::check_cusparse(cusparseSpMatGetSize(p.csr, &rows, &cols, &nnz), where);
+  const std::int64_t nnz = p.count_entries(where);
+  if (nnz > p.capacity) {
+    // The host has waited for the count, so the old arrays are not in use.
+    p.hold(std::min(p.src.rows * p.src.cols, std::max(nnz, 2 * p.capacity)), where);
+    ++p.growths;
+  }
+  auto* col = static_cast<std::int32_t*>(p.col_idx.get());
+  auto* val = static_cast<T*>(p.values.get());
+  auto* row_ptr = static_cast<std::int64_t*>(p.row_ptr.get());
+  p.convert_into(nnz, col, val, row_ptr, where);
+  return CsrView<const T>{p.src.rows, p.src.cols, nnz, row_ptr, col, val, MemorySpace::device};
+}
+
+template <Value T>
+CsrMatrix<T> DenseToCsrPlan<T>::run_allocating() {
+  constexpr const char* where = "twell::baseline::DenseToCsrPlan::run_allocating";
+  Impl& p = *impl_;
+  const std::int64_t nnz = p.count_entries(where);
   CsrMatrix<T> out(p.src.rows, p.src.cols, nnz, MemorySpace::device);
   detail::check_cuda(cudaDeviceSynchronize(), where);  // the result's zero-fill ran on the default stream
-  detail::check_cusparse(cusparseCsrSetPointers(p.csr, p.offsets.get(), nnz > 0 ? out.col_idx().data() : nullptr,
-                                                nnz > 0 ? out.values().data() : nullptr),
-                         where);
-  check_supported(cusparseDenseToSparse_convert(h, p.dense, p.csr, CUSPARSE_DENSETOSPARSE_ALG_DEFAULT, p.buffer.get()),
-                  where, "cusparseDenseToSparse_convert");
-  widen_row_ptr_kernel<<<blocks_for(p.src.rows + 1), 256, 0, stream>>>(
-      p.src.rows, static_cast<const std::int32_t*>(p.offsets.get()), out.row_ptr().data());
-  detail::check_launch(where);
-  detail::check_cuda(cudaStreamSynchronize(stream), where);
+  p.convert_into(nnz, out.col_idx().data(), out.values().data(), out.row_ptr().data(), where);
+  detail::check_cuda(cudaStreamSynchronize(p.handles->impl().stream), where);
   return out;
+}
+
+template <Value T>
+std::int64_t DenseToCsrPlan<T>::capacity() const {
+  return impl_->capacity;
+}
+
+template <Value T>
+std::int64_t DenseToCsrPlan<T>::growths() const {
+  return impl_->growths;
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                      \

@@ -1,6 +1,6 @@
-// Baselines (cuSPARSE SpMM for every algorithm it accepts, SDDMM, DenseToSparse; cuBLAS GEMM,
-// cuBLASLt ReLU GEMM, the dense gated FFN) against twell::reference or fp64 loops on the same
-// fresh random input, with outputs poisoned before each run.
+// Baselines (cuSPARSE SpMM for every algorithm it accepts, SDDMM, DenseToSparse allocating and into
+// a plan's arrays; cuBLAS GEMM, cuBLASLt ReLU GEMM, the dense gated FFN) against twell::reference
+// or fp64 loops on the same fresh random input, with outputs poisoned before each run.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <twell/converters/backends.hpp>
+#include <twell/formats/copy.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/baselines.hpp>
 
@@ -164,6 +165,21 @@ void sort_columns_within_rows(CsrMatrix<T>& m) {
   }
 }
 
+// A CSR from cuSPARSE against the reference's of the same dense matrix: the same row_ptr, the same
+// columns once sorted within rows (cuSPARSE does not promise the order), and values that rebuild
+// the dense matrix bit for bit.
+template <class T>
+void check_csr_of(CsrMatrix<T> got, const DenseMatrix<T>& d) {
+  const CsrMatrix<T> want = ref::dense_to_csr<T>(d.view());
+  sort_columns_within_rows(got);
+  REQUIRE(got.nnz() == want.nnz());
+  const auto gp = got.row_ptr().host_span(), wp = want.row_ptr().host_span();
+  CHECK(std::equal(gp.begin(), gp.end(), wp.begin(), wp.end()));
+  const auto gc = got.col_idx().host_span(), wc = want.col_idx().host_span();
+  CHECK(std::equal(gc.begin(), gc.end(), wc.begin(), wc.end()));
+  CHECK(testing::bitwise_equal<T>(ref::csr_to_dense<T>(got.view()).view(), d.view()));
+}
+
 TEST_CASE_TEMPLATE("cuSPARSE DenseToSparse plan matches the reference converter", T, bf16, fp16, float) {
   baseline::Handles handles;
   for (const double density : {0.0, 0.005, 0.3, 1.0}) {
@@ -175,16 +191,54 @@ TEST_CASE_TEMPLATE("cuSPARSE DenseToSparse plan matches the reference converter"
     const auto d = testing::random_sparse_dense<T>(77, 301, so, seed);
     const auto d_dev = d.to(kDevice);
     baseline::DenseToCsrPlan<T> plan(handles, d_dev.view());
-    CsrMatrix<T> got = plan.run().to(kHost);
-    const CsrMatrix<T> want = ref::dense_to_csr<T>(d.view());
-    sort_columns_within_rows(got);  // cuSPARSE's dense-to-CSR does not promise sorted columns
-    REQUIRE(got.nnz() == want.nnz());
-    const auto gp = got.row_ptr().host_span(), wp = want.row_ptr().host_span();
-    CHECK(std::equal(gp.begin(), gp.end(), wp.begin(), wp.end()));
-    const auto gc = got.col_idx().host_span(), wc = want.col_idx().host_span();
-    CHECK(std::equal(gc.begin(), gc.end(), wc.begin(), wc.end()));
-    CHECK(testing::bitwise_equal<T>(ref::csr_to_dense<T>(got.view()).view(), d.view()));
+    check_csr_of(plan.run_allocating().to(kHost), d);
+    check_csr_of(copy_to(plan.run(), kHost), d);
   }
+}
+
+// One plan over a sequence of matrices written into its source: its arrays grow only when a count
+// passes them (to max(nnz, twice their size), at most rows x cols), and each run rewrites all it
+// returns (the previous result's arrays are poisoned before the next run).
+TEST_CASE_TEMPLATE("cuSPARSE DenseToSparse plan reused: growth and rewritten arrays", T, bf16, fp16, float) {
+  baseline::Handles handles;
+  for (const auto& [rows, cols] : {std::array<std::int64_t, 2>{1, 1}, std::array<std::int64_t, 2>{130, 257}}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    DenseMatrix<T> src(rows, cols, kDevice);
+    baseline::DenseToCsrPlan<T> plan(handles, DenseView<const T>(src.view()), 1);
+    CHECK(plan.capacity() == 1);
+    for (const double density : {0.01, 0.2, 0.05, 1.0, 0.0, 0.5}) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(density);
+      testing::SparseDenseOptions so;
+      so.density = density;
+      const auto d = testing::random_sparse_dense<T>(rows, cols, so, seed);
+      REQUIRE(cudaMemcpy(src.values().data(), d.values().data(), d.values().bytes(), cudaMemcpyHostToDevice) ==
+              cudaSuccess);
+      const std::int64_t capacity = plan.capacity(), growths = plan.growths();
+      const CsrView<const T> got = plan.run();
+      check_csr_of(copy_to(got, kHost), d);
+      const bool grew = got.nnz > capacity;
+      CHECK(plan.growths() == growths + (grew ? 1 : 0));
+      CHECK(plan.capacity() == (grew ? std::min(rows * cols, std::max(got.nnz, 2 * capacity)) : capacity));
+      REQUIRE(cudaMemset(const_cast<std::int64_t*>(got.row_ptr), 0xFF, static_cast<std::size_t>(rows + 1) * 8) ==
+              cudaSuccess);
+      REQUIRE(cudaMemset(const_cast<std::int32_t*>(got.col_idx), 0xFF, static_cast<std::size_t>(got.nnz) * 4) ==
+              cudaSuccess);
+      REQUIRE(cudaMemset(const_cast<T*>(got.values), 0xFF, static_cast<std::size_t>(got.nnz) * sizeof(T)) ==
+              cudaSuccess);
+    }
+    if (rows * cols > 1) CHECK(plan.growths() >= 1);  // a 1 x 1 plan holds its one entry from the start
+  }
+}
+
+TEST_CASE("cuSPARSE DenseToSparse plan refuses host sources and negative capacities") {
+  baseline::Handles handles;
+  const DenseMatrix<float> host(3, 4);
+  CHECK_THROWS_AS(baseline::DenseToCsrPlan<float>(handles, host.view()), Error);
+  const DenseMatrix<float> dev(3, 4, kDevice);
+  CHECK_THROWS_AS(baseline::DenseToCsrPlan<float>(handles, dev.view(), -1), Error);
 }
 
 TEST_CASE_TEMPLATE("cuBLAS GEMM and cuBLASLt ReLU GEMM match fp64", T, bf16, fp16, float) {

@@ -106,18 +106,31 @@ class SddmmPlan {
   std::unique_ptr<Impl> impl_;
 };
 
-// Dense -> CSR through cusparseDenseToSparse: the buffer is allocated once per plan; run() runs
-// the analysis (which counts nnz), allocates the result and converts. Values equal to +-0 are
-// dropped, as twell's is_stored rule.
+// Dense -> CSR through cusparseDenseToSparse, bound to one source. Values equal to +-0 are
+// dropped, as twell's is_stored rule; cuSPARSE does not promise sorted columns within a row.
+// The constructor allocates cuSPARSE's buffer and CSR arrays the plan owns for `capacity` entries
+// (at most rows x cols). Both runs start with the analysis, which counts the entries (cuSPARSE
+// reads the count back: the host waits), and end with cuSPARSE's 32-bit row offsets widened into
+// a 64-bit row_ptr.
+//   run(): converts into the plan's arrays: what a caller converting every step keeps, and the
+//     counterpart of twell's DenseToHybridPlan. A count beyond the arrays enlarges them to
+//     max(nnz, twice their size), at most rows x cols (growths() counts it: a cudaMalloc and a
+//     cudaFree each); nothing else is allocated. The view stays valid until the next run() or the
+//     plan's destruction.
+//   run_allocating(): converts into a new CsrMatrix (its cudaMalloc and zero fill, and the device
+//     syncs around them, included): what a caller without a plan pays.
 template <Value T>
 class DenseToCsrPlan {
  public:
-  DenseToCsrPlan(Handles& handles, DenseView<const T> src);
+  DenseToCsrPlan(Handles& handles, DenseView<const T> src, std::int64_t capacity = 0);
   ~DenseToCsrPlan();
   DenseToCsrPlan(DenseToCsrPlan&&) noexcept;
   DenseToCsrPlan& operator=(DenseToCsrPlan&&) noexcept;
 
-  CsrMatrix<T> run();
+  CsrView<const T> run();
+  CsrMatrix<T> run_allocating();
+  std::int64_t capacity() const;
+  std::int64_t growths() const;
 
   struct Impl;
 
