@@ -114,8 +114,8 @@ class SddmmPlan {
 // a 64-bit row_ptr.
 //   run(): converts into the plan's arrays: what a caller converting every step keeps, and the
 //     counterpart of twell's DenseToHybridPlan. A count beyond the arrays enlarges them to
-//     max(nnz, twice their size), at most rows x cols (growths() counts it: a cudaMalloc and a
-//     cudaFree each); nothing else is allocated. The view stays valid until the next run() or the
+//     max(nnz, twice their size), at most rows x cols (growths() counts it: the column and value
+//     arrays are allocated anew, the old ones freed); nothing else is allocated. The view stays valid until the next run() or the
 //     plan's destruction.
 //   run_allocating(): converts into a new CsrMatrix (its cudaMalloc and zero fill, and the device
 //     syncs around them, included): what a caller without a plan pays.
