@@ -2,8 +2,9 @@
 // op = none runs the format's own kernel (TwELL and Hybrid: the pair-balanced kernel below, the
 // tile-streaming kernel of spmm_stream.cu or the slice-reuse pre-pass and product of
 // spmm_slices.cu, by rows and layout (choose_twell_path) or as KernelOptions::spmm_algorithm asks;
-// Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns. op = transpose
-// transposes a 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a Hybrid directly
+// Hybrid overflow rows by cuBLAS, on a side stream beside the tile-streaming and pair-balanced
+// kernels); SpmmPlan runs the same paths on workspace it owns. op = transpose transposes a
+// 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a Hybrid directly
 // (transpose_twell.cu) and runs the op-none Hybrid path on it (path ".../via_transpose+<path>");
 // other operands are converted to CSR, transposed (stable radix sort, deterministic), and the CSR
 // kernel runs on A^T (path ".../via_csr_transpose").
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <cublas_v2.h>
 
@@ -538,6 +540,70 @@ cublasHandle_t cublas_handle() {
   return holder.handle;
 }
 
+// A second, non-blocking stream of this host thread on the current device, and the two events
+// that fork work onto it from a caller's stream and join it back. The Hybrid overflow rows run
+// there beside the TwELL kernel: the small cuBLAS GEMM then fills SMs that the kernel's waves
+// leave idle instead of starting after its last CTA. Calls on one host thread share the side
+// stream (across caller streams too), which can only add order, never remove it.
+class SideStream {
+ public:
+  // The side stream's next work comes after everything queued on `stream` so far.
+  explicit SideStream(cudaStream_t stream) : stream_(stream), lane_(lane_of_current_device()) {
+    detail::check_cuda(cudaEventRecord(lane_.fork, stream), "twell::cuda::spmm (fork to the side stream)");
+    detail::check_cuda(cudaStreamWaitEvent(lane_.side, lane_.fork), "twell::cuda::spmm (fork to the side stream)");
+  }
+  // Queues work(side stream), then makes `stream`'s later work wait for it, also when `work`
+  // throws after queuing part of it.
+  template <class Work>
+  void run(Work&& work) const {
+    try {
+      work(lane_.side);
+    } catch (...) {
+      join();
+      throw;
+    }
+    join();
+  }
+
+ private:
+  void join() const {
+    detail::check_cuda(cudaEventRecord(lane_.join, lane_.side), "twell::cuda::spmm (join the side stream)");
+    detail::check_cuda(cudaStreamWaitEvent(stream_, lane_.join), "twell::cuda::spmm (join the side stream)");
+  }
+
+  struct Lane {
+    cudaStream_t side = nullptr;
+    cudaEvent_t fork = nullptr, join = nullptr;
+  };
+  static Lane lane_of_current_device() {
+    struct Lanes {
+      std::vector<Lane> per_device;
+      ~Lanes() {
+        for (const Lane& l : per_device) {
+          if (l.side != nullptr) cudaStreamDestroy(l.side);
+          if (l.fork != nullptr) cudaEventDestroy(l.fork);
+          if (l.join != nullptr) cudaEventDestroy(l.join);
+        }
+      }
+    };
+    thread_local Lanes lanes;
+    int device = 0;
+    detail::check_cuda(cudaGetDevice(&device), "twell::cuda::spmm (cudaGetDevice)");
+    if (lanes.per_device.size() <= static_cast<std::size_t>(device)) lanes.per_device.resize(device + 1);
+    Lane& l = lanes.per_device[device];
+    if (l.side == nullptr) {
+      constexpr const char* kCreate = "twell::cuda::spmm (side stream and its events)";
+      detail::check_cuda(cudaEventCreateWithFlags(&l.fork, cudaEventDisableTiming), kCreate);
+      detail::check_cuda(cudaEventCreateWithFlags(&l.join, cudaEventDisableTiming), kCreate);
+      detail::check_cuda(cudaStreamCreateWithFlags(&l.side, cudaStreamNonBlocking), kCreate);
+    }
+    return l;
+  }
+
+  cudaStream_t stream_;
+  Lane lane_;
+};
+
 // Overflow rows: tmp = overflow * B in fp32 by cuBLAS, then scattered into C with alpha/beta.
 // `tmp` holds r x Nb floats, or is null and then allocated here (stream-ordered).
 template <class T>
@@ -667,9 +733,20 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  std::string path =
+  // The two parts write disjoint rows of C (the TwELL kernel skips the shadow rows). Beside the
+  // tile-streaming and pair-balanced kernels the overflow rows run on the side stream; after the
+  // slice-reuse product, whose one CTA per SM waits for any SM the GEMM holds (H100, token-skewed,
+  // 229 overflow rows at M = 16384: 0.383 ms beside against 0.372 after; tile-streaming, 63 rows at
+  // M = 4096: 0.132 against 0.142; docs/benchmarks/README.md).
+  std::optional<SideStream> side;
+  if (a.overflow.rows > 0 && path_choice != SpmmAlgorithm::slice_reuse) side.emplace(stream);
+  const std::string path =
       hybrid_kernel_name(twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b));
-  overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp);
+  if (side) {
+    side->run([&](cudaStream_t s) { overflow_rows(a, b, c, alpha, beta, s, overflow_tmp); });
+  } else {
+    overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp);
+  }
   return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
 }
 
