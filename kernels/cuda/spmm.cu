@@ -2,8 +2,8 @@
 // op = none runs the format's own kernel (TwELL and Hybrid: the pair-balanced kernel below, the
 // tile-streaming kernel of spmm_stream.cu or the slice-reuse pre-pass and product of
 // spmm_slices.cu, by rows and layout (choose_twell_path) or as KernelOptions::spmm_algorithm asks;
-// Hybrid overflow rows by cuBLAS, on a side stream beside the tile-streaming and pair-balanced
-// kernels); SpmmPlan runs the same paths on workspace it owns. op = transpose transposes a
+// Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns, its Hybrid
+// overflow rows on a stream of its own beside the tile-streaming and pair-balanced kernels. op = transpose transposes a
 // 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a Hybrid directly
 // (transpose_twell.cu) and runs the op-none Hybrid path on it (path ".../via_transpose+<path>");
 // other operands are converted to CSR, transposed (stable radix sort, deterministic), and the CSR
@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include <cublas_v2.h>
 
@@ -31,6 +30,69 @@
 #include "vec16.cuh"
 
 namespace twell::cuda {
+
+// An SpmmPlan's second, non-blocking stream (with the plan stream's priority), the events that fork
+// work onto it from the plan's stream and join it back, and a cuBLAS handle bound to it for good
+// (one handle per stream keeps cuBLAS's choice of kernel, and so its bits, the same on every run).
+struct detail::SpmmSideLane {
+  explicit SpmmSideLane(cudaStream_t plan_stream) {
+    constexpr const char* where = "twell::cuda::SpmmPlan (side stream)";
+    try {
+      int priority = 0;
+      check_cuda(cudaStreamGetPriority(plan_stream, &priority), where);
+      check_cuda(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, priority), where);
+      check_cuda(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming), where);
+      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), where);
+      check_cublas(cublasCreate(&blas), where);
+      check_cublas(cublasSetStream(blas, side), where);
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  SpmmSideLane(const SpmmSideLane&) = delete;
+  SpmmSideLane& operator=(const SpmmSideLane&) = delete;
+  ~SpmmSideLane() { release(); }
+
+  // The side stream's next work comes after everything queued on `stream` so far.
+  void fork(cudaStream_t stream) const {
+    check_cuda(cudaEventRecord(forked, stream), "twell::cuda::SpmmPlan (fork to the side stream)");
+    check_cuda(cudaStreamWaitEvent(side, forked), "twell::cuda::SpmmPlan (fork to the side stream)");
+  }
+  // Queues work(side stream, its cuBLAS handle), then makes `stream`'s later work wait for it, also
+  // when `work` throws after queuing part of it.
+  template <class Work>
+  void run(Work&& work, cudaStream_t stream) const {
+    try {
+      work(side, blas);
+    } catch (...) {
+      join(stream);
+      throw;
+    }
+    join(stream);
+  }
+
+ private:
+  void join(cudaStream_t stream) const {
+    check_cuda(cudaEventRecord(done, side), "twell::cuda::SpmmPlan (join the side stream)");
+    check_cuda(cudaStreamWaitEvent(stream, done), "twell::cuda::SpmmPlan (join the side stream)");
+  }
+  // cublasDestroy waits for the device; a stream or event with work pending is released when the
+  // work ends. Failures cannot be reported from a destructor.
+  void release() noexcept {
+    if (blas != nullptr) cublasDestroy(blas);
+    if (done != nullptr) cudaEventDestroy(done);
+    if (forked != nullptr) cudaEventDestroy(forked);
+    if (side != nullptr) cudaStreamDestroy(side);
+  }
+
+  cudaStream_t side = nullptr;
+  cudaEvent_t forked = nullptr, done = nullptr;
+  cublasHandle_t blas = nullptr;
+};
+
+void detail::SpmmSideLaneDeleter::operator()(SpmmSideLane* lane) const noexcept { delete lane; }
+
 namespace {
 
 constexpr const char* kWhere = "twell::cuda::spmm";
@@ -540,75 +602,11 @@ cublasHandle_t cublas_handle() {
   return holder.handle;
 }
 
-// A second, non-blocking stream of this host thread on the current device, and the two events
-// that fork work onto it from a caller's stream and join it back. The Hybrid overflow rows run
-// there beside the TwELL kernel: the small cuBLAS GEMM then fills SMs that the kernel's waves
-// leave idle instead of starting after its last CTA. Calls on one host thread share the side
-// stream (across caller streams too), which can only add order, never remove it.
-class SideStream {
- public:
-  // The side stream's next work comes after everything queued on `stream` so far.
-  explicit SideStream(cudaStream_t stream) : stream_(stream), lane_(lane_of_current_device()) {
-    detail::check_cuda(cudaEventRecord(lane_.fork, stream), "twell::cuda::spmm (fork to the side stream)");
-    detail::check_cuda(cudaStreamWaitEvent(lane_.side, lane_.fork), "twell::cuda::spmm (fork to the side stream)");
-  }
-  // Queues work(side stream), then makes `stream`'s later work wait for it, also when `work`
-  // throws after queuing part of it.
-  template <class Work>
-  void run(Work&& work) const {
-    try {
-      work(lane_.side);
-    } catch (...) {
-      join();
-      throw;
-    }
-    join();
-  }
-
- private:
-  void join() const {
-    detail::check_cuda(cudaEventRecord(lane_.join, lane_.side), "twell::cuda::spmm (join the side stream)");
-    detail::check_cuda(cudaStreamWaitEvent(stream_, lane_.join), "twell::cuda::spmm (join the side stream)");
-  }
-
-  struct Lane {
-    cudaStream_t side = nullptr;
-    cudaEvent_t fork = nullptr, join = nullptr;
-  };
-  static Lane lane_of_current_device() {
-    struct Lanes {
-      std::vector<Lane> per_device;
-      ~Lanes() {
-        for (const Lane& l : per_device) {
-          if (l.side != nullptr) cudaStreamDestroy(l.side);
-          if (l.fork != nullptr) cudaEventDestroy(l.fork);
-          if (l.join != nullptr) cudaEventDestroy(l.join);
-        }
-      }
-    };
-    thread_local Lanes lanes;
-    int device = 0;
-    detail::check_cuda(cudaGetDevice(&device), "twell::cuda::spmm (cudaGetDevice)");
-    if (lanes.per_device.size() <= static_cast<std::size_t>(device)) lanes.per_device.resize(device + 1);
-    Lane& l = lanes.per_device[device];
-    if (l.side == nullptr) {
-      constexpr const char* kCreate = "twell::cuda::spmm (side stream and its events)";
-      detail::check_cuda(cudaEventCreateWithFlags(&l.fork, cudaEventDisableTiming), kCreate);
-      detail::check_cuda(cudaEventCreateWithFlags(&l.join, cudaEventDisableTiming), kCreate);
-      detail::check_cuda(cudaStreamCreateWithFlags(&l.side, cudaStreamNonBlocking), kCreate);
-    }
-    return l;
-  }
-
-  cudaStream_t stream_;
-  Lane lane_;
-};
-
-// Overflow rows: tmp = overflow * B in fp32 by cuBLAS, then scattered into C with alpha/beta.
-// `tmp` holds r x Nb floats, or is null and then allocated here (stream-ordered).
+// Overflow rows: tmp = overflow * B in fp32 by cuBLAS (`blas`), then scattered into C with
+// alpha/beta. `tmp` holds r x Nb floats, or is null and then allocated here (stream-ordered).
 template <class T>
 void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
-                   cudaStream_t stream, float* tmp) {
+                   cudaStream_t stream, float* tmp, cublasHandle_t blas) {
   const std::int64_t r = a.overflow.rows;
   if (r == 0 || b.cols == 0) return;
   const std::size_t bytes = static_cast<std::size_t>(r * b.cols) * sizeof(float);
@@ -619,7 +617,7 @@ void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
   if (a.cols() == 0) {
     detail::check_cuda(cudaMemsetAsync(tmp, 0, bytes, stream), "twell::cuda::spmm (overflow)");
   } else {
-    cublasHandle_t h = cublas_handle();
+    cublasHandle_t h = blas;
     detail::check_cublas(cublasSetStream(h, stream), "twell::cuda::spmm (cublasSetStream)");
     const float one = 1.0f, zero = 0.0f;
     // Row-major tmp (r x nb) = overflow (r x K) B (K x nb) is column-major tmp^T = B^T overflow^T.
@@ -723,29 +721,36 @@ std::string hybrid_kernel_name(const char* twell_path) {
   return name == kSlicePath || name == kStreamPath ? name : "pair_balanced";
 }
 
-// Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows.
+// Whether a Hybrid's overflow rows can run beside the TwELL kernel `path`: they write C's shadow
+// rows, which the kernel skips. Not after the slice-reuse product, whose one CTA per SM waits for
+// any SM the GEMM holds (H100, token-skewed, 229 overflow rows at M = 16384: 0.383 ms beside
+// against 0.372 after; tile-streaming, 63 rows at M = 4096: 0.132 against 0.142;
+// docs/benchmarks/README.md), nor when K = 0, where the kernel only scales C, shadow rows included.
+template <class T>
+bool overflow_beside(HybridView<const T> a, SpmmAlgorithm path) {
+  return a.overflow.rows > 0 && a.cols() > 0 && path != SpmmAlgorithm::slice_reuse;
+}
+
+// Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows, on `side`
+// beside the kernel where overflow_beside says so and an SpmmPlan lends its side lane (else null).
 template <class T>
 std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
                         cudaStream_t stream, SpmmAlgorithm path_choice, void* workspace, void* staged_b,
-                        float* overflow_tmp) {
+                        float* overflow_tmp, detail::SpmmSideLane* side) {
   require_int(b.cols, "B columns");
   require_int(a.cols(), "A columns");
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  // The two parts write disjoint rows of C (the TwELL kernel skips the shadow rows). Beside the
-  // tile-streaming and pair-balanced kernels the overflow rows run on the side stream; after the
-  // slice-reuse product, whose one CTA per SM waits for any SM the GEMM holds (H100, token-skewed,
-  // 229 overflow rows at M = 16384: 0.383 ms beside against 0.372 after; tile-streaming, 63 rows at
-  // M = 4096: 0.132 against 0.142; docs/benchmarks/README.md).
-  std::optional<SideStream> side;
-  if (a.overflow.rows > 0 && path_choice != SpmmAlgorithm::slice_reuse) side.emplace(stream);
+  const bool beside = side != nullptr && overflow_beside(a, path_choice);
+  if (beside) side->fork(stream);
   const std::string path =
       hybrid_kernel_name(twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b));
-  if (side) {
-    side->run([&](cudaStream_t s) { overflow_rows(a, b, c, alpha, beta, s, overflow_tmp); });
+  if (beside) {
+    side->run([&](cudaStream_t s, cublasHandle_t blas) { overflow_rows(a, b, c, alpha, beta, s, overflow_tmp, blas); },
+              stream);
   } else {
-    overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp);
+    overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp, cublas_handle());
   }
   return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
 }
@@ -825,7 +830,7 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
   const HybridView<T> hybrid{at, DenseView<T>{dense_rows(r), r, m, m, MemorySpace::device}, row_to_overflow,
                              overflow_to_row};
   detail::twell_transpose_dense_rows(a, hybrid, stream);
-  overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream, overflow_tmp(r));
+  overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream, overflow_tmp(r), cublas_handle());
   return path + "+cublas_overflow";
 }
 
@@ -907,7 +912,7 @@ void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
   }
   const std::string path = hybrid_none(a, b, c, alpha, beta, detail::stream_of(options),
                                        choose_twell_path(a.twell, b, c, options.spmm_algorithm), nullptr, nullptr,
-                                       nullptr);
+                                       nullptr, nullptr);
   detail::report_path(options, path.c_str());
 }
 
@@ -964,7 +969,9 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
   const SpmmAlgorithm path = choose_twell_path(a.twell, b, c, algorithm_);
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  path_ = hybrid_none(a, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data(), overflow_.data());
+  if (!side_ && overflow_beside(a, path)) side_.reset(new detail::SpmmSideLane(stream));
+  path_ = hybrid_none(a, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data(), overflow_.data(),
+                      side_.get());
 }
 
 template <Value T>

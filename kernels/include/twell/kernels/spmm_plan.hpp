@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <twell/formats/dense.hpp>
@@ -15,6 +16,13 @@
 #include <twell/memory.hpp>
 
 namespace twell::cuda {
+
+namespace detail {
+struct SpmmSideLane;  // the plan's second stream, its events and cuBLAS handle (spmm.cu)
+struct SpmmSideLaneDeleter {
+  void operator()(SpmmSideLane* lane) const noexcept;
+};
+}  // namespace detail
 
 // C = alpha * op(A) B + beta * C, exactly what twell::cuda::spmm computes (same paths, same bits),
 // with A of m rows, k columns and `layout`.
@@ -37,6 +45,10 @@ namespace twell::cuda {
 // a forced kernel that does not take the operands raises unsupported), so only slice-reuse runs use
 // the workspace and the copy of B. The buffers are reused by
 // every run: two runs of one plan must not execute concurrently on different streams.
+// Overflow rows of op-none runs on the pair-balanced or tile-streaming kernel go through a second
+// stream the plan creates at the first such run (with the plan stream's priority, and a cuBLAS
+// handle bound to it): forked from the plan's stream after the work queued there, joined back
+// before anything queued later, so they run beside the kernel (docs/api.md, "spmm paths").
 // Errors: A's rows, columns or layout differ from the plan's, or the spmm argument checks
 // (shape_mismatch, space_mismatch, invalid_argument).
 template <Value T>
@@ -88,6 +100,7 @@ class SpmmPlan {
   Buffer<std::uint32_t> transposed_;  // op transpose: A^T's slots and maps
   Buffer<T> transposed_dense_;        // op transpose: A^T's dense rows
   std::string path_;
+  std::unique_ptr<detail::SpmmSideLane, detail::SpmmSideLaneDeleter> side_;  // last: destroyed first
 };
 
 }  // namespace twell::cuda
