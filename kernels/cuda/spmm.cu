@@ -3,9 +3,9 @@
 // tile-streaming kernel of spmm_stream.cu or the slice-reuse pre-pass and product of
 // spmm_slices.cu, by rows and layout (choose_twell_path) or as KernelOptions::spmm_algorithm asks;
 // Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns, its Hybrid
-// overflow rows on a stream of its own beside the tile-streaming and pair-balanced kernels. op = transpose transposes a
-// 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a Hybrid directly
-// (transpose_twell.cu) and runs the op-none Hybrid path on it (path ".../via_transpose+<path>");
+// overflow rows on a stream of its own beside the tile-streaming and pair-balanced kernels.
+// op = transpose transposes a 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a
+// Hybrid directly (transpose_twell.cu) and runs the op-none Hybrid path on it (path ".../via_transpose+<path>");
 // other operands are converted to CSR, transposed (stable radix sort, deterministic), and the CSR
 // kernel runs on A^T (path ".../via_csr_transpose").
 // Every path is deterministic: each output element is summed in a fixed order, without atomics.
@@ -725,10 +725,11 @@ std::string hybrid_kernel_name(const char* twell_path) {
 // rows, which the kernel skips. Not after the slice-reuse product, whose one CTA per SM waits for
 // any SM the GEMM holds (H100, token-skewed, 229 overflow rows at M = 16384: 0.383 ms beside
 // against 0.372 after; tile-streaming, 63 rows at M = 4096: 0.132 against 0.142;
-// docs/benchmarks/README.md), nor when K = 0, where the kernel only scales C, shadow rows included.
+// docs/benchmarks/README.md), nor when K = 0, where the kernel only scales C, shadow rows included,
+// nor for an empty B.
 template <class T>
-bool overflow_beside(HybridView<const T> a, SpmmAlgorithm path) {
-  return a.overflow.rows > 0 && a.cols() > 0 && path != SpmmAlgorithm::slice_reuse;
+bool overflow_beside(HybridView<const T> a, std::int64_t b_cols, SpmmAlgorithm path) {
+  return a.overflow.rows > 0 && a.cols() > 0 && b_cols > 0 && path != SpmmAlgorithm::slice_reuse;
 }
 
 // Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows, on `side`
@@ -742,7 +743,7 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  const bool beside = side != nullptr && overflow_beside(a, path_choice);
+  const bool beside = side != nullptr && overflow_beside(a, b.cols, path_choice);
   if (beside) side->fork(stream);
   const std::string path =
       hybrid_kernel_name(twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b));
@@ -969,7 +970,7 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
   const SpmmAlgorithm path = choose_twell_path(a.twell, b, c, algorithm_);
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  if (!side_ && overflow_beside(a, path)) side_.reset(new detail::SpmmSideLane(stream));
+  if (!side_ && overflow_beside(a, b.cols, path)) side_.reset(new detail::SpmmSideLane(stream));
   path_ = hybrid_none(a, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data(), overflow_.data(),
                       side_.get());
 }
