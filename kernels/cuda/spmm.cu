@@ -5,9 +5,9 @@
 // Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns, its Hybrid
 // overflow rows on a stream of its own beside the tile-streaming and pair-balanced kernels.
 // op = transpose transposes a 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a
-// Hybrid directly (transpose_twell.cu) and runs the op-none Hybrid path on it (path ".../via_transpose+<path>");
-// other operands are converted to CSR, transposed (stable radix sort, deterministic), and the CSR
-// kernel runs on A^T (path ".../via_csr_transpose").
+// Hybrid directly (transpose_twell.cu) and runs the op-none Hybrid path on it (path
+// ".../via_transpose+<path>"); other operands are converted to CSR, transposed (stable radix
+// sort, deterministic), and the CSR kernel runs on A^T (path ".../via_csr_transpose").
 // Every path is deterministic: each output element is summed in a fixed order, without atomics.
 #include <algorithm>
 #include <bit>
@@ -617,11 +617,10 @@ void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
   if (a.cols() == 0) {
     detail::check_cuda(cudaMemsetAsync(tmp, 0, bytes, stream), "twell::cuda::spmm (overflow)");
   } else {
-    cublasHandle_t h = blas;
-    detail::check_cublas(cublasSetStream(h, stream), "twell::cuda::spmm (cublasSetStream)");
+    detail::check_cublas(cublasSetStream(blas, stream), "twell::cuda::spmm (cublasSetStream)");
     const float one = 1.0f, zero = 0.0f;
     // Row-major tmp (r x nb) = overflow (r x K) B (K x nb) is column-major tmp^T = B^T overflow^T.
-    detail::check_cublas(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(b.cols), static_cast<int>(r),
+    detail::check_cublas(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(b.cols), static_cast<int>(r),
                                       static_cast<int>(a.cols()), &one, b.data, type, static_cast<int>(b.ld),
                                       a.overflow.data, type, static_cast<int>(a.overflow.ld), &zero, tmp, CUDA_R_32F,
                                       static_cast<int>(b.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
