@@ -1,4 +1,5 @@
-// cuda elementwise kernels on one structure: out = x * y and out = x + s * sign(x), per format.
+// cuda elementwise kernels on one structure: out = x * y and out = x + s * sign(y) (y = x too), per
+// format.
 // One thread per stored slot; no reduction, so results are deterministic by construction.
 #include <cstdint>
 
@@ -12,16 +13,18 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The two operations; sign(+-0) = 0 and NaN propagates (as the reference).
+// The two operations; sign(+-0) = 0 and NaN propagates (as the reference). kEitherStored: in a
+// Hybrid's overflow rows, which store no explicit zeros, the operation also applies where only y
+// stores a value (x + s sign(y) is not zero there; x * y is).
 struct Multiply {
-  float s = 0.0f;
+  static constexpr bool kEitherStored = false;
   __device__ float operator()(float x, float y) const { return x * y; }
 };
 struct AddScaledSign {
+  static constexpr bool kEitherStored = true;
   float s = 0.0f;
-  __device__ float operator()(float x, float) const {
-    if (isnan(x)) return x;
-    return x + s * (x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f));
+  __device__ float operator()(float x, float y) const {
+    return x + s * (isnan(y) ? y : (y > 0.0f ? 1.0f : (y < 0.0f ? -1.0f : 0.0f)));
   }
 };
 
@@ -35,7 +38,7 @@ struct AddScaledSign {
 template <class T, class F>
 __global__ void values_kernel(std::int64_t n, const T* x, const T* y, T* out, F f) {
   TWELL_GRID_STRIDE(e, n) {
-    detail::store_f(out + e, f(detail::load_f(x + e), y != nullptr ? detail::load_f(y + e) : 0.0f));
+    detail::store_f(out + e, f(detail::load_f(x + e), detail::load_f(y + e)));
   }
 }
 
@@ -46,7 +49,7 @@ __global__ void ell_kernel(std::int64_t rows, std::int64_t width, const std::int
   TWELL_GRID_STRIDE(idx, rows * width) {
     const std::int64_t i = idx / width, s = idx - i * width;
     if (s < count[i])
-      detail::store_f(out + idx, f(detail::load_f(x + idx), y != nullptr ? detail::load_f(y + idx) : 0.0f));
+      detail::store_f(out + idx, f(detail::load_f(x + idx), detail::load_f(y + idx)));
   }
 }
 
@@ -67,27 +70,28 @@ __global__ void twell_kernel(std::int64_t rows, std::int64_t cols, TwellLayout l
       out[idx] = word;
       if constexpr (std::is_same_v<T, float>) out_plane[idx] = 0.0f;
     } else if constexpr (std::is_same_v<T, float>) {
-      const float v = f(x_plane[idx], y != nullptr ? y_plane[idx] : 0.0f);
+      const float v = f(x_plane[idx], y_plane[idx]);
       out[idx] = word;
       out_plane[idx] = v;
     } else {
       const float xv = detail::bits_to_f<T>(word >> 16);
-      const float yv = y != nullptr ? detail::bits_to_f<T>(y[idx] >> 16) : 0.0f;
+      const float yv = detail::bits_to_f<T>(y[idx] >> 16);
       out[idx] = TwellLayout::pack(detail::bits_of<T>(f(xv, yv)), TwellLayout::slot_column(word));
     }
   }
 }
 
-// Hybrid overflow block: a thread owns one element; f where x stores a value, +0 elsewhere.
+// Hybrid overflow block: a thread owns one element; f where x (or, for kEitherStored, y) stores a
+// value, +0 elsewhere.
 template <class T, class F>
 __global__ void overflow_kernel(std::int64_t r_rows, std::int64_t cols, const T* x, std::int64_t ldx, const T* y,
                                 std::int64_t ldy, T* out, std::int64_t ldo, F f) {
   TWELL_GRID_STRIDE(idx, r_rows * cols) {
     const std::int64_t r = idx / cols, j = idx - r * cols;
     const float xv = detail::load_f(x + r * ldx + j);
-    float v = 0.0f;
-    if (!(fabsf(xv) <= 0.0f)) v = f(xv, y != nullptr ? detail::load_f(y + r * ldy + j) : 0.0f);
-    detail::store_f(out + r * ldo + j, v);
+    const float yv = detail::load_f(y + r * ldy + j);
+    const bool stored = !(fabsf(xv) <= 0.0f) || (F::kEitherStored && !(fabsf(yv) <= 0.0f));
+    detail::store_f(out + r * ldo + j, stored ? f(xv, yv) : 0.0f);
   }
 }
 
@@ -112,38 +116,29 @@ void run(EllView<const T> x, const T* y, EllView<T> out, F f, const char* where,
 }
 
 template <class T, class F>
-void run_twell(TwellView<const T> x, TwellView<const T>* y, TwellView<T> out, F f, const char* where,
-               const KernelOptions& options) {
+void run(TwellView<const T> x, const TwellView<const T>* y, TwellView<T> out, F f, const char* where,
+         const KernelOptions& options) {
   require(out.layout == x.layout, ErrorCode::shape_mismatch, where, "out has tile ", out.layout.tile, ", C ",
           out.layout.compression, " but x has tile ", x.layout.tile, ", C ", x.layout.compression);
   const std::int64_t words = x.rows * x.packed_width();
   if (words == 0) return;
   twell_kernel<T><<<detail::grid_for(words, kThreads), kThreads, 0, detail::stream_of(options)>>>(
-      x.rows, x.cols, x.layout, x.packed, x.value_plane, y != nullptr ? y->packed : nullptr,
-      y != nullptr ? y->value_plane : nullptr, out.packed, out.value_plane, f);
+      x.rows, x.cols, x.layout, x.packed, x.value_plane, y->packed, y->value_plane, out.packed, out.value_plane, f);
   detail::check_launch(where);
 }
 
 template <class T, class F>
-void run(TwellView<const T> x, TwellView<const T>* y, TwellView<T> out, F f, const char* where,
-         const KernelOptions& options) {
-  run_twell(x, y, out, f, where, options);
-}
-
-template <class T, class F>
-void run(HybridView<const T> x, HybridView<const T>* y, HybridView<T> out, F f, const char* where,
+void run(HybridView<const T> x, const HybridView<const T>* y, HybridView<T> out, F f, const char* where,
          const KernelOptions& options) {
   require(out.overflow.rows == x.overflow.rows, ErrorCode::shape_mismatch, where, "out has ", out.overflow.rows,
           " overflow rows but x has ", x.overflow.rows);
-  TwellView<const T> yt{};
-  if (y != nullptr) yt = y->twell;
-  run_twell(x.twell, y != nullptr ? &yt : nullptr, out.twell, f, where, options);
+  run(x.twell, &y->twell, out.twell, f, where, options);
   const cudaStream_t stream = detail::stream_of(options);
   const std::int64_t r = x.overflow.rows;
   if (r > 0 && x.cols() > 0) {
     overflow_kernel<T><<<detail::grid_for(r * x.cols(), kThreads), kThreads, 0, stream>>>(
-        r, x.cols(), x.overflow.data, x.overflow.ld, y != nullptr ? y->overflow.data : nullptr,
-        y != nullptr ? y->overflow.ld : 0, out.overflow.data, out.overflow.ld, f);
+        r, x.cols(), x.overflow.data, x.overflow.ld, y->overflow.data, y->overflow.ld, out.overflow.data,
+        out.overflow.ld, f);
     detail::check_launch(where);
   }
   if (x.rows() > 0 && out.row_to_overflow != x.row_to_overflow)
@@ -188,14 +183,16 @@ void multiply_impl(View x, View y, Out out, const KernelOptions& options, const 
   twell::detail::report_format_path(options, "cuda/multiply_on_pattern", format);
 }
 
+// out = x + s * sign(y); the one-operand form passes y = x.
 template <class View, class Out>
-void add_scaled_sign_impl(View x, float s, Out out, const KernelOptions& options, const char* format) {
+void add_scaled_sign_impl(View x, float s, View y, Out out, const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::cuda::add_scaled_sign";
   detail::check_view(x, where, "x");
+  detail::check_view(y, where, "y");
   detail::check_view(out, where, "out");
+  check_pair(x, y, where, "y");
   check_pair(x, out, where, "out");
-  using Y = decltype(values_of(x));
-  run(x, Y{nullptr}, out, AddScaledSign{s}, where, options);
+  run(x, values_of(y), out, AddScaledSign{s}, where, options);
   twell::detail::report_format_path(options, "cuda/add_scaled_sign", format);
 }
 

@@ -1,4 +1,4 @@
-// Reference elementwise kernels on one structure: out = x * y, and out = x + s * sign(x).
+// Reference elementwise kernels on one structure: out = x * y, and out = x + s * sign(y) (y = x too).
 #include <cmath>
 
 #include <twell/kernels/backends.hpp>
@@ -27,15 +27,20 @@ inline float sign(float v) {
   return v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f);
 }
 
+// out = x + s * sign(y); the one-operand form passes y = x.
 template <class View, class Out>
-void add_scaled_sign_impl(View x, float s, Out out, const KernelOptions& options, const char* format) {
+void add_scaled_sign_impl(View x, float s, View y, Out out, const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::reference::add_scaled_sign";
   detail::check_view(x, where, "x");
+  detail::check_view(y, where, "y");
   detail::check_view(out, where, "out");
-  detail::write_on_pattern(x, out, where, [&](const detail::Entry& e) {
-    const float v = detail::load(x, e);
-    return v + s * sign(v);
-  });
+  detail::require_same_structure(x, y, where, "x", "y");
+  const auto value = [&](const detail::Entry& e) { return detail::load(x, e) + s * sign(detail::load(y, e)); };
+  if constexpr (requires { x.overflow; }) {
+    detail::write_on_pattern(x, out, where, value, &y);
+  } else {
+    detail::write_on_pattern(x, out, where, value);
+  }
   detail::report_format_path(options, "reference/add_scaled_sign", format);
 }
 

@@ -338,8 +338,11 @@ void write_on_pattern(TwellView<const T> pattern, TwellView<T> out, const char* 
   for (const auto& [e, x] : values) store(out, e, x);
 }
 
+// `also` (a Hybrid of the pattern's structure, or null) widens the overflow rows' pattern to the
+// elements where either stores a value: dense rows hold no explicit zeros.
 template <class T, class F>
-void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char* where, F&& value) {
+void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char* where, F&& value,
+                      const HybridView<const T>* also = nullptr) {
   require_shape(out.rows(), out.cols(), pattern.rows(), pattern.cols(), where, "out", "the pattern");
   require(out.twell.layout == pattern.twell.layout && out.overflow.rows == pattern.overflow.rows,
           ErrorCode::shape_mismatch, where, "out has layout (tile ", out.twell.layout.tile, ", C ",
@@ -353,7 +356,8 @@ void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char
     for_each_slot_in_row(pattern.twell, i, where, [&](const Entry& e) { values.emplace_back(e, value(e)); });
     if (r < 0) continue;
     for (std::int64_t j = 0; j < pattern.cols(); ++j)
-      if (is_stored(pattern.overflow.data[r * pattern.overflow.ld + j]))
+      if (is_stored(pattern.overflow.data[r * pattern.overflow.ld + j]) ||
+          (also != nullptr && is_stored(also->overflow.data[r * also->overflow.ld + j])))
         overflow[static_cast<std::size_t>(r * pattern.cols() + j)] = value(Entry{i, j, r, true});
   }
   copy_twell_structure(pattern.twell, out.twell);

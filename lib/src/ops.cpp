@@ -127,6 +127,13 @@ void transpose(In<DenseView<const T>> a, DenseView<T> out, const KernelOptions& 
     TWELL_DISPATCH(space, where, add_scaled_sign<T>(x, s, out, options));                                         \
   }                                                                                                               \
   template <Value T>                                                                                              \
+  void add_scaled_sign(In<View<const T>> x, float s, In<View<const T>> y, View<T> out,                            \
+                       const KernelOptions& options) {                                                            \
+    constexpr const char* where = "twell::add_scaled_sign";                                                       \
+    const MemorySpace space = common_space(where, operand("x", x), operand("y", y), operand("out", out));         \
+    TWELL_DISPATCH(space, where, add_scaled_sign<T>(x, s, y, out, options));                                      \
+  }                                                                                                               \
+  template <Value T>                                                                                              \
   double l1_norm(View<const T> x, const KernelOptions& options) {                                                 \
     TWELL_DISPATCH(operand("x", x).space, "twell::l1_norm", l1_norm<T>(x, options));                              \
   }                                                                                                               \
@@ -157,6 +164,7 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, In<DenseView<const T>> w, A
                          const KernelOptions&);                                                                        \
   template void multiply_on_pattern<T>(In<View<const T>>, In<View<const T>>, View<T>, const KernelOptions&);           \
   template void add_scaled_sign<T>(In<View<const T>>, float, View<T>, const KernelOptions&);                           \
+  template void add_scaled_sign<T>(In<View<const T>>, float, In<View<const T>>, View<T>, const KernelOptions&);      \
   template double l1_norm<T>(View<const T>, const KernelOptions&);                                                     \
   template std::int64_t l0_norm<T>(View<const T>, const KernelOptions&);
 #define TWELL_INSTANTIATE(T)                                                                                          \

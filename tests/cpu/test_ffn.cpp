@@ -392,6 +392,83 @@ TEST_CASE("bf16 backward and sparse forward agree with float") {
   CHECK(rel_error<bf16>(std::as_const(y16).view(), to64<float>(std::as_const(y32).view())) < 3e-2);
 }
 
+TEST_CASE_TEMPLATE("sparse training forward and backward match the dense reference", T, bf16, float) {
+  // Intermediates (u, h, dh, dg, du, the first half of dx) are rounded to T in the composition.
+  const double tol = std::is_same_v<T, float> ? 1e-4 : 4e-2;
+  const ActivationSpec acts[] = {{Activation::relu, 0.0f}, {Activation::relu, 0.4f}};
+  int case_index = 0;
+  for (const FfnShape& s : kShapes) {
+    for (const ActivationSpec& act : acts) {
+      for (const TwellLayout layout : {TwellLayout{16, 4}, TwellLayout{}, TwellLayout{32, 2}}) {
+        const L1Normalization norm = ++case_index % 2 ? L1Normalization::per_token : L1Normalization::per_entry;
+        const std::uint64_t seed = testing::fresh_seed();
+        CAPTURE(seed);
+        CAPTURE(s.m);
+        CAPTURE(s.n);
+        CAPTURE(act.threshold);
+        CAPTURE(layout.tile);
+        const Weights<T> w(s, seed);
+        auto dy = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 4);
+        // A token outside the loss (dy = 0): only the L1 term's gradient reaches its hidden units,
+        // through dense overflow rows too, where dh is exactly zero.
+        for (std::int64_t j = 0; j < s.k; ++j) dy.view().at(0, j) = T{};
+        const float lambda = 0.05f;
+
+        DenseMatrix<T> y(s.m, s.k), y_ref(s.m, s.k);
+        for (auto& v : y.values().host_span()) v = from_float<T>(NAN);
+        const GatedFfnActivations<T> saved = sparse_gated_ffn_training_forward<T>(
+            w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, layout, y.view());
+        ref::gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, y_ref.view());
+        CHECK(rel_error<T>(std::as_const(y).view(), to64<T>(std::as_const(y_ref).view())) < tol);
+
+        KernelReport report;
+        const auto got = sparse_gated_ffn_backward<T>(saved, w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(),
+                                                      dy.view(), lambda, norm, KernelOptions{.report = &report});
+        CHECK(report.path == "composed:reference");
+        const auto want = ref::gated_ffn_backward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), act,
+                                                     lambda, norm);
+        CHECK(got.z == want.z);
+        CHECK(got.l1_term == doctest::Approx(want.l1_term).epsilon(std::is_same_v<T, float> ? 1e-5 : 1e-2));
+        const std::pair<const DenseMatrix<T>*, const DenseMatrix<T>*> pairs[] = {
+            {&got.dx, &want.dx}, {&got.dwg, &want.dwg}, {&got.dwu, &want.dwu}, {&got.dwd, &want.dwd}};
+        const char* names[] = {"dx", "dwg", "dwu", "dwd"};
+        for (int p = 0; p < 4; ++p) {
+          const std::string name = names[p];
+          CAPTURE(name);
+          REQUIRE(pairs[p].first->rows() == pairs[p].second->rows());
+          REQUIRE(pairs[p].first->cols() == pairs[p].second->cols());
+          CHECK(rel_error<T>(pairs[p].first->view(), to64<T>(pairs[p].second->view())) < tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("sparse backward: the L1 gradient alone reaches a token outside the loss, in TwELL and dense rows") {
+  // dy = 0 everywhere: every gradient comes from lambda / Z sign(h), so a lost sign is an error
+  // of 100 %, not of rounding. Layout {16, 4} sends most rows of this dense gate to overflow rows.
+  const FfnShape s{12, 16, 64};
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const Weights<float> w(s, seed);
+  const DenseMatrix<float> dy(s.m, s.k);
+  for (const TwellLayout layout : {TwellLayout{16, 4}, TwellLayout{16, 1}}) {
+    CAPTURE(layout.compression);
+    DenseMatrix<float> y(s.m, s.k);
+    const auto saved = sparse_gated_ffn_training_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(),
+                                                                ActivationSpec{}, layout, y.view());
+    CHECK((layout.compression == 4 ? saved.a.overflow_rows() > 0 : saved.a.overflow_rows() == 0));
+    const auto got = sparse_gated_ffn_backward<float>(saved, w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(),
+                                                      dy.view(), 0.5f, L1Normalization::per_token);
+    const auto want = ref::gated_ffn_backward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(),
+                                                     ActivationSpec{}, 0.5f, L1Normalization::per_token);
+    CHECK(rel_error<float>(got.dx.view(), to64<float>(want.dx.view())) < 1e-5);
+    CHECK(rel_error<float>(got.dwg.view(), to64<float>(want.dwg.view())) < 1e-5);
+    CHECK(rel_error<float>(got.dwu.view(), to64<float>(want.dwu.view())) < 1e-5);
+    CHECK(rel_error<float>(got.dwd.view(), to64<float>(want.dwd.view())) == 0.0);  // h^T 0
+  }
+}
+
 TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
   using testing::code_of;
   const FfnShape s{4, 8, 12};
@@ -439,4 +516,22 @@ TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
   x_dev.space = MemorySpace::device;
   CHECK(code_of([&] { ref::ffn_forward<float>(x_dev, w.wu.view(), w.wd.view(), relu, y.view()); }) ==
         ErrorCode::space_mismatch);
+
+  // The sparse backward: ReLU gates only, activations of this batch, the reference's checks.
+  const auto saved = sparse_gated_ffn_training_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu,
+                                                              TwellLayout{}, y.view());
+  const auto backward = [&](const GatedFfnActivations<float>& a, DenseView<const float> x, float lambda) {
+    return sparse_gated_ffn_backward<float>(a, x, w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), lambda,
+                                            L1Normalization::per_token);
+  };
+  CHECK(code_of([&] { backward(saved, w.x.view(), -1.0f); }) == ErrorCode::invalid_argument);
+  const Weights<float> other({s.m + 1, s.k, s.n}, testing::fresh_seed());
+  DenseMatrix<float> y_other(s.m + 1, s.k);
+  const auto saved_other = sparse_gated_ffn_training_forward<float>(
+      other.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y_other.view());
+  CHECK(code_of([&] { backward(saved_other, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
+  const auto saved_silu = sparse_gated_ffn_training_forward<float>(
+      w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), ActivationSpec{Activation::silu, 0.1f}, TwellLayout{},
+      y.view());
+  CHECK(code_of([&] { backward(saved_silu, w.x.view(), 0.1f); }) == ErrorCode::unsupported);
 }

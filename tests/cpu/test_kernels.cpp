@@ -377,6 +377,19 @@ TEST_CASE_TEMPLATE("multiply_on_pattern, add_scaled_sign, l1_norm and l0_norm", 
       check("twell", to_dense(std::as_const(outs.twell).view()), with_sign);
       ref::add_scaled_sign<T>(xs.hybrid.view(), sc, outs.hybrid.view());
       check("hybrid", to_dense(std::as_const(outs.hybrid).view()), with_sign);
+
+      // The two-operand form: x + sc * sign(y), y on x's structure.
+      const auto with_sign_of_y = [sc](double x, double y) {
+        return x + sc * (std::isnan(y) ? y : (y > 0 ? 1.0 : (y < 0 ? -1.0 : 0.0)));
+      };
+      ref::add_scaled_sign<T>(xs.csr.view(), sc, ys.csr.view(), outs.csr.view());
+      check("csr, sign of y", to_dense(std::as_const(outs.csr).view()), with_sign_of_y);
+      ref::add_scaled_sign<T>(xs.ell.view(), sc, ys.ell.view(), outs.ell.view());
+      check("ell, sign of y", to_dense(std::as_const(outs.ell).view()), with_sign_of_y);
+      ref::add_scaled_sign<T>(xs.twell.view(), sc, ys.twell.view(), outs.twell.view());
+      check("twell, sign of y", to_dense(std::as_const(outs.twell).view()), with_sign_of_y);
+      ref::add_scaled_sign<T>(xs.hybrid.view(), sc, ys.hybrid.view(), outs.hybrid.view());
+      check("hybrid, sign of y", to_dense(std::as_const(outs.hybrid).view()), with_sign_of_y);
     }
     {
       AllFormats<T> outs = all_formats<T>(xd.view());
@@ -401,6 +414,43 @@ TEST_CASE_TEMPLATE("multiply_on_pattern, add_scaled_sign, l1_norm and l0_norm", 
       check("csr in place", to_dense(std::as_const(inplace.csr).view()), product);
     }
   });
+}
+
+TEST_CASE_TEMPLATE("add_scaled_sign(x, s, y): where x is exactly zero in a Hybrid's dense rows, y's sign still counts",
+                   T, bf16, float) {
+  // A gradient x sampled on y's pattern that came out exactly zero (rows of A all zero, as dh for a
+  // token outside the loss): in TwELL slots the zero stays in the structure; a dense overflow row
+  // cannot store it, so the kernel must visit y's entries too.
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const std::int64_t m = 40, n = 96, k = 8;
+  const auto yd = testing::random_sparse_dense<T>(m, n, testing::SparseDenseOptions{.density = 0.4}, seed);
+  const HybridMatrix<T> y = ref::dense_to_hybrid<T>(yd.view(), TwellLayout{16, 4}, hybrid_overflow());
+  auto a = testing::random_dense<T>(m, k, 1.0f, seed + 1);
+  const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 2);
+  bool zero_overflow_row = false;
+  for (std::int64_t i = 0; i < m; i += 2) {
+    for (std::int64_t p = 0; p < k; ++p) a.view().at(i, p) = T{};
+    zero_overflow_row = zero_overflow_row || y.row_to_overflow().host_span()[static_cast<std::size_t>(i)] >= 0;
+  }
+  REQUIRE(zero_overflow_row);
+  HybridMatrix<T> x(m, n, y.layout(), y.overflow_rows());
+  ref::sddmm<T>(a.view(), Op::none, b.view(), y.view(), x.view(), 1.0f, 0.0f);
+  const float sc = 0.5f;
+  HybridMatrix<T> out(m, n, y.layout(), y.overflow_rows());
+  ref::add_scaled_sign<T>(x.view(), sc, y.view(), out.view());
+  const auto got = ref::hybrid_to_dense<T>(std::as_const(out).view());
+  const auto xd = ref::hybrid_to_dense<T>(std::as_const(x).view());
+  int bad = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float yv = to_float(yd.view().at(i, j));
+      const float want = is_stored(yd.view().at(i, j))
+                             ? to_float(from_float<T>(to_float(xd.view().at(i, j)) + sc * (yv > 0 ? 1.0f : -1.0f)))
+                             : 0.0f;
+      if (to_float(got.view().at(i, j)) != want) ++bad;
+    }
+  CHECK(bad == 0);
 }
 
 namespace {

@@ -1,7 +1,7 @@
 // The FFN client of the sparse-activation API, composed from the public operations so that it
 // runs on whichever backend holds its operands.
 // Shapes: x is M x K; wg and wu are K x N; wd is N x K; y is M x K. Dense references and the
-// training backward are in <twell/kernels/ffn.hpp> (twell::reference).
+// dense training backward are in <twell/kernels/ffn.hpp> (twell::reference).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,42 @@ void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> w
 template <Value T>
 void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<DenseView<const T>> wd,
                         ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options = {});
+
+// ---- training ------------------------------------------------------------------------------
+// What the training forward keeps for the backward, on the gate's pattern P only: a = act(x wg)
+// (a Hybrid of the layout asked for: P is where a stores a value, overflow rows included), u = x wu
+// and h = a * u on P (Hybrids of a's structure), and the activation. In the operands' memory
+// space; these three Hybrids are the activation storage that a dense step holds as M x N matrices.
+template <Value T>
+struct GatedFfnActivations {
+  HybridMatrix<T> a, u, h;
+  ActivationSpec act{};
+};
+
+// y = (act(x wg) * (x wu)) wd, composed as sparse_gated_ffn_forward is, keeping the activations.
+template <Value T>
+GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg,
+                                                         In<DenseView<const T>> wu, In<DenseView<const T>> wd,
+                                                         ActivationSpec act, TwellLayout layout, DenseView<T> y,
+                                                         const KernelOptions& options = {});
+
+// The gradients of reference::gated_ffn_backward (the same loss <y, dy> + lambda sum(|h|) / Z)
+// from the saved activations, composed on the operands' backend:
+//   dh  = sddmm(dy, wd^T) on P, then + lambda / Z sign(h) (add_scaled_sign with y = h);
+//   dg  = dh * u, du = dh * a (multiply_on_pattern; act' = 1 on P for ReLU);
+//   dwd = spmm(h^T, dy); dx = spmm(dg, wg^T) + spmm(du, wu^T);
+//   dwg = spmm(dg^T, x)^T, dwu = spmm(du^T, x)^T (dense transposes of K x N);
+//   l1_term = lambda / Z l1_norm(h) (on the device this waits for it: one host read).
+// ReLU gates only (with or without threshold): SiLU and GELU need act'(g) at the gate's
+// pre-activation, which the activations do not keep, so they are ErrorCode::unsupported (the
+// dense reference computes them). Every intermediate is rounded to T, so the gradients agree with
+// the reference to T's precision, not bit for bit. Gradients are allocated in x's memory space;
+// x, the weights and dy must be those of the forward that made `saved`.
+template <Value T>
+GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& saved, In<DenseView<const T>> x,
+                                               In<DenseView<const T>> wg, In<DenseView<const T>> wu,
+                                               In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
+                                               L1Normalization norm, const KernelOptions& options = {});
 
 // FFN layers bound to their weights (views that must outlive the object and stay in one memory
 // space), activation, gate layout and token count M, for repeated forward passes. Construction

@@ -66,7 +66,8 @@ HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const Kerne
 template <Value T>
 void transpose(In<DenseView<const T>> a, DenseView<T> out, const KernelOptions& options = {});
 
-// out = x * y on one structure, and out = x + s * sign(x) (out may alias the inputs).
+// out = x * y on one structure, out = x + s * sign(x), and out = x + s * sign(y), the gradient of
+// s * sum(|y|) added to x (out may alias the inputs; signatures.inc for a Hybrid's overflow rows).
 template <Value T>
 void multiply_on_pattern(In<CsrView<const T>> x, In<CsrView<const T>> y, CsrView<T> out,
                          const KernelOptions& options = {});
@@ -87,6 +88,18 @@ template <Value T>
 void add_scaled_sign(In<TwellView<const T>> x, float s, TwellView<T> out, const KernelOptions& options = {});
 template <Value T>
 void add_scaled_sign(In<HybridView<const T>> x, float s, HybridView<T> out, const KernelOptions& options = {});
+template <Value T>
+void add_scaled_sign(In<CsrView<const T>> x, float s, In<CsrView<const T>> y, CsrView<T> out,
+                     const KernelOptions& options = {});
+template <Value T>
+void add_scaled_sign(In<EllView<const T>> x, float s, In<EllView<const T>> y, EllView<T> out,
+                     const KernelOptions& options = {});
+template <Value T>
+void add_scaled_sign(In<TwellView<const T>> x, float s, In<TwellView<const T>> y, TwellView<T> out,
+                     const KernelOptions& options = {});
+template <Value T>
+void add_scaled_sign(In<HybridView<const T>> x, float s, In<HybridView<const T>> y, HybridView<T> out,
+                     const KernelOptions& options = {});
 
 // sum |v| over stored values (fp64, deterministic) and the count of stored v != 0.
 template <Value T>
