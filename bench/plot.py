@@ -22,8 +22,9 @@ TWELL_VARIANTS = {
     "convert": ["dense->hybrid", "dense->twell", "dense->twell_into_async"],
     "gemm_to_sparse": ["twell"],
     "ffn": ["fused", "unfused", "fused_plain"],
+    "training": ["twell", "twell_backward"],
 }
-SUITE_ORDER = ["spmm", "sddmm", "convert", "gemm_to_sparse", "ffn"]
+SUITE_ORDER = ["spmm", "sddmm", "convert", "gemm_to_sparse", "ffn", "training"]
 # Ops a suite times besides its main one, and how their variants are labelled.
 SECONDARY_OPS = {"spmm_at": "A^T"}
 DISTRIBUTIONS = ["uniform", "neuron_skewed", "token_skewed"]
@@ -220,8 +221,19 @@ def contract_rows(report):
     if h:
         detail += f"; dense -> Hybrid with its allocation {fmt(h['extra'].get('percent_of_copy_bandwidth'))} %"
     rows.append(("dense -> TwELL conversion, % of copy bandwidth, 0.5 %, uniform", ">= 70 %", fmt(pct), detail))
-    rows.append(("training forward + backward vs dense, 0.5 %", ">= 2.0x, exact", "-",
-                 "not measured (no training suite in twell bench)"))
+    for dist in ("uniform", "token_skewed"):
+        c = find(report, "training", "twell", m=big, density=0.005, dist=dist)
+        d = find(report, "training", "dense", m=big, density=0.005, dist=dist)
+        errs = c.get("extra", {}).get("rel_error_vs_dense") if c else None
+        err_text = ""
+        if isinstance(errs, dict) and errs:
+            worst = max((v for v in errs.values() if not isinstance(v, str)), default=None)
+            err_text = "; gradients' rel. error vs dense " + ("not finite" if any(isinstance(v, str) for v in
+                                                                               errs.values()) else fmt(worst, 2))
+        rows.append((f"training forward + backward vs dense, 0.5 %, {dist}", ">= 2.0x, exact",
+                     fmt(c.get("speedup") if c else None),
+                     f"{fmt(c['ms']['median'])} ms vs {fmt(d['ms']['median'])} ms{err_text}" if c and d
+                     else "not measured"))
     return rows
 
 

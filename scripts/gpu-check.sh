@@ -10,7 +10,7 @@
 #                   speedup.png, gpu-tests-80.log (--arch80), sanitizer.log (--sanitize)
 #   --sanitize      run each gpu test case under compute-sanitizer (memcheck and racecheck)
 #                   instead of the tests and benchmarks
-#   --suites LIST   benchmark suites (default all: convert,spmm,sddmm,gemm_to_sparse,ffn)
+#   --suites LIST   benchmark suites (default all: convert,spmm,sddmm,gemm_to_sparse,ffn,training)
 #   --quick         small benchmark sizes (a smoke test, not a result)
 #   --contract      benchmark only the contract's points (paper shape, M = 4096 and 16384, 0.5 %,
 #                   uniform and token-skewed): a short run while iterating on a kernel

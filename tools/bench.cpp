@@ -24,7 +24,7 @@ int run_bench(std::span<const std::string> argv) {
                   "Times each twell op and its baseline in the same process on the GPU (CUDA events,\n"
                   "warm-up, median/p10/p90 of the timed runs, L2 flushed between runs) on data from the\n"
                   "workload generator, and writes every case, the device and the measured ceilings as JSON.\n"
-                  "Suites: convert, spmm, sddmm, gemm_to_sparse, ffn (default: all).",
+                  "Suites: convert, spmm, sddmm, gemm_to_sparse, ffn, training (default: all).",
                   "",
                   0,
                   0,
@@ -47,7 +47,7 @@ int run_bench(std::span<const std::string> argv) {
     config.suites = bench::parse_suites(args.get("suite", "all"));
   } catch (const Error&) {
     throw UsageError("--suite '" + args.get("suite", "") +
-                     "' names an unknown suite; choose from convert, spmm, sddmm, gemm_to_sparse, ffn, all");
+                     "' names an unknown suite; choose from convert, spmm, sddmm, gemm_to_sparse, ffn, training, all");
   }
   config.quick = args.flag("quick");
   config.contract = args.flag("contract");

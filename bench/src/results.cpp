@@ -11,7 +11,7 @@
 namespace twell::bench {
 
 const std::vector<std::string>& suite_names() {
-  static const std::vector<std::string> names{"convert", "spmm", "sddmm", "gemm_to_sparse", "ffn"};
+  static const std::vector<std::string> names{"convert", "spmm", "sddmm", "gemm_to_sparse", "ffn", "training"};
   return names;
 }
 
@@ -24,7 +24,7 @@ std::vector<std::string> parse_suites(const std::string& list) {
     const std::string name = list.substr(begin, end - begin);
     require(std::find(suite_names().begin(), suite_names().end(), name) != suite_names().end(),
             ErrorCode::invalid_argument, "twell::bench::parse_suites", "suite '", name,
-            "' is not one of convert, spmm, sddmm, gemm_to_sparse, ffn, all");
+            "' is not one of convert, spmm, sddmm, gemm_to_sparse, ffn, training, all");
     if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
     begin = end + 1;
   }

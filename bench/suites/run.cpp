@@ -41,7 +41,8 @@ Report run_suites(const Config& config) {
                                                     {"spmm", run_spmm},
                                                     {"sddmm", run_sddmm},
                                                     {"gemm_to_sparse", run_gemm_to_sparse},
-                                                    {"ffn", run_ffn}};
+                                                    {"ffn", run_ffn},
+                                                    {"training", run_training}};
   for (const auto& [name, fn] : suites) {
     bool selected = false;
     for (const auto& s : config.suites) selected = selected || s == name;

@@ -1,5 +1,5 @@
-// Dense baselines: the Handles holder, cuBLAS GEMM, cuBLASLt GEMM with the ReLU epilogue, and
-// the dense gated FFN forward (the baseline of the FFN benchmarks in bench/).
+// Dense baselines: the Handles holder, cuBLAS GEMM, cuBLASLt GEMM with the ReLU epilogue, the
+// dense gated FFN forward and training step (the baselines of the ffn and training suites).
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -154,49 +154,104 @@ void gemm_relu_impl(Handles& handles, DenseView<const T> a, DenseView<const T> b
                        where);
 }
 
-// h = g * u in place into g; g already holds relu(x wg). A thread owns 8 (16-bit) or 4 (fp32)
-// consecutive elements with 16-byte accesses when rows are contiguous and aligned, else one.
-template <class T, bool kVec>
-__global__ void gated_product_kernel(T* g, const T* u, std::int64_t rows, std::int64_t cols, std::int64_t ldg,
-                                     std::int64_t ldu) {
+// Elementwise maps over rows x cols views of one shape: f(in[kIn]) -> out[kOut] per element, in
+// fp32, rounded to T once. A thread owns 8 (16-bit) or 4 (fp32) consecutive elements with 16-byte
+// accesses when every operand is aligned with a leading dimension that keeps its rows aligned,
+// else one. An output may alias an input (each element is read before it is written).
+template <class T, int kIn, int kOut>
+struct MapOperands {
+  const T* in[kIn];
+  std::int64_t ld_in[kIn];
+  T* out[kOut];
+  std::int64_t ld_out[kOut];
+  std::int64_t rows, cols;
+};
+
+template <class T, bool kVec, int kIn, int kOut, class F>
+__global__ void map_kernel(MapOperands<T, kIn, kOut> o, F f) {
   constexpr int kPer = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;
-  const std::int64_t chunks_per_row = (cols + kPer - 1) / kPer;
-  const std::int64_t n = rows * chunks_per_row;
+  const std::int64_t chunks_per_row = (o.cols + kPer - 1) / kPer;
+  const std::int64_t n = o.rows * chunks_per_row;
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = idx / chunks_per_row, j = (idx - r * chunks_per_row) * kPer;
-    T* gp = g + r * ldg + j;
-    const T* up = u + r * ldu + j;
-    if constexpr (kVec) {
-      uint4 gv = *reinterpret_cast<const uint4*>(gp);
-      const uint4 uv = *reinterpret_cast<const uint4*>(up);
-      T* ge = reinterpret_cast<T*>(&gv);
-      const T* ue = reinterpret_cast<const T*>(&uv);
+    T in[kIn][kPer], out[kOut][kPer];
 #pragma unroll
-      for (int q = 0; q < kPer; ++q) ge[q] = from_float<T>(to_float(ge[q]) * to_float(ue[q]));
-      *reinterpret_cast<uint4*>(gp) = gv;
-    } else {
-      *gp = from_float<T>(to_float(*gp) * to_float(*up));
+    for (int p = 0; p < kIn; ++p) {
+      const T* src = o.in[p] + r * o.ld_in[p] + j;
+      if constexpr (kVec) {
+        *reinterpret_cast<uint4*>(in[p]) = *reinterpret_cast<const uint4*>(src);
+      } else {
+        in[p][0] = *src;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kPer; ++q) {
+      float v[kIn], w[kOut];
+#pragma unroll
+      for (int p = 0; p < kIn; ++p) v[p] = to_float(in[p][q]);
+      f(v, w);
+#pragma unroll
+      for (int p = 0; p < kOut; ++p) out[p][q] = from_float<T>(w[p]);
+    }
+#pragma unroll
+    for (int p = 0; p < kOut; ++p) {
+      T* dst = o.out[p] + r * o.ld_out[p] + j;
+      if constexpr (kVec) {
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out[p]);
+      } else {
+        *dst = out[p][0];
+      }
     }
   }
 }
 
-template <class T>
-void gated_product(DenseView<T> g, DenseView<const T> u, cudaStream_t stream) {
-  if (g.rows == 0 || g.cols == 0) return;
+template <class T, int kIn, int kOut, class F>
+void map(const MapOperands<T, kIn, kOut>& o, F f, cudaStream_t stream, const char* where) {
+  if (o.rows == 0 || o.cols == 0) return;
   constexpr std::int64_t v = 16 / sizeof(T);
-  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  const bool vec = aligned(g.data) && aligned(u.data) && g.cols % v == 0 && g.ld % v == 0 && u.ld % v == 0;
-  const std::int64_t items = vec ? g.rows * (g.cols / v) : g.rows * g.cols;
-  std::int64_t blocks = std::min<std::int64_t>((items + 255) / 256, std::int64_t{1} << 20);
+  const auto aligned = [](const void* p, std::int64_t ld) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && ld % v == 0;
+  };
+  bool vec = o.cols % v == 0;
+  for (int p = 0; p < kIn; ++p) vec = vec && aligned(o.in[p], o.ld_in[p]);
+  for (int p = 0; p < kOut; ++p) vec = vec && aligned(o.out[p], o.ld_out[p]);
+  const std::int64_t items = vec ? o.rows * (o.cols / v) : o.rows * o.cols;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((items + 255) / 256, std::int64_t{1} << 20));
   if (vec) {
-    gated_product_kernel<T, true>
-        <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(g.data, u.data, g.rows, g.cols, g.ld, u.ld);
+    map_kernel<T, true><<<blocks, 256, 0, stream>>>(o, f);
   } else {
-    gated_product_kernel<T, false>
-        <<<static_cast<unsigned>(blocks), 256, 0, stream>>>(g.data, u.data, g.rows, g.cols, g.ld, u.ld);
+    map_kernel<T, false><<<blocks, 256, 0, stream>>>(o, f);
   }
-  detail::check_launch("twell::baseline::dense_gated_ffn_forward (product kernel)");
+  detail::check_launch(where);
+}
+
+// h = a * u (the gated product).
+struct GatedProduct {
+  __device__ void operator()(const float (&in)[2], float (&out)[1]) const { out[0] = in[0] * in[1]; }
+};
+
+// From (dh, h, u, a): t = dh + s sign(h) (the L1 gradient; sign(0) = 0, NaN propagates), then
+// dg = t * u where a > 0 (ReLU's derivative) and du = t * a.
+struct GatedBackward {
+  float s;
+  __device__ void operator()(const float (&in)[4], float (&out)[2]) const {
+    const float h = in[1];
+    const float t = in[0] + s * (isnan(h) ? h : (h > 0.0f ? 1.0f : (h < 0.0f ? -1.0f : 0.0f)));
+    out[0] = in[3] > 0.0f ? t * in[2] : 0.0f;
+    out[1] = t * in[3];
+  }
+};
+
+template <class T>
+void require_ffn_shapes(const char* where, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                        DenseView<const T> wd, std::int64_t workspace_rows, std::int64_t workspace_cols) {
+  require(workspace_rows == x.rows && workspace_cols == wg.cols && wg.rows == x.cols, ErrorCode::shape_mismatch, where,
+          "the workspace holds ", detail::shape(workspace_rows, workspace_cols), " but x wg is ",
+          detail::shape(x.rows, x.cols), " x ", detail::shape(wg.rows, wg.cols));
+  require(wu.rows == wg.rows && wu.cols == wg.cols && wd.rows == wg.cols && wd.cols == x.cols,
+          ErrorCode::shape_mismatch, where, "wg is ", detail::shape(wg.rows, wg.cols), ", wu is ",
+          detail::shape(wu.rows, wu.cols), " and wd is ", detail::shape(wd.rows, wd.cols));
 }
 
 }  // namespace
@@ -220,19 +275,57 @@ template <Value T>
 void dense_gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
                              DenseView<T> y, DenseFfnWorkspace<T>& workspace) {
   constexpr const char* where = "twell::baseline::dense_gated_ffn_forward";
-  require(workspace.gate().rows() == x.rows && workspace.gate().cols() == wg.cols, ErrorCode::shape_mismatch, where,
-          "the workspace holds ", detail::shape(workspace.gate().rows(), workspace.gate().cols()), " but x wg is ",
-          detail::shape(x.rows, wg.cols));
-  require(wu.rows == wg.rows && wu.cols == wg.cols && wd.rows == wg.cols, ErrorCode::shape_mismatch, where, "wg is ",
-          detail::shape(wg.rows, wg.cols), ", wu is ", detail::shape(wu.rows, wu.cols), " and wd is ",
-          detail::shape(wd.rows, wd.cols));
+  require_ffn_shapes(where, x, wg, wu, wd, workspace.gate().rows(), workspace.gate().cols());
   Handles& handles = workspace.handles();
   DenseView<T> g = workspace.gate().view();
   DenseView<T> u = workspace.up().view();
   gemm_relu_impl<T>(handles, x, wg, g);
   gemm_impl<T>(handles, Op::none, x, Op::none, wu, u, 1.0f, 0.0f, where);
-  gated_product<T>(g, u, handles.impl().stream);
+  map<T, 2, 1>({{g.data, u.data}, {g.ld, u.ld}, {g.data}, {g.ld}, g.rows, g.cols}, GatedProduct{},
+               handles.impl().stream, where);
   gemm_impl<T>(handles, Op::none, DenseView<const T>(g), Op::none, wd, y, 1.0f, 0.0f, where);
+}
+
+template <Value T>
+DenseFfnTrainingWorkspace<T>::DenseFfnTrainingWorkspace(Handles& handles, std::int64_t tokens,
+                                                        std::int64_t intermediate)
+    : handles_(&handles), a_(tokens, intermediate, MemorySpace::device), u_(tokens, intermediate, MemorySpace::device),
+      h_(tokens, intermediate, MemorySpace::device), dh_(tokens, intermediate, MemorySpace::device) {}
+
+template <Value T>
+void dense_gated_ffn_training_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                                      DenseView<const T> wd, DenseView<T> y, DenseFfnTrainingWorkspace<T>& workspace) {
+  constexpr const char* where = "twell::baseline::dense_gated_ffn_training_forward";
+  require_ffn_shapes(where, x, wg, wu, wd, workspace.a().rows(), workspace.a().cols());
+  Handles& handles = workspace.handles();
+  const DenseView<T> a = workspace.a().view(), u = workspace.u().view(), h = workspace.h().view();
+  gemm_relu_impl<T>(handles, x, wg, a);
+  gemm_impl<T>(handles, Op::none, x, Op::none, wu, u, 1.0f, 0.0f, where);
+  map<T, 2, 1>({{a.data, u.data}, {a.ld, u.ld}, {h.data}, {h.ld}, h.rows, h.cols}, GatedProduct{},
+               handles.impl().stream, where);
+  gemm_impl<T>(handles, Op::none, DenseView<const T>(h), Op::none, wd, y, 1.0f, 0.0f, where);
+}
+
+template <Value T>
+void dense_gated_ffn_backward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+                              DenseView<const T> dy, float l1_scale, DenseView<T> dx, DenseView<T> dwg,
+                              DenseView<T> dwu, DenseView<T> dwd, DenseFfnTrainingWorkspace<T>& workspace) {
+  constexpr const char* where = "twell::baseline::dense_gated_ffn_backward";
+  require_ffn_shapes(where, x, wg, wu, wd, workspace.a().rows(), workspace.a().cols());
+  Handles& handles = workspace.handles();
+  const DenseView<T> a = workspace.a().view(), u = workspace.u().view(), h = workspace.h().view();
+  const DenseView<T> dh = workspace.dh().view();
+  gemm_impl<T>(handles, Op::none, dy, Op::transpose, wd, dh, 1.0f, 0.0f, where);
+  gemm_impl<T>(handles, Op::transpose, DenseView<const T>(h), Op::none, dy, dwd, 1.0f, 0.0f, where);
+  // dg overwrites dh and du overwrites h, which dwd no longer needs.
+  map<T, 4, 2>({{dh.data, h.data, u.data, a.data}, {dh.ld, h.ld, u.ld, a.ld}, {dh.data, h.data}, {dh.ld, h.ld},
+                dh.rows, dh.cols},
+               GatedBackward{l1_scale}, handles.impl().stream, where);
+  const DenseView<const T> dg = dh, du = h;
+  gemm_impl<T>(handles, Op::none, dg, Op::transpose, wg, dx, 1.0f, 0.0f, where);
+  gemm_impl<T>(handles, Op::none, du, Op::transpose, wu, dx, 1.0f, 1.0f, where);
+  gemm_impl<T>(handles, Op::transpose, x, Op::none, dg, dwg, 1.0f, 0.0f, where);
+  gemm_impl<T>(handles, Op::transpose, x, Op::none, du, dwu, 1.0f, 0.0f, where);
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                   \
@@ -240,7 +333,15 @@ void dense_gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseV
   template void gemm_relu<T>(Handles&, DenseView<const T>, DenseView<const T>, DenseView<T>);                  \
   template class DenseFfnWorkspace<T>;                                                                         \
   template void dense_gated_ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>,         \
-                                           DenseView<const T>, DenseView<T>, DenseFfnWorkspace<T>&);
+                                           DenseView<const T>, DenseView<T>, DenseFfnWorkspace<T>&);           \
+  template class DenseFfnTrainingWorkspace<T>;                                                                 \
+  template void dense_gated_ffn_training_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, \
+                                                    DenseView<const T>, DenseView<T>,                          \
+                                                    DenseFfnTrainingWorkspace<T>&);                            \
+  template void dense_gated_ffn_backward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>,        \
+                                            DenseView<const T>, DenseView<const T>, float, DenseView<T>,       \
+                                            DenseView<T>, DenseView<T>, DenseView<T>,                          \
+                                            DenseFfnTrainingWorkspace<T>&);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE
 

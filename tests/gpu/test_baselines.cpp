@@ -16,6 +16,7 @@
 #include <twell/formats/copy.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/baselines.hpp>
+#include <twell/kernels/ffn.hpp>
 
 #include "device.hpp"
 #include "fixtures.hpp"
@@ -307,5 +308,46 @@ TEST_CASE_TEMPLATE("dense gated FFN baseline matches fp64 with the same rounding
                                          workspace);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(rel(y.to(kHost), want) <= 2 * relative_bound<T>());
+  }
+}
+
+TEST_CASE_TEMPLATE("dense FFN training baseline matches the reference backward", T, bf16, float) {
+  // The reference rounds only its outputs; the baseline rounds a, u, h, dh, dg, du to T as well.
+  const double tol = std::is_same_v<T, float> ? 1e-4 : 4e-2;
+  baseline::Handles handles;
+  for (const auto& [m, k, n] : {std::array<std::int64_t, 3>{5, 16, 24}, std::array<std::int64_t, 3>{64, 96, 168},
+                                std::array<std::int64_t, 3>{33, 40, 70}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(m);
+    const auto x = testing::random_dense<T>(m, k, 1.0f, seed);
+    const auto wg = testing::random_dense<T>(k, n, 0.5f, seed + 1);
+    const auto wu = testing::random_dense<T>(k, n, 0.5f, seed + 2);
+    const auto wd = testing::random_dense<T>(n, k, 0.5f, seed + 3);
+    auto dy = testing::random_dense<T>(m, k, 1.0f, seed + 4);
+    for (std::int64_t j = 0; j < k; ++j) dy.view().at(0, j) = T{};  // only the L1 gradient in token 0
+    const float lambda = 0.5f;
+    const auto want = reference::gated_ffn_backward<T>(x.view(), wg.view(), wu.view(), wd.view(), dy.view(),
+                                                       ActivationSpec{}, lambda, L1Normalization::per_token);
+    DenseMatrix<T> y_want(m, k);
+    reference::gated_ffn_forward<T>(x.view(), wg.view(), wu.view(), wd.view(), ActivationSpec{}, y_want.view());
+
+    baseline::DenseFfnTrainingWorkspace<T> workspace(handles, m, n);
+    const auto x_dev = x.to(kDevice), wg_dev = wg.to(kDevice), wu_dev = wu.to(kDevice), wd_dev = wd.to(kDevice);
+    const auto dy_dev = dy.to(kDevice);
+    DenseMatrix<T> y = nan_dense<T>(m, k).to(kDevice), dx = nan_dense<T>(m, k).to(kDevice);
+    DenseMatrix<T> dwg = nan_dense<T>(k, n).to(kDevice), dwu = nan_dense<T>(k, n).to(kDevice);
+    DenseMatrix<T> dwd = nan_dense<T>(n, k).to(kDevice);
+    baseline::dense_gated_ffn_training_forward<T>(x_dev.view(), wg_dev.view(), wu_dev.view(), wd_dev.view(), y.view(),
+                                                  workspace);
+    baseline::dense_gated_ffn_backward<T>(x_dev.view(), wg_dev.view(), wu_dev.view(), wd_dev.view(), dy_dev.view(),
+                                          lambda / static_cast<float>(m), dx.view(), dwg.view(), dwu.view(),
+                                          dwd.view(), workspace);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(rel(y.to(kHost), y_want) <= tol);
+    CHECK(rel(dx.to(kHost), want.dx) <= tol);
+    CHECK(rel(dwg.to(kHost), want.dwg) <= tol);
+    CHECK(rel(dwu.to(kHost), want.dwu) <= tol);
+    CHECK(rel(dwd.to(kHost), want.dwd) <= tol);
   }
 }

@@ -484,6 +484,52 @@ TEST_CASE_TEMPLATE("K past the fused kernels: the plans refuse it, the lib layer
   CHECK(error_of(yp, c.ref_plain) < tolerance<T>());
 }
 
+TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the dense reference", T, bf16, fp16) {
+  // The composition rounds u, h, dh, dg, du and half of dx to T: a little looser than the forward.
+  constexpr double kTol = 4e-2;
+  struct Setting {
+    Shape s;
+    double density;
+    Distribution d;
+  };
+  constexpr Setting kSettings[] = {{{7, 64, 136}, 0.05, Distribution::uniform},
+                                   {{300, 520, 1000}, 0.005, Distribution::token_skewed},
+                                   {{300, 520, 1000}, 0.2, Distribution::neuron_skewed},
+                                   {{256, 2048, 5632}, 0.005, Distribution::token_skewed}};
+  for (const Setting& st : testing::sweep(kSettings)) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(st.s.m);
+    CAPTURE(st.s.n);
+    CAPTURE(st.density);
+    const ActivationSpec relu{};
+    const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), relu);
+    auto dy_host = testing::random_dense<T>(c.m(), c.k(), 1.0f, seed + 7);
+    for (std::int64_t j = 0; j < c.k(); ++j) dy_host.view().at(0, j) = T{};  // a token outside the loss
+    const DenseMatrix<T> dy = dy_host.to(MemorySpace::device);
+    DenseMatrix<T> y = poisoned<T>(c.m(), c.k());
+    const GatedFfnActivations<T> saved = sparse_gated_ffn_training_forward<T>(
+        c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), relu, TwellLayout{}, y.view());
+    CHECK(saved.a.space() == MemorySpace::device);
+    CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+    for (const L1Normalization norm : {L1Normalization::per_token, L1Normalization::per_entry}) {
+      CAPTURE(static_cast<int>(norm));
+      KernelReport report;
+      const float lambda = 2e-2f;
+      const auto got = sparse_gated_ffn_backward<T>(saved, c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(),
+                                                    dy.view(), lambda, norm, KernelOptions{.report = &report});
+      CHECK(report.path == "composed:cuda");
+      const auto want = reference::gated_ffn_backward<T>(c.host.x.view(), c.host.wg.view(), c.host.wu.view(),
+                                                         c.host.wd.view(), dy_host.view(), relu, lambda, norm);
+      CHECK(got.l1_term == doctest::Approx(want.l1_term).epsilon(1e-2));
+      CHECK(error_of(got.dx, want.dx) < kTol);
+      CHECK(error_of(got.dwg, want.dwg) < kTol);
+      CHECK(error_of(got.dwu, want.dwu) < kTol);
+      CHECK(error_of(got.dwd, want.dwd) < kTol);
+    }
+  }
+}
+
 TEST_CASE("FFN plans reject bad input") {
   const auto in = workload_inputs<bf16>({8, 32, 64, 0.1, Distribution::uniform}, 5);
   const auto x = in.x.to(MemorySpace::device), wg = in.wg.to(MemorySpace::device);

@@ -561,6 +561,22 @@ void check_elementwise(const char* name, const HostM& x, const HostM& y) {
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(rel(to_dense(inplace.to(kHost)), to_dense(want)) <= 1e-6);
   }
+  {  // x + s sign(y): fresh output, then in place
+    const float s = -0.625f;
+    HostM want = x.to(kHost);
+    ref::add_scaled_sign<T>(x.view(), s, y.view(), want.view());
+    auto out = device_out(x, true);
+    dev::add_scaled_sign<T>(x_dev.view(), s, y_dev.view(), out.view(), options);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cuda_path(report));
+    const HostM got = out.to(kHost);
+    check_structure(got, want);
+    CHECK(rel(to_dense(got), to_dense(want)) <= 1e-6);
+    auto inplace = x.to(kDevice);
+    dev::add_scaled_sign<T>(inplace.view(), s, y_dev.view(), inplace.view(), options);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(rel(to_dense(inplace.to(kHost)), to_dense(want)) <= 1e-6);
+  }
   {
     KernelOptions plain;
     const double l1_want = ref::l1_norm<T>(x.view());
@@ -597,6 +613,33 @@ TEST_CASE_TEMPLATE("cuda elementwise kernels and reductions match the reference"
       check_elementwise<T>("hybrid", fx.hybrid, fy.hybrid);
     }
   }
+}
+
+TEST_CASE_TEMPLATE("cuda add_scaled_sign(x, s, y): an exactly-zero x in a Hybrid's dense rows keeps y's sign", T,
+                   bf16, float) {
+  // x sampled on y's pattern with the even rows of A zero, as dh for tokens outside the loss;
+  // layout {16, 4} at 40 % makes most rows dense overflow rows, which cannot store x's zeros.
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const std::int64_t m = 300, n = 520, k = 8;
+  const auto yd = testing::random_sparse_dense<T>(m, n, testing::SparseDenseOptions{.density = 0.4}, seed);
+  const HybridMatrix<T> y = ref::dense_to_hybrid<T>(yd.view(), TwellLayout{16, 4}, hybrid_overflow());
+  REQUIRE(y.overflow_rows() > 0);
+  auto a = testing::random_dense<T>(m, k, 1.0f, seed + 1);
+  const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 2);
+  for (std::int64_t i = 0; i < m; i += 2)
+    for (std::int64_t p = 0; p < k; ++p) a.view().at(i, p) = T{};
+  HybridMatrix<T> x(m, n, y.layout(), y.overflow_rows());
+  ref::sddmm<T>(a.view(), Op::none, b.view(), y.view(), x.view(), 1.0f, 0.0f);
+  HybridMatrix<T> want(m, n, y.layout(), y.overflow_rows());
+  ref::add_scaled_sign<T>(x.view(), 0.5f, y.view(), want.view());
+  const auto x_dev = x.to(kDevice), y_dev = y.to(kDevice);
+  auto out = device_out(x, true);
+  dev::add_scaled_sign<T>(x_dev.view(), 0.5f, y_dev.view(), out.view());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const auto got = out.to(kHost);
+  check_structure(got, want);
+  CHECK(testing::bitwise_equal<T>(to_dense(got).view(), to_dense(want).view()));
 }
 
 TEST_CASE_TEMPLATE("cuda reductions count NaN, skip -0.0 and Hybrid shadows", T, bf16, float) {

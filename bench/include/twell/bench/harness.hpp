@@ -93,6 +93,7 @@ void run_spmm(Harness& h, Report& report);
 void run_sddmm(Harness& h, Report& report);
 void run_gemm_to_sparse(Harness& h, Report& report);
 void run_ffn(Harness& h, Report& report);
+void run_training(Harness& h, Report& report);
 
 // Device info, ceilings, then the selected suites, each timed; errors outside a case become
 // the suite's status.

@@ -170,4 +170,35 @@ template <Value T>
 void dense_gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
                              DenseView<T> y, DenseFfnWorkspace<T>& workspace);
 
+// Buffers of the dense gated FFN training step for one token count: a = relu(x wg), u = x wu,
+// h = a * u and dh (M x N each; the backward reuses dh for dg and h for du).
+template <Value T>
+class DenseFfnTrainingWorkspace {
+ public:
+  DenseFfnTrainingWorkspace(Handles& handles, std::int64_t tokens, std::int64_t intermediate);
+  Handles& handles() const { return *handles_; }
+  DenseMatrix<T>& a() { return a_; }
+  DenseMatrix<T>& u() { return u_; }
+  DenseMatrix<T>& h() { return h_; }
+  DenseMatrix<T>& dh() { return dh_; }
+
+ private:
+  Handles* handles_;
+  DenseMatrix<T> a_, u_, h_, dh_;
+};
+
+// The dense training step a user would write with cuBLAS: the forward keeps a, u, h in the
+// workspace (cuBLASLt ReLU gate GEMM, up GEMM, one product kernel, down GEMM); the backward of
+// reference::gated_ffn_backward for ReLU gates with the L1 gradient l1_scale * sign(h)
+// (l1_scale = lambda / Z): dh = dy wd^T, dwd = h^T dy, one kernel for dg = (dh + l1_scale sign(h))
+// * u * [a > 0] and du = (...) * a, then dx = dg wg^T + du wu^T, dwg = x^T dg, dwu = x^T du: nine
+// GEMMs in all. The L1 term's value (sum |h|) is not computed. dwg, dwu: K x N; dwd: N x K.
+template <Value T>
+void dense_gated_ffn_training_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                                      DenseView<const T> wd, DenseView<T> y, DenseFfnTrainingWorkspace<T>& workspace);
+template <Value T>
+void dense_gated_ffn_backward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+                              DenseView<const T> dy, float l1_scale, DenseView<T> dx, DenseView<T> dwg,
+                              DenseView<T> dwu, DenseView<T> dwd, DenseFfnTrainingWorkspace<T>& workspace);
+
 }  // namespace twell::baseline

@@ -1,0 +1,189 @@
+// training suite: one training step of the gated FFN at the paper's shape, forward keeping its
+// activations and backward into dx, dwg, dwu, dwd with the L1 gradient (lambda = 2e-5 per token,
+// the paper's), sparse against dense:
+//   twell           sparse_gated_ffn_training_forward + sparse_gated_ffn_backward on the device
+//                   (the composition of gemm_to_sparse, sddmm, multiply_on_pattern, add_scaled_sign,
+//                   spmm with op N and T, dense transposes, l1_norm; allocating, one host read);
+//   twell_backward  the backward alone, from activations saved outside the timing;
+//   dense           baseline::dense_gated_ffn_training_forward + dense_gated_ffn_backward (nine
+//                   cuBLAS(Lt) GEMMs, two elementwise kernels, workspace allocated once);
+//   dense_backward  its backward alone.
+// Also the bytes of the saved activations (three Hybrids against three dense M x N matrices) and
+// each twell gradient's relative error against the dense step's.
+#include <algorithm>
+#include <cmath>
+
+#include <twell/bench/features.hpp>
+
+#include <twell/ffn.hpp>
+#if TWELL_BENCH_BASELINES
+#include <twell/kernels/baselines.hpp>
+#endif
+
+#include "common.hpp"
+
+namespace twell::bench {
+
+using detail::T;
+
+namespace {
+
+struct TrainingPoint {
+  std::int64_t m;
+  double density;
+  workload::Distribution dist;
+};
+
+std::vector<TrainingPoint> training_points(bool quick) {
+  using workload::Distribution;
+  const std::int64_t large = detail::tokens_large(quick), small = detail::tokens_small(quick);
+  if (quick) return {{large, 0.005, Distribution::uniform}, {large, 0.005, Distribution::token_skewed}};
+  std::vector<TrainingPoint> out;
+  for (const double density : {0.005, 0.01, 0.02, 0.05}) out.push_back({large, density, Distribution::uniform});
+  out.push_back({large, 0.005, Distribution::token_skewed});
+  out.push_back({small, 0.005, Distribution::uniform});
+  out.push_back({small, 0.005, Distribution::token_skewed});
+  return out;
+}
+
+constexpr float kLambda = 2e-5f;  // the paper's, with the L1 term normalised per token
+
+double activation_bytes(const GatedFfnActivations<T>& s) {
+  return detail::bytes_of(s.a) + detail::bytes_of(s.u) + detail::bytes_of(s.h);
+}
+
+}  // namespace
+
+void run_training(Harness& h, Report& report) {
+  const bool quick = h.config().quick;
+  const workload::FfnShape shape = quick ? workload::small_shape() : workload::paper_shape();
+  for (const TrainingPoint& p : training_points(quick)) {
+    if (!detail::in_scope(h.config(), shape.name, p.m, p.density, p.dist)) continue;
+    const std::int64_t m = p.m, k = shape.hidden, n = shape.intermediate;
+    const auto& in = detail::ffn_inputs(shape, m, p.density, p.dist, h.config().seed);
+    const DenseView<const T> x = in.x.view(), wg = in.wg.view(), wu = in.wu.view(), wd = in.wd.view();
+    DenseMatrix<T> dy(m, k, MemorySpace::device), y(m, k, MemorySpace::device);
+    h.fill_random(dy.view().data, static_cast<std::size_t>(m * k), 1.0f, h.config().seed + 17);
+    const TwellLayout layout = detail::layout_for_density(p.density);
+    const KernelOptions ko{h.stream(), nullptr, false};
+    const float l1_scale = kLambda / static_cast<float>(m);
+
+    Case base;
+    base.suite = "training";
+    base.op = "gated_ffn_training_step";
+    base.shape = shape.name;
+    base.m = m;
+    base.k = k;
+    base.n = n;
+    base.distribution = workload::to_string(p.dist);
+    base.density_target = p.density;
+    // Dense FLOPs of a step: three GEMMs forward, six backward; TFLOP/s reads as dense-equivalent.
+    const double step_flops = 9 * 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
+    const double backward_flops = step_flops * 6 / 9;
+    const double weight_bytes = 3 * detail::bytes_of_dense(k, n);
+
+    // The sparse step's gradients stay for the comparison with the dense step's.
+    GatedFfnGradients<T> sparse_grads;
+    const std::size_t twell_index = report.cases.size();
+    Case tw = base;
+    tw.variant = "twell";
+    detail::run_case(report, tw, [&](Case& c) {
+      auto op = [&] {
+        const auto saved =
+            sparse_gated_ffn_training_forward<T>(x, wg, wu, wd, ActivationSpec{}, layout, y.view(), ko);
+        sparse_grads = sparse_gated_ffn_backward<T>(saved, x, wg, wu, wd, dy.view(), kLambda,
+                                                    L1Normalization::per_token, ko);
+      };
+      c.timing = h.time(op);
+      c.flops = step_flops;
+      // Weights read and their gradients written, x, y, dy, dx.
+      c.bytes = 2 * weight_bytes + 4 * detail::bytes_of_dense(m, k);
+      const auto saved = sparse_gated_ffn_training_forward<T>(x, wg, wu, wd, ActivationSpec{}, layout, y.view(), ko);
+      c.density_realized = static_cast<double>(l0_norm<T>(saved.a.view(), ko)) /
+                           (static_cast<double>(m) * static_cast<double>(n));
+      c.extra["activation_bytes_sparse"] = activation_bytes(saved);
+      c.extra["activation_bytes_dense"] = 3 * detail::bytes_of_dense(m, n);
+      c.extra["overflow_rows"] = saved.a.overflow_rows();
+      c.extra["tile"] = layout.tile;
+      c.extra["C"] = layout.compression;
+      c.extra["l1_term"] = sparse_grads.l1_term;
+      c.extra["includes"] =
+          "sparse_gated_ffn_training_forward (gemm_to_sparse, sddmm, multiply_on_pattern, spmm; allocating) and "
+          "sparse_gated_ffn_backward (sddmm, add_scaled_sign, two multiply_on_pattern, four spmm, four dense "
+          "transposes, l1_norm with its host read; allocating)";
+    });
+
+    Case tw_back = base;
+    tw_back.variant = "twell_backward";
+    detail::run_case(report, tw_back, [&](Case& c) {
+      const auto saved = sparse_gated_ffn_training_forward<T>(x, wg, wu, wd, ActivationSpec{}, layout, y.view(), ko);
+      c.timing = h.time([&] {
+        sparse_gated_ffn_backward<T>(saved, x, wg, wu, wd, dy.view(), kLambda, L1Normalization::per_token, ko);
+      });
+      c.flops = backward_flops;
+      c.bytes = 2 * weight_bytes + 3 * detail::bytes_of_dense(m, k);
+      c.extra["includes"] = "sparse_gated_ffn_backward alone, from activations saved outside the timing";
+    });
+
+#if TWELL_BENCH_BASELINES
+    baseline::Handles handles(h.stream());
+    baseline::DenseFfnTrainingWorkspace<T> workspace(handles, m, n);
+    DenseMatrix<T> dx(m, k, MemorySpace::device), dwg(k, n, MemorySpace::device), dwu(k, n, MemorySpace::device),
+        dwd(n, k, MemorySpace::device);
+    const auto dense_backward = [&] {
+      baseline::dense_gated_ffn_backward<T>(x, wg, wu, wd, dy.view(), l1_scale, dx.view(), dwg.view(), dwu.view(),
+                                            dwd.view(), workspace);
+    };
+    Case dense = base;
+    dense.variant = "dense";
+    detail::run_case(report, dense, [&](Case& c) {
+      c.timing = h.time([&] {
+        baseline::dense_gated_ffn_training_forward<T>(x, wg, wu, wd, y.view(), workspace);
+        dense_backward();
+      });
+      c.flops = step_flops;
+      c.bytes = 2 * weight_bytes + 4 * detail::bytes_of_dense(m, k) + 8 * detail::bytes_of_dense(m, n);
+      c.extra["dense_path"] =
+          "cuBLASLt ReLU gate GEMM, up GEMM, product kernel, down GEMM; backward: six cuBLAS GEMMs and one "
+          "elementwise kernel (dg, du with the L1 gradient); workspace (4 x M x N) allocated once";
+    });
+    Case dense_back = base;
+    dense_back.variant = "dense_backward";
+    detail::run_case(report, dense_back, [&](Case& c) {
+      baseline::dense_gated_ffn_training_forward<T>(x, wg, wu, wd, y.view(), workspace);
+      c.timing = h.time(dense_backward);
+      c.flops = backward_flops;
+      c.bytes = 2 * weight_bytes + 3 * detail::bytes_of_dense(m, k) + 6 * detail::bytes_of_dense(m, n);
+    });
+    // The sparse step against the dense one, gradient by gradient (bf16: ~1e-2 is rounding).
+    {
+      Case& c = report.cases[twell_index];
+      if (c.status == "ok" && report.cases[twell_index + 2].status == "ok") {
+        try {
+          const std::pair<const char*, std::pair<const DenseMatrix<T>*, const DenseMatrix<T>*>> grads[] = {
+              {"dx", {&sparse_grads.dx, &dx}},
+              {"dwg", {&sparse_grads.dwg, &dwg}},
+              {"dwu", {&sparse_grads.dwu, &dwu}},
+              {"dwd", {&sparse_grads.dwd, &dwd}}};
+          Json errors = Json::object();
+          for (const auto& [name, pair] : grads) {
+            const double err = detail::relative_error(pair.first->view(), pair.second->view());
+            errors[name] = std::isfinite(err) ? Json(err) : Json("not finite");
+          }
+          c.extra["rel_error_vs_dense"] = errors;
+        } catch (const Error& e) {
+          c.extra["rel_error_vs_dense"] = std::string("failed: ") + e.what();
+        }
+      }
+    }
+#else
+    detail::not_built(report, detail::with_variant(base, "dense"),
+                      "kernels/include/twell/kernels/baselines.hpp is not in this build");
+#endif
+  }
+  detail::clear_ffn_cache();
+  detail::link_baselines(report, "training", {"twell"}, {"dense"});
+  detail::link_baselines(report, "training", {"twell_backward"}, {"dense_backward"});
+}
+
+}  // namespace twell::bench
