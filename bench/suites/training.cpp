@@ -145,7 +145,7 @@ void run_training(Harness& h, Report& report) {
       c.bytes = 2 * weight_bytes + 4 * detail::bytes_of_dense(m, k) + 8 * detail::bytes_of_dense(m, n);
       c.extra["dense_path"] =
           "cuBLASLt ReLU gate GEMM, up GEMM, product kernel, down GEMM; backward: six cuBLAS GEMMs and one "
-          "elementwise kernel (dg, du with the L1 gradient); workspace (4 x M x N) allocated once";
+          "elementwise kernel (dg, du with the L1 gradient); workspace (5 x M x N) allocated once";
     });
     Case dense_back = base;
     dense_back.variant = "dense_backward";

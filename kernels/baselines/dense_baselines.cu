@@ -290,7 +290,8 @@ template <Value T>
 DenseFfnTrainingWorkspace<T>::DenseFfnTrainingWorkspace(Handles& handles, std::int64_t tokens,
                                                         std::int64_t intermediate)
     : handles_(&handles), a_(tokens, intermediate, MemorySpace::device), u_(tokens, intermediate, MemorySpace::device),
-      h_(tokens, intermediate, MemorySpace::device), dh_(tokens, intermediate, MemorySpace::device) {}
+      h_(tokens, intermediate, MemorySpace::device), dh_(tokens, intermediate, MemorySpace::device),
+      du_(tokens, intermediate, MemorySpace::device) {}
 
 template <Value T>
 void dense_gated_ffn_training_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
@@ -314,14 +315,14 @@ void dense_gated_ffn_backward(DenseView<const T> x, DenseView<const T> wg, Dense
   require_ffn_shapes(where, x, wg, wu, wd, workspace.a().rows(), workspace.a().cols());
   Handles& handles = workspace.handles();
   const DenseView<T> a = workspace.a().view(), u = workspace.u().view(), h = workspace.h().view();
-  const DenseView<T> dh = workspace.dh().view();
+  const DenseView<T> dh = workspace.dh().view(), du_out = workspace.du().view();
   gemm_impl<T>(handles, Op::none, dy, Op::transpose, wd, dh, 1.0f, 0.0f, where);
   gemm_impl<T>(handles, Op::transpose, DenseView<const T>(h), Op::none, dy, dwd, 1.0f, 0.0f, where);
-  // dg overwrites dh and du overwrites h, which dwd no longer needs.
-  map<T, 4, 2>({{dh.data, h.data, u.data, a.data}, {dh.ld, h.ld, u.ld, a.ld}, {dh.data, h.data}, {dh.ld, h.ld},
-                dh.rows, dh.cols},
+  // dg overwrites dh.
+  map<T, 4, 2>({{dh.data, h.data, u.data, a.data}, {dh.ld, h.ld, u.ld, a.ld}, {dh.data, du_out.data},
+                {dh.ld, du_out.ld}, dh.rows, dh.cols},
                GatedBackward{l1_scale}, handles.impl().stream, where);
-  const DenseView<const T> dg = dh, du = h;
+  const DenseView<const T> dg = dh, du = du_out;
   gemm_impl<T>(handles, Op::none, dg, Op::transpose, wg, dx, 1.0f, 0.0f, where);
   gemm_impl<T>(handles, Op::none, du, Op::transpose, wu, dx, 1.0f, 1.0f, where);
   gemm_impl<T>(handles, Op::transpose, x, Op::none, dg, dwg, 1.0f, 0.0f, where);

@@ -340,9 +340,11 @@ TEST_CASE_TEMPLATE("dense FFN training baseline matches the reference backward",
     DenseMatrix<T> dwd = nan_dense<T>(n, k).to(kDevice);
     baseline::dense_gated_ffn_training_forward<T>(x_dev.view(), wg_dev.view(), wu_dev.view(), wd_dev.view(), y.view(),
                                                   workspace);
-    baseline::dense_gated_ffn_backward<T>(x_dev.view(), wg_dev.view(), wu_dev.view(), wd_dev.view(), dy_dev.view(),
-                                          lambda / static_cast<float>(m), dx.view(), dwg.view(), dwu.view(),
-                                          dwd.view(), workspace);
+    // Twice: the backward must leave the forward's activations as it found them.
+    for (int run = 0; run < 2; ++run)
+      baseline::dense_gated_ffn_backward<T>(x_dev.view(), wg_dev.view(), wu_dev.view(), wd_dev.view(),
+                                            dy_dev.view(), lambda / static_cast<float>(m), dx.view(), dwg.view(),
+                                            dwu.view(), dwd.view(), workspace);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(rel(y.to(kHost), y_want) <= tol);
     CHECK(rel(dx.to(kHost), want.dx) <= tol);

@@ -171,7 +171,8 @@ void dense_gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseV
                              DenseView<T> y, DenseFfnWorkspace<T>& workspace);
 
 // Buffers of the dense gated FFN training step for one token count: a = relu(x wg), u = x wu,
-// h = a * u and dh (M x N each; the backward reuses dh for dg and h for du).
+// h = a * u, dh (turned into dg in place) and du, M x N each. The backward leaves a, u and h as the
+// forward wrote them, so it may run again with another dy.
 template <Value T>
 class DenseFfnTrainingWorkspace {
  public:
@@ -181,10 +182,11 @@ class DenseFfnTrainingWorkspace {
   DenseMatrix<T>& u() { return u_; }
   DenseMatrix<T>& h() { return h_; }
   DenseMatrix<T>& dh() { return dh_; }
+  DenseMatrix<T>& du() { return du_; }
 
  private:
   Handles* handles_;
-  DenseMatrix<T> a_, u_, h_, dh_;
+  DenseMatrix<T> a_, u_, h_, dh_, du_;
 };
 
 // The dense training step a user would write with cuBLAS: the forward keeps a, u, h in the
