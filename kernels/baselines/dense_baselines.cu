@@ -175,7 +175,8 @@ __global__ void map_kernel(MapOperands<T, kIn, kOut> o, F f) {
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = idx / chunks_per_row, j = (idx - r * chunks_per_row) * kPer;
-    T in[kIn][kPer], out[kOut][kPer];
+    alignas(16) T in[kIn][kPer];  // viewed as uint4 when kVec
+    alignas(16) T out[kOut][kPer];
 #pragma unroll
     for (int p = 0; p < kIn; ++p) {
       const T* src = o.in[p] + r * o.ld_in[p] + j;

@@ -99,7 +99,6 @@ __global__ void overflow_kernel(std::int64_t r_rows, std::int64_t cols, const T*
 
 template <class T, class F>
 void run(CsrView<const T> x, const T* y, CsrView<T> out, F f, const char* where, const KernelOptions& options) {
-  require(out.nnz == x.nnz, ErrorCode::shape_mismatch, where, "out has nnz ", out.nnz, " but x has ", x.nnz);
   if (x.nnz == 0) return;
   values_kernel<T><<<detail::grid_for(x.nnz, kThreads), kThreads, 0, detail::stream_of(options)>>>(x.nnz, x.values, y,
                                                                                                    out.values, f);
@@ -108,7 +107,6 @@ void run(CsrView<const T> x, const T* y, CsrView<T> out, F f, const char* where,
 
 template <class T, class F>
 void run(EllView<const T> x, const T* y, EllView<T> out, F f, const char* where, const KernelOptions& options) {
-  require(out.width == x.width, ErrorCode::shape_mismatch, where, "out has width ", out.width, " but x has ", x.width);
   if (x.rows * x.width == 0) return;
   ell_kernel<T><<<detail::grid_for(x.rows * x.width, kThreads), kThreads, 0, detail::stream_of(options)>>>(
       x.rows, x.width, x.row_count, x.values, y, out.values, f);
@@ -118,8 +116,6 @@ void run(EllView<const T> x, const T* y, EllView<T> out, F f, const char* where,
 template <class T, class F>
 void run(TwellView<const T> x, const TwellView<const T>* y, TwellView<T> out, F f, const char* where,
          const KernelOptions& options) {
-  require(out.layout == x.layout, ErrorCode::shape_mismatch, where, "out has tile ", out.layout.tile, ", C ",
-          out.layout.compression, " but x has tile ", x.layout.tile, ", C ", x.layout.compression);
   const std::int64_t words = x.rows * x.packed_width();
   if (words == 0) return;
   twell_kernel<T><<<detail::grid_for(words, kThreads), kThreads, 0, detail::stream_of(options)>>>(
@@ -130,8 +126,6 @@ void run(TwellView<const T> x, const TwellView<const T>* y, TwellView<T> out, F 
 template <class T, class F>
 void run(HybridView<const T> x, const HybridView<const T>* y, HybridView<T> out, F f, const char* where,
          const KernelOptions& options) {
-  require(out.overflow.rows == x.overflow.rows, ErrorCode::shape_mismatch, where, "out has ", out.overflow.rows,
-          " overflow rows but x has ", x.overflow.rows);
   run(x.twell, &y->twell, out.twell, f, where, options);
   const cudaStream_t stream = detail::stream_of(options);
   const std::int64_t r = x.overflow.rows;
@@ -153,12 +147,35 @@ void run(HybridView<const T> x, const HybridView<const T>* y, HybridView<T> out,
         where);
 }
 
-template <class View, class Out>
-void check_pair(View x, Out out, const char* where, const char* name) {
+// The kernels index y and out by x's structure, so each must match x's shape and the sizes that
+// structure implies (CSR nnz, ELL width, TwELL layout, Hybrid overflow rows); the index arrays
+// themselves are the caller's precondition (the reference compares them).
+template <class View, class Other>
+void check_pair(View x, Other o, const char* where, const char* name) {
   using twell::detail::cols_of;
   using twell::detail::rows_of;
-  require(rows_of(x) == rows_of(out) && cols_of(x) == cols_of(out), ErrorCode::shape_mismatch, where, name, " is ",
-          detail::shape(rows_of(out), cols_of(out)), " but x is ", detail::shape(rows_of(x), cols_of(x)));
+  require(rows_of(x) == rows_of(o) && cols_of(x) == cols_of(o), ErrorCode::shape_mismatch, where, name, " is ",
+          detail::shape(rows_of(o), cols_of(o)), " but x is ", detail::shape(rows_of(x), cols_of(x)));
+  if constexpr (requires { x.nnz; }) {
+    require(o.nnz == x.nnz, ErrorCode::shape_mismatch, where, name, " has nnz ", o.nnz, " but x has ", x.nnz);
+  } else if constexpr (requires { x.width; }) {
+    require(o.width == x.width, ErrorCode::shape_mismatch, where, name, " has width ", o.width, " but x has ",
+            x.width);
+  } else {
+    const auto layout_of = [](const auto& v) -> const TwellLayout& {
+      if constexpr (requires { v.twell; }) {
+        return v.twell.layout;
+      } else {
+        return v.layout;
+      }
+    };
+    const TwellLayout &xl = layout_of(x), &ol = layout_of(o);
+    require(ol == xl, ErrorCode::shape_mismatch, where, name, " has tile ", ol.tile, ", C ", ol.compression,
+            " but x has tile ", xl.tile, ", C ", xl.compression);
+    if constexpr (requires { x.overflow; })
+      require(o.overflow.rows == x.overflow.rows, ErrorCode::shape_mismatch, where, name, " has ", o.overflow.rows,
+              " overflow rows but x has ", x.overflow.rows);
+  }
 }
 
 // CSR/ELL kernels take y's value array, TwELL/Hybrid ones the view itself.

@@ -77,6 +77,15 @@ void check_plain(const char* where, DenseView<const T> x, DenseView<const T> wu,
             " memory but a weight or y is in ", to_string(s), " memory");
 }
 
+// The sparse backward's activation: act' = 1 on the pattern. SiLU and GELU need act'(g) at the
+// pre-activation, which the saved activations do not keep.
+void require_relu_gate(const char* where, ActivationSpec act) {
+  require(act.kind == Activation::relu, ErrorCode::unsupported, where,
+          "the sparse training path takes ReLU gates (act' = 1 on the pattern); SiLU and GELU need the gate's "
+          "pre-activation, which the saved activations do not keep (twell::reference::gated_ffn_backward "
+          "computes them densely)");
+}
+
 // An empty Hybrid with `like`'s shape, layout and overflow row count, in its memory space.
 template <class T>
 HybridMatrix<T> hybrid_like(const HybridMatrix<T>& like) {
@@ -84,19 +93,25 @@ HybridMatrix<T> hybrid_like(const HybridMatrix<T>& like) {
 }
 
 // The compositions behind the free functions and the host objects; stats read back the gate.
+// Without keep_activations, h overwrites u (inference needs neither afterwards) and s.u is empty.
 template <class T>
 GatedFfnActivations<T> composed_gated(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
                                       DenseView<const T> wd, ActivationSpec act, TwellLayout layout, DenseView<T> y,
-                                      const KernelOptions& options, FfnStats* stats) {
+                                      const KernelOptions& options, FfnStats* stats, bool keep_activations) {
   ConvertOptions convert = hybrid_overflow();
   convert.stream = options.stream;
   GatedFfnActivations<T> s;
   s.act = act;
   s.a = gemm_to_sparse<T>(x, wg, act, layout, convert, options);
   s.u = hybrid_like(s.a);
-  s.h = hybrid_like(s.a);
   sddmm<T>(x, Op::none, wu, s.a.view(), s.u.view(), 1.0f, 0.0f, options);
-  multiply_on_pattern<T>(s.a.view(), s.u.view(), s.h.view(), options);
+  if (keep_activations) {
+    s.h = hybrid_like(s.a);
+    multiply_on_pattern<T>(s.a.view(), s.u.view(), s.h.view(), options);
+  } else {
+    multiply_on_pattern<T>(s.a.view(), s.u.view(), s.u.view(), options);
+    s.h = std::move(s.u);
+  }
   spmm<T>(Op::none, s.h.view(), wd, y, 1.0f, 0.0f, options);
   if (stats != nullptr)
     *stats = host_stats<T>(s.a.space() == MemorySpace::host ? s.a.view() : s.a.to(MemorySpace::host).view());
@@ -121,7 +136,7 @@ void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> w
                               In<DenseView<const T>> wd, ActivationSpec act, TwellLayout layout, DenseView<T> y,
                               const KernelOptions& options) {
   check_gated("twell::sparse_gated_ffn_forward", x, wg, wu, wd, y);
-  composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr);
+  composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr, false);
 }
 
 template <Value T>
@@ -136,8 +151,10 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
                                                          In<DenseView<const T>> wu, In<DenseView<const T>> wd,
                                                          ActivationSpec act, TwellLayout layout, DenseView<T> y,
                                                          const KernelOptions& options) {
-  check_gated("twell::sparse_gated_ffn_training_forward", x, wg, wu, wd, y);
-  return composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr);
+  constexpr const char* where = "twell::sparse_gated_ffn_training_forward";
+  check_gated(where, x, wg, wu, wd, y);
+  require_relu_gate(where, act);
+  return composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr, true);
 }
 
 template <Value T>
@@ -155,11 +172,12 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
             shape(m, n));
     require(saved_part->space() == space, ErrorCode::space_mismatch, where, "x is in ", to_string(space),
             " memory but the saved activations are in ", to_string(saved_part->space()), " memory");
+    // The operations below index u and h by a's structure.
+    require(saved_part->layout() == saved.a.layout() && saved_part->overflow_rows() == saved.a.overflow_rows(),
+            ErrorCode::shape_mismatch, where,
+            "the saved u and h must share a's layout and overflow rows (as the training forward makes them)");
   }
-  require(saved.act.kind == Activation::relu, ErrorCode::unsupported, where,
-          "the sparse backward takes ReLU gates (act' = 1 on the pattern); SiLU and GELU need the gate's "
-          "pre-activation, which the saved activations do not keep (twell::reference::gated_ffn_backward "
-          "computes them densely)");
+  require_relu_gate(where, saved.act);
   require(lambda >= 0.0f, ErrorCode::invalid_argument, where, "lambda ", lambda, " must be a non-negative number");
   require(norm == L1Normalization::per_token || norm == L1Normalization::per_entry, ErrorCode::invalid_argument, where,
           "L1 normalization ", static_cast<int>(norm), " is unknown");
@@ -168,7 +186,6 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
   out.z = norm == L1Normalization::per_token ? double(m) : double(m) * double(n);
   // Z = 0 only for an empty batch, whose L1 term and gradients are all empty sums.
   const double scale = out.z > 0.0 ? double(lambda) / out.z : 0.0;
-  out.l1_term = scale * l1_norm<T>(saved.h.view(), options);
 
   HybridMatrix<T> dh = hybrid_like(saved.a), dg = hybrid_like(saved.a), du = hybrid_like(saved.a);
   sddmm<T>(dy, Op::transpose, wd, saved.a.view(), dh.view(), 1.0f, 0.0f, options);
@@ -195,6 +212,8 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
   };
   out.dwg = weight_gradient(dg);
   out.dwu = weight_gradient(du);
+  // Last, so that its read-back (a host wait on the device) comes after everything is queued.
+  out.l1_term = scale * l1_norm<T>(saved.h.view(), options);
   if (options.report != nullptr)
     options.report->path = space == MemorySpace::host ? "composed:reference" : "composed:cuda";
   return out;
@@ -353,7 +372,7 @@ void GatedFfn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* st
   check_gated(where, x, s.wg, s.wu, s.wd, y);
   check_tokens(where, s.tokens, x);
   if (s.forward_on_plan(x, y, stats)) return;
-  composed_gated<T>(x, s.wg, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
+  composed_gated<T>(x, s.wg, s.wu, s.wd, s.act, s.layout, y, s.options, stats, false);
   s.path = composed_path(x.space);
 }
 

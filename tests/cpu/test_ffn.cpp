@@ -530,8 +530,16 @@ TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
   const auto saved_other = sparse_gated_ffn_training_forward<float>(
       other.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y_other.view());
   CHECK(code_of([&] { backward(saved_other, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
-  const auto saved_silu = sparse_gated_ffn_training_forward<float>(
-      w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), ActivationSpec{Activation::silu, 0.1f}, TwellLayout{},
-      y.view());
-  CHECK(code_of([&] { backward(saved_silu, w.x.view(), 0.1f); }) == ErrorCode::unsupported);
+  CHECK(code_of([&] {
+          sparse_gated_ffn_training_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(),
+                                                   ActivationSpec{Activation::silu, 0.1f}, TwellLayout{}, y.view());
+        }) == ErrorCode::unsupported);
+  GatedFfnActivations<float> as_silu = sparse_gated_ffn_training_forward<float>(
+      w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y.view());
+  as_silu.act = ActivationSpec{Activation::gelu, 0.0f};
+  CHECK(code_of([&] { backward(as_silu, w.x.view(), 0.1f); }) == ErrorCode::unsupported);
+  GatedFfnActivations<float> mixed = sparse_gated_ffn_training_forward<float>(
+      w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y.view());
+  mixed.u = HybridMatrix<float>(s.m, s.n, TwellLayout{16, 4}, 0);
+  CHECK(code_of([&] { backward(mixed, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
 }

@@ -282,16 +282,24 @@ TEST_CASE_TEMPLATE("cuBLAS GEMM and cuBLASLt ReLU GEMM match fp64", T, bf16, fp1
   }
 }
 
+namespace {
+
+// x (m x k) and the gated FFN's weights (wg, wu: k x n; wd: n x k), fresh random values.
+template <class T>
+std::array<DenseMatrix<T>, 4> random_ffn(std::int64_t m, std::int64_t k, std::int64_t n, std::uint64_t seed) {
+  return {testing::random_dense<T>(m, k, 1.0f, seed), testing::random_dense<T>(k, n, 0.5f, seed + 1),
+          testing::random_dense<T>(k, n, 0.5f, seed + 2), testing::random_dense<T>(n, k, 0.5f, seed + 3)};
+}
+
+}  // namespace
+
 TEST_CASE_TEMPLATE("dense gated FFN baseline matches fp64 with the same roundings", T, bf16, fp16, float) {
   baseline::Handles handles;
   for (const auto& [m, k, n] : {std::array<std::int64_t, 3>{5, 16, 24}, std::array<std::int64_t, 3>{64, 96, 160}}) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(m);
-    const auto x = testing::random_dense<T>(m, k, 1.0f, seed);
-    const auto wg = testing::random_dense<T>(k, n, 0.5f, seed + 1);
-    const auto wu = testing::random_dense<T>(k, n, 0.5f, seed + 2);
-    const auto wd = testing::random_dense<T>(n, k, 0.5f, seed + 3);
+    const auto [x, wg, wu, wd] = random_ffn<T>(m, k, n, seed);
     // Host: g and u rounded into T, h = g * u rounded, y = h wd.
     const auto g = gemm64<T>(Op::none, x, Op::none, wg, x, 1.0f, 0.0f, true);
     const auto u = gemm64<T>(Op::none, x, Op::none, wu, x, 1.0f, 0.0f);
@@ -320,10 +328,7 @@ TEST_CASE_TEMPLATE("dense FFN training baseline matches the reference backward",
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(m);
-    const auto x = testing::random_dense<T>(m, k, 1.0f, seed);
-    const auto wg = testing::random_dense<T>(k, n, 0.5f, seed + 1);
-    const auto wu = testing::random_dense<T>(k, n, 0.5f, seed + 2);
-    const auto wd = testing::random_dense<T>(n, k, 0.5f, seed + 3);
+    const auto [x, wg, wu, wd] = random_ffn<T>(m, k, n, seed);
     auto dy = testing::random_dense<T>(m, k, 1.0f, seed + 4);
     for (std::int64_t j = 0; j < k; ++j) dy.view().at(0, j) = T{};  // only the L1 gradient in token 0
     const float lambda = 0.5f;

@@ -530,6 +530,34 @@ TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the
   }
 }
 
+TEST_CASE("sparse backward on the device: the L1 gradient alone (dy = 0) reaches TwELL and dense rows") {
+  // Every gradient but dwd comes from lambda / Z sign(h), so a lost or flipped sign is an error of
+  // order 1, not of rounding; layout {16, 4} on token-skewed rows makes many dense overflow rows,
+  // where dh is exactly zero and only add_scaled_sign's "x or y stores a value" rule keeps it.
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const ActivationSpec relu{};
+  const Case<float> c(workload_inputs<float>({300, 64, 1000, 0.05, Distribution::token_skewed}, seed), relu);
+  const DenseMatrix<float> dy_host(c.m(), c.k());
+  const DenseMatrix<float> dy = dy_host.to(MemorySpace::device);
+  DenseMatrix<float> y = poisoned<float>(c.m(), c.k());
+  const auto saved = sparse_gated_ffn_training_forward<float>(c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), relu,
+                                                              TwellLayout{16, 4}, y.view());
+  REQUIRE(saved.a.overflow_rows() > 0);
+  for (const L1Normalization norm : {L1Normalization::per_token, L1Normalization::per_entry}) {
+    CAPTURE(static_cast<int>(norm));
+    const auto got = sparse_gated_ffn_backward<float>(saved, c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(),
+                                                      dy.view(), 0.5f, norm);
+    const auto want = reference::gated_ffn_backward<float>(c.host.x.view(), c.host.wg.view(), c.host.wu.view(),
+                                                           c.host.wd.view(), dy_host.view(), relu, 0.5f, norm);
+    CHECK(got.l1_term == doctest::Approx(want.l1_term).epsilon(1e-5));
+    CHECK(error_of(got.dx, want.dx) < 1e-4);
+    CHECK(error_of(got.dwg, want.dwg) < 1e-4);
+    CHECK(error_of(got.dwu, want.dwu) < 1e-4);
+    CHECK(error_of(got.dwd, want.dwd) == 0.0);  // h^T 0
+  }
+}
+
 TEST_CASE("FFN plans reject bad input") {
   const auto in = workload_inputs<bf16>({8, 32, 64, 0.1, Distribution::uniform}, 5);
   const auto x = in.x.to(MemorySpace::device), wg = in.wg.to(MemorySpace::device);

@@ -42,6 +42,7 @@ struct GatedFfnActivations {
 };
 
 // y = (act(x wg) * (x wu)) wd, composed as sparse_gated_ffn_forward is, keeping the activations.
+// ReLU gates only, as the backward (below): SiLU and GELU are ErrorCode::unsupported.
 template <Value T>
 GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg,
                                                          In<DenseView<const T>> wu, In<DenseView<const T>> wd,
