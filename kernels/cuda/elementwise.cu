@@ -1,5 +1,5 @@
-// cuda elementwise kernels on one structure: out = x * y and out = x + s * sign(y) (y = x too), per
-// format.
+// cuda elementwise kernels on one structure: out = x * y, out = x + s * sign(y) (y = x too) and
+// out = x * act'(g), per format.
 // One thread per stored slot; no reduction, so results are deterministic by construction.
 #include <cstdint>
 
@@ -19,6 +19,26 @@ constexpr int kThreads = 256;
 struct Multiply {
   static constexpr bool kEitherStored = false;
   __device__ float operator()(float x, float y) const { return x * y; }
+};
+// x * act'(g), the reference's derivative formulas in fp32.
+struct ActivationDerivative {
+  static constexpr bool kEitherStored = false;
+  Activation act = Activation::relu;
+  __device__ float operator()(float x, float g) const {
+    switch (act) {
+      case Activation::relu:
+        return g > 0.0f ? x : x * 0.0f;
+      case Activation::silu: {
+        const float s = 1.0f / (1.0f + expf(-g));
+        return x * (s * (1.0f + g * (1.0f - s)));
+      }
+      case Activation::gelu: {
+        const float pdf = 0.39894228040143268f * expf(-0.5f * g * g);
+        return x * (0.5f * (1.0f + erff(g * 0.70710678118654752f)) + g * pdf);
+      }
+    }
+    return x;
+  }
 };
 struct AddScaledSign {
   static constexpr bool kEitherStored = true;
@@ -211,6 +231,19 @@ void add_scaled_sign_impl(View x, float s, View y, Out out, const KernelOptions&
   check_pair(x, out, where, "out");
   run(x, values_of(y), out, AddScaledSign{s}, where, options);
   twell::detail::report_format_path(options, "cuda/add_scaled_sign", format);
+}
+
+template <class View, class Out>
+void activation_derivative_impl(View x, View g, Activation act, Out out, const KernelOptions& options,
+                                const char* format) {
+  constexpr const char* where = "twell::cuda::multiply_by_activation_derivative";
+  detail::check_view(x, where, "x");
+  detail::check_view(g, where, "g");
+  detail::check_view(out, where, "out");
+  check_pair(x, g, where, "g");
+  check_pair(x, out, where, "out");
+  run(x, values_of(g), out, ActivationDerivative{act}, where, options);
+  twell::detail::report_format_path(options, "cuda/multiply_by_activation_derivative", format);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Reference elementwise kernels on one structure: out = x * y, and out = x + s * sign(y) (y = x too).
+// Reference elementwise kernels on one structure: out = x * y, out = x + s * sign(y) (y = x too), and
+// out = x * act'(g).
 #include <cmath>
 
 #include <twell/kernels/backends.hpp>
@@ -42,6 +43,20 @@ void add_scaled_sign_impl(View x, float s, View y, Out out, const KernelOptions&
     detail::write_on_pattern(x, out, where, value);
   }
   detail::report_format_path(options, "reference/add_scaled_sign", format);
+}
+
+template <class View, class Out>
+void activation_derivative_impl(View x, View g, Activation act, Out out, const KernelOptions& options,
+                                const char* format) {
+  constexpr const char* where = "twell::reference::multiply_by_activation_derivative";
+  detail::check_view(x, where, "x");
+  detail::check_view(g, where, "g");
+  detail::check_view(out, where, "out");
+  detail::require_same_structure(x, g, where, "x", "g");
+  detail::write_on_pattern(x, out, where, [&](const detail::Entry& e) {
+    return detail::load(x, e) * detail::activate_derivative(act, detail::load(g, e));
+  });
+  detail::report_format_path(options, "reference/multiply_by_activation_derivative", format);
 }
 
 }  // namespace

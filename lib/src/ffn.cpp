@@ -77,15 +77,6 @@ void check_plain(const char* where, DenseView<const T> x, DenseView<const T> wu,
             " memory but a weight or y is in ", to_string(s), " memory");
 }
 
-// The sparse backward's activation: act' = 1 on the pattern. SiLU and GELU need act'(g) at the
-// pre-activation, which the saved activations do not keep.
-void require_relu_gate(const char* where, ActivationSpec act) {
-  require(act.kind == Activation::relu, ErrorCode::unsupported, where,
-          "the sparse training path takes ReLU gates (act' = 1 on the pattern); SiLU and GELU need the gate's "
-          "pre-activation, which the saved activations do not keep (twell::reference::gated_ffn_backward "
-          "computes them densely)");
-}
-
 // An empty Hybrid with `like`'s shape, layout and overflow row count, in its memory space.
 template <class T>
 HybridMatrix<T> hybrid_like(const HybridMatrix<T>& like) {
@@ -108,6 +99,11 @@ GatedFfnActivations<T> composed_gated(DenseView<const T> x, DenseView<const T> w
   if (keep_activations) {
     s.h = hybrid_like(s.a);
     multiply_on_pattern<T>(s.a.view(), s.u.view(), s.h.view(), options);
+    // ReLU's derivative is 1 on the pattern; the others need the pre-activation there.
+    if (act.kind != Activation::relu) {
+      s.g = hybrid_like(s.a);
+      sddmm<T>(x, Op::none, wg, s.a.view(), s.g.view(), 1.0f, 0.0f, options);
+    }
   } else {
     multiply_on_pattern<T>(s.a.view(), s.u.view(), s.u.view(), options);
     s.h = std::move(s.u);
@@ -153,7 +149,6 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
                                                          const KernelOptions& options) {
   constexpr const char* where = "twell::sparse_gated_ffn_training_forward";
   check_gated(where, x, wg, wu, wd, y);
-  require_relu_gate(where, act);
   return composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr, true);
 }
 
@@ -166,7 +161,10 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
   check_gated(where, x, wg, wu, wd, dy);
   const std::int64_t m = x.rows, k = x.cols, n = wu.cols;
   const MemorySpace space = x.space;
-  for (const HybridMatrix<T>* saved_part : {&saved.a, &saved.u, &saved.h}) {
+  const bool relu = saved.act.kind == Activation::relu;
+  std::vector<const HybridMatrix<T>*> parts{&saved.a, &saved.u, &saved.h};
+  if (!relu) parts.push_back(&saved.g);
+  for (const HybridMatrix<T>* saved_part : parts) {
     require(saved_part->rows() == m && saved_part->cols() == n, ErrorCode::shape_mismatch, where,
             "the saved activations are ", shape(saved_part->rows(), saved_part->cols()), " but x and wu need ",
             shape(m, n));
@@ -175,9 +173,9 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
     // The operations below index u and h by a's structure.
     require(saved_part->layout() == saved.a.layout() && saved_part->overflow_rows() == saved.a.overflow_rows(),
             ErrorCode::shape_mismatch, where,
-            "the saved u and h must share a's layout and overflow rows (as the training forward makes them)");
+            "the saved u, h (and g for SiLU and GELU) must share a's layout and overflow rows (as the training "
+            "forward makes them)");
   }
-  require_relu_gate(where, saved.act);
   require(lambda >= 0.0f, ErrorCode::invalid_argument, where, "lambda ", lambda, " must be a non-negative number");
   require(norm == L1Normalization::per_token || norm == L1Normalization::per_entry, ErrorCode::invalid_argument, where,
           "L1 normalization ", static_cast<int>(norm), " is unknown");
@@ -191,6 +189,7 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
   sddmm<T>(dy, Op::transpose, wd, saved.a.view(), dh.view(), 1.0f, 0.0f, options);
   add_scaled_sign<T>(dh.view(), static_cast<float>(scale), saved.h.view(), dh.view(), options);
   multiply_on_pattern<T>(dh.view(), saved.u.view(), dg.view(), options);
+  if (!relu) multiply_by_activation_derivative<T>(dg.view(), saved.g.view(), saved.act.kind, dg.view(), options);
   multiply_on_pattern<T>(dh.view(), saved.a.view(), du.view(), options);
 
   out.dwd = DenseMatrix<T>(n, k, space);

@@ -134,6 +134,13 @@ void transpose(In<DenseView<const T>> a, DenseView<T> out, const KernelOptions& 
     TWELL_DISPATCH(space, where, add_scaled_sign<T>(x, s, y, out, options));                                      \
   }                                                                                                               \
   template <Value T>                                                                                              \
+  void multiply_by_activation_derivative(In<View<const T>> x, In<View<const T>> g, Activation act, View<T> out,   \
+                                         const KernelOptions& options) {                                          \
+    constexpr const char* where = "twell::multiply_by_activation_derivative";                                     \
+    const MemorySpace space = common_space(where, operand("x", x), operand("g", g), operand("out", out));         \
+    TWELL_DISPATCH(space, where, multiply_by_activation_derivative<T>(x, g, act, out, options));                  \
+  }                                                                                                               \
+  template <Value T>                                                                                              \
   double l1_norm(View<const T> x, const KernelOptions& options) {                                                 \
     TWELL_DISPATCH(operand("x", x).space, "twell::l1_norm", l1_norm<T>(x, options));                              \
   }                                                                                                               \
@@ -165,6 +172,8 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, In<DenseView<const T>> w, A
   template void multiply_on_pattern<T>(In<View<const T>>, In<View<const T>>, View<T>, const KernelOptions&);           \
   template void add_scaled_sign<T>(In<View<const T>>, float, View<T>, const KernelOptions&);                           \
   template void add_scaled_sign<T>(In<View<const T>>, float, In<View<const T>>, View<T>, const KernelOptions&);      \
+  template void multiply_by_activation_derivative<T>(In<View<const T>>, In<View<const T>>, Activation, View<T>,        \
+                                                     const KernelOptions&);                                            \
   template double l1_norm<T>(View<const T>, const KernelOptions&);                                                     \
   template std::int64_t l0_norm<T>(View<const T>, const KernelOptions&);
 #define TWELL_INSTANTIATE(T)                                                                                          \

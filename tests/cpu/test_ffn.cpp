@@ -121,6 +121,7 @@ TEST_CASE_TEMPLATE("composed sparse forward matches the dense reference", T, bf1
         CAPTURE(s.m);
         CAPTURE(s.n);
         CAPTURE(static_cast<int>(act.kind));
+        CAPTURE(static_cast<int>(act.kind));
         CAPTURE(act.threshold);
         CAPTURE(layout.tile);
         const Weights<T> w(s, seed);
@@ -395,7 +396,8 @@ TEST_CASE("bf16 backward and sparse forward agree with float") {
 TEST_CASE_TEMPLATE("sparse training forward and backward match the dense reference", T, bf16, float) {
   // Intermediates (u, h, dh, dg, du, the first half of dx) are rounded to T in the composition.
   const double tol = std::is_same_v<T, float> ? 1e-4 : 4e-2;
-  const ActivationSpec acts[] = {{Activation::relu, 0.0f}, {Activation::relu, 0.4f}};
+  const ActivationSpec acts[] = {
+      {Activation::relu, 0.0f}, {Activation::relu, 0.4f}, {Activation::silu, 0.2f}, {Activation::gelu, 0.1f}};
   int case_index = 0;
   for (const FfnShape& s : kShapes) {
     for (const ActivationSpec& act : acts) {
@@ -418,6 +420,7 @@ TEST_CASE_TEMPLATE("sparse training forward and backward match the dense referen
         for (auto& v : y.values().host_span()) v = from_float<T>(NAN);
         const GatedFfnActivations<T> saved = sparse_gated_ffn_training_forward<T>(
             w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, layout, y.view());
+        CHECK(saved.g.rows() == (act.kind == Activation::relu ? 0 : s.m));  // g kept where act' needs it
         ref::gated_ffn_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), act, y_ref.view());
         CHECK(rel_error<T>(std::as_const(y).view(), to64<T>(std::as_const(y_ref).view())) < tol);
 
@@ -517,7 +520,7 @@ TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
   CHECK(code_of([&] { ref::ffn_forward<float>(x_dev, w.wu.view(), w.wd.view(), relu, y.view()); }) ==
         ErrorCode::space_mismatch);
 
-  // The sparse backward: ReLU gates only, activations of this batch, the reference's checks.
+  // The sparse backward: activations of this batch and of their activation, the reference's checks.
   const auto saved = sparse_gated_ffn_training_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu,
                                                               TwellLayout{}, y.view());
   const auto backward = [&](const GatedFfnActivations<float>& a, DenseView<const float> x, float lambda) {
@@ -530,14 +533,11 @@ TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
   const auto saved_other = sparse_gated_ffn_training_forward<float>(
       other.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y_other.view());
   CHECK(code_of([&] { backward(saved_other, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
-  CHECK(code_of([&] {
-          sparse_gated_ffn_training_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(),
-                                                   ActivationSpec{Activation::silu, 0.1f}, TwellLayout{}, y.view());
-        }) == ErrorCode::unsupported);
-  GatedFfnActivations<float> as_silu = sparse_gated_ffn_training_forward<float>(
+  // A ReLU forward's activations relabelled GELU lack g, the pre-activation GELU's derivative needs.
+  GatedFfnActivations<float> as_gelu = sparse_gated_ffn_training_forward<float>(
       w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y.view());
-  as_silu.act = ActivationSpec{Activation::gelu, 0.0f};
-  CHECK(code_of([&] { backward(as_silu, w.x.view(), 0.1f); }) == ErrorCode::unsupported);
+  as_gelu.act = ActivationSpec{Activation::gelu, 0.0f};
+  CHECK(code_of([&] { backward(as_gelu, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
   GatedFfnActivations<float> mixed = sparse_gated_ffn_training_forward<float>(
       w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y.view());
   mixed.u = HybridMatrix<float>(s.m, s.n, TwellLayout{16, 4}, 0);

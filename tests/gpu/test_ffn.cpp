@@ -491,25 +491,30 @@ TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the
     Shape s;
     double density;
     Distribution d;
+    ActivationSpec act;
   };
-  constexpr Setting kSettings[] = {{{7, 64, 136}, 0.05, Distribution::uniform},
-                                   {{300, 520, 1000}, 0.005, Distribution::token_skewed},
-                                   {{300, 520, 1000}, 0.2, Distribution::neuron_skewed},
-                                   {{256, 2048, 5632}, 0.005, Distribution::token_skewed}};
+  constexpr ActivationSpec kRelu{};
+  constexpr Setting kSettings[] = {
+      {{7, 64, 136}, 0.05, Distribution::uniform, kRelu},
+      {{300, 520, 1000}, 0.02, Distribution::uniform, {Activation::silu, 0.05f}},
+      {{300, 520, 1000}, 0.005, Distribution::token_skewed, kRelu},
+      {{300, 520, 1000}, 0.02, Distribution::token_skewed, {Activation::gelu, 0.05f}},
+      {{300, 520, 1000}, 0.2, Distribution::neuron_skewed, kRelu},
+      {{256, 2048, 5632}, 0.005, Distribution::token_skewed, kRelu}};
   for (const Setting& st : testing::sweep(kSettings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(st.s.m);
     CAPTURE(st.s.n);
     CAPTURE(st.density);
-    const ActivationSpec relu{};
-    const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), relu);
+    CAPTURE(static_cast<int>(st.act.kind));
+    const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act);
     auto dy_host = testing::random_dense<T>(c.m(), c.k(), 1.0f, seed + 7);
     for (std::int64_t j = 0; j < c.k(); ++j) dy_host.view().at(0, j) = T{};  // a token outside the loss
     const DenseMatrix<T> dy = dy_host.to(MemorySpace::device);
     DenseMatrix<T> y = poisoned<T>(c.m(), c.k());
     const GatedFfnActivations<T> saved = sparse_gated_ffn_training_forward<T>(
-        c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), relu, TwellLayout{}, y.view());
+        c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), st.act, TwellLayout{}, y.view());
     CHECK(saved.a.space() == MemorySpace::device);
     CHECK(error_of(y, c.ref_gated) < tolerance<T>());
     for (const L1Normalization norm : {L1Normalization::per_token, L1Normalization::per_entry}) {
@@ -520,7 +525,7 @@ TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the
                                                     dy.view(), lambda, norm, KernelOptions{.report = &report});
       CHECK(report.path == "composed:cuda");
       const auto want = reference::gated_ffn_backward<T>(c.host.x.view(), c.host.wg.view(), c.host.wu.view(),
-                                                         c.host.wd.view(), dy_host.view(), relu, lambda, norm);
+                                                         c.host.wd.view(), dy_host.view(), st.act, lambda, norm);
       CHECK(got.l1_term == doctest::Approx(want.l1_term).epsilon(1e-2));
       CHECK(error_of(got.dx, want.dx) < kTol);
       CHECK(error_of(got.dwg, want.dwg) < kTol);

@@ -561,6 +561,20 @@ void check_elementwise(const char* name, const HostM& x, const HostM& y) {
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(rel(to_dense(inplace.to(kHost)), to_dense(want)) <= 1e-6);
   }
+  for (const Activation act : {Activation::relu, Activation::silu, Activation::gelu}) {  // x * act'(y)
+    CAPTURE(static_cast<int>(act));
+    HostM want = x.to(kHost);
+    ref::multiply_by_activation_derivative<T>(x.view(), y.view(), act, want.view());
+    auto out = device_out(x, true);
+    dev::multiply_by_activation_derivative<T>(x_dev.view(), y_dev.view(), act, out.view(), options);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cuda_path(report));
+    const HostM got = out.to(kHost);
+    check_structure(got, want);
+    // expf / erff against std::exp / std::erf: a last-bit difference can round a 16-bit value
+    // the other way.
+    CHECK(rel(to_dense(got), to_dense(want)) <= (sizeof(T) == 2 ? 1e-2 : 1e-6));
+  }
   {  // x + s sign(y): fresh output, then in place
     const float s = -0.625f;
     HostM want = x.to(kHost);

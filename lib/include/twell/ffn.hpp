@@ -33,16 +33,18 @@ void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<
 // ---- training ------------------------------------------------------------------------------
 // What the training forward keeps for the backward, on the gate's pattern P only: a = act(x wg)
 // (a Hybrid of the layout asked for: P is where a stores a value, overflow rows included), u = x wu
-// and h = a * u on P (Hybrids of a's structure), and the activation. In the operands' memory
-// space; these three Hybrids are the activation storage that a dense step holds as M x N matrices.
+// and h = a * u on P (Hybrids of a's structure), for SiLU and GELU also the pre-activation g = x wg
+// on P (act'(g) enters the backward; ReLU's is 1 on P, so g stays empty), and the activation. In
+// the operands' memory space; these Hybrids are the activation storage that a dense step holds as
+// M x N matrices.
 template <Value T>
 struct GatedFfnActivations {
-  HybridMatrix<T> a, u, h;
+  HybridMatrix<T> a, u, h, g;
   ActivationSpec act{};
 };
 
-// y = (act(x wg) * (x wu)) wd, composed as sparse_gated_ffn_forward is, keeping the activations.
-// ReLU gates only, as the backward (below): SiLU and GELU are ErrorCode::unsupported.
+// y = (act(x wg) * (x wu)) wd, composed as sparse_gated_ffn_forward is, keeping the activations
+// (for SiLU and GELU one more sddmm gives g on P).
 template <Value T>
 GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg,
                                                          In<DenseView<const T>> wu, In<DenseView<const T>> wd,
@@ -52,13 +54,13 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
 // The gradients of reference::gated_ffn_backward (the same loss <y, dy> + lambda sum(|h|) / Z)
 // from the saved activations, composed on the operands' backend:
 //   dh  = sddmm(dy, wd^T) on P, then + lambda / Z sign(h) (add_scaled_sign with y = h);
-//   dg  = dh * u, du = dh * a (multiply_on_pattern; act' = 1 on P for ReLU);
+//   dg  = dh * u (multiply_on_pattern), times act'(g) for SiLU and GELU
+//         (multiply_by_activation_derivative; ReLU's act' is 1 on P), du = dh * a;
 //   dwd = spmm(h^T, dy); dx = spmm(dg, wg^T) + spmm(du, wu^T);
 //   dwg = spmm(dg^T, x)^T, dwu = spmm(du^T, x)^T (dense transposes of K x N);
 //   l1_term = lambda / Z l1_norm(h) (on the device this waits for it: one host read).
-// ReLU gates only (with or without threshold): SiLU and GELU need act'(g) at the gate's
-// pre-activation, which the activations do not keep, so they are ErrorCode::unsupported (the
-// dense reference computes them). Every intermediate is rounded to T, so the gradients agree with
+// Every activation, with or without threshold (the threshold acts as a hard mask: no gradient
+// outside P, as in the reference). Every intermediate is rounded to T, so the gradients agree with
 // the reference to T's precision, not bit for bit. Gradients are allocated in x's memory space;
 // x, the weights and dy must be those of the forward that made `saved`.
 template <Value T>

@@ -100,6 +100,19 @@ void add_scaled_sign(In<TwellView<const T>> x, float s, In<TwellView<const T>> y
 template <Value T>
 void add_scaled_sign(In<HybridView<const T>> x, float s, In<HybridView<const T>> y, HybridView<T> out,
                      const KernelOptions& options = {});
+// out = x * act'(g), g on x's structure (the chain rule through an activation).
+template <Value T>
+void multiply_by_activation_derivative(In<CsrView<const T>> x, In<CsrView<const T>> g, Activation act, CsrView<T> out,
+                                       const KernelOptions& options = {});
+template <Value T>
+void multiply_by_activation_derivative(In<EllView<const T>> x, In<EllView<const T>> g, Activation act, EllView<T> out,
+                                       const KernelOptions& options = {});
+template <Value T>
+void multiply_by_activation_derivative(In<TwellView<const T>> x, In<TwellView<const T>> g, Activation act, TwellView<T> out,
+                                       const KernelOptions& options = {});
+template <Value T>
+void multiply_by_activation_derivative(In<HybridView<const T>> x, In<HybridView<const T>> g, Activation act, HybridView<T> out,
+                                       const KernelOptions& options = {});
 
 // sum |v| over stored values (fp64, deterministic) and the count of stored v != 0.
 template <Value T>

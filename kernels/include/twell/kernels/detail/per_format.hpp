@@ -77,6 +77,11 @@ inline void report_format_path(const KernelOptions& options, const char* kernel,
   template <Value T>                                                                                      \
   void add_scaled_sign(View<const T> x, float s, View<const T> y, View<T> out, const KernelOptions& options) { \
     add_scaled_sign_impl(x, s, y, out, options, format);                                                  \
+  }                                                                                                       \
+  template <Value T>                                                                                      \
+  void multiply_by_activation_derivative(View<const T> x, View<const T> g, Activation act, View<T> out,   \
+                                         const KernelOptions& options) {                                  \
+    activation_derivative_impl(x, g, act, out, options, format);                                          \
   }
 
 #define TWELL_DEFINE_NORMS(View, format)                                \
@@ -106,7 +111,9 @@ inline void report_format_path(const KernelOptions& options, const char* kernel,
 #define TWELL_ELEMENTWISE_AT(T, View)                                                                \
   template void multiply_on_pattern<T>(View<const T>, View<const T>, View<T>, const KernelOptions&); \
   template void add_scaled_sign<T>(View<const T>, float, View<T>, const KernelOptions&);          \
-  template void add_scaled_sign<T>(View<const T>, float, View<const T>, View<T>, const KernelOptions&);
+  template void add_scaled_sign<T>(View<const T>, float, View<const T>, View<T>, const KernelOptions&); \
+  template void multiply_by_activation_derivative<T>(View<const T>, View<const T>, Activation, View<T>,   \
+                                                     const KernelOptions&);
 #define TWELL_INSTANTIATE_ELEMENTWISE(T) TWELL_AT_EACH_VIEW(TWELL_ELEMENTWISE_AT, T)
 
 #define TWELL_NORMS_AT(T, View)                                    \
