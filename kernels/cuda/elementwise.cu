@@ -208,42 +208,38 @@ auto values_of(View& v) {
   }
 }
 
+// out = f(x, y) on x's structure: the checks, the launch and the report every operation shares
+// (`where` names it in errors, `path` in the report, `y_name` its second operand).
+template <class View, class Out, class F>
+void elementwise(const char* where, const char* path, View x, View y, const char* y_name, Out out, F f,
+                 const KernelOptions& options, const char* format) {
+  detail::check_view(x, where, "x");
+  detail::check_view(y, where, y_name);
+  detail::check_view(out, where, "out");
+  check_pair(x, y, where, y_name);
+  check_pair(x, out, where, "out");
+  run(x, values_of(y), out, f, where, options);
+  twell::detail::report_format_path(options, path, format);
+}
+
 template <class View, class Out>
 void multiply_impl(View x, View y, Out out, const KernelOptions& options, const char* format) {
-  constexpr const char* where = "twell::cuda::multiply_on_pattern";
-  detail::check_view(x, where, "x");
-  detail::check_view(y, where, "y");
-  detail::check_view(out, where, "out");
-  check_pair(x, y, where, "y");
-  check_pair(x, out, where, "out");
-  run(x, values_of(y), out, Multiply{}, where, options);
-  twell::detail::report_format_path(options, "cuda/multiply_on_pattern", format);
+  elementwise("twell::cuda::multiply_on_pattern", "cuda/multiply_on_pattern", x, y, "y", out, Multiply{}, options,
+              format);
 }
 
 // out = x + s * sign(y); the one-operand form passes y = x.
 template <class View, class Out>
 void add_scaled_sign_impl(View x, float s, View y, Out out, const KernelOptions& options, const char* format) {
-  constexpr const char* where = "twell::cuda::add_scaled_sign";
-  detail::check_view(x, where, "x");
-  detail::check_view(y, where, "y");
-  detail::check_view(out, where, "out");
-  check_pair(x, y, where, "y");
-  check_pair(x, out, where, "out");
-  run(x, values_of(y), out, AddScaledSign{s}, where, options);
-  twell::detail::report_format_path(options, "cuda/add_scaled_sign", format);
+  elementwise("twell::cuda::add_scaled_sign", "cuda/add_scaled_sign", x, y, "y", out, AddScaledSign{s}, options,
+              format);
 }
 
 template <class View, class Out>
 void activation_derivative_impl(View x, View g, Activation act, Out out, const KernelOptions& options,
                                 const char* format) {
-  constexpr const char* where = "twell::cuda::multiply_by_activation_derivative";
-  detail::check_view(x, where, "x");
-  detail::check_view(g, where, "g");
-  detail::check_view(out, where, "out");
-  check_pair(x, g, where, "g");
-  check_pair(x, out, where, "out");
-  run(x, values_of(g), out, ActivationDerivative{act}, where, options);
-  twell::detail::report_format_path(options, "cuda/multiply_by_activation_derivative", format);
+  elementwise("twell::cuda::multiply_by_activation_derivative", "cuda/multiply_by_activation_derivative", x, g, "g",
+              out, ActivationDerivative{act}, options, format);
 }
 
 }  // namespace

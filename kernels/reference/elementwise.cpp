@@ -10,16 +10,30 @@
 namespace twell::reference {
 namespace {
 
+// out = f(x(e), y(e)) at x's entries: the checks, the write and the report every operation shares
+// (`where` names it in errors, `path` in the report, `y_name` its second operand). either_stored:
+// a Hybrid's dense rows also take y's stored elements (signatures.inc, add_scaled_sign).
+template <class View, class Out, class F>
+void elementwise(const char* where, const char* path, View x, View y, const char* y_name, Out out, F f,
+                 bool either_stored, const KernelOptions& options, const char* format) {
+  detail::check_view(x, where, "x");
+  detail::check_view(y, where, y_name);
+  detail::check_view(out, where, "out");
+  detail::require_same_structure(x, y, where, "x", y_name);
+  const auto value = [&](const detail::Entry& e) { return f(detail::load(x, e), detail::load(y, e)); };
+  if constexpr (requires { x.overflow; }) {
+    detail::write_on_pattern(x, out, where, value, either_stored ? &y : nullptr);
+  } else {
+    detail::write_on_pattern(x, out, where, value);
+  }
+  detail::report_format_path(options, path, format);
+}
+
 template <class View, class Out>
 void multiply_impl(View x, View y, Out out, const KernelOptions& options, const char* format) {
-  constexpr const char* where = "twell::reference::multiply_on_pattern";
-  detail::check_view(x, where, "x");
-  detail::check_view(y, where, "y");
-  detail::check_view(out, where, "out");
-  detail::require_same_structure(x, y, where, "x", "y");
-  detail::write_on_pattern(x, out, where,
-                           [&](const detail::Entry& e) { return detail::load(x, e) * detail::load(y, e); });
-  detail::report_format_path(options, "reference/multiply_on_pattern", format);
+  elementwise(
+      "twell::reference::multiply_on_pattern", "reference/multiply_on_pattern", x, y, "y", out,
+      [](float a, float b) { return a * b; }, false, options, format);
 }
 
 // sign(0) = sign(-0) = 0, so zeros stay zero; sign(NaN) = NaN, so NaN propagates.
@@ -31,32 +45,17 @@ inline float sign(float v) {
 // out = x + s * sign(y); the one-operand form passes y = x.
 template <class View, class Out>
 void add_scaled_sign_impl(View x, float s, View y, Out out, const KernelOptions& options, const char* format) {
-  constexpr const char* where = "twell::reference::add_scaled_sign";
-  detail::check_view(x, where, "x");
-  detail::check_view(y, where, "y");
-  detail::check_view(out, where, "out");
-  detail::require_same_structure(x, y, where, "x", "y");
-  const auto value = [&](const detail::Entry& e) { return detail::load(x, e) + s * sign(detail::load(y, e)); };
-  if constexpr (requires { x.overflow; }) {
-    detail::write_on_pattern(x, out, where, value, &y);
-  } else {
-    detail::write_on_pattern(x, out, where, value);
-  }
-  detail::report_format_path(options, "reference/add_scaled_sign", format);
+  elementwise(
+      "twell::reference::add_scaled_sign", "reference/add_scaled_sign", x, y, "y", out,
+      [s](float a, float b) { return a + s * sign(b); }, true, options, format);
 }
 
 template <class View, class Out>
 void activation_derivative_impl(View x, View g, Activation act, Out out, const KernelOptions& options,
                                 const char* format) {
-  constexpr const char* where = "twell::reference::multiply_by_activation_derivative";
-  detail::check_view(x, where, "x");
-  detail::check_view(g, where, "g");
-  detail::check_view(out, where, "out");
-  detail::require_same_structure(x, g, where, "x", "g");
-  detail::write_on_pattern(x, out, where, [&](const detail::Entry& e) {
-    return detail::load(x, e) * detail::activate_derivative(act, detail::load(g, e));
-  });
-  detail::report_format_path(options, "reference/multiply_by_activation_derivative", format);
+  elementwise(
+      "twell::reference::multiply_by_activation_derivative", "reference/multiply_by_activation_derivative", x, g,
+      "g", out, [act](float a, float b) { return a * detail::activate_derivative(act, b); }, false, options, format);
 }
 
 }  // namespace
