@@ -238,6 +238,7 @@ void add_scaled_sign_impl(View x, float s, View y, Out out, const KernelOptions&
 template <class View, class Out>
 void activation_derivative_impl(View x, View g, Activation act, Out out, const KernelOptions& options,
                                 const char* format) {
+  twell::detail::check_activation_kind(act, "twell::cuda::multiply_by_activation_derivative");
   elementwise("twell::cuda::multiply_by_activation_derivative", "cuda/multiply_by_activation_derivative", x, g, "g",
               out, ActivationDerivative{act}, options, format);
 }

@@ -13,6 +13,7 @@
 #include <twell/converters/backends.hpp>
 #include <twell/formats/dense_checks.hpp>
 #include <twell/instantiate.hpp>
+#include <twell/kernels/detail/checks.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/gemm_to_sparse_plan.hpp>
 
@@ -499,13 +500,6 @@ void fill(std::int32_t* p, std::int64_t n, std::int32_t v, cudaStream_t stream, 
   ::twell::detail::check_launch(where);
 }
 
-void check_activation(ActivationSpec act, const char* where) {
-  require(act.kind == Activation::relu || act.kind == Activation::silu || act.kind == Activation::gelu,
-          ErrorCode::invalid_argument, where, "activation kind ", static_cast<int>(act.kind), " is unknown");
-  require(act.threshold >= 0.0f, ErrorCode::invalid_argument, where, "activation threshold ", act.threshold,
-          " must be a non-negative number");
-}
-
 template <class T>
 void check_operands(DenseView<const T> x, DenseView<const T> w, ActivationSpec act, const char* where) {
   require(x.space == MemorySpace::device && w.space == MemorySpace::device, ErrorCode::space_mismatch, where,
@@ -516,7 +510,7 @@ void check_operands(DenseView<const T> x, DenseView<const T> w, ActivationSpec a
           " x ", w.cols, " (x.cols must equal w.rows)");
   twell::detail::check_dense_geometry(x, where, "x");
   twell::detail::check_dense_geometry(w, where, "w");
-  check_activation(act, where);
+  ::twell::detail::check_activation(act, where);
   require(x.rows <= INT32_MAX, ErrorCode::unsupported, where, "M = ", x.rows, " exceeds the 32-bit row maps");
 }
 
@@ -617,7 +611,7 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
           ", N = ", n);
   require(m <= INT32_MAX, ErrorCode::unsupported, kWhere, "M = ", m, " exceeds the 32-bit row maps");
   check_layout(layout, kWhere);
-  check_activation(act, kWhere);
+  ::twell::detail::check_activation(act, kWhere);
   check_policy(policy, kWhere);
   require(overflow_capacity >= 0 || overflow_capacity == kDefaultCapacity, ErrorCode::invalid_argument, kWhere,
           "overflow_capacity ", overflow_capacity, " must be >= 0 (or kDefaultCapacity)");

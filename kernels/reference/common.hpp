@@ -80,7 +80,7 @@ inline float activate(Activation kind, float v) {
   return v;
 }
 
-// d act / d v. ReLU's derivative is only ever needed inside the pattern (v > 0), where it is 1.
+// d act / d v (ReLU: 1 where v > 0, else 0).
 inline float activate_derivative(Activation kind, float v) {
   switch (kind) {
     case Activation::relu:
@@ -101,13 +101,6 @@ inline float activate_derivative(Activation kind, float v) {
 inline float activate_thresholded(const ActivationSpec& act, float v) {
   const float a = activate(act.kind, v);
   return std::fabs(a) <= act.threshold ? 0.0f : a;
-}
-
-inline void check_activation(const ActivationSpec& act, const char* where) {
-  require(act.kind == Activation::relu || act.kind == Activation::silu || act.kind == Activation::gelu,
-          ErrorCode::invalid_argument, where, "activation kind ", static_cast<int>(act.kind), " is unknown");
-  require(act.threshold >= 0.0f, ErrorCode::invalid_argument, where, "activation threshold ", act.threshold,
-          " must be a non-negative number");
 }
 
 }  // namespace twell::reference::detail

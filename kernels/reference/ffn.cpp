@@ -20,7 +20,7 @@ FfnShapes check_ffn(const char* where, DenseView<const T> x, DenseView<const T> 
   detail::check_dense(x, where, "x");
   detail::check_dense(w_in, where, "wu");
   detail::check_dense(wd, where, "wd");
-  detail::check_activation(act, where);
+  twell::detail::check_activation(act, where);
   const FfnShapes s{x.rows, x.cols, w_in.cols};
   require(w_in.rows == s.k, ErrorCode::shape_mismatch, where, "x is ", detail::shape(x.rows, x.cols), " but wu is ",
           detail::shape(w_in.rows, w_in.cols));

@@ -15,7 +15,7 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, Activ
   constexpr const char* where = "twell::reference::gemm_to_sparse";
   detail::check_dense(x, where, "X");
   detail::check_dense(w, where, "W");
-  detail::check_activation(act, where);
+  twell::detail::check_activation(act, where);
   check_layout(layout, where);
   require(w.rows == x.cols, ErrorCode::shape_mismatch, where, "X is ", detail::shape(x.rows, x.cols), " but W is ",
           detail::shape(w.rows, w.cols));

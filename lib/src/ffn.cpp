@@ -9,6 +9,7 @@
 #include <twell/config.hpp>
 #include <twell/ffn.hpp>
 #include <twell/instantiate.hpp>
+#include <twell/kernels/detail/checks.hpp>
 #if TWELL_HAS_CUDA
 #include <twell/kernels/ffn_cuda.hpp>
 #endif
@@ -161,7 +162,11 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
   check_gated(where, x, wg, wu, wd, dy);
   const std::int64_t m = x.rows, k = x.cols, n = wu.cols;
   const MemorySpace space = x.space;
+  twell::detail::check_activation(saved.act, where);
   const bool relu = saved.act.kind == Activation::relu;
+  require(relu || saved.g.rows() > 0 || m == 0, ErrorCode::shape_mismatch, where,
+          "SiLU and GELU need the pre-activation g on the pattern (saved.g), which "
+          "sparse_gated_ffn_training_forward keeps for them; these activations have none");
   std::vector<const HybridMatrix<T>*> parts{&saved.a, &saved.u, &saved.h};
   if (!relu) parts.push_back(&saved.g);
   for (const HybridMatrix<T>* saved_part : parts) {

@@ -121,7 +121,6 @@ TEST_CASE_TEMPLATE("composed sparse forward matches the dense reference", T, bf1
         CAPTURE(s.m);
         CAPTURE(s.n);
         CAPTURE(static_cast<int>(act.kind));
-        CAPTURE(static_cast<int>(act.kind));
         CAPTURE(act.threshold);
         CAPTURE(layout.tile);
         const Weights<T> w(s, seed);
@@ -407,6 +406,7 @@ TEST_CASE_TEMPLATE("sparse training forward and backward match the dense referen
         CAPTURE(seed);
         CAPTURE(s.m);
         CAPTURE(s.n);
+        CAPTURE(static_cast<int>(act.kind));
         CAPTURE(act.threshold);
         CAPTURE(layout.tile);
         const Weights<T> w(s, seed);
@@ -538,6 +538,15 @@ TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
       w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y.view());
   as_gelu.act = ActivationSpec{Activation::gelu, 0.0f};
   CHECK(code_of([&] { backward(as_gelu, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
+  // A GELU forward's g in another layout; an unknown activation kind.
+  GatedFfnActivations<float> gelu = sparse_gated_ffn_training_forward<float>(
+      w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), ActivationSpec{Activation::gelu, 0.1f}, TwellLayout{},
+      y.view());
+  CHECK_NOTHROW(backward(gelu, w.x.view(), 0.1f));
+  gelu.g = HybridMatrix<float>(s.m, s.n, TwellLayout{16, 4}, 0);
+  CHECK(code_of([&] { backward(gelu, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
+  gelu.act.kind = static_cast<Activation>(9);
+  CHECK(code_of([&] { backward(gelu, w.x.view(), 0.1f); }) == ErrorCode::invalid_argument);
   GatedFfnActivations<float> mixed = sparse_gated_ffn_training_forward<float>(
       w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y.view());
   mixed.u = HybridMatrix<float>(s.m, s.n, TwellLayout{16, 4}, 0);

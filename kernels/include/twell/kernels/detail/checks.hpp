@@ -17,6 +17,17 @@ inline void report_path(const KernelOptions& options, const char* path) {
   if (options.report != nullptr) options.report->path = path;
 }
 
+inline void check_activation_kind(Activation kind, const char* where) {
+  require(kind == Activation::relu || kind == Activation::silu || kind == Activation::gelu,
+          ErrorCode::invalid_argument, where, "activation kind ", static_cast<int>(kind), " is unknown");
+}
+
+inline void check_activation(const ActivationSpec& act, const char* where) {
+  check_activation_kind(act.kind, where);
+  require(act.threshold >= 0.0f, ErrorCode::invalid_argument, where, "activation threshold ", act.threshold,
+          " must be a non-negative number");
+}
+
 // A dense transpose's out: N x M for an M x N a, and no byte shared with a (the kernels read a
 // while writing out). Geometry of both is checked by the caller.
 template <class T>
