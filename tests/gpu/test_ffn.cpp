@@ -518,7 +518,9 @@ TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the
     const GatedFfnActivations<T> saved = sparse_gated_ffn_training_forward<T>(
         c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), st.act, TwellLayout{}, y.view());
     CHECK(saved.a.space() == MemorySpace::device);
-    CHECK(saved.a.overflow_rows() < c.m());  // a sparse pattern: most rows in TwELL slots
+    // The SiLU / GELU cases are meant sparse (most rows in TwELL slots); the 20 % ReLU case is
+    // meant overflow-heavy.
+    if (st.act.kind != Activation::relu) CHECK(saved.a.overflow_rows() < c.m());
     CHECK(error_of(y, c.ref_gated) < tolerance<T>());
     for (const L1Normalization norm : {L1Normalization::per_token, L1Normalization::per_entry}) {
       CAPTURE(static_cast<int>(norm));
