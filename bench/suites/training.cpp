@@ -10,7 +10,6 @@
 //   dense_backward  its backward alone.
 // Also the bytes of the saved activations (three Hybrids against three dense M x N matrices) and
 // each twell gradient's relative error against the dense step's.
-#include <algorithm>
 #include <cmath>
 
 #include <twell/bench/features.hpp>
@@ -48,8 +47,9 @@ std::vector<TrainingPoint> training_points(bool quick) {
 
 constexpr float kLambda = 2e-5f;  // the paper's, with the L1 term normalised per token
 
+// g is empty for ReLU, the suite's activation.
 double activation_bytes(const GatedFfnActivations<T>& s) {
-  return detail::bytes_of(s.a) + detail::bytes_of(s.u) + detail::bytes_of(s.h);
+  return detail::bytes_of(s.a) + detail::bytes_of(s.u) + detail::bytes_of(s.h) + detail::bytes_of(s.g);
 }
 
 }  // namespace

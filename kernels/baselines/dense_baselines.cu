@@ -255,6 +255,18 @@ void require_ffn_shapes(const char* where, DenseView<const T> x, DenseView<const
           detail::shape(wu.rows, wu.cols), " and wd is ", detail::shape(wd.rows, wd.cols));
 }
 
+// The gated forward on the given buffers: a = relu(x wg), u = x wu, h = a * u (h may be a), y = h wd.
+template <class T>
+void gated_forward(Handles& handles, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                   DenseView<const T> wd, DenseView<T> y, DenseView<T> a, DenseView<T> u, DenseView<T> h,
+                   const char* where) {
+  gemm_relu_impl<T>(handles, x, wg, a);
+  gemm_impl<T>(handles, Op::none, x, Op::none, wu, u, 1.0f, 0.0f, where);
+  map<T, 2, 1>({{a.data, u.data}, {a.ld, u.ld}, {h.data}, {h.ld}, h.rows, h.cols}, GatedProduct{},
+               handles.impl().stream, where);
+  gemm_impl<T>(handles, Op::none, DenseView<const T>(h), Op::none, wd, y, 1.0f, 0.0f, where);
+}
+
 }  // namespace
 
 template <Value T>
@@ -277,14 +289,9 @@ void dense_gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseV
                              DenseView<T> y, DenseFfnWorkspace<T>& workspace) {
   constexpr const char* where = "twell::baseline::dense_gated_ffn_forward";
   require_ffn_shapes(where, x, wg, wu, wd, workspace.gate().rows(), workspace.gate().cols());
-  Handles& handles = workspace.handles();
-  DenseView<T> g = workspace.gate().view();
-  DenseView<T> u = workspace.up().view();
-  gemm_relu_impl<T>(handles, x, wg, g);
-  gemm_impl<T>(handles, Op::none, x, Op::none, wu, u, 1.0f, 0.0f, where);
-  map<T, 2, 1>({{g.data, u.data}, {g.ld, u.ld}, {g.data}, {g.ld}, g.rows, g.cols}, GatedProduct{},
-               handles.impl().stream, where);
-  gemm_impl<T>(handles, Op::none, DenseView<const T>(g), Op::none, wd, y, 1.0f, 0.0f, where);
+  // h overwrites the gate: inference needs neither afterwards.
+  const DenseView<T> g = workspace.gate().view();
+  gated_forward<T>(workspace.handles(), x, wg, wu, wd, y, g, workspace.up().view(), g, where);
 }
 
 template <Value T>
@@ -299,13 +306,8 @@ void dense_gated_ffn_training_forward(DenseView<const T> x, DenseView<const T> w
                                       DenseView<const T> wd, DenseView<T> y, DenseFfnTrainingWorkspace<T>& workspace) {
   constexpr const char* where = "twell::baseline::dense_gated_ffn_training_forward";
   require_ffn_shapes(where, x, wg, wu, wd, workspace.a().rows(), workspace.a().cols());
-  Handles& handles = workspace.handles();
-  const DenseView<T> a = workspace.a().view(), u = workspace.u().view(), h = workspace.h().view();
-  gemm_relu_impl<T>(handles, x, wg, a);
-  gemm_impl<T>(handles, Op::none, x, Op::none, wu, u, 1.0f, 0.0f, where);
-  map<T, 2, 1>({{a.data, u.data}, {a.ld, u.ld}, {h.data}, {h.ld}, h.rows, h.cols}, GatedProduct{},
-               handles.impl().stream, where);
-  gemm_impl<T>(handles, Op::none, DenseView<const T>(h), Op::none, wd, y, 1.0f, 0.0f, where);
+  gated_forward<T>(workspace.handles(), x, wg, wu, wd, y, workspace.a().view(), workspace.u().view(),
+                   workspace.h().view(), where);
 }
 
 template <Value T>

@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The two operations; sign(+-0) = 0 and NaN propagates (as the reference). kEitherStored: in a
+// The operations; sign(+-0) = 0 and NaN propagates (as the reference). kEitherStored: in a
 // Hybrid's overflow rows, which store no explicit zeros, the operation also applies where only y
 // stores a value (x + s sign(y) is not zero there; x * y is).
 struct Multiply {
