@@ -9,28 +9,19 @@
 #include <twell/config.hpp>
 #include <twell/ffn.hpp>
 #include <twell/instantiate.hpp>
-#include <twell/kernels/detail/checks.hpp>
 #if TWELL_HAS_CUDA
 #include <twell/kernels/ffn_cuda.hpp>
 #endif
 
+#include "ffn_compose.hpp"
+
 namespace twell {
 namespace {
 
-std::string shape(std::int64_t rows, std::int64_t cols) { return std::to_string(rows) + " x " + std::to_string(cols); }
-
-// Checked here so that a mistake is reported with the FFN's names, not an inner operation's.
-template <class T>
-void check_shapes(const char* where, DenseView<const T> x, DenseView<const T> w_in, DenseView<const T> wd,
-                  In<DenseView<const T>> y) {
-  const std::int64_t m = x.rows, k = x.cols, n = w_in.cols;
-  require(w_in.rows == k, ErrorCode::shape_mismatch, where, "x is ", shape(m, k), " but wu is ",
-          shape(w_in.rows, w_in.cols));
-  require(wd.rows == n && wd.cols == k, ErrorCode::shape_mismatch, where, "wd is ", shape(wd.rows, wd.cols),
-          " but x and wu need ", shape(n, k));
-  require(y.rows == m && y.cols == k, ErrorCode::shape_mismatch, where, "y is ", shape(y.rows, y.cols), " but x needs ",
-          shape(m, k));
-}
+using ffn_detail::check_gated;
+using ffn_detail::check_plain;
+using ffn_detail::hybrid_like;
+using ffn_detail::spmm_on_backend;
 
 // FfnStats of a host gate: per-row counts from the TwELL slot-0 words, or the dense row of an
 // overflow row (its TwELL part is a shadow); the block holds every overflow row (capacity = R).
@@ -58,61 +49,20 @@ FfnStats host_stats(HybridView<const T> g) {
   return s;
 }
 
+// The compositions behind the inference functions and the host objects; stats read back the
+// gate. h overwrites u: inference needs neither afterwards.
 template <class T>
-void check_gated(const char* where, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
-                 DenseView<const T> wd, In<DenseView<const T>> y) {
-  check_shapes(where, x, wu, wd, y);
-  require(wg.rows == wu.rows && wg.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ", shape(wg.rows, wg.cols),
-          " but wu is ", shape(wu.rows, wu.cols));
-  for (const auto s : {wg.space, wu.space, wd.space, y.space})
-    require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
-            " memory but a weight or y is in ", to_string(s), " memory");
-}
-
-template <class T>
-void check_plain(const char* where, DenseView<const T> x, DenseView<const T> wu, DenseView<const T> wd,
-                 DenseView<T> y) {
-  check_shapes(where, x, wu, wd, y);
-  for (const auto s : {wu.space, wd.space, y.space})
-    require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
-            " memory but a weight or y is in ", to_string(s), " memory");
-}
-
-// An empty Hybrid with `like`'s shape, layout and overflow row count, in its memory space.
-template <class T>
-HybridMatrix<T> hybrid_like(const HybridMatrix<T>& like) {
-  return HybridMatrix<T>(like.rows(), like.cols(), like.layout(), like.overflow_rows(), like.space());
-}
-
-// The compositions behind the free functions and the host objects; stats read back the gate.
-// Without keep_activations, h overwrites u (inference needs neither afterwards) and s.u is empty.
-template <class T>
-GatedFfnActivations<T> composed_gated(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
-                                      DenseView<const T> wd, ActivationSpec act, TwellLayout layout, DenseView<T> y,
-                                      const KernelOptions& options, FfnStats* stats, bool keep_activations) {
+void composed_gated(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+                    ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options,
+                    FfnStats* stats) {
   ConvertOptions convert = hybrid_overflow();
   convert.stream = options.stream;
-  GatedFfnActivations<T> s;
-  s.act = act;
-  s.a = gemm_to_sparse<T>(x, wg, act, layout, convert, options);
-  s.u = hybrid_like(s.a);
-  sddmm<T>(x, Op::none, wu, s.a.view(), s.u.view(), 1.0f, 0.0f, options);
-  if (keep_activations) {
-    s.h = hybrid_like(s.a);
-    multiply_on_pattern<T>(s.a.view(), s.u.view(), s.h.view(), options);
-    // ReLU's derivative is 1 on the pattern; the others need the pre-activation there.
-    if (act.kind != Activation::relu) {
-      s.g = hybrid_like(s.a);
-      sddmm<T>(x, Op::none, wg, s.a.view(), s.g.view(), 1.0f, 0.0f, options);
-    }
-  } else {
-    multiply_on_pattern<T>(s.a.view(), s.u.view(), s.u.view(), options);
-    s.h = std::move(s.u);
-  }
-  spmm<T>(Op::none, s.h.view(), wd, y, 1.0f, 0.0f, options);
+  const HybridMatrix<T> a = gemm_to_sparse<T>(x, wg, act, layout, convert, options);
+  HybridMatrix<T> h = hybrid_like(a);
+  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, a.view(), h.view(), h.view(), nullptr, y, options,
+                                  spmm_on_backend<T>(options));
   if (stats != nullptr)
-    *stats = host_stats<T>(s.a.space() == MemorySpace::host ? s.a.view() : s.a.to(MemorySpace::host).view());
-  return s;
+    *stats = host_stats<T>(a.space() == MemorySpace::host ? a.view() : a.to(MemorySpace::host).view());
 }
 
 template <class T>
@@ -133,7 +83,7 @@ void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> w
                               In<DenseView<const T>> wd, ActivationSpec act, TwellLayout layout, DenseView<T> y,
                               const KernelOptions& options) {
   check_gated("twell::sparse_gated_ffn_forward", x, wg, wu, wd, y);
-  composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr, false);
+  composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr);
 }
 
 template <Value T>
@@ -141,86 +91,6 @@ void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<
                         ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options) {
   check_plain("twell::sparse_ffn_forward", x, wu, wd, y);
   composed_plain<T>(x, wu, wd, act, layout, y, options, nullptr);
-}
-
-template <Value T>
-GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg,
-                                                         In<DenseView<const T>> wu, In<DenseView<const T>> wd,
-                                                         ActivationSpec act, TwellLayout layout, DenseView<T> y,
-                                                         const KernelOptions& options) {
-  constexpr const char* where = "twell::sparse_gated_ffn_training_forward";
-  check_gated(where, x, wg, wu, wd, y);
-  return composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr, true);
-}
-
-template <Value T>
-GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& saved, In<DenseView<const T>> x,
-                                               In<DenseView<const T>> wg, In<DenseView<const T>> wu,
-                                               In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
-                                               L1Normalization norm, const KernelOptions& options) {
-  constexpr const char* where = "twell::sparse_gated_ffn_backward";
-  check_gated(where, x, wg, wu, wd, dy);
-  const std::int64_t m = x.rows, k = x.cols, n = wu.cols;
-  const MemorySpace space = x.space;
-  twell::detail::check_activation(saved.act, where);
-  const bool relu = saved.act.kind == Activation::relu;
-  require(relu || saved.g.rows() > 0 || m == 0, ErrorCode::shape_mismatch, where,
-          "SiLU and GELU need the pre-activation g on the pattern (saved.g), which "
-          "sparse_gated_ffn_training_forward keeps for them; these activations have none");
-  std::vector<const HybridMatrix<T>*> parts{&saved.a, &saved.u, &saved.h};
-  if (!relu) parts.push_back(&saved.g);
-  for (const HybridMatrix<T>* saved_part : parts) {
-    require(saved_part->rows() == m && saved_part->cols() == n, ErrorCode::shape_mismatch, where,
-            "the saved activations are ", shape(saved_part->rows(), saved_part->cols()), " but x and wu need ",
-            shape(m, n));
-    require(saved_part->space() == space, ErrorCode::space_mismatch, where, "x is in ", to_string(space),
-            " memory but the saved activations are in ", to_string(saved_part->space()), " memory");
-    // The operations below index u and h by a's structure.
-    require(saved_part->layout() == saved.a.layout() && saved_part->overflow_rows() == saved.a.overflow_rows(),
-            ErrorCode::shape_mismatch, where,
-            "the saved u, h (and g for SiLU and GELU) must share a's layout and overflow rows (as the training "
-            "forward makes them)");
-  }
-  require(lambda >= 0.0f, ErrorCode::invalid_argument, where, "lambda ", lambda, " must be a non-negative number");
-  require(norm == L1Normalization::per_token || norm == L1Normalization::per_entry, ErrorCode::invalid_argument, where,
-          "L1 normalization ", static_cast<int>(norm), " is unknown");
-
-  GatedFfnGradients<T> out;
-  out.z = norm == L1Normalization::per_token ? double(m) : double(m) * double(n);
-  // Z = 0 only for an empty batch, whose L1 term and gradients are all empty sums.
-  const double scale = out.z > 0.0 ? double(lambda) / out.z : 0.0;
-
-  HybridMatrix<T> dh = hybrid_like(saved.a), dg = hybrid_like(saved.a), du = hybrid_like(saved.a);
-  sddmm<T>(dy, Op::transpose, wd, saved.a.view(), dh.view(), 1.0f, 0.0f, options);
-  add_scaled_sign<T>(dh.view(), static_cast<float>(scale), saved.h.view(), dh.view(), options);
-  multiply_on_pattern<T>(dh.view(), saved.u.view(), dg.view(), options);
-  if (!relu) multiply_by_activation_derivative<T>(dg.view(), saved.g.view(), saved.act.kind, dg.view(), options);
-  multiply_on_pattern<T>(dh.view(), saved.a.view(), du.view(), options);
-
-  out.dwd = DenseMatrix<T>(n, k, space);
-  spmm<T>(Op::transpose, saved.h.view(), dy, out.dwd.view(), 1.0f, 0.0f, options);
-  // dx = dg wg^T + du wu^T: spmm takes its dense operand as stored, so each weight is transposed
-  // into one N x K buffer in turn (same stream: the second transpose waits for the first product).
-  DenseMatrix<T> n_by_k(n, k, space);
-  out.dx = DenseMatrix<T>(m, k, space);
-  transpose<T>(wg, n_by_k.view(), options);
-  spmm<T>(Op::none, dg.view(), n_by_k.view(), out.dx.view(), 1.0f, 0.0f, options);
-  transpose<T>(wu, n_by_k.view(), options);
-  spmm<T>(Op::none, du.view(), n_by_k.view(), out.dx.view(), 1.0f, 1.0f, options);
-  // dwg = x^T dg = (dg^T x)^T, likewise dwu: the spmm gives N x K, the weights are K x N.
-  const auto weight_gradient = [&](const HybridMatrix<T>& d) {
-    DenseMatrix<T> grad(k, n, space);
-    spmm<T>(Op::transpose, d.view(), x, n_by_k.view(), 1.0f, 0.0f, options);
-    transpose<T>(n_by_k.view(), grad.view(), options);
-    return grad;
-  };
-  out.dwg = weight_gradient(dg);
-  out.dwu = weight_gradient(du);
-  // Last, so that its read-back (a host wait on the device) comes after everything is queued.
-  out.l1_term = scale * l1_norm<T>(saved.h.view(), options);
-  if (options.report != nullptr)
-    options.report->path = space == MemorySpace::host ? "composed:reference" : "composed:cuda";
-  return out;
 }
 
 // The weights, the settings and (device) the plan; the host path keeps only what it needs to
@@ -376,7 +246,7 @@ void GatedFfn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* st
   check_gated(where, x, s.wg, s.wu, s.wd, y);
   check_tokens(where, s.tokens, x);
   if (s.forward_on_plan(x, y, stats)) return;
-  composed_gated<T>(x, s.wg, s.wu, s.wd, s.act, s.layout, y, s.options, stats, false);
+  composed_gated<T>(x, s.wg, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
   s.path = composed_path(x.space);
 }
 
@@ -441,12 +311,6 @@ const std::string& Ffn<T>::path() const {
                                             const KernelOptions&);                                                  \
   template void sparse_ffn_forward<T>(In<DenseView<const T>>, In<DenseView<const T>>, In<DenseView<const T>>,       \
                                       ActivationSpec, TwellLayout, DenseView<T>, const KernelOptions&);             \
-  template GatedFfnActivations<T> sparse_gated_ffn_training_forward<T>(                                              \
-      In<DenseView<const T>>, In<DenseView<const T>>, In<DenseView<const T>>, In<DenseView<const T>>, ActivationSpec,  \
-      TwellLayout, DenseView<T>, const KernelOptions&);                                                               \
-  template GatedFfnGradients<T> sparse_gated_ffn_backward<T>(                                                         \
-      const GatedFfnActivations<T>&, In<DenseView<const T>>, In<DenseView<const T>>, In<DenseView<const T>>,           \
-      In<DenseView<const T>>, In<DenseView<const T>>, float, L1Normalization, const KernelOptions&);                   \
   template class GatedFfn<T>;                                                                                       \
   template class Ffn<T>;
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include <twell/convert.hpp>
 #include <twell/ffn.hpp>
 #include <twell/kernels/ffn.hpp>
 
@@ -470,6 +471,117 @@ TEST_CASE("sparse backward: the L1 gradient alone reaches a token outside the lo
     CHECK(rel_error<float>(got.dwu.view(), to64<float>(want.dwu.view())) < 1e-5);
     CHECK(rel_error<float>(got.dwd.view(), to64<float>(want.dwd.view())) == 0.0);  // h^T 0
   }
+}
+
+TEST_CASE_TEMPLATE("GatedFfnTraining on the host: the free functions' bits, step after step, its Hybrids growing", T,
+                   bf16, float) {
+  // One object for every step of a setting; each step has fresh x, weights and dy, so a buffer that
+  // kept the previous step's values shows. Capacity 1 with layout {16, 4} makes the gate's
+  // overflow rows outgrow the held Hybrids in the first steps.
+  const ActivationSpec acts[] = {{Activation::relu, 0.0f}, {Activation::silu, 0.2f}, {Activation::gelu, 0.1f}};
+  for (const FfnShape& s : kShapes) {
+    for (const ActivationSpec& act : acts) {
+      for (const TwellLayout layout : {TwellLayout{16, 4}, TwellLayout{}}) {
+        CAPTURE(s.m);
+        CAPTURE(s.n);
+        CAPTURE(static_cast<int>(act.kind));
+        CAPTURE(layout.tile);
+        GatedFfnTraining<T> step(s.m, s.k, s.n, MemorySpace::host, act, layout, 1);
+        std::int64_t most_rows = 0;
+        for (int call = 0; call < 3; ++call) {
+          const std::uint64_t seed = testing::fresh_seed();
+          CAPTURE(seed);
+          const Weights<T> w(s, seed);
+          const auto dy = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 4);
+          const L1Normalization norm = call % 2 ? L1Normalization::per_entry : L1Normalization::per_token;
+          DenseMatrix<T> y(s.m, s.k), y_want(s.m, s.k);
+          for (auto& v : y.values().host_span()) v = from_float<T>(NAN);
+          step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view());
+          CHECK(step.path() == "composed:reference");
+          const auto saved = sparse_gated_ffn_training_forward<T>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(),
+                                                                  act, layout, y_want.view());
+          CHECK(testing::bitwise_equal<T>(std::as_const(y).view(), std::as_const(y_want).view()));
+          const GatedFfnActivationViews<T> held = step.activations();
+          const GatedFfnActivationViews<T> want = saved.view();
+          const std::pair<HybridView<const T>, HybridView<const T>> parts[] = {
+              {held.a, want.a}, {held.u, want.u}, {held.h, want.h}, {held.g, want.g}};
+          for (const auto& [got_part, want_part] : parts) {
+            REQUIRE(got_part.overflow_rows() == want_part.overflow_rows());
+            if (want_part.rows() == 0) continue;  // g of ReLU
+            CHECK(testing::bitwise_equal<T>(to_dense(got_part).view(), to_dense(want_part).view()));
+          }
+          most_rows = std::max(most_rows, want.a.overflow_rows());
+          CHECK(step.overflow_capacity() >= most_rows);
+
+          DenseMatrix<T> dx(s.m, s.k), dwg(s.k, s.n), dwu(s.k, s.n), dwd(s.n, s.k);
+          for (DenseMatrix<T>* g : {&dx, &dwg, &dwu, &dwd})
+            for (auto& v : g->values().host_span()) v = from_float<T>(NAN);
+          const double l1 = step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), 0.05f, norm,
+                                          {dx.view(), dwg.view(), dwu.view(), dwd.view()});
+          const auto grads = sparse_gated_ffn_backward<T>(saved, w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(),
+                                                          dy.view(), 0.05f, norm);
+          CHECK(l1 == grads.l1_term);
+          CHECK(testing::bitwise_equal<T>(std::as_const(dx).view(), grads.dx.view()));
+          CHECK(testing::bitwise_equal<T>(std::as_const(dwg).view(), grads.dwg.view()));
+          CHECK(testing::bitwise_equal<T>(std::as_const(dwu).view(), grads.dwu.view()));
+          CHECK(testing::bitwise_equal<T>(std::as_const(dwd).view(), grads.dwd.view()));
+        }
+        if (layout.compression == 4 && s.n >= 96) CHECK(most_rows > 1);  // the growth was exercised
+      }
+    }
+  }
+}
+
+TEST_CASE("GatedFfnTraining rejects bad calls with twell::Error") {
+  using testing::code_of;
+  const FfnShape s{4, 8, 12};
+  const Weights<float> w(s, testing::fresh_seed());
+  const auto dy = testing::random_dense<float>(s.m, s.k, 1.0f, testing::fresh_seed());
+  DenseMatrix<float> y(s.m, s.k), dx(s.m, s.k), dwg(s.k, s.n), dwu(s.k, s.n), dwd(s.n, s.k), wide(s.k, s.n + 1);
+  const GatedFfnGradientViews<float> grads{dx.view(), dwg.view(), dwu.view(), dwd.view()};
+  CHECK(code_of([&] { GatedFfnTraining<float>(-1, s.k, s.n, MemorySpace::host); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { GatedFfnTraining<float>(s.m, s.k, s.n, MemorySpace::host, {}, TwellLayout{24, 16}); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([&] { GatedFfnTraining<float>(s.m, s.k, s.n, MemorySpace::host, {}, {}, -5); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          GatedFfnTraining<float>(s.m, s.k, s.n, MemorySpace::host, ActivationSpec{static_cast<Activation>(9), 0.0f});
+        }) == ErrorCode::invalid_argument);
+  GatedFfnTraining<float> step(s.m, s.k, s.n, MemorySpace::host);
+  const auto backward = [&](const GatedFfnGradientViews<float>& g) {
+    return step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), 0.1f,
+                         L1Normalization::per_token, g);
+  };
+  CHECK(code_of([&] { backward(grads); }) == ErrorCode::invalid_argument);  // no forward yet
+  CHECK(code_of([&] { step.activations(); }) == ErrorCode::invalid_argument);
+  // A batch of another size or another intermediate size than the object's.
+  const Weights<float> other({s.m + 1, s.k, s.n + 4}, testing::fresh_seed());
+  DenseMatrix<float> y_other(s.m + 1, s.k);
+  CHECK(code_of([&] {
+          step.forward(other.x.view(), other.wg.view(), other.wu.view(), other.wd.view(), y_other.view());
+        }) == ErrorCode::shape_mismatch);
+  const Weights<float> wider({s.m, s.k, s.n + 4}, testing::fresh_seed());
+  CHECK(code_of([&] { step.forward(w.x.view(), wider.wg.view(), wider.wu.view(), wider.wd.view(), y.view()); }) ==
+        ErrorCode::shape_mismatch);
+  step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view());
+  CHECK_NOTHROW(backward(grads));
+  CHECK(code_of([&] { backward({dx.view(), wide.view(), dwu.view(), dwd.view()}); }) == ErrorCode::shape_mismatch);
+  DenseView<float> dwd_dev = dwd.view();
+  dwd_dev.space = MemorySpace::device;
+  CHECK(code_of([&] { backward({dx.view(), dwg.view(), dwu.view(), dwd_dev}); }) == ErrorCode::space_mismatch);
+  CHECK(code_of([&] {
+          step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), -1.0f,
+                        L1Normalization::per_token, grads);
+        }) == ErrorCode::invalid_argument);
+  DenseView<const float> x_dev = w.x.view();
+  x_dev.space = MemorySpace::device;
+  CHECK(code_of([&] { step.forward(x_dev, w.wg.view(), w.wu.view(), w.wd.view(), y.view()); }) ==
+        ErrorCode::space_mismatch);
+  // A call its checks reject changes nothing: the activations of the last forward stay.
+  CHECK_NOTHROW(backward(grads));
+  GatedFfnTraining<float> moved = std::move(step);
+  CHECK(code_of([&] { step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view()); }) ==
+        ErrorCode::invalid_argument);
 }
 
 TEST_CASE("FFN bad inputs throw twell::Error with the right code") {

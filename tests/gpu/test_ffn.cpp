@@ -568,6 +568,81 @@ TEST_CASE("sparse backward on the device: the L1 gradient alone (dy = 0) reaches
   }
 }
 
+TEST_CASE_TEMPLATE("GatedFfnTraining on the device: the free functions' bits, step after step, its Hybrids growing", T,
+                   bf16, fp16, float) {
+  // One object per setting, two steps with fresh inputs each (a held buffer that kept the previous
+  // step's values would show), outputs poisoned. Against the free functions on the same device:
+  // the same operations through the held plans, so the same bits; against the dense reference
+  // within the composition's rounding. Capacity 1 makes token-skewed gates outgrow the held
+  // Hybrids (and the gate plan's block: its second pass) in the first step; the layouts with 4
+  // slots per tile make sure of overflow rows there.
+  constexpr double kTol = 4e-2;
+  struct Setting {
+    Shape s;
+    double density;
+    Distribution d;
+    ActivationSpec act;
+    TwellLayout layout;
+    std::int64_t capacity;
+  };
+  constexpr ActivationSpec kRelu{};
+  const std::vector<Setting> settings =
+      std::is_same_v<T, float>
+          ? std::vector<Setting>{{{33, 64, 300}, 0.05, Distribution::token_skewed, kRelu, {16, 4}, 1}}
+          : std::vector<Setting>{
+                {{7, 64, 136}, 0.05, Distribution::uniform, kRelu, {}, kDefaultFfnCapacity},
+                {{300, 520, 1000}, 0.02, Distribution::uniform, {Activation::silu, 0.3f}, {}, kDefaultFfnCapacity},
+                {{300, 520, 1000}, 0.02, Distribution::token_skewed, kRelu, {128, 32}, 1},
+                {{256, 2048, 5632}, 0.005, Distribution::token_skewed, kRelu, {}, kDefaultFfnCapacity}};
+  for (const Setting& st : settings) {
+    CAPTURE(st.s.m);
+    CAPTURE(st.s.n);
+    CAPTURE(static_cast<int>(st.act.kind));
+    CAPTURE(st.layout.tile);
+    GatedFfnTraining<T> step(st.s.m, st.s.k, st.s.n, MemorySpace::device, st.act, st.layout, st.capacity);
+    for (int call = 0; call < 2; ++call) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act);
+      const auto dy_host = testing::random_dense<T>(c.m(), c.k(), 1.0f, seed + 7);
+      const DenseMatrix<T> dy = dy_host.to(MemorySpace::device);
+      const L1Normalization norm = call == 0 ? L1Normalization::per_token : L1Normalization::per_entry;
+      DenseMatrix<T> y = poisoned<T>(c.m(), c.k()), y_free = poisoned<T>(c.m(), c.k());
+      step.forward(c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), y.view());
+      CHECK(step.path() == "planned:cuda");
+      const GatedFfnActivations<T> saved = sparse_gated_ffn_training_forward<T>(
+          c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout, y_free.view());
+      CHECK(testing::bitwise_equal<T>(y.to(MemorySpace::host).view(), y_free.to(MemorySpace::host).view()));
+      CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+      const GatedFfnActivationViews<T> held = step.activations();
+      CHECK(held.a.overflow_rows() == saved.a.overflow_rows());
+      CHECK(step.overflow_capacity() >= saved.a.overflow_rows());
+      if (st.capacity == 1 && call == 0) CHECK(saved.a.overflow_rows() > 1);  // the growth was exercised
+      CHECK(testing::bitwise_equal<T>(to_dense(held.h).to(MemorySpace::host).view(),
+                                      to_dense(saved.h).to(MemorySpace::host).view()));
+
+      DenseMatrix<T> dx = poisoned<T>(c.m(), c.k()), dwg = poisoned<T>(c.k(), st.s.n), dwu = poisoned<T>(c.k(), st.s.n),
+                     dwd = poisoned<T>(st.s.n, c.k());
+      const double l1 = step.backward(c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), dy.view(), 2e-2f, norm,
+                                      {dx.view(), dwg.view(), dwu.view(), dwd.view()});
+      const auto free = sparse_gated_ffn_backward<T>(saved, c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(),
+                                                     dy.view(), 2e-2f, norm);
+      const auto want = reference::gated_ffn_backward<T>(c.host.x.view(), c.host.wg.view(), c.host.wu.view(),
+                                                         c.host.wd.view(), dy_host.view(), st.act, 2e-2f, norm);
+      CHECK(l1 == free.l1_term);
+      const std::pair<const DenseMatrix<T>*, const DenseMatrix<T>*> pairs[] = {
+          {&dx, &free.dx}, {&dwg, &free.dwg}, {&dwu, &free.dwu}, {&dwd, &free.dwd}};
+      const DenseMatrix<T>* wanted[] = {&want.dx, &want.dwg, &want.dwu, &want.dwd};
+      for (int p = 0; p < 4; ++p) {
+        CAPTURE(p);
+        CHECK(testing::bitwise_equal<T>(pairs[p].first->to(MemorySpace::host).view(),
+                                        pairs[p].second->to(MemorySpace::host).view()));
+        CHECK(error_of(*pairs[p].first, *wanted[p]) < kTol);
+      }
+    }
+  }
+}
+
 TEST_CASE("FFN plans reject bad input") {
   const auto in = workload_inputs<bf16>({8, 32, 64, 0.1, Distribution::uniform}, 5);
   const auto x = in.x.to(MemorySpace::device), wg = in.wg.to(MemorySpace::device);

@@ -30,6 +30,9 @@ template <Value T>
 void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<DenseView<const T>> wd,
                         ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options = {});
 
+// The overflow capacity of the objects below that ask for one.
+inline constexpr std::int64_t kDefaultFfnCapacity = -1;  // max(64, M / 64) overflow rows
+
 // ---- training ------------------------------------------------------------------------------
 // What the training forward keeps for the backward, on the gate's pattern P only: a = act(x wg)
 // (a Hybrid of the layout asked for: P is where a stores a value, overflow rows included), u = x wu
@@ -38,9 +41,17 @@ void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<
 // the operands' memory space; these Hybrids are the activation storage that a dense step holds as
 // M x N matrices.
 template <Value T>
+struct GatedFfnActivationViews {
+  HybridView<const T> a, u, h, g;  // g has no rows for ReLU
+  ActivationSpec act{};
+};
+
+template <Value T>
 struct GatedFfnActivations {
   HybridMatrix<T> a, u, h, g;
   ActivationSpec act{};
+
+  GatedFfnActivationViews<T> view() const { return {a.view(), u.view(), h.view(), g.view(), act}; }
 };
 
 // y = (act(x wg) * (x wu)) wd, composed as sparse_gated_ffn_forward is, keeping the activations
@@ -69,6 +80,56 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
                                                In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
                                                L1Normalization norm, const KernelOptions& options = {});
 
+// Caller-owned gradient buffers for GatedFfnTraining::backward, in the operands' memory space.
+template <Value T>
+struct GatedFfnGradientViews {
+  DenseView<T> dx;   // M x K
+  DenseView<T> dwg;  // K x N
+  DenseView<T> dwu;  // K x N
+  DenseView<T> dwd;  // N x K
+};
+
+// The training step of one gated FFN layer with its storage held, the plan form of the two
+// functions above: bound to M tokens, hidden size K, intermediate size N, the memory space, the
+// activation, the gate layout and an overflow capacity (default max(64, M / 64) rows). It holds
+// the saved activations of its latest forward() (a, u, h, and g for SiLU and GELU), the backward's
+// dh, dg, du and one N x K matrix, and on the device a cuda::GemmToSparsePlan for the gate and one
+// cuda::SpmmPlan for the five products. The weights are arguments of each call, since training
+// changes them between steps; backward() must get the x and weights of the forward() before it.
+//   forward(x, wg, wu, wd, y): y = (act(x wg) * (x wu)) wd, keeping the activations. The device
+//     waits once, for the gate's overflow row count R (the later operations are sized by it).
+//   backward(x, wg, wu, wd, dy, lambda, norm, out): the gradients of sparse_gated_ffn_backward
+//     into out, returning its l1_term (read back last: the one host wait).
+// Same operations in the same order as the free functions, so the same bits. Nothing is
+// allocated after construction unless a forward meets more than `capacity` overflow rows: then
+// the held Hybrids grow to max(R, 2 capacity) rows and stay (overflow_capacity()). On the host
+// the gate and the spmm's internals still allocate per call (the reference backend's way).
+// path(): "planned:cuda" or "composed:reference" for the latest call.
+template <Value T>
+class GatedFfnTraining {
+ public:
+  GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, std::int64_t intermediate, MemorySpace space,
+                   ActivationSpec act = {}, TwellLayout layout = {}, std::int64_t overflow_capacity = kDefaultFfnCapacity,
+                   const KernelOptions& options = {});
+  GatedFfnTraining(GatedFfnTraining&&) noexcept;
+  GatedFfnTraining& operator=(GatedFfnTraining&&) noexcept;
+  ~GatedFfnTraining();
+
+  void forward(In<DenseView<const T>> x, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
+               In<DenseView<const T>> wd, DenseView<T> y);
+  double backward(In<DenseView<const T>> x, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
+                  In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda, L1Normalization norm,
+                  const GatedFfnGradientViews<T>& out);
+  // The latest forward's saved activations (valid until the next forward()).
+  GatedFfnActivationViews<T> activations() const;
+  std::int64_t overflow_capacity() const;
+  const std::string& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // FFN layers bound to their weights (views that must outlive the object and stay in one memory
 // space), activation, gate layout and token count M, for repeated forward passes. Construction
 // allocates; forward(x, y) then runs on the weights' backend:
@@ -82,7 +143,6 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
 //   - host: the composed forward above (gemm_to_sparse, sddmm, spmm; it allocates per call).
 // stats (optional): per-token nonzero counts, overflow rows and the capacity they met (FfnStats).
 // path() names what the latest forward() ran. Shapes: x and y are M x K.
-inline constexpr std::int64_t kDefaultFfnCapacity = -1;  // max(64, M / 64) overflow rows
 
 // A weight matrix with its convention in its type, so that a layer never guesses it from shapes
 // (a square layer would make any guess silently wrong):

@@ -1,0 +1,164 @@
+// Internal: the argument checks and the compositions of public operations that the FFN's free
+// functions, layers (ffn.cpp) and training object (ffn_training.cpp) share. Each composition takes
+// its outputs and intermediates as views and its spmm as a callable, so that one body serves
+// storage allocated per call and storage a plan holds.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <twell/error.hpp>
+#include <twell/ffn.hpp>
+#include <twell/kernels/detail/checks.hpp>
+#include <twell/ops.hpp>
+
+namespace twell::ffn_detail {
+
+inline std::string shape(std::int64_t rows, std::int64_t cols) {
+  return std::to_string(rows) + " x " + std::to_string(cols);
+}
+
+// Checked here so that a mistake is reported with the FFN's names, not an inner operation's.
+template <class T>
+void check_shapes(const char* where, DenseView<const T> x, DenseView<const T> w_in, DenseView<const T> wd,
+                  In<DenseView<const T>> y) {
+  const std::int64_t m = x.rows, k = x.cols, n = w_in.cols;
+  require(w_in.rows == k, ErrorCode::shape_mismatch, where, "x is ", shape(m, k), " but wu is ",
+          shape(w_in.rows, w_in.cols));
+  require(wd.rows == n && wd.cols == k, ErrorCode::shape_mismatch, where, "wd is ", shape(wd.rows, wd.cols),
+          " but x and wu need ", shape(n, k));
+  require(y.rows == m && y.cols == k, ErrorCode::shape_mismatch, where, "y is ", shape(y.rows, y.cols), " but x needs ",
+          shape(m, k));
+}
+
+template <class T>
+void check_gated(const char* where, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                 DenseView<const T> wd, In<DenseView<const T>> y) {
+  check_shapes(where, x, wu, wd, y);
+  require(wg.rows == wu.rows && wg.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ", shape(wg.rows, wg.cols),
+          " but wu is ", shape(wu.rows, wu.cols));
+  for (const auto s : {wg.space, wu.space, wd.space, y.space})
+    require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
+            " memory but a weight or y is in ", to_string(s), " memory");
+}
+
+template <class T>
+void check_plain(const char* where, DenseView<const T> x, DenseView<const T> wu, DenseView<const T> wd,
+                 DenseView<T> y) {
+  check_shapes(where, x, wu, wd, y);
+  for (const auto s : {wu.space, wd.space, y.space})
+    require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
+            " memory but a weight or y is in ", to_string(s), " memory");
+}
+
+// An empty Hybrid with `like`'s shape, layout and overflow row count, in its memory space.
+template <class T>
+HybridMatrix<T> hybrid_like(const HybridMatrix<T>& like) {
+  return HybridMatrix<T>(like.rows(), like.cols(), like.layout(), like.overflow_rows(), like.space());
+}
+
+// spmm on whichever backend holds the operands, as the compositions below call it.
+template <class T>
+auto spmm_on_backend(const KernelOptions& options) {
+  return [options](Op op, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
+    spmm<T>(op, a, b, c, alpha, beta, options);
+  };
+}
+
+// The saved activations of an M x N gate in `space`: u, h (and g for SiLU and GELU) share a's
+// layout and overflow rows, because the operations of the backward index them by a's structure.
+template <class T>
+void check_saved(const char* where, const GatedFfnActivationViews<T>& saved, std::int64_t m, std::int64_t n,
+                 MemorySpace space) {
+  twell::detail::check_activation(saved.act, where);
+  const bool relu = saved.act.kind == Activation::relu;
+  require(relu || saved.g.rows() > 0 || m == 0, ErrorCode::shape_mismatch, where,
+          "SiLU and GELU need the pre-activation g on the pattern (saved.g), which the training forward keeps for "
+          "them; these activations have none");
+  const HybridView<const T> parts[] = {saved.a, saved.u, saved.h, saved.g};
+  for (const HybridView<const T>& part : relu ? std::span(parts).first(3) : std::span(parts)) {
+    require(part.rows() == m && part.cols() == n, ErrorCode::shape_mismatch, where, "the saved activations are ",
+            shape(part.rows(), part.cols()), " but x and wu need ", shape(m, n));
+    require(part.space() == space, ErrorCode::space_mismatch, where, "x is in ", to_string(space),
+            " memory but the saved activations are in ", to_string(part.space()), " memory");
+    require(part.twell.layout == saved.a.twell.layout && part.overflow_rows() == saved.a.overflow_rows(),
+            ErrorCode::shape_mismatch, where,
+            "the saved u, h (and g for SiLU and GELU) must share a's layout and overflow rows (as the training "
+            "forward makes them)");
+  }
+}
+
+// lambda / Z of the L1 term, with Z = M (per_token) or M N (per_entry); 0 for an empty batch,
+// whose L1 term and gradients are all empty sums.
+struct L1Scale {
+  double z = 0.0;
+  double scale = 0.0;
+};
+inline L1Scale l1_scale(const char* where, float lambda, L1Normalization norm, std::int64_t m, std::int64_t n) {
+  require(lambda >= 0.0f, ErrorCode::invalid_argument, where, "lambda ", lambda, " must be a non-negative number");
+  require(norm == L1Normalization::per_token || norm == L1Normalization::per_entry, ErrorCode::invalid_argument, where,
+          "L1 normalization ", static_cast<int>(norm), " is unknown");
+  L1Scale s;
+  s.z = norm == L1Normalization::per_token ? double(m) : double(m) * double(n);
+  s.scale = s.z > 0.0 ? double(lambda) / s.z : 0.0;
+  return s;
+}
+
+// The gated forward after its gate a = act(x wg): u = x wu on a's pattern, h = a * u, g = x wg on
+// the pattern when `g` is given (SiLU and GELU training: the backward needs act'(g)), and
+// y = h wd through spmm(op, A, B, C, alpha, beta). u and h may be one view (inference keeps
+// neither), and u, h, g may share a's maps or hold their own (the operations copy them then).
+template <class T, class Spmm>
+void gated_after_gate(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+                      HybridView<const T> a, HybridView<T> u, HybridView<T> h, const HybridView<T>* g,
+                      DenseView<T> y, const KernelOptions& options, Spmm&& spmm) {
+  sddmm<T>(x, Op::none, wu, a, u, 1.0f, 0.0f, options);
+  multiply_on_pattern<T>(a, u, h, options);
+  if (g != nullptr) sddmm<T>(x, Op::none, wg, a, *g, 1.0f, 0.0f, options);
+  spmm(Op::none, HybridView<const T>(h), wd, y, 1.0f, 0.0f);
+}
+
+// What the backward computes into besides the gradients: dh, dg and du on a's structure (a's
+// layout and overflow rows) and one N x K dense matrix.
+template <class T>
+struct BackwardScratch {
+  HybridView<T> dh, dg, du;
+  DenseView<T> n_by_k;
+};
+
+// The gradients of reference::gated_ffn_backward into `out` (checked by the caller), from the
+// saved activations, with `scale` = lambda / Z; returns the L1 term, read back last so that the
+// host waits only after everything is queued:
+//   dh  = sddmm(dy, wd^T) on P, then + scale sign(h);
+//   dg  = dh * u, times act'(g) for SiLU and GELU (ReLU's act' is 1 on P), du = dh * a;
+//   dwd = h^T dy; dx = dg wg^T + du wu^T; dwg = (dg^T x)^T, dwu = (du^T x)^T.
+template <class T, class Spmm>
+double gated_backward(const GatedFfnActivationViews<T>& s, DenseView<const T> x, DenseView<const T> wg,
+                      DenseView<const T> wu, DenseView<const T> wd, DenseView<const T> dy, double scale,
+                      const BackwardScratch<T>& w, const GatedFfnGradientViews<T>& out, const KernelOptions& options,
+                      Spmm&& spmm) {
+  const HybridView<const T> dh(w.dh), dg(w.dg), du(w.du);
+  sddmm<T>(dy, Op::transpose, wd, s.a, w.dh, 1.0f, 0.0f, options);
+  add_scaled_sign<T>(dh, static_cast<float>(scale), s.h, w.dh, options);
+  multiply_on_pattern<T>(dh, s.u, w.dg, options);
+  if (s.act.kind != Activation::relu) multiply_by_activation_derivative<T>(dg, s.g, s.act.kind, w.dg, options);
+  multiply_on_pattern<T>(dh, s.a, w.du, options);
+
+  spmm(Op::transpose, s.h, dy, out.dwd, 1.0f, 0.0f);
+  // spmm takes its dense operand as stored, so each weight is transposed into the one N x K
+  // buffer in turn (same stream: the second transpose waits for the first product).
+  const DenseView<const T> n_by_k(w.n_by_k);
+  transpose<T>(wg, w.n_by_k, options);
+  spmm(Op::none, dg, n_by_k, out.dx, 1.0f, 0.0f);
+  transpose<T>(wu, w.n_by_k, options);
+  spmm(Op::none, du, n_by_k, out.dx, 1.0f, 1.0f);
+  // The weights are K x N, the products N x K.
+  spmm(Op::transpose, dg, x, w.n_by_k, 1.0f, 0.0f);
+  transpose<T>(n_by_k, out.dwg, options);
+  spmm(Op::transpose, du, x, w.n_by_k, 1.0f, 0.0f);
+  transpose<T>(n_by_k, out.dwu, options);
+  return scale * l1_norm<T>(s.h, options);
+}
+
+}  // namespace twell::ffn_detail

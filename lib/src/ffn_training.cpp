@@ -1,0 +1,283 @@
+// Sparse training of the gated FFN: the free forward and backward (storage allocated per call)
+// and GatedFfnTraining (storage held), both through the compositions of ffn_compose.hpp.
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <twell/config.hpp>
+#include <twell/ffn.hpp>
+#include <twell/instantiate.hpp>
+#if TWELL_HAS_CUDA
+#include <twell/kernels/gemm_to_sparse_plan.hpp>
+#include <twell/kernels/spmm_plan.hpp>
+#endif
+
+#include "ffn_compose.hpp"
+
+namespace twell {
+
+using ffn_detail::check_gated;
+using ffn_detail::hybrid_like;
+using ffn_detail::shape;
+using ffn_detail::spmm_on_backend;
+
+template <Value T>
+GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg,
+                                                         In<DenseView<const T>> wu, In<DenseView<const T>> wd,
+                                                         ActivationSpec act, TwellLayout layout, DenseView<T> y,
+                                                         const KernelOptions& options) {
+  check_gated("twell::sparse_gated_ffn_training_forward", x, wg, wu, wd, y);
+  ConvertOptions convert = hybrid_overflow();
+  convert.stream = options.stream;
+  GatedFfnActivations<T> s;
+  s.act = act;
+  s.a = gemm_to_sparse<T>(x, wg, act, layout, convert, options);
+  s.u = hybrid_like(s.a);
+  s.h = hybrid_like(s.a);
+  // ReLU's derivative is 1 on the pattern; the others need the pre-activation there.
+  if (act.kind != Activation::relu) s.g = hybrid_like(s.a);
+  HybridView<T> g = s.g.view();
+  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, s.a.view(), s.u.view(), s.h.view(),
+                                  act.kind != Activation::relu ? &g : nullptr, y, options,
+                                  spmm_on_backend<T>(options));
+  return s;
+}
+
+template <Value T>
+GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& saved, In<DenseView<const T>> x,
+                                               In<DenseView<const T>> wg, In<DenseView<const T>> wu,
+                                               In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
+                                               L1Normalization norm, const KernelOptions& options) {
+  constexpr const char* where = "twell::sparse_gated_ffn_backward";
+  check_gated(where, x, wg, wu, wd, dy);
+  const std::int64_t m = x.rows, k = x.cols, n = wu.cols;
+  const MemorySpace space = x.space;
+  ffn_detail::check_saved(where, saved.view(), m, n, space);
+  const ffn_detail::L1Scale l1 = ffn_detail::l1_scale(where, lambda, norm, m, n);
+
+  GatedFfnGradients<T> out;
+  out.z = l1.z;
+  out.dx = DenseMatrix<T>(m, k, space);
+  out.dwg = DenseMatrix<T>(k, n, space);
+  out.dwu = DenseMatrix<T>(k, n, space);
+  out.dwd = DenseMatrix<T>(n, k, space);
+  HybridMatrix<T> dh = hybrid_like(saved.a), dg = hybrid_like(saved.a), du = hybrid_like(saved.a);
+  DenseMatrix<T> n_by_k(n, k, space);
+  out.l1_term = ffn_detail::gated_backward<T>(saved.view(), x, wg, wu, wd, dy, l1.scale,
+                                              {dh.view(), dg.view(), du.view(), n_by_k.view()},
+                                              {out.dx.view(), out.dwg.view(), out.dwu.view(), out.dwd.view()},
+                                              options, spmm_on_backend<T>(options));
+  if (options.report != nullptr)
+    options.report->path = space == MemorySpace::host ? "composed:reference" : "composed:cuda";
+  return out;
+}
+
+// ---- GatedFfnTraining --------------------------------------------------------------------------
+
+template <Value T>
+struct GatedFfnTraining<T>::Impl {
+  std::int64_t m = 0, k = 0, n = 0;
+  MemorySpace space = MemorySpace::host;
+  ActivationSpec act{};
+  TwellLayout layout{};
+  KernelOptions options{};
+  std::string path;
+  // The Hybrids held for the forward (u, h, g) and the backward (dh, dg, du), each with `capacity`
+  // overflow rows; a call views the first R of them (R: the latest gate's overflow rows).
+  std::int64_t capacity = 0;
+  bool held = false;
+  HybridMatrix<T> u, h, g, dh, dg, du;
+  DenseMatrix<T> n_by_k;
+  std::int64_t overflow_rows = -1;  // R of the latest forward; -1 before the first
+  HybridMatrix<T> host_gate;        // the host gate, allocated by gemm_to_sparse per forward
+#if TWELL_HAS_CUDA
+  std::optional<cuda::GemmToSparsePlan<T>> gate;
+  std::optional<cuda::SpmmPlan<T>> spmm;
+#endif
+
+  bool on_device() const { return space == MemorySpace::device; }
+  bool needs_g() const { return act.kind != Activation::relu; }
+
+  // Makes room for `rows` overflow rows in every held Hybrid (growing to max(rows, 2 capacity)).
+  void hold(std::int64_t rows) {
+    if (held && rows <= capacity) return;
+    if (held) capacity = std::max(rows, 2 * capacity);
+    for (HybridMatrix<T>* part : {&u, &h, &dh, &dg, &du}) *part = HybridMatrix<T>(m, n, layout, capacity, space);
+    if (needs_g()) g = HybridMatrix<T>(m, n, layout, capacity, space);
+    held = true;
+  }
+
+  // A held Hybrid as the latest gate's structure sizes it: its first R overflow rows.
+  HybridView<T> view(HybridMatrix<T>& part) const {
+    HybridView<T> v = part.view();
+    v.overflow.rows = overflow_rows;
+    return v;
+  }
+  HybridView<const T> view(const HybridMatrix<T>& part) const {
+    HybridView<const T> v = part.view();
+    v.overflow.rows = overflow_rows;
+    return v;
+  }
+
+  HybridView<const T> gate_result() const {
+#if TWELL_HAS_CUDA
+    if (gate) return gate->result();
+#endif
+    return host_gate.view();
+  }
+
+  // The spmm of the compositions: the held plan on the device, the reference backend on the host.
+  auto spmm_fn() {
+    return [this](Op op, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
+#if TWELL_HAS_CUDA
+      if (spmm) {
+        spmm->run(op, a, b, c, alpha, beta);
+        return;
+      }
+#endif
+      twell::spmm<T>(op, a, b, c, alpha, beta, options);
+    };
+  }
+
+  void check_call(const char* where, DenseView<const T> x, DenseView<const T> wu) const {
+    require(x.rows == m && x.cols == k && wu.cols == n, ErrorCode::shape_mismatch, where, "the object is for x of ",
+            shape(m, k), " and ", n, " intermediate units, but x is ", shape(x.rows, x.cols), " and wu ",
+            shape(wu.rows, wu.cols));
+    require(x.space == space, ErrorCode::space_mismatch, where, "the object holds ", to_string(space),
+            " memory but x is in ", to_string(x.space), " memory");
+  }
+};
+
+template <Value T>
+GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, std::int64_t intermediate,
+                                      MemorySpace space, ActivationSpec act, TwellLayout layout,
+                                      std::int64_t overflow_capacity, const KernelOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  constexpr const char* where = "twell::GatedFfnTraining";
+  require(tokens >= 0 && hidden >= 0 && intermediate >= 0, ErrorCode::invalid_argument, where, "tokens ", tokens,
+          ", hidden ", hidden, " and intermediate ", intermediate, " must not be negative");
+  require(overflow_capacity >= 0 || overflow_capacity == kDefaultFfnCapacity, ErrorCode::invalid_argument, where,
+          "overflow capacity ", overflow_capacity, " is negative");
+  check_layout(layout, where);
+  twell::detail::check_activation(act, where);
+  Impl& s = *impl_;
+  s.m = tokens;
+  s.k = hidden;
+  s.n = intermediate;
+  s.space = space;
+  s.act = act;
+  s.layout = layout;
+  s.options = options;
+  s.options.report = nullptr;
+  const std::int64_t capacity =
+      std::min(tokens, overflow_capacity == kDefaultFfnCapacity ? std::max<std::int64_t>(64, tokens / 64)
+                                                                : overflow_capacity);
+  if (space == MemorySpace::device) {
+#if TWELL_HAS_CUDA
+    require_cuda_device(where);
+    s.gate.emplace(tokens, hidden, intermediate, act, layout, capacity, OverflowPolicy::hybrid, options.stream);
+    s.spmm.emplace(tokens, intermediate, layout, options.stream, options.spmm_algorithm);
+#else
+    fail(ErrorCode::no_device, where, "device memory asked for, but this build of twell has no cuda backend");
+#endif
+  }
+  s.capacity = capacity;
+  s.hold(capacity);
+  s.n_by_k = DenseMatrix<T>(intermediate, hidden, space);
+}
+
+template <Value T>
+void GatedFfnTraining<T>::forward(In<DenseView<const T>> x, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
+                                  In<DenseView<const T>> wd, DenseView<T> y) {
+  constexpr const char* where = "twell::GatedFfnTraining::forward";
+  require(impl_ != nullptr, ErrorCode::invalid_argument, where, "the object was moved from");
+  Impl& s = *impl_;
+  check_gated(where, x, wg, wu, wd, y);
+  s.check_call(where, x, wu);
+  s.overflow_rows = -1;  // a forward that throws leaves nothing for backward()
+#if TWELL_HAS_CUDA
+  if (s.gate) {
+    s.gate->run(x, wg);
+    const std::int64_t rows = s.gate->sync_overflow_count().rows;
+    s.hold(rows);
+    s.overflow_rows = rows;
+  }
+#endif
+  if (!s.on_device()) {
+    ConvertOptions convert = hybrid_overflow();
+    s.host_gate = gemm_to_sparse<T>(x, wg, s.act, s.layout, convert, s.options);
+    s.hold(s.host_gate.overflow_rows());
+    s.overflow_rows = s.host_gate.overflow_rows();
+  }
+  HybridView<T> g = s.view(s.g);
+  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, s.gate_result(), s.view(s.u), s.view(s.h),
+                                  s.needs_g() ? &g : nullptr, y, s.options, s.spmm_fn());
+  s.path = s.on_device() ? "planned:cuda" : "composed:reference";
+}
+
+template <Value T>
+double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
+                                     In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
+                                     L1Normalization norm, const GatedFfnGradientViews<T>& out) {
+  constexpr const char* where = "twell::GatedFfnTraining::backward";
+  require(impl_ != nullptr, ErrorCode::invalid_argument, where, "the object was moved from");
+  Impl& s = *impl_;
+  check_gated(where, x, wg, wu, wd, dy);
+  s.check_call(where, x, wu);
+  require(s.overflow_rows >= 0, ErrorCode::invalid_argument, where,
+          "no activations saved: call forward() (with the same x and weights) first");
+  const std::pair<const char*, DenseView<T>> grads[] = {
+      {"dx", out.dx}, {"dwg", out.dwg}, {"dwu", out.dwu}, {"dwd", out.dwd}};
+  const std::pair<std::int64_t, std::int64_t> want[] = {{s.m, s.k}, {s.k, s.n}, {s.k, s.n}, {s.n, s.k}};
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto& [name, view] = grads[i];
+    require(view.rows == want[i].first && view.cols == want[i].second, ErrorCode::shape_mismatch, where, name, " is ",
+            shape(view.rows, view.cols), " but must be ", shape(want[i].first, want[i].second));
+    require(view.space == s.space, ErrorCode::space_mismatch, where, "x is in ", to_string(s.space), " memory but ",
+            name, " is in ", to_string(view.space), " memory");
+  }
+  const ffn_detail::L1Scale l1 = ffn_detail::l1_scale(where, lambda, norm, s.m, s.n);
+  const double l1_term = ffn_detail::gated_backward<T>(
+      activations(), x, wg, wu, wd, dy, l1.scale, {s.view(s.dh), s.view(s.dg), s.view(s.du), s.n_by_k.view()}, out,
+      s.options, s.spmm_fn());
+  s.path = s.on_device() ? "planned:cuda" : "composed:reference";
+  return l1_term;
+}
+
+template <Value T>
+GatedFfnActivationViews<T> GatedFfnTraining<T>::activations() const {
+  constexpr const char* where = "twell::GatedFfnTraining::activations";
+  require(impl_ != nullptr, ErrorCode::invalid_argument, where, "the object was moved from");
+  const Impl& s = *impl_;
+  require(s.overflow_rows >= 0, ErrorCode::invalid_argument, where, "no activations saved: call forward() first");
+  return {s.gate_result(), s.view(s.u), s.view(s.h), s.needs_g() ? s.view(s.g) : HybridView<const T>{}, s.act};
+}
+
+template <Value T>
+std::int64_t GatedFfnTraining<T>::overflow_capacity() const {
+  return impl_->capacity;
+}
+template <Value T>
+const std::string& GatedFfnTraining<T>::path() const {
+  return impl_->path;
+}
+template <Value T>
+GatedFfnTraining<T>::GatedFfnTraining(GatedFfnTraining&&) noexcept = default;
+template <Value T>
+GatedFfnTraining<T>& GatedFfnTraining<T>::operator=(GatedFfnTraining&&) noexcept = default;
+template <Value T>
+GatedFfnTraining<T>::~GatedFfnTraining() = default;
+
+#define TWELL_INSTANTIATE(T)                                                                                       \
+  template GatedFfnActivations<T> sparse_gated_ffn_training_forward<T>(                                             \
+      In<DenseView<const T>>, In<DenseView<const T>>, In<DenseView<const T>>, In<DenseView<const T>>, ActivationSpec, \
+      TwellLayout, DenseView<T>, const KernelOptions&);                                                              \
+  template GatedFfnGradients<T> sparse_gated_ffn_backward<T>(                                                        \
+      const GatedFfnActivations<T>&, In<DenseView<const T>>, In<DenseView<const T>>, In<DenseView<const T>>,          \
+      In<DenseView<const T>>, In<DenseView<const T>>, float, L1Normalization, const KernelOptions&);                  \
+  template class GatedFfnTraining<T>;
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell
