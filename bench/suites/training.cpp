@@ -7,6 +7,7 @@
 //   twell_backward  the backward alone, from activations saved outside the timing;
 //   twell_plan      the same step through a GatedFfnTraining (storage held: the gate's
 //                   GemmToSparsePlan, one SpmmPlan, the activations, dh, dg, du, gradients);
+//   twell_plan_backward  its backward alone, after one forward outside the timing;
 //   dense           baseline::dense_gated_ffn_training_forward + dense_gated_ffn_backward (nine
 //                   cuBLAS(Lt) GEMMs, two elementwise kernels, workspace allocated once);
 //   dense_backward  its backward alone.
@@ -148,6 +149,16 @@ void run_training(Harness& h, Report& report) {
             "sddmm, multiply_on_pattern, SpmmPlan) and ::backward (the free backward's operations on held "
             "buffers, l1_norm with its host read)";
       });
+      Case plan_back = base;
+      plan_back.variant = "twell_plan_backward";
+      detail::run_case(report, plan_back, [&](Case& c) {
+        step.forward(x, wg, wu, wd, y.view());
+        c.timing = h.time(
+            [&] { step.backward(x, wg, wu, wd, dy.view(), kLambda, L1Normalization::per_token, grads); });
+        c.flops = backward_flops;
+        c.bytes = 2 * weight_bytes + 3 * detail::bytes_of_dense(m, k);
+        c.extra["includes"] = "GatedFfnTraining::backward alone, after one forward outside the timing";
+      });
     }
 
 #if TWELL_BENCH_BASELINES
@@ -209,7 +220,7 @@ void run_training(Harness& h, Report& report) {
   }
   detail::clear_ffn_cache();
   detail::link_baselines(report, "training", {"twell", "twell_plan"}, {"dense"});
-  detail::link_baselines(report, "training", {"twell_backward"}, {"dense_backward"});
+  detail::link_baselines(report, "training", {"twell_backward", "twell_plan_backward"}, {"dense_backward"});
 }
 
 }  // namespace twell::bench

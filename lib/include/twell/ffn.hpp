@@ -100,10 +100,12 @@ struct GatedFfnGradientViews {
 //     waits once, for the gate's overflow row count R (the later operations are sized by it).
 //   backward(x, wg, wu, wd, dy, lambda, norm, out): the gradients of sparse_gated_ffn_backward
 //     into out, returning its l1_term (read back last: the one host wait).
-// Same operations in the same order as the free functions, so the same bits. Nothing is
-// allocated after construction unless a forward meets more than `capacity` overflow rows: then
-// the held Hybrids grow to max(R, 2 capacity) rows and stay (overflow_capacity()). On the host
-// the gate and the spmm's internals still allocate per call (the reference backend's way).
+// Same operations in the same order as the free functions, so the same bits. On the device no
+// buffer is allocated after construction (only the operations' stream-ordered scratch) unless a
+// forward meets more than `capacity` overflow rows: then the held Hybrids grow to max(R,
+// 2 capacity) rows and stay (overflow_capacity()). On the host the gate and the spmm's
+// internals still allocate per call (the reference backend's way). A call that its argument
+// checks reject changes nothing; backward() before any forward() is invalid_argument.
 // path(): "planned:cuda" or "composed:reference" for the latest call.
 template <Value T>
 class GatedFfnTraining {
