@@ -157,6 +157,18 @@ struct Shape {
   std::int64_t m, k, n;
 };
 
+// The training cases: the composition rounds u, h, dh, dg, du and half of dx to T, so their bound
+// is a little looser than the forward's.
+constexpr double kTrainingTol = 4e-2;
+struct TrainingSetting {
+  Shape s;
+  double density;
+  Distribution d;
+  ActivationSpec act;
+  TwellLayout layout{};
+  std::int64_t capacity = kDefaultFfnCapacity;  // GatedFfnTraining's
+};
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("FFN plans match the dense reference: tiny to paper shapes, 0.3 % to 50 %, ReLU", T, bf16, fp16) {
@@ -485,16 +497,8 @@ TEST_CASE_TEMPLATE("K past the fused kernels: the plans refuse it, the lib layer
 }
 
 TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the dense reference", T, bf16, fp16) {
-  // The composition rounds u, h, dh, dg, du and half of dx to T: a little looser than the forward.
-  constexpr double kTol = 4e-2;
-  struct Setting {
-    Shape s;
-    double density;
-    Distribution d;
-    ActivationSpec act;
-  };
   constexpr ActivationSpec kRelu{};
-  constexpr Setting kSettings[] = {
+  constexpr TrainingSetting kSettings[] = {
       {{7, 64, 136}, 0.05, Distribution::uniform, kRelu},
       // Thresholds above SiLU's minimum (-0.278) and GELU's (-0.170): the pattern is the sparse
       // positive tail, not most of the negative side too.
@@ -503,7 +507,7 @@ TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the
       {{300, 520, 1000}, 0.02, Distribution::token_skewed, {Activation::gelu, 0.2f}},
       {{300, 520, 1000}, 0.2, Distribution::neuron_skewed, kRelu},
       {{256, 2048, 5632}, 0.005, Distribution::token_skewed, kRelu}};
-  for (const Setting& st : testing::sweep(kSettings)) {
+  for (const TrainingSetting& st : testing::sweep(kSettings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(st.s.m);
@@ -532,10 +536,10 @@ TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the
       const auto want = reference::gated_ffn_backward<T>(c.host.x.view(), c.host.wg.view(), c.host.wu.view(),
                                                          c.host.wd.view(), dy_host.view(), st.act, lambda, norm);
       CHECK(got.l1_term == doctest::Approx(want.l1_term).epsilon(1e-2));
-      CHECK(error_of(got.dx, want.dx) < kTol);
-      CHECK(error_of(got.dwg, want.dwg) < kTol);
-      CHECK(error_of(got.dwu, want.dwu) < kTol);
-      CHECK(error_of(got.dwd, want.dwd) < kTol);
+      CHECK(error_of(got.dx, want.dx) < kTrainingTol);
+      CHECK(error_of(got.dwg, want.dwg) < kTrainingTol);
+      CHECK(error_of(got.dwu, want.dwu) < kTrainingTol);
+      CHECK(error_of(got.dwd, want.dwd) < kTrainingTol);
     }
   }
 }
@@ -576,25 +580,16 @@ TEST_CASE_TEMPLATE("GatedFfnTraining on the device: the free functions' bits, st
   // within the composition's rounding. Capacity 1 makes token-skewed gates outgrow the held
   // Hybrids (and the gate plan's block: its second pass) in the first step; the layouts with 4
   // slots per tile make sure of overflow rows there.
-  constexpr double kTol = 4e-2;
-  struct Setting {
-    Shape s;
-    double density;
-    Distribution d;
-    ActivationSpec act;
-    TwellLayout layout;
-    std::int64_t capacity;
-  };
   constexpr ActivationSpec kRelu{};
-  const std::vector<Setting> settings =
+  const std::vector<TrainingSetting> settings =
       std::is_same_v<T, float>
-          ? std::vector<Setting>{{{33, 64, 300}, 0.05, Distribution::token_skewed, kRelu, {16, 4}, 1}}
-          : std::vector<Setting>{
+          ? std::vector<TrainingSetting>{{{33, 64, 300}, 0.05, Distribution::token_skewed, kRelu, {16, 4}, 1}}
+          : std::vector<TrainingSetting>{
                 {{7, 64, 136}, 0.05, Distribution::uniform, kRelu, {}, kDefaultFfnCapacity},
                 {{300, 520, 1000}, 0.02, Distribution::uniform, {Activation::silu, 0.3f}, {}, kDefaultFfnCapacity},
                 {{300, 520, 1000}, 0.02, Distribution::token_skewed, kRelu, {128, 32}, 1},
                 {{256, 2048, 5632}, 0.005, Distribution::token_skewed, kRelu, {}, kDefaultFfnCapacity}};
-  for (const Setting& st : settings) {
+  for (const TrainingSetting& st : settings) {
     CAPTURE(st.s.m);
     CAPTURE(st.s.n);
     CAPTURE(static_cast<int>(st.act.kind));
@@ -637,7 +632,7 @@ TEST_CASE_TEMPLATE("GatedFfnTraining on the device: the free functions' bits, st
         CAPTURE(p);
         CHECK(testing::bitwise_equal<T>(pairs[p].first->to(MemorySpace::host).view(),
                                         pairs[p].second->to(MemorySpace::host).view()));
-        CHECK(error_of(*pairs[p].first, *wanted[p]) < kTol);
+        CHECK(error_of(*pairs[p].first, *wanted[p]) < kTrainingTol);
       }
     }
   }
