@@ -1,6 +1,7 @@
 // Sparse training of the gated FFN: the free forward and backward (storage allocated per call)
 // and GatedFfnTraining (storage held), both through the compositions of ffn_compose.hpp.
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -86,35 +87,41 @@ struct GatedFfnTraining<T>::Impl {
   // The Hybrids held for the forward (u, h, g) and the backward (dh, dg, du), each with `capacity`
   // overflow rows; a call views the first R of them (R: the latest gate's overflow rows).
   std::int64_t capacity = 0;
-  bool held = false;
   HybridMatrix<T> u, h, g, dh, dg, du;
   DenseMatrix<T> n_by_k;
-  std::int64_t overflow_rows = -1;  // R of the latest forward; -1 before the first
-  HybridMatrix<T> host_gate;        // the host gate, allocated by gemm_to_sparse per forward
+  // R of the latest forward that completed; -1 before the first and after one that threw.
+  std::int64_t overflow_rows = -1;
+  HybridMatrix<T> host_gate;  // the host gate, allocated by gemm_to_sparse per forward
 #if TWELL_HAS_CUDA
-  std::optional<cuda::GemmToSparsePlan<T>> gate;
-  std::optional<cuda::SpmmPlan<T>> spmm;
+  std::optional<cuda::GemmToSparsePlan<T>> gate_plan;
+  std::optional<cuda::SpmmPlan<T>> spmm_plan;
 #endif
 
   bool on_device() const { return space == MemorySpace::device; }
   bool needs_g() const { return act.kind != Activation::relu; }
 
-  // Makes room for `rows` overflow rows in every held Hybrid (growing to max(rows, 2 capacity)).
-  void hold(std::int64_t rows) {
-    if (held && rows <= capacity) return;
-    if (held) capacity = std::max(rows, 2 * capacity);
-    for (HybridMatrix<T>* part : {&u, &h, &dh, &dg, &du}) *part = HybridMatrix<T>(m, n, layout, capacity, space);
-    if (needs_g()) g = HybridMatrix<T>(m, n, layout, capacity, space);
-    held = true;
+  void allocate(std::int64_t rows) {
+    for (HybridMatrix<T>* part : {&u, &h, &dh, &dg, &du}) *part = HybridMatrix<T>(m, n, layout, rows, space);
+    if (needs_g()) g = HybridMatrix<T>(m, n, layout, rows, space);
+#if TWELL_HAS_CUDA
+    // The overflow rows of y = h wd and of dx's two products (K columns of B each).
+    if (spmm_plan) spmm_plan->reserve_overflow(rows, k);
+#endif
+    capacity = rows;  // last: a failed allocation leaves the old capacity, which every part holds
   }
 
-  // A held Hybrid as the latest gate's structure sizes it: its first R overflow rows.
-  HybridView<T> view(HybridMatrix<T>& part) const {
+  // Room for `rows` overflow rows in every held Hybrid: grown to min(M, max(rows, 2 capacity)).
+  void hold(std::int64_t rows) {
+    if (rows > capacity) allocate(std::min(m, std::max(rows, 2 * capacity)));
+  }
+
+  // A held Hybrid as a gate of R overflow rows structures it: its first R overflow rows.
+  static HybridView<T> first_rows(HybridMatrix<T>& part, std::int64_t rows) {
     HybridView<T> v = part.view();
-    v.overflow.rows = overflow_rows;
+    v.overflow.rows = rows;
     return v;
   }
-  HybridView<const T> view(const HybridMatrix<T>& part) const {
+  HybridView<const T> saved(const HybridMatrix<T>& part) const {
     HybridView<const T> v = part.view();
     v.overflow.rows = overflow_rows;
     return v;
@@ -122,22 +129,35 @@ struct GatedFfnTraining<T>::Impl {
 
   HybridView<const T> gate_result() const {
 #if TWELL_HAS_CUDA
-    if (gate) return gate->result();
+    if (gate_plan) return gate_plan->result();
 #endif
     return host_gate.view();
   }
 
+  // Runs the gate on x and returns its overflow row count R.
+  std::int64_t run_gate(DenseView<const T> x, DenseView<const T> wg) {
+#if TWELL_HAS_CUDA
+    if (gate_plan) {
+      gate_plan->run(x, wg);
+      return gate_plan->sync_overflow_count().rows;
+    }
+#endif
+    host_gate = gemm_to_sparse<T>(x, wg, act, layout, hybrid_overflow(), options);
+    return host_gate.overflow_rows();
+  }
+
   // The spmm of the compositions: the held plan on the device, the reference backend on the host.
   auto spmm_fn() {
-    return [this](Op op, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
 #if TWELL_HAS_CUDA
-      if (spmm) {
-        spmm->run(op, a, b, c, alpha, beta);
-        return;
-      }
+    if (spmm_plan) {
+      return std::function<void(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float)>(
+          [this](Op op, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
+            spmm_plan->run(op, a, b, c, alpha, beta);
+          });
+    }
 #endif
-      twell::spmm<T>(op, a, b, c, alpha, beta, options);
-    };
+    return std::function<void(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float)>(
+        spmm_on_backend<T>(options));
   }
 
   void check_call(const char* where, DenseView<const T> x, DenseView<const T> wu) const {
@@ -148,6 +168,14 @@ struct GatedFfnTraining<T>::Impl {
             " memory but x is in ", to_string(x.space), " memory");
   }
 };
+
+namespace {
+template <class Impl>
+Impl& state_of(const std::unique_ptr<Impl>& impl, const char* where) {
+  require(impl != nullptr, ErrorCode::invalid_argument, where, "the object was moved from");
+  return *impl;
+}
+}  // namespace
 
 template <Value T>
 GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, std::int64_t intermediate,
@@ -176,14 +204,14 @@ GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, 
   if (space == MemorySpace::device) {
 #if TWELL_HAS_CUDA
     require_cuda_device(where);
-    s.gate.emplace(tokens, hidden, intermediate, act, layout, capacity, OverflowPolicy::hybrid, options.stream);
-    s.spmm.emplace(tokens, intermediate, layout, options.stream, options.spmm_algorithm);
+    s.gate_plan.emplace(tokens, hidden, intermediate, act, layout, capacity, OverflowPolicy::hybrid, options.stream);
+    s.spmm_plan.emplace(tokens, intermediate, layout, options.stream, options.spmm_algorithm);
+    s.spmm_plan->reserve_b_cols(hidden);  // the slice-reuse kernel's buffers, should it run
 #else
     fail(ErrorCode::no_device, where, "device memory asked for, but this build of twell has no cuda backend");
 #endif
   }
-  s.capacity = capacity;
-  s.hold(capacity);
+  s.allocate(capacity);
   s.n_by_k = DenseMatrix<T>(intermediate, hidden, space);
 }
 
@@ -191,28 +219,18 @@ template <Value T>
 void GatedFfnTraining<T>::forward(In<DenseView<const T>> x, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
                                   In<DenseView<const T>> wd, DenseView<T> y) {
   constexpr const char* where = "twell::GatedFfnTraining::forward";
-  require(impl_ != nullptr, ErrorCode::invalid_argument, where, "the object was moved from");
-  Impl& s = *impl_;
+  Impl& s = state_of(impl_, where);
   check_gated(where, x, wg, wu, wd, y);
   s.check_call(where, x, wu);
-  s.overflow_rows = -1;  // a forward that throws leaves nothing for backward()
-#if TWELL_HAS_CUDA
-  if (s.gate) {
-    s.gate->run(x, wg);
-    const std::int64_t rows = s.gate->sync_overflow_count().rows;
-    s.hold(rows);
-    s.overflow_rows = rows;
-  }
-#endif
-  if (!s.on_device()) {
-    ConvertOptions convert = hybrid_overflow();
-    s.host_gate = gemm_to_sparse<T>(x, wg, s.act, s.layout, convert, s.options);
-    s.hold(s.host_gate.overflow_rows());
-    s.overflow_rows = s.host_gate.overflow_rows();
-  }
-  HybridView<T> g = s.view(s.g);
-  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, s.gate_result(), s.view(s.u), s.view(s.h),
-                                  s.needs_g() ? &g : nullptr, y, s.options, s.spmm_fn());
+  // From here the held activations are being overwritten: none is valid until the forward ends.
+  s.overflow_rows = -1;
+  const std::int64_t rows = s.run_gate(x, wg);
+  s.hold(rows);
+  std::optional<HybridView<T>> g;
+  if (s.needs_g()) g = Impl::first_rows(s.g, rows);
+  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, s.gate_result(), Impl::first_rows(s.u, rows),
+                                  Impl::first_rows(s.h, rows), g ? &*g : nullptr, y, s.options, s.spmm_fn());
+  s.overflow_rows = rows;
   s.path = s.on_device() ? "planned:cuda" : "composed:reference";
 }
 
@@ -221,12 +239,10 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
                                      In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
                                      L1Normalization norm, const GatedFfnGradientViews<T>& out) {
   constexpr const char* where = "twell::GatedFfnTraining::backward";
-  require(impl_ != nullptr, ErrorCode::invalid_argument, where, "the object was moved from");
-  Impl& s = *impl_;
+  Impl& s = state_of(impl_, where);
   check_gated(where, x, wg, wu, wd, dy);
   s.check_call(where, x, wu);
-  require(s.overflow_rows >= 0, ErrorCode::invalid_argument, where,
-          "no activations saved: call forward() (with the same x and weights) first");
+  const GatedFfnActivationViews<T> saved = activations();
   const std::pair<const char*, DenseView<T>> grads[] = {
       {"dx", out.dx}, {"dwg", out.dwg}, {"dwu", out.dwu}, {"dwd", out.dwd}};
   const std::pair<std::int64_t, std::int64_t> want[] = {{s.m, s.k}, {s.k, s.n}, {s.k, s.n}, {s.n, s.k}};
@@ -238,9 +254,11 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
             name, " is in ", to_string(view.space), " memory");
   }
   const ffn_detail::L1Scale l1 = ffn_detail::l1_scale(where, lambda, norm, s.m, s.n);
+  const std::int64_t rows = s.overflow_rows;
   const double l1_term = ffn_detail::gated_backward<T>(
-      activations(), x, wg, wu, wd, dy, l1.scale, {s.view(s.dh), s.view(s.dg), s.view(s.du), s.n_by_k.view()}, out,
-      s.options, s.spmm_fn());
+      saved, x, wg, wu, wd, dy, l1.scale,
+      {Impl::first_rows(s.dh, rows), Impl::first_rows(s.dg, rows), Impl::first_rows(s.du, rows), s.n_by_k.view()},
+      out, s.options, s.spmm_fn());
   s.path = s.on_device() ? "planned:cuda" : "composed:reference";
   return l1_term;
 }
@@ -248,19 +266,19 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
 template <Value T>
 GatedFfnActivationViews<T> GatedFfnTraining<T>::activations() const {
   constexpr const char* where = "twell::GatedFfnTraining::activations";
-  require(impl_ != nullptr, ErrorCode::invalid_argument, where, "the object was moved from");
-  const Impl& s = *impl_;
-  require(s.overflow_rows >= 0, ErrorCode::invalid_argument, where, "no activations saved: call forward() first");
-  return {s.gate_result(), s.view(s.u), s.view(s.h), s.needs_g() ? s.view(s.g) : HybridView<const T>{}, s.act};
+  const Impl& s = state_of(impl_, where);
+  require(s.overflow_rows >= 0, ErrorCode::invalid_argument, where,
+          "no activations saved: call forward() (with the x and weights of the backward) first");
+  return {s.gate_result(), s.saved(s.u), s.saved(s.h), s.needs_g() ? s.saved(s.g) : HybridView<const T>{}, s.act};
 }
 
 template <Value T>
 std::int64_t GatedFfnTraining<T>::overflow_capacity() const {
-  return impl_->capacity;
+  return state_of(impl_, "twell::GatedFfnTraining::overflow_capacity").capacity;
 }
 template <Value T>
 const std::string& GatedFfnTraining<T>::path() const {
-  return impl_->path;
+  return state_of(impl_, "twell::GatedFfnTraining::path").path;
 }
 template <Value T>
 GatedFfnTraining<T>::GatedFfnTraining(GatedFfnTraining&&) noexcept = default;

@@ -579,9 +579,42 @@ TEST_CASE("GatedFfnTraining rejects bad calls with twell::Error") {
         ErrorCode::space_mismatch);
   // A call its checks reject changes nothing: the activations of the last forward stay.
   CHECK_NOTHROW(backward(grads));
+  // A forward that fails after its gate ran (wu's leading dimension is caught by the up
+  // projection) leaves no activations: the held u and h are half overwritten.
+  DenseView<const float> wu_overlapping = w.wu.view();
+  wu_overlapping.ld = s.n - 1;
+  CHECK_THROWS_AS(step.forward(w.x.view(), w.wg.view(), wu_overlapping, w.wd.view(), y.view()), Error);
+  CHECK(code_of([&] { backward(grads); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { step.activations(); }) == ErrorCode::invalid_argument);
+  step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view());
+  CHECK_NOTHROW(backward(grads));
   GatedFfnTraining<float> moved = std::move(step);
   CHECK(code_of([&] { step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view()); }) ==
         ErrorCode::invalid_argument);
+  CHECK(code_of([&] { step.path(); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { step.overflow_capacity(); }) == ErrorCode::invalid_argument);
+  CHECK(moved.path() == "composed:reference");
+}
+
+TEST_CASE("GatedFfnTraining on the host: empty batches and sizes") {
+  // No tokens, no intermediate units, no hidden units: empty sums, zero gradients, no error.
+  for (const FfnShape s : {FfnShape{0, 8, 16}, FfnShape{5, 8, 0}, FfnShape{5, 0, 16}}) {
+    CAPTURE(s.m);
+    CAPTURE(s.k);
+    CAPTURE(s.n);
+    for (const ActivationSpec act : {ActivationSpec{}, ActivationSpec{Activation::silu, 0.1f}}) {
+      const Weights<float> w(s, testing::fresh_seed());
+      const auto dy = testing::random_dense<float>(s.m, s.k, 1.0f, testing::fresh_seed());
+      DenseMatrix<float> y(s.m, s.k), dx(s.m, s.k), dwg(s.k, s.n), dwu(s.k, s.n), dwd(s.n, s.k);
+      GatedFfnTraining<float> step(s.m, s.k, s.n, MemorySpace::host, act);
+      step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view());
+      const double l1 = step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), 0.1f,
+                                      L1Normalization::per_entry, {dx.view(), dwg.view(), dwu.view(), dwd.view()});
+      CHECK(l1 == 0.0);
+      for (const DenseMatrix<float>* g : {&y, &dx, &dwg, &dwu, &dwd})
+        for (const float v : g->values().host_span()) CHECK(v == 0.0f);
+    }
+  }
 }
 
 TEST_CASE("FFN bad inputs throw twell::Error with the right code") {

@@ -91,22 +91,29 @@ struct GatedFfnGradientViews {
 
 // The training step of one gated FFN layer with its storage held, the plan form of the two
 // functions above: bound to M tokens, hidden size K, intermediate size N, the memory space, the
-// activation, the gate layout and an overflow capacity (default max(64, M / 64) rows). It holds
-// the saved activations of its latest forward() (a, u, h, and g for SiLU and GELU), the backward's
-// dh, dg, du and one N x K matrix, and on the device a cuda::GemmToSparsePlan for the gate and one
-// cuda::SpmmPlan for the five products. The weights are arguments of each call, since training
-// changes them between steps; backward() must get the x and weights of the forward() before it.
-//   forward(x, wg, wu, wd, y): y = (act(x wg) * (x wu)) wd, keeping the activations. The device
-//     waits once, for the gate's overflow row count R (the later operations are sized by it).
+// activation, the gate layout and an overflow capacity (default min(M, max(64, M / 64)) rows). It
+// holds the saved activations of its latest forward() (a, u, h, and g for SiLU and GELU), the
+// backward's dh, dg, du and one N x K matrix, and on the device a cuda::GemmToSparsePlan for the
+// gate and one cuda::SpmmPlan for the six products (y; dwd; dx's two; dwg^T, dwu^T). The weights
+// are arguments of each call, since training changes them between steps; backward() must get the
+// x and weights of the forward() before it.
+//   forward(x, wg, wu, wd, y): y = (act(x wg) * (x wu)) wd, keeping the activations. The host
+//     waits for the gate's overflow row count R (the later operations are sized by it).
 //   backward(x, wg, wu, wd, dy, lambda, norm, out): the gradients of sparse_gated_ffn_backward
-//     into out, returning its l1_term (read back last: the one host wait).
-// Same operations in the same order as the free functions, so the same bits. On the device no
-// buffer is allocated after construction (only the operations' stream-ordered scratch) unless a
-// forward meets more than `capacity` overflow rows: then the held Hybrids grow to max(R,
-// 2 capacity) rows and stay (overflow_capacity()). On the host the gate and the spmm's
-// internals still allocate per call (the reference backend's way). A call that its argument
-// checks reject changes nothing; backward() before any forward() is invalid_argument.
-// path(): "planned:cuda" or "composed:reference" for the latest call.
+//     into out, returning its l1_term (read back last). The three products with op(A) = A^T each
+//     read A^T's dense-row count while their kernel runs (SpmmPlan).
+// Same operations in the same order as the free functions; the plans promise the bits of the
+// free gemm_to_sparse and spmm, so the results are the free functions' bit for bit. Storage on
+// the device: the held Hybrids, the SpmmPlan's overflow buffer for `capacity` rows and its slice
+// buffers are allocated by the constructor; a forward meeting more than `capacity` overflow rows
+// grows the Hybrids to min(M, max(R, 2 capacity)) rows (overflow_capacity()); the SpmmPlan's
+// buffers for A^T (its dense rows depend on the data) grow to the largest step seen. So after the
+// first steps a step allocates only the operations' small stream-ordered scratch, unless its
+// counts exceed every earlier step's. Layouts whose A^T takes spmm's CSR route and gates that
+// take gemm_to_sparse's generic path (fp32, tiles other than 128 / 256, unaligned operands)
+// allocate per call, as the free functions do; so does the host. A call that its argument checks
+// reject changes nothing; one that fails later leaves no activations, and backward() without
+// them is invalid_argument. path(): "planned:cuda" or "composed:reference" for the latest call.
 template <Value T>
 class GatedFfnTraining {
  public:
@@ -132,20 +139,6 @@ class GatedFfnTraining {
   std::unique_ptr<Impl> impl_;
 };
 
-// FFN layers bound to their weights (views that must outlive the object and stay in one memory
-// space), activation, gate layout and token count M, for repeated forward passes. Construction
-// allocates; forward(x, y) then runs on the weights' backend:
-//   - device: twell::cuda::GatedFfnPlan / FfnPlan (<twell/kernels/ffn_cuda.hpp>): the gate through
-//     a GemmToSparsePlan whose overflow block holds `overflow_capacity` rows (default max(64, M/64)),
-//     then the fused up/down kernel; nothing allocated and no host wait. Overflow rows past the
-//     block are still exact (the kernel recomputes their gate rows); a forward() with stats waits
-//     for the device, reports them, and lets the block grow so later calls avoid that slow path.
-//     K (the hidden size) above cuda::kFusedFfnMaxK (8192) is past the fused kernels: such a layer
-//     runs the composed forward below on the device (path "composed:cuda").
-//   - host: the composed forward above (gemm_to_sparse, sddmm, spmm; it allocates per call).
-// stats (optional): per-token nonzero counts, overflow rows and the capacity they met (FfnStats).
-// path() names what the latest forward() ran. Shapes: x and y are M x K.
-
 // A weight matrix with its convention in its type, so that a layer never guesses it from shapes
 // (a square layer would make any guess silently wrong):
 //   InOut<T>{w}: w is (features in) x (features out) and the layer computes x w: twell's own
@@ -163,6 +156,19 @@ struct OutIn {
   DenseView<const T> w;
 };
 
+// FFN layers bound to their weights (views that must outlive the object and stay in one memory
+// space), activation, gate layout and token count M, for repeated forward passes. Construction
+// allocates; forward(x, y) then runs on the weights' backend:
+//   - device: twell::cuda::GatedFfnPlan / FfnPlan (<twell/kernels/ffn_cuda.hpp>): the gate through
+//     a GemmToSparsePlan whose overflow block holds `overflow_capacity` rows (default max(64, M/64)),
+//     then the fused up/down kernel; nothing allocated and no host wait. Overflow rows past the
+//     block are still exact (the kernel recomputes their gate rows); a forward() with stats waits
+//     for the device, reports them, and lets the block grow so later calls avoid that slow path.
+//     K (the hidden size) above cuda::kFusedFfnMaxK (8192) is past the fused kernels: such a layer
+//     runs the composed forward below on the device (path "composed:cuda").
+//   - host: the composed forward above (gemm_to_sparse, sddmm, spmm; it allocates per call).
+// stats (optional): per-token nonzero counts, overflow rows and the capacity they met (FfnStats).
+// path() names what the latest forward() ran. Shapes: x and y are M x K.
 template <Value T>
 class GatedFfn {
  public:
