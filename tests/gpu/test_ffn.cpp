@@ -646,11 +646,13 @@ TEST_CASE_TEMPLATE("GatedFfnTraining on the device: the free functions' bits, st
   }
 }
 
-TEST_CASE("GatedFfnTraining on the device: steady steps allocate no device memory") {
+TEST_CASE("GatedFfnTraining on the device: steady steps hold no more device memory") {
   // The same inputs step after step: every count repeats, so after a first step (which grows the
-  // SpmmPlan's A^T buffers and makes cuBLAS's workspace) no buffer may grow; the pool's
-  // stream-ordered scratch goes back at the synchronisation before each reading. A held buffer
-  // reallocated per step, or a workspace allocated per call, shows as less free memory.
+  // held Hybrids and the SpmmPlan's A^T buffers, and makes cuBLAS's workspace) no buffer may grow
+  // and nothing may leak; the pool's stream-ordered scratch goes back at the synchronisation
+  // before each reading. (A buffer freed and allocated again at one size would not show here.)
+  // At least as much free memory, not exactly as much: under compute-sanitizer memcheck, which
+  // holds freed memory back for a while, the later reading found 33 MB more.
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   const Case<bf16> c(workload_inputs<bf16>({300, 520, 1000, 0.02, Distribution::token_skewed}, seed), ActivationSpec{});
@@ -674,7 +676,7 @@ TEST_CASE("GatedFfnTraining on the device: steady steps allocate no device memor
   REQUIRE(step.activations().a.overflow_rows() > 4);  // the held Hybrids grew in the first step
   const std::size_t after_first = free_bytes();
   for (int i = 0; i < 3; ++i) run_step();
-  CHECK(free_bytes() == after_first);
+  CHECK(free_bytes() >= after_first);
   CHECK(error_of(y, c.ref_gated) < tolerance<bf16>());
 }
 
