@@ -1,4 +1,4 @@
-// `twell demo`: one sparse-activation workload through every format and the gated FFN, with
+// `twell demo`: one sparse-activation workload through every format, the gated FFN and one training step of it, with
 // sizes, timings and errors against exact products, on the GPU where one is present.
 #include <algorithm>
 #include <chrono>
@@ -313,6 +313,43 @@ int run_typed(const Settings& s, const Device& device) {
               ffn_difference,
               std::string(twell::to_string(dtype_of<T>)).c_str(), epsilon<T>());
 
+  // One training step of the same layer (loss 0.5 ||y||^2 + the L1 term, so dy = y) on its first
+  // kTrainTokens tokens: GatedFfnTraining against the dense reference backward on the CPU.
+  constexpr std::int64_t kTrainTokens = 256;
+  constexpr float kLambda = 2e-5f;  // the paper's, per token
+  const std::int64_t mt = std::min(checked, kTrainTokens);
+  const DenseMatrix<T> dy = y_dense.to(space);
+  DenseMatrix<T> y_step(mt, k, space), dx(mt, k, space), dwg(k, n, space), dwu(k, n, space), dwd(n, k, space);
+  GatedFfnTraining<T> step(mt, k, n, space, relu, s.layout);
+  double l1_sparse = 0;
+  const double step_ms = median_ms(s.ffn_repeats, device, [&] {
+    step.forward(first_rows(x, mt), wg.view(), wu.view(), wd.view(), y_step.view());
+    l1_sparse = step.backward(first_rows(x, mt), wg.view(), wu.view(), wd.view(), first_rows(dy, mt), kLambda,
+                              L1Normalization::per_token, {dx.view(), dwg.view(), dwu.view(), dwd.view()});
+  });
+  GatedFfnGradients<T> want;
+  const double dense_step_ms = median_ms(space == MemorySpace::device ? 1 : s.ffn_repeats, host, [&] {
+    want = reference::gated_ffn_backward<T>(first_rows(host_in.x, mt), host_in.wg.view(), host_in.wu.view(),
+                                            host_in.wd.view(), first_rows(y_dense, mt), relu, kLambda,
+                                            L1Normalization::per_token);
+  });
+  std::printf("\ngated FFN training step (forward + backward, loss 0.5 ||y||^2 + %g sum |h| / M), M = %lld:\n",
+              static_cast<double>(kLambda), static_cast<long long>(mt));
+  std::printf("  GatedFfnTraining (%s)               %10.2f ms\n", space == MemorySpace::device ? "GPU" : "CPU",
+              step_ms);
+  std::printf("  dense reference step (CPU)           %10.2f ms\n", dense_step_ms);
+  double step_difference = 0;
+  const std::pair<const char*, std::pair<const DenseMatrix<T>*, const DenseMatrix<T>*>> grads[] = {
+      {"dx", {&dx, &want.dx}}, {"dwg", {&dwg, &want.dwg}}, {"dwu", {&dwu, &want.dwu}}, {"dwd", {&dwd, &want.dwd}}};
+  std::printf("  relative difference to the dense gradients:");
+  for (const auto& [name, pair] : grads) {
+    const DenseMatrix<T> got = pair.first->to(MemorySpace::host);
+    const double d = relative_difference<T>(got.view(), pair.second->view());
+    step_difference = std::max(step_difference, std::isnan(d) ? INFINITY : d);
+    std::printf(" %s %.3g", name, d);
+  }
+  std::printf("; L1 term %.6g vs %.6g\n", l1_sparse, want.l1_term);
+
   // The demo doubles as a smoke test: exact paths must agree with the oracles to T's precision.
   // spmm: the output's rounding to T plus fp32 accumulation over at most p.max terms; the FFN:
   // intermediates rounded to T, plus fp32 sums over K terms in different orders.
@@ -329,6 +366,13 @@ int run_typed(const Settings& s, const Device& device) {
     }
   if (!(ffn_difference <= ffn_tolerance)) {
     std::printf("FAILED: the sparse FFN differs from the dense reference by more than %.3g\n", ffn_tolerance);
+    ok = false;
+  }
+  // The step rounds u, h, dh, dg, du and half of dx to T on the way.
+  const double step_tolerance = 10 * epsilon<T>() + 1e-4;
+  if (!(step_difference <= step_tolerance) ||
+      !(std::abs(l1_sparse - want.l1_term) <= step_tolerance * std::abs(want.l1_term))) {
+    std::printf("FAILED: the training step differs from the dense reference by more than %.3g\n", step_tolerance);
     ok = false;
   }
   return ok ? 0 : 1;
@@ -363,7 +407,7 @@ int run_demo(std::span<const std::string> argv) {
 }
 
 [[maybe_unused]] const bool kRegistered =
-    register_command({"demo", "run a workload through every format and the sparse FFN, with timings", run_demo});
+    register_command({"demo", "run a workload through every format, the sparse FFN and a training step, with timings", run_demo});
 
 }  // namespace
 }  // namespace twell::cli
