@@ -1,5 +1,6 @@
-// `twell demo`: one sparse-activation workload through every format, the gated FFN and one training step of it, with
-// sizes, timings and errors against exact products, on the GPU where one is present.
+// `twell demo`: one sparse-activation workload through every format, the gated FFN and one
+// training step of it, with sizes, timings and errors against exact products, on the GPU where
+// one is present.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
