@@ -34,8 +34,10 @@ const Spec kSpec{
     .command = "demo",
     .summary = "Generates sparse activations with the workload generator, converts them into CSR, ELL,\n"
                "TwELL and Hybrid, validates each, multiplies each by the down-projection weights, and\n"
-               "runs the gated FFN forward through the sparse path and the dense reference. Runs on\n"
-               "the GPU when one is visible, else on the CPU reference backend.",
+               "runs the gated FFN forward through the sparse path (and, on the GPU, the fused layer)\n"
+               "and the dense reference, then one training step (GatedFfnTraining) against the dense\n"
+               "reference backward. Runs on the GPU when one is visible, else on the CPU reference\n"
+               "backend.",
     .positional = "",
     .min_positional = 0,
     .max_positional = 0,
@@ -313,6 +315,19 @@ int run_typed(const Settings& s, const Device& device) {
   std::printf("  relative difference ||y_sparse - y_dense|| / ||y_dense|| = %.3g (%s precision: %.3g)\n",
               ffn_difference,
               std::string(twell::to_string(dtype_of<T>)).c_str(), epsilon<T>());
+  // On the GPU the layer object runs the fused path (the gate GEMM's epilogue writes TwELL, one
+  // up/down kernel); on the CPU it is the composition above.
+  double layer_difference = 0;
+  if (space == MemorySpace::device) {
+    GatedFfn<T> layer(m, wg.view(), wu.view(), wd.view(), relu, s.layout);
+    DenseMatrix<T> y_layer(m, k, space);
+    const double layer_ms =
+        median_ms(s.ffn_repeats, device, [&] { layer.forward(x.view(), y_layer.view()); });
+    layer_difference =
+        relative_difference(first_rows(y_layer.to(MemorySpace::host), checked), first_rows(y_dense, checked));
+    std::printf("  GatedFfn layer (GPU, fused)          %10.2f ms, relative difference %.3g (%s)\n", layer_ms,
+                layer_difference, layer.path().c_str());
+  }
 
   // One training step of the same layer (loss 0.5 ||y||^2 + the L1 term, so dy = y) on its first
   // kTrainTokens tokens: GatedFfnTraining against the dense reference backward on the CPU.
@@ -365,7 +380,7 @@ int run_typed(const Settings& s, const Device& device) {
       std::printf("FAILED: %s spmm error %.3g exceeds %.3g\n", r.format.c_str(), r.error, spmm_tolerance);
       ok = false;
     }
-  if (!(ffn_difference <= ffn_tolerance)) {
+  if (!(ffn_difference <= ffn_tolerance) || !(layer_difference <= ffn_tolerance)) {
     std::printf("FAILED: the sparse FFN differs from the dense reference by more than %.3g\n", ffn_tolerance);
     ok = false;
   }
