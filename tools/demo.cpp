@@ -155,7 +155,7 @@ double relative_difference(DenseView<const T> a, DenseView<const T> b) {
   return std::sqrt(diff) / std::max(std::sqrt(norm), std::numeric_limits<double>::min());
 }
 
-// The first `rows` rows of a host matrix.
+// The first `rows` rows of a matrix (a view in its memory space).
 template <Value T>
 DenseView<const T> first_rows(const DenseMatrix<T>& m, std::int64_t rows) {
   DenseView<const T> v = m.view();
@@ -329,8 +329,9 @@ int run_typed(const Settings& s, const Device& device) {
                 layer_difference, layer.path().c_str());
   }
 
-  // One training step of the same layer (loss 0.5 ||y||^2 + the L1 term, so dy = y) on its first
-  // kTrainTokens tokens: GatedFfnTraining against the dense reference backward on the CPU.
+  // One training step of the same layer on its first kTrainTokens tokens, GatedFfnTraining against
+  // the dense reference backward on the CPU, with dy = the dense reference's y (the gradient of
+  // 0.5 ||y||^2 at that y) and the L1 term.
   constexpr std::int64_t kTrainTokens = 256;
   constexpr float kLambda = 2e-5f;  // the paper's, per token
   const std::int64_t mt = std::min(checked, kTrainTokens);
@@ -381,14 +382,29 @@ int run_typed(const Settings& s, const Device& device) {
       ok = false;
     }
   if (!(ffn_difference <= ffn_tolerance) || !(layer_difference <= ffn_tolerance)) {
-    std::printf("FAILED: the sparse FFN differs from the dense reference by more than %.3g\n", ffn_tolerance);
+    std::printf("FAILED: the sparse FFN (composition %.3g, layer %.3g) differs from the dense reference by more "
+                "than %.3g\n",
+                ffn_difference, layer_difference, ffn_tolerance);
     ok = false;
   }
-  // The step rounds u, h, dh, dg, du and half of dx to T on the way.
-  const double step_tolerance = 10 * epsilon<T>() + 1e-4;
-  if (!(step_difference <= step_tolerance) ||
-      !(std::abs(l1_sparse - want.l1_term) <= step_tolerance * std::abs(want.l1_term))) {
-    std::printf("FAILED: the training step differs from the dense reference by more than %.3g\n", step_tolerance);
+  // The step rounds u, h, dh, dg, du and half of dx to T on the way; in fp32 a gate entry within
+  // rounding of zero may be in one side's pattern only, which moves a weight gradient by ~3e-4.
+  const double step_tolerance = 4 * epsilon<T>() + 2e-3;
+  const double y_step_difference =
+      relative_difference(first_rows(y_step.to(MemorySpace::host), mt), first_rows(y_dense, mt));
+  if (!(y_step_difference <= ffn_tolerance)) {
+    std::printf("FAILED: the training forward's y differs from the dense reference by %.3g (more than %.3g)\n",
+                y_step_difference, ffn_tolerance);
+    ok = false;
+  }
+  if (!(step_difference <= step_tolerance)) {
+    std::printf("FAILED: a gradient of the training step differs from the dense reference by %.3g (more than %.3g)\n",
+                step_difference, step_tolerance);
+    ok = false;
+  }
+  if (!(std::abs(l1_sparse - want.l1_term) <= step_tolerance * std::abs(want.l1_term))) {
+    std::printf("FAILED: the training step's L1 term %.6g differs from the dense reference's %.6g\n", l1_sparse,
+                want.l1_term);
     ok = false;
   }
   return ok ? 0 : 1;
@@ -423,7 +439,8 @@ int run_demo(std::span<const std::string> argv) {
 }
 
 [[maybe_unused]] const bool kRegistered =
-    register_command({"demo", "run a workload through every format, the sparse FFN and a training step, with timings", run_demo});
+    register_command({"demo", "run a workload through every format, the sparse FFN and a training step, with timings",
+                      run_demo});
 
 }  // namespace
 }  // namespace twell::cli

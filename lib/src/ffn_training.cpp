@@ -206,7 +206,6 @@ GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, 
     require_cuda_device(where);
     s.gate_plan.emplace(tokens, hidden, intermediate, act, layout, capacity, OverflowPolicy::hybrid, options.stream);
     s.spmm_plan.emplace(tokens, intermediate, layout, options.stream, options.spmm_algorithm);
-    s.spmm_plan->reserve_b_cols(hidden);  // the slice-reuse kernel's buffers, should it run
 #else
     fail(ErrorCode::no_device, where, "device memory asked for, but this build of twell has no cuda backend");
 #endif

@@ -1,4 +1,6 @@
 // Memory layer of a build with the cuda backend.
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -13,6 +15,12 @@ namespace twell {
 namespace detail {
 void* allocate_host_bytes(std::size_t bytes);
 
+namespace {
+std::atomic<std::uint64_t> device_allocations{0};
+}  // namespace
+
+std::uint64_t device_allocation_count() noexcept { return device_allocations.load(std::memory_order_relaxed); }
+
 void* allocate_bytes(std::size_t bytes, MemorySpace space) {
   if (space == MemorySpace::host) return allocate_host_bytes(bytes);
   void* p = nullptr;
@@ -25,6 +33,7 @@ void* allocate_bytes(std::size_t bytes, MemorySpace space) {
          cudaGetErrorName(status), ")");
   }
   check_cuda(status, "twell::Buffer (cudaMalloc)");
+  device_allocations.fetch_add(1, std::memory_order_relaxed);
   return p;
 }
 

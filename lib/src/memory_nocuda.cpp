@@ -1,4 +1,5 @@
 // Memory layer of a build without the cuda backend: host memory only.
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -21,6 +22,8 @@ void* allocate_bytes(std::size_t bytes, MemorySpace space) {
 }
 
 void free_bytes(void* p, MemorySpace) noexcept { std::free(p); }
+
+std::uint64_t device_allocation_count() noexcept { return 0; }
 
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
   if (dst_space == MemorySpace::device || src_space == MemorySpace::device) no_device("twell::copy");

@@ -512,6 +512,7 @@ TEST_CASE_TEMPLATE("GatedFfnTraining on the host: the free functions' bits, step
           }
           most_rows = std::max(most_rows, want.a.overflow_rows());
           CHECK(step.overflow_capacity() >= most_rows);
+          CHECK(step.overflow_capacity() <= s.m);
 
           DenseMatrix<T> dx(s.m, s.k), dwg(s.k, s.n), dwu(s.k, s.n), dwd(s.n, s.k);
           for (DenseMatrix<T>* g : {&dx, &dwg, &dwu, &dwd})
@@ -596,6 +597,21 @@ TEST_CASE("GatedFfnTraining rejects bad calls with twell::Error") {
   CHECK(moved.path() == "composed:reference");
 }
 
+TEST_CASE("GatedFfnTraining grows its Hybrids to at most M rows") {
+  // Dense random weights make nearly every row overflow layout {16, 4}: R > capacity 20 and
+  // 2 x 20 > M = 33, so the growth is capped at M.
+  const FfnShape s{33, 64, 96};
+  const Weights<float> w(s, testing::fresh_seed());
+  DenseMatrix<float> y(s.m, s.k);
+  GatedFfnTraining<float> step(s.m, s.k, s.n, MemorySpace::host, {}, TwellLayout{16, 4}, 20);
+  CHECK(step.overflow_capacity() == 20);
+  step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view());
+  REQUIRE(step.activations().a.overflow_rows() > 20);
+  CHECK(step.overflow_capacity() == s.m);
+  // A default capacity is never more than M either.
+  CHECK(GatedFfnTraining<float>(5, s.k, s.n, MemorySpace::host).overflow_capacity() == 5);
+}
+
 TEST_CASE("GatedFfnTraining on the host: empty batches and sizes") {
   // No tokens, no intermediate units, no hidden units: empty sums, zero gradients, no error.
   for (const FfnShape s : {FfnShape{0, 8, 16}, FfnShape{5, 8, 0}, FfnShape{5, 0, 16}}) {
@@ -606,6 +622,8 @@ TEST_CASE("GatedFfnTraining on the host: empty batches and sizes") {
       const Weights<float> w(s, testing::fresh_seed());
       const auto dy = testing::random_dense<float>(s.m, s.k, 1.0f, testing::fresh_seed());
       DenseMatrix<float> y(s.m, s.k), dx(s.m, s.k), dwg(s.k, s.n), dwu(s.k, s.n), dwd(s.n, s.k);
+      for (DenseMatrix<float>* g : {&y, &dx, &dwg, &dwu, &dwd})
+        for (float& v : g->values().host_span()) v = NAN;  // every output must be written
       GatedFfnTraining<float> step(s.m, s.k, s.n, MemorySpace::host, act);
       step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view());
       const double l1 = step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), 0.1f,

@@ -104,22 +104,26 @@ struct GatedFfnGradientViews {
 //     read A^T's dense-row count while their kernel runs (SpmmPlan).
 // Same operations in the same order as the free functions; the plans promise the bits of the
 // free gemm_to_sparse and spmm, so the results are the free functions' bit for bit. Storage on
-// the device: the held Hybrids, the SpmmPlan's overflow buffer for `capacity` rows and its slice
-// buffers are allocated by the constructor; a forward meeting more than `capacity` overflow rows
-// grows the Hybrids to min(M, max(R, 2 capacity)) rows (overflow_capacity()); the SpmmPlan's
-// buffers for A^T (its dense rows depend on the data) grow to the largest step seen. So after the
-// first steps a step allocates only the operations' small stream-ordered scratch, unless its
-// counts exceed every earlier step's. Layouts whose A^T takes spmm's CSR route and gates that
-// take gemm_to_sparse's generic path (fp32, tiles other than 128 / 256, unaligned operands)
-// allocate per call, as the free functions do; so does the host. A call that its argument checks
-// reject changes nothing; one that fails later leaves no activations, and backward() without
-// them is invalid_argument. path(): "planned:cuda" or "composed:reference" for the latest call.
+// the device: the constructor allocates the held Hybrids and the SpmmPlan's overflow buffer for
+// `capacity` rows; a forward meeting more than `capacity` overflow rows grows the Hybrids to
+// min(M, max(R, 2 capacity)) rows (overflow_capacity()); the SpmmPlan's own buffers (the slice
+// kernel's, A^T's slots and dense rows, the overflow rows of A^T) are made by the first step and
+// grow when a step's counts exceed every earlier one's. So after the first steps a step makes no
+// cudaMalloc unless its counts are new; what it still takes per call is stream-ordered scratch
+// from the device's pool (sddmm, l1_norm, and, where a product on A^T runs the slice kernel, that
+// kernel's workspace and copy of B, the copy alone ~67 MB at the paper's shape). Layouts whose
+// A^T takes spmm's CSR route and gates on gemm_to_sparse's generic path (fp32, tiles other than
+// 128 / 256, K or N not a multiple of 8, unaligned operands) allocate per call, as the free
+// functions do; so does the host. A call rejected by its checks (shapes, spaces, lambda) changes
+// nothing; a forward that fails later (a bad leading dimension is caught by the operation that
+// reads it) leaves no activations, and backward() without them is invalid_argument. path():
+// "planned:cuda" or "composed:reference" for the latest call.
 template <Value T>
 class GatedFfnTraining {
  public:
   GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, std::int64_t intermediate, MemorySpace space,
-                   ActivationSpec act = {}, TwellLayout layout = {}, std::int64_t overflow_capacity = kDefaultFfnCapacity,
-                   const KernelOptions& options = {});
+                   ActivationSpec act = {}, TwellLayout layout = {},
+                   std::int64_t overflow_capacity = kDefaultFfnCapacity, const KernelOptions& options = {});
   GatedFfnTraining(GatedFfnTraining&&) noexcept;
   GatedFfnTraining& operator=(GatedFfnTraining&&) noexcept;
   ~GatedFfnTraining();
@@ -160,7 +164,7 @@ struct OutIn {
 // space), activation, gate layout and token count M, for repeated forward passes. Construction
 // allocates; forward(x, y) then runs on the weights' backend:
 //   - device: twell::cuda::GatedFfnPlan / FfnPlan (<twell/kernels/ffn_cuda.hpp>): the gate through
-//     a GemmToSparsePlan whose overflow block holds `overflow_capacity` rows (default max(64, M/64)),
+//     a GemmToSparsePlan whose overflow block holds `overflow_capacity` rows (default min(M, max(64, M/64))),
 //     then the fused up/down kernel; nothing allocated and no host wait. Overflow rows past the
 //     block are still exact (the kernel recomputes their gate rows); a forward() with stats waits
 //     for the device, reports them, and lets the block grow so later calls avoid that slow path.

@@ -30,6 +30,9 @@ void free_bytes(void* p, MemorySpace space) noexcept;
 // Copies between any two spaces; synchronous with respect to the host.
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes);
 void zero_bytes(void* p, MemorySpace space, std::size_t bytes);
+// Device buffers this process has allocated so far (cudaMalloc calls of Buffer), for tests and
+// diagnostics that check a steady state allocates nothing; 0 in a build without the cuda backend.
+std::uint64_t device_allocation_count() noexcept;
 }  // namespace detail
 
 // Tag for Buffer's constructor that skips the zero fill: the contents are undefined until
