@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <cublas_v2.h>
 
@@ -801,11 +802,14 @@ std::size_t transposed_words(std::int64_t m, std::int64_t k, TwellLayout layout)
 // C = alpha A^T B + beta C through A^T in `layout`, in `work` (transposed_words). The product of
 // A^T's TwELL rows is enqueued before the host waits for the number R of A^T's dense rows; then
 // dense_rows(R) gives room for R x m values and overflow_tmp(R) for R x Nb floats (or null: the
-// overflow product allocates its own). Returns the op-none path on A^T.
-template <class T, class DenseRows, class OverflowTmp>
+// overflow product allocates its own). Should that product take the slice-reuse kernel,
+// slice_buffers(A^T, B) gives its workspace and copy of B (or nulls: stream-ordered scratch).
+// Returns the op-none path on A^T.
+template <class T, class DenseRows, class OverflowTmp, class SliceBuffers>
 std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, DenseView<const T> b, DenseView<T> c,
                                float alpha, float beta, SpmmAlgorithm algorithm, cudaStream_t stream,
-                               std::uint32_t* work, DenseRows dense_rows, OverflowTmp overflow_tmp) {
+                               std::uint32_t* work, DenseRows dense_rows, OverflowTmp overflow_tmp,
+                               SliceBuffers slice_buffers) {
   const std::int64_t k = a.twell.cols, m = a.twell.rows;
   // What cuBLAS takes for A^T's dense rows, checked before any work is queued.
   require_int(b.cols, "B columns");
@@ -823,8 +827,10 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
   const detail::CountReadBack r_back(r_device, stream);
   const TwellView<const T> at_const = at;
   const SpmmAlgorithm kernel = choose_twell_path(at_const, b, c, algorithm);
-  const std::string path =
-      hybrid_kernel_name(twell_none(at_const, row_to_overflow, b, c, alpha, beta, stream, kernel, nullptr, nullptr));
+  const auto [workspace, staged_b] =
+      kernel == SpmmAlgorithm::slice_reuse ? slice_buffers(at_const, b) : std::pair<void*, void*>{};
+  const std::string path = hybrid_kernel_name(
+      twell_none(at_const, row_to_overflow, b, c, alpha, beta, stream, kernel, workspace, staged_b));
   const std::int64_t r = r_back.wait();
   if (r == 0) return path;
   const HybridView<T> hybrid{at, DenseView<T>{dense_rows(r), r, m, m, MemorySpace::device}, row_to_overflow,
@@ -852,7 +858,8 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
         dense.emplace(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
         return dense->as<T>();
       },
-      [](std::int64_t) { return static_cast<float*>(nullptr); });
+      [](std::int64_t) { return static_cast<float*>(nullptr); },
+      [](TwellView<const T>, DenseView<const T>) { return std::pair<void*, void*>{}; });
   detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_transpose+" + path).c_str());
   return true;
 }
@@ -1000,6 +1007,16 @@ void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> 
       [&](std::int64_t r) {
         reserve_overflow(r, b.cols);
         return overflow_.data();
+      },
+      [&](TwellView<const T> at, DenseView<const T> bt) {
+        const auto grow = [](Buffer<std::uint64_t>& buffer, std::size_t bytes) {
+          if (bytes > buffer.bytes())
+            buffer = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
+          return static_cast<void*>(buffer.data());
+        };
+        return std::pair<void*, void*>{
+            grow(transposed_workspace_, detail::spmm_slices_workspace_bytes(at.rows, at.cols, at.layout)),
+            grow(transposed_staged_b_, detail::spmm_slices_staged_b_bytes(at.cols, bt.cols))};
       });
   path_ = std::string("cuda/spmm/") + format + "/via_transpose+" + path;
 }

@@ -296,49 +296,63 @@ TEST_CASE("cuda spmm with op(A) = A^T takes the CSR route where the direct trans
 
 // One plan serves fresh matrices of its shape with op(A) = A^T, bit for bit as spmm(): its A^T
 // storage is reused, and its dense-row storage grows when a later matrix has more hot columns.
+// Two shapes: A^T of 777 rows in 16 slots takes the tile-streaming kernel; A^T of 2100 rows in 32
+// slots the slice-reuse kernel, whose workspace and copy of B the plan holds (spmm() takes them
+// from scratch).
 TEST_CASE_TEMPLATE("cuda SpmmPlan with op(A) = A^T equals spmm() bit for bit and is reusable", T, bf16, fp16) {
-  constexpr std::int64_t kM = 1500, kK = 777, kN = 64;
-  constexpr TwellLayout kLayout{256, 16};
-  dev::SpmmPlan<T> plan(kM, kK, kLayout);
-  for (int round = 0; round < 3; ++round) {
-    const std::uint64_t seed = testing::fresh_seed();
-    CAPTURE(seed);
-    CAPTURE(round);
-    testing::SparseDenseOptions so;
-    so.density = round == 0 ? 0.005 : 0.02;
-    so.full_row_share = 0.01;
-    auto a_dense = testing::random_sparse_dense<T>(kM, kK, so, seed);
-    for (std::int64_t j = 0; j < 5 * round; ++j)  // hot columns: more dense rows of A^T each round
-      for (std::int64_t i = j % 2; i < kM; i += 2) a_dense.view().at(i, 3 + 11 * j) = from_float<T>(0.75f);
-    const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), kLayout);
-    const auto a_dev = a.to(kDevice);
-    const auto b = testing::random_dense<T>(kM, kN, 1.0f, seed + 1);
-    const DenseMatrix<T> b_dev = b.to(kDevice);
-    const auto c0 = testing::random_dense<T>(kK, kN, 1.0f, seed + 2);
-    for (const auto& [alpha, beta] : {kSpmmAlphaBeta[0], kSpmmAlphaBeta[2]}) {
-      CAPTURE(alpha);
-      CAPTURE(beta);
-      const SpmmRun<T> want = run_spmm_t<T>(a_dev, b_dev, c0, alpha, beta, SpmmAlgorithm::automatic);
-      DenseMatrix<T> c_plan = beta == 0.0f ? nan_dense<T>(kK, kN).to(kDevice) : c0.to(kDevice);
-      plan.run(Op::transpose, a_dev.view(), b_dev.view(), c_plan.view(), alpha, beta);
+  struct Setting {
+    std::int64_t m, k;
+    TwellLayout layout;
+    const char* kernel;
+  };
+  constexpr std::int64_t kN = 64;
+  for (const Setting st : {Setting{1500, 777, {256, 16}, "tile_stream"}, Setting{300, 2100, {256, 8}, "slice"}}) {
+    CAPTURE(st.k);
+    const std::int64_t kM = st.m, kK = st.k;
+    const TwellLayout kLayout = st.layout;
+    dev::SpmmPlan<T> plan(kM, kK, kLayout);
+    for (int round = 0; round < 3; ++round) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(round);
+      testing::SparseDenseOptions so;
+      so.density = round == 0 ? 0.005 : 0.02;
+      so.full_row_share = 0.01;
+      auto a_dense = testing::random_sparse_dense<T>(kM, kK, so, seed);
+      for (std::int64_t j = 0; j < 5 * round; ++j)  // hot columns: more dense rows of A^T each round
+        for (std::int64_t i = j % 2; i < kM; i += 2) a_dense.view().at(i, 3 + 11 * j) = from_float<T>(0.75f);
+      const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), kLayout);
+      const auto a_dev = a.to(kDevice);
+      const auto b = testing::random_dense<T>(kM, kN, 1.0f, seed + 1);
+      const DenseMatrix<T> b_dev = b.to(kDevice);
+      const auto c0 = testing::random_dense<T>(kK, kN, 1.0f, seed + 2);
+      for (const auto& [alpha, beta] : {kSpmmAlphaBeta[0], kSpmmAlphaBeta[2]}) {
+        CAPTURE(alpha);
+        CAPTURE(beta);
+        const SpmmRun<T> want = run_spmm_t<T>(a_dev, b_dev, c0, alpha, beta, SpmmAlgorithm::automatic);
+        DenseMatrix<T> c_plan = beta == 0.0f ? nan_dense<T>(kK, kN).to(kDevice) : c0.to(kDevice);
+        plan.run(Op::transpose, a_dev.view(), b_dev.view(), c_plan.view(), alpha, beta);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(plan.path() == want.path);
+        CHECK(plan.path().rfind("cuda/spmm/hybrid/via_transpose+", 0) == 0);
+        CHECK(plan.path().find(st.kernel) != std::string::npos);
+        CHECK(testing::bitwise_equal<T>(c_plan.to(kHost).view(), want.got.view()));
+        check_close<T>(want, reference_spmm_t<T>(a, b, c0, alpha, beta));
+      }
+      // op none through the same plan is run().
+      const auto b_none = testing::random_dense<T>(kK, kN, 1.0f, seed + 3).to(kDevice);
+      DenseMatrix<T> c_none(kM, kN, kDevice), c_run(kM, kN, kDevice);
+      plan.run(Op::none, a_dev.view(), b_none.view(), c_none.view());
+      plan.run(a_dev.view(), b_none.view(), c_run.view());
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      CHECK(plan.path() == want.path);
-      CHECK(plan.path().rfind("cuda/spmm/hybrid/via_transpose+", 0) == 0);
-      CHECK(testing::bitwise_equal<T>(c_plan.to(kHost).view(), want.got.view()));
-      check_close<T>(want, reference_spmm_t<T>(a, b, c0, alpha, beta));
+      CHECK(testing::bitwise_equal<T>(c_none.to(kHost).view(), c_run.to(kHost).view()));
     }
-    // op none through the same plan is run().
-    const auto b_none = testing::random_dense<T>(kK, kN, 1.0f, seed + 3).to(kDevice);
-    DenseMatrix<T> c_none(kM, kN, kDevice), c_run(kM, kN, kDevice);
-    plan.run(Op::none, a_dev.view(), b_none.view(), c_none.view());
-    plan.run(a_dev.view(), b_none.view(), c_run.view());
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(testing::bitwise_equal<T>(c_none.to(kHost).view(), c_run.to(kHost).view()));
+    // Another shape is refused, naming the plan's.
+    const auto other =
+        ref::dense_to_hybrid<T>(testing::random_dense<T>(kM, kK + 8, 1.0f, 5).view(), kLayout).to(kDevice);
+    const DenseMatrix<T> b_other(kM, kN, kDevice);
+    DenseMatrix<T> c_other(kK + 8, kN, kDevice);
+    CHECK(testing::code_of([&] { plan.run(Op::transpose, other.view(), b_other.view(), c_other.view()); }) ==
+          ErrorCode::shape_mismatch);
   }
-  // Another shape is refused, naming the plan's.
-  const auto other = ref::dense_to_hybrid<T>(testing::random_dense<T>(kM, kK + 8, 1.0f, 5).view(), kLayout).to(kDevice);
-  const DenseMatrix<T> b_other(kM, kN, kDevice);
-  DenseMatrix<T> c_other(kK + 8, kN, kDevice);
-  CHECK(testing::code_of([&] { plan.run(Op::transpose, other.view(), b_other.view(), c_other.view()); }) ==
-        ErrorCode::shape_mismatch);
 }

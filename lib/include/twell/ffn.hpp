@@ -107,11 +107,10 @@ struct GatedFfnGradientViews {
 // the device: the constructor allocates the held Hybrids and the SpmmPlan's overflow buffer for
 // `capacity` rows; a forward meeting more than `capacity` overflow rows grows the Hybrids to
 // min(M, max(R, 2 capacity)) rows (overflow_capacity()); the SpmmPlan's own buffers (the slice
-// kernel's, A^T's slots and dense rows, the overflow rows of A^T) are made by the first step and
-// grow when a step's counts exceed every earlier one's. So after the first steps a step makes no
-// cudaMalloc unless its counts are new; what it still takes per call is stream-ordered scratch
-// from the device's pool (sddmm, l1_norm, and, where a product on A^T runs the slice kernel, that
-// kernel's workspace and copy of B, the copy alone ~67 MB at the paper's shape). Layouts whose
+// kernel's on A and on A^T, A^T's slots and dense rows, the overflow rows of A^T) are made by the
+// first step and grow when a step's counts exceed every earlier one's. So after the first steps a
+// step makes no cudaMalloc unless its counts are new; what it still takes per call is small
+// stream-ordered scratch from the device's pool (sddmm's, l1_norm's). Layouts whose
 // A^T takes spmm's CSR route and gates on gemm_to_sparse's generic path (fp32, tiles other than
 // 128 / 256, K or N not a multiple of 8, unaligned operands) allocate per call, as the free
 // functions do; so does the host. A call rejected by its checks (shapes, spaces, lambda) changes

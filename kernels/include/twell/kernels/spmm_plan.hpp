@@ -37,8 +37,9 @@ struct SpmmSideLaneDeleter {
 // computes them (reserve_overflow()). Plans whose runs take the pair-balanced or tile-streaming
 // kernel hold no slice buffers. Runs with op transpose that transpose A hold A^T (its slots, about
 // A's packed size, and its maps) and A^T's dense rows (R x m values, for the columns of A too busy
-// for A^T's groups); their product on A^T, should it take the slice-reuse kernel, allocates that
-// kernel's buffers per call (stream-ordered), as spmm() does.
+// for A^T's groups), and, should their product on A^T take the slice-reuse kernel, that kernel's
+// workspace and slice-major copy of B (m + 2 rows of Nb values), where spmm() takes them from
+// stream-ordered scratch per call. All grow to the largest run seen and stay.
 //
 // run() queues on the plan's stream and never waits for the device. It picks its kernel as spmm()
 // does for KernelOptions::spmm_algorithm = `algorithm` (automatic: by rows and layout, docs/api.md;
@@ -99,6 +100,8 @@ class SpmmPlan {
   Buffer<float> overflow_;           // R x Nb products of the overflow rows
   Buffer<std::uint32_t> transposed_;  // op transpose: A^T's slots and maps
   Buffer<T> transposed_dense_;        // op transpose: A^T's dense rows
+  Buffer<std::uint64_t> transposed_workspace_;  // op transpose: the slice-reuse kernel's on A^T
+  Buffer<std::uint64_t> transposed_staged_b_;   // op transpose: B slice-major for A^T's product
   std::string path_;
   std::unique_ptr<detail::SpmmSideLane, detail::SpmmSideLaneDeleter> side_;  // last: destroyed first
 };
