@@ -947,14 +947,19 @@ void SpmmPlan<T>::reserve_overflow(std::int64_t rows, std::int64_t b_cols) {
   if (need > overflow_.size()) overflow_ = Buffer<float>(need, MemorySpace::device, Uninitialized{});
 }
 
+namespace {
+// A plan's byte buffer grown to at least `bytes` (8-byte elements: cudaMalloc's alignment); its data.
+void* grow_bytes(Buffer<std::uint64_t>& buffer, std::size_t bytes) {
+  if (bytes > buffer.bytes()) buffer = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
+  return buffer.data();
+}
+}  // namespace
+
 template <Value T>
 void SpmmPlan<T>::reserve_b_cols(std::int64_t b_cols) {
-  const auto grow = [](Buffer<std::uint64_t>& buffer, std::size_t bytes) {
-    if (bytes > buffer.bytes()) buffer = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
-  };
   if constexpr (sizeof(T) != 2) return;  // the slice-reuse path takes 16-bit values only
-  if (m_ > 0 && k_ > 0) grow(workspace_, detail::spmm_slices_workspace_bytes(m_, k_, layout_));
-  grow(staged_b_, detail::spmm_slices_staged_b_bytes(k_, std::max<std::int64_t>(b_cols, 0)));
+  if (m_ > 0 && k_ > 0) grow_bytes(workspace_, detail::spmm_slices_workspace_bytes(m_, k_, layout_));
+  grow_bytes(staged_b_, detail::spmm_slices_staged_b_bytes(k_, std::max<std::int64_t>(b_cols, 0)));
 }
 
 template <Value T>
@@ -1009,14 +1014,9 @@ void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> 
         return overflow_.data();
       },
       [&](TwellView<const T> at, DenseView<const T> bt) {
-        const auto grow = [](Buffer<std::uint64_t>& buffer, std::size_t bytes) {
-          if (bytes > buffer.bytes())
-            buffer = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
-          return static_cast<void*>(buffer.data());
-        };
         return std::pair<void*, void*>{
-            grow(transposed_workspace_, detail::spmm_slices_workspace_bytes(at.rows, at.cols, at.layout)),
-            grow(transposed_staged_b_, detail::spmm_slices_staged_b_bytes(at.cols, bt.cols))};
+            grow_bytes(transposed_workspace_, detail::spmm_slices_workspace_bytes(at.rows, at.cols, at.layout)),
+            grow_bytes(transposed_staged_b_, detail::spmm_slices_staged_b_bytes(at.cols, bt.cols))};
       });
   path_ = std::string("cuda/spmm/") + format + "/via_transpose+" + path;
 }
