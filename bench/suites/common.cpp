@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <sstream>
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <twell/error.hpp>
 #include <twell/formats/copy.hpp>
@@ -137,7 +139,20 @@ Case with_variant(Case base, const std::string& variant) {
   return base;
 }
 
+namespace {
+// The case's NVTX range: suite, op, variant, shape, M, distribution, density, space-separated.
+std::string range_name(const Case& c) {
+  std::ostringstream name;
+  name << c.suite << ' ' << c.op << ' ' << c.variant << ' ' << c.shape << ' ' << c.m << ' ' << c.distribution << ' '
+       << c.density_target;
+  return name.str();
+}
+}  // namespace
+
 void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
+  // One NVTX range per case, so a profiler can keep to one case (docs/benchmarks/README.md,
+  // "Profiling one case"); without a profiler attached the push and pop cost nothing.
+  nvtxRangePushA(range_name(c).c_str());
   try {
     body(c);
   } catch (const Error& e) {
@@ -148,6 +163,7 @@ void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
     c.status = "failed: " + std::string(e.what());
     cudaGetLastError();
   }
+  nvtxRangePop();
   report.cases.push_back(std::move(c));
 }
 

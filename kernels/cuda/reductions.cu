@@ -8,6 +8,7 @@
 #include <twell/kernels/detail/per_format.hpp>
 
 #include "sparse_common.cuh"
+#include "vec16.cuh"
 
 namespace twell::cuda {
 namespace {
@@ -15,13 +16,18 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::int64_t kMaxBlocks = 1024;
 
-// Each source maps a flat index to "no value" or a stored value.
+// Adds a stored value v to a thread's sum of |v| and its count of v != 0.
+__device__ __forceinline__ void add_value(float v, double& sum, unsigned long long& count) {
+  sum += fabs(static_cast<double>(v));
+  count += v != 0.0f ? 1 : 0;
+}
+
+// Each source adds the stored values at a flat index (one value, or a TwELL quad's four words).
 template <class T>
 struct CsrSource {
   const T* values;
-  __device__ bool get(std::int64_t idx, float& v) const {
-    v = detail::load_f(values + idx);
-    return true;
+  __device__ void add(std::int64_t idx, double& sum, unsigned long long& count) const {
+    add_value(detail::load_f(values + idx), sum, count);
   }
 };
 template <class T>
@@ -29,14 +35,12 @@ struct EllSource {
   const T* values;
   const std::int32_t* count;
   std::int64_t width;
-  __device__ bool get(std::int64_t idx, float& v) const {
+  __device__ void add(std::int64_t idx, double& sum, unsigned long long& n) const {
     const std::int64_t i = idx / width;
-    if (idx - i * width >= count[i]) return false;
-    v = detail::load_f(values + idx);
-    return true;
+    if (idx - i * width < count[i]) add_value(detail::load_f(values + idx), sum, n);
   }
 };
-// TwELL slots; rows with shadow[row] >= 0 (Hybrid overflow rows) are skipped.
+// TwELL slots, one word per index; rows with shadow[row] >= 0 (Hybrid overflow rows) are skipped.
 template <class T>
 struct TwellSource {
   const std::uint32_t* packed;
@@ -44,13 +48,34 @@ struct TwellSource {
   const std::int32_t* shadow;
   TwellLayout layout;
   std::int64_t pw;
-  __device__ bool get(std::int64_t idx, float& v) const {
-    const std::int64_t s = (idx % pw) % layout.slots();
-    if (s == 0) return false;
-    if (shadow != nullptr && shadow[idx / pw] >= 0) return false;
-    if (s > min(packed[idx - s], static_cast<std::uint32_t>(layout.capacity()))) return false;
-    v = detail::twell_value<T>(packed[idx], plane, idx);
-    return true;
+  __device__ void add(std::int64_t idx, double& sum, unsigned long long& count) const {
+    const std::int64_t s = idx % layout.slots();
+    if (s == 0) return;
+    if (shadow != nullptr && shadow[idx / pw] >= 0) return;
+    if (s > min(packed[idx - s], static_cast<std::uint32_t>(layout.capacity()))) return;
+    add_value(detail::twell_value<T>(packed[idx], plane, idx), sum, count);
+  }
+};
+// TwELL slots of 16-bit values four words per index, where detail::quad_words holds.
+template <class T>
+struct TwellQuadSource {
+  const uint4* packed;
+  const std::int32_t* shadow;
+  std::uint32_t slot_mask;
+  std::uint32_t capacity;
+  std::int64_t pw_quads;
+  __device__ void add(std::int64_t q, double& sum, unsigned long long& count) const {
+    if (shadow != nullptr && shadow[q / pw_quads] >= 0) return;
+    const uint4 w = packed[q];
+    const std::uint32_t s0 = static_cast<std::uint32_t>(q * 4) & slot_mask;
+    const std::uint32_t n =
+        min(s0 == 0 ? w.x : reinterpret_cast<const std::uint32_t*>(packed)[q * 4 - s0], capacity);
+    const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::uint32_t s = s0 + i;
+      if (s != 0 && s <= n) add_value(detail::bits_to_f<T>(words[i] >> 16), sum, count);
+    }
   }
 };
 template <class T>
@@ -58,10 +83,10 @@ struct DenseSource {
   const T* data;
   std::int64_t cols;
   std::int64_t ld;
-  __device__ bool get(std::int64_t idx, float& v) const {
+  __device__ void add(std::int64_t idx, double& sum, unsigned long long& count) const {
     const std::int64_t r = idx / cols;
-    v = detail::load_f(data + r * ld + (idx - r * cols));
-    return !(fabsf(v) <= 0.0f);
+    const float v = detail::load_f(data + r * ld + (idx - r * cols));
+    if (!(fabsf(v) <= 0.0f)) add_value(v, sum, count);
   }
 };
 
@@ -92,13 +117,8 @@ __global__ void __launch_bounds__(kThreads)
   double sum = 0.0;
   unsigned long long count = 0;
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(kThreads) + threadIdx.x; idx < n;
-       idx += static_cast<std::int64_t>(gridDim.x) * kThreads) {
-    float v;
-    if (src.get(idx, v)) {
-      sum += fabs(static_cast<double>(v));
-      count += v != 0.0f ? 1 : 0;
-    }
-  }
+       idx += static_cast<std::int64_t>(gridDim.x) * kThreads)
+    src.add(idx, sum, count);
   tree_reduce(s_sum, s_count, sum, count);
   if (threadIdx.x == 0) {
     sums[blockIdx.x] += s_sum[0];
@@ -179,15 +199,29 @@ template <class T>
 void add_sources(Reducer& r, EllView<const T> x) {
   r.add(EllSource<T>{x.values, x.row_count, x.width}, x.rows * x.width);
 }
+// TwELL slots, skipping the rows with shadow[row] >= 0 (null: none).
+template <class T>
+void add_twell(Reducer& r, TwellView<const T> x, const std::int32_t* shadow) {
+  const std::int64_t pw = x.packed_width();
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    if (detail::quad_words(x.layout, x.packed)) {
+      r.add(TwellQuadSource<T>{reinterpret_cast<const uint4*>(x.packed), shadow,
+                               static_cast<std::uint32_t>(x.layout.slots() - 1),
+                               static_cast<std::uint32_t>(x.layout.capacity()), pw / 4},
+            x.rows * pw / 4);
+      return;
+    }
+  }
+  r.add(TwellSource<T>{x.packed, x.value_plane, shadow, x.layout, pw}, x.rows * pw);
+}
+
 template <class T>
 void add_sources(Reducer& r, TwellView<const T> x) {
-  r.add(TwellSource<T>{x.packed, x.value_plane, nullptr, x.layout, x.packed_width()}, x.rows * x.packed_width());
+  add_twell(r, x, nullptr);
 }
 template <class T>
 void add_sources(Reducer& r, HybridView<const T> x) {
-  const std::int32_t* shadow = x.overflow.rows > 0 ? x.row_to_overflow : nullptr;
-  r.add(TwellSource<T>{x.twell.packed, x.twell.value_plane, shadow, x.twell.layout, x.twell.packed_width()},
-        x.rows() * x.twell.packed_width());
+  add_twell(r, x.twell, x.overflow.rows > 0 ? x.row_to_overflow : nullptr);
   if (x.cols() > 0) r.add(DenseSource<T>{x.overflow.data, x.cols(), x.overflow.ld}, x.overflow.rows * x.cols());
 }
 

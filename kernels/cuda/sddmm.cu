@@ -26,6 +26,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/per_format.hpp>
 
+#include "dense_transpose.cuh"
 #include "sparse_common.cuh"
 #include "vec16.cuh"
 
@@ -238,24 +239,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// out (cols x rows) = in^T through 32 x 32 shared-memory tiles: a CTA owns one tile, a thread
-// reads and writes coalesced rows of it. Used so that op(B) = B (strided columns) becomes the
-// contiguous B^T case; values are moved, not rounded, so results do not change.
-template <class T>
-__global__ void transpose_tile_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out) {
-  __shared__ T tile[32][33];
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * 32, c0 = static_cast<std::int64_t>(blockIdx.x) * 32;
-  for (int y = threadIdx.y; y < 32; y += 8) {
-    const std::int64_t r = r0 + y, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[y][threadIdx.x] = in[r * ld_in + c];
-  }
-  __syncthreads();
-  for (int y = threadIdx.y; y < 32; y += 8) {
-    const std::int64_t c = c0 + y, r = r0 + threadIdx.x;
-    if (c < cols && r < rows) out[c * rows + r] = tile[threadIdx.x][y];
-  }
-}
-
 template <class T>
 void set_vec(DenseView<const T> a, const T* b, Operands& o) {
   constexpr std::int64_t v = 16 / sizeof(T);
@@ -292,11 +275,8 @@ class Prepared {
         scratch_(o_.b_transposed ? 0 : static_cast<std::size_t>(b.rows * b.cols) * sizeof(T), stream, kWhere),
         b_(b.data) {
     if (!o_.b_transposed && b.rows * b.cols != 0) {
-      require(b.cols <= 65535LL * 32 && b.rows <= 65535LL * 32, ErrorCode::unsupported, kWhere, "B is ",
-              detail::shape(b.rows, b.cols), "; at most 2097120 rows and columns");
-      const dim3 grid(static_cast<unsigned>((b.cols + 31) / 32), static_cast<unsigned>((b.rows + 31) / 32));
-      transpose_tile_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(b.data, b.rows, b.cols, b.ld, scratch_.as<T>());
-      detail::check_launch("twell::cuda::sddmm (transpose B)");
+      detail::transpose_dense<T>(b.data, b.rows, b.cols, b.ld, scratch_.as<T>(), b.rows, stream,
+                                 "twell::cuda::sddmm (transpose B)");
       b_ = scratch_.as<T>();
       o_.b_transposed = true;
       o_.ldb = b.rows;

@@ -12,6 +12,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/per_format.hpp>
 
+#include "dense_transpose.cuh"
 #include "sparse_common.cuh"
 #include "transpose_twell.cuh"
 
@@ -116,25 +117,6 @@ HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOpti
   return out;
 }
 
-// out (cols x rows) = in (rows x cols)^T. CTA: one 32 x 32 tile of in, 32 x 8 threads, staged in
-// shared memory (33 columns: the transposed reads hit distinct banks), so that both the reads and
-// the writes are coalesced along rows.
-template <class T>
-__global__ void transpose_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out,
-                                 std::int64_t ld_out) {
-  __shared__ T tile[32][33];
-  const std::int64_t c0 = std::int64_t{blockIdx.x} * 32, r0 = std::int64_t{blockIdx.y} * 32;
-  for (int i = static_cast<int>(threadIdx.y); i < 32; i += 8) {
-    const std::int64_t r = r0 + i, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[i][threadIdx.x] = in[r * ld_in + c];
-  }
-  __syncthreads();
-  for (int i = static_cast<int>(threadIdx.y); i < 32; i += 8) {
-    const std::int64_t oc = c0 + i, orow_col = r0 + threadIdx.x;
-    if (oc < cols && orow_col < rows) out[oc * ld_out + orow_col] = tile[threadIdx.x][i];
-  }
-}
-
 }  // namespace
 
 template <Value T>
@@ -208,14 +190,7 @@ void transpose(DenseView<const T> a, DenseView<T> out, const KernelOptions& opti
   detail::check_dense(a, kWhere, "a");
   detail::check_dense(out, kWhere, "out");
   twell::detail::check_dense_transpose(a, out, kWhere);
-  require((a.rows + 31) / 32 <= 65535, ErrorCode::unsupported, kWhere, "a has ", a.rows,
-          " rows; the kernel's grid takes at most 65535 x 32");
-  if (a.rows > 0 && a.cols > 0) {
-    const dim3 grid(static_cast<unsigned>((a.cols + 31) / 32), static_cast<unsigned>((a.rows + 31) / 32));
-    transpose_kernel<T>
-        <<<grid, dim3(32, 8), 0, detail::stream_of(options)>>>(a.data, a.rows, a.cols, a.ld, out.data, out.ld);
-    detail::check_launch(kWhere);
-  }
+  detail::transpose_dense<T>(a.data, a.rows, a.cols, a.ld, out.data, out.ld, detail::stream_of(options), kWhere);
   detail::report_path(options, "cuda/transpose/dense");
 }
 

@@ -14,6 +14,15 @@ namespace twell::cuda::detail {
 // Whether p may be read or written as a uint4.
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+// Whether a TwELL structure's slot words may be taken four at a time: S a power of two of at
+// least 4 (so no 16-byte word crosses a slot group, and the slot of a word is its index masked
+// by S - 1) and every word array 16-byte aligned.
+template <class... Words>
+bool quad_words(const TwellLayout& layout, const Words*... arrays) {
+  const std::int32_t s = layout.slots();
+  return s >= 4 && (s & (s - 1)) == 0 && (aligned16(arrays) && ...);
+}
+
 // Whether B and C can be read and written 16 bytes at a time along their rows: both 16-byte
 // aligned, with leading dimensions and B's columns whole 16-byte words.
 template <class T>

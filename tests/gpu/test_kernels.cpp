@@ -760,6 +760,28 @@ TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, 
     CHECK(testing::bitwise_equal<T>(copy_to(std::as_const(out_dev).view(), MemorySpace::host).view(),
                                     std::as_const(want).view()));
   }
+  // Views inside wider matrices: an odd column count with even leading dimensions (16-bit values
+  // move in pairs up to the last column), and the same views starting one element in (odd
+  // addresses for 16-bit values, so they move one by one).
+  for (const std::int64_t offset : {0, 1}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(offset);
+    const std::int64_t m = 130, n = 67, ld_a = 70, ld_out = 134;
+    const DenseMatrix<T> a_full = testing::random_dense<T>(m + 1, ld_a, 1.0f, seed);
+    const DenseView<const T> a_host{a_full.view().data + offset, m, n, ld_a, MemorySpace::host};
+    DenseMatrix<T> want(n, m);
+    reference::transpose<T>(a_host, want.view());
+    const DenseMatrix<T> a_dev = copy_to(std::as_const(a_full).view(), MemorySpace::device);
+    DenseMatrix<T> out_dev(n + 1, ld_out, MemorySpace::device);
+    testing::poison_device(out_dev.values());
+    const DenseView<const T> a_view{a_dev.view().data + offset, m, n, ld_a, MemorySpace::device};
+    const DenseView<T> out_view{out_dev.view().data + offset, n, m, ld_out, MemorySpace::device};
+    twell::transpose<T>(a_view, out_view);
+    const DenseMatrix<T> got_full = copy_to(std::as_const(out_dev).view(), MemorySpace::host);
+    const DenseView<const T> got{got_full.view().data + offset, n, m, ld_out, MemorySpace::host};
+    CHECK(testing::bitwise_equal<T>(got, std::as_const(want).view()));
+  }
   const DenseMatrix<T> a_dev(4, 6, MemorySpace::device);
   DenseMatrix<T> wrong(4, 6, MemorySpace::device);
   CHECK(testing::code_of([&] { cuda::transpose<T>(a_dev.view(), wrong.view()); }) == ErrorCode::shape_mismatch);
