@@ -1,7 +1,6 @@
 // Sparse training of the gated FFN: the free forward and backward (storage allocated per call)
 // and GatedFfnTraining (storage held), both through the compositions of ffn_compose.hpp.
 #include <algorithm>
-#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -148,16 +147,15 @@ struct GatedFfnTraining<T>::Impl {
 
   // The spmm of the compositions: the held plan on the device, the reference backend on the host.
   auto spmm_fn() {
+    return [this](Op op, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
 #if TWELL_HAS_CUDA
-    if (spmm_plan) {
-      return std::function<void(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float)>(
-          [this](Op op, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
-            spmm_plan->run(op, a, b, c, alpha, beta);
-          });
-    }
+      if (spmm_plan) {
+        spmm_plan->run(op, a, b, c, alpha, beta);
+        return;
+      }
 #endif
-    return std::function<void(Op, HybridView<const T>, DenseView<const T>, DenseView<T>, float, float)>(
-        spmm_on_backend<T>(options));
+      twell::spmm<T>(op, a, b, c, alpha, beta, options);
+    };
   }
 
   void check_call(const char* where, DenseView<const T> x, DenseView<const T> wu) const {
