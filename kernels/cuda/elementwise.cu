@@ -1,6 +1,7 @@
 // cuda elementwise kernels on one structure: out = x * y, out = x + s * sign(y) (y = x too) and
 // out = x * act'(g), per format.
 // One thread per stored slot; no reduction, so results are deterministic by construction.
+#include <algorithm>
 #include <cstdint>
 
 #include <twell/kernels/backends.hpp>
@@ -127,17 +128,20 @@ __global__ void twell_quad_kernel(std::int64_t quads, std::uint32_t slot_mask, s
   }
 }
 
-// Hybrid overflow block: a thread owns one element; f where x (or, for kEitherStored, y) stores a
+// Hybrid overflow block: a thread owns one element (CTA rows blockIdx.y + i gridDim.y, columns
+// strided over blockIdx.x: no index division); f where x (or, for kEitherStored, y) stores a
 // value, +0 elsewhere.
 template <class T, class F>
 __global__ void overflow_kernel(std::int64_t r_rows, std::int64_t cols, const T* x, std::int64_t ldx, const T* y,
                                 std::int64_t ldy, T* out, std::int64_t ldo, F f) {
-  TWELL_GRID_STRIDE(idx, r_rows * cols) {
-    const std::int64_t r = idx / cols, j = idx - r * cols;
-    const float xv = detail::load_f(x + r * ldx + j);
-    const float yv = detail::load_f(y + r * ldy + j);
-    const bool stored = !(fabsf(xv) <= 0.0f) || (F::kEitherStored && !(fabsf(yv) <= 0.0f));
-    detail::store_f(out + r * ldo + j, stored ? f(xv, yv) : 0.0f);
+  for (std::int64_t r = blockIdx.y; r < r_rows; r += gridDim.y) {
+    for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < cols;
+         j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+      const float xv = detail::load_f(x + r * ldx + j);
+      const float yv = detail::load_f(y + r * ldy + j);
+      const bool stored = !(fabsf(xv) <= 0.0f) || (F::kEitherStored && !(fabsf(yv) <= 0.0f));
+      detail::store_f(out + r * ldo + j, stored ? f(xv, yv) : 0.0f);
+    }
   }
 }
 
@@ -188,7 +192,8 @@ void run(HybridView<const T> x, const HybridView<const T>* y, HybridView<T> out,
   const cudaStream_t stream = detail::stream_of(options);
   const std::int64_t r = x.overflow.rows;
   if (r > 0 && x.cols() > 0) {
-    overflow_kernel<T><<<detail::grid_for(r * x.cols(), kThreads), kThreads, 0, stream>>>(
+    const dim3 grid(detail::grid_for(x.cols(), kThreads), static_cast<unsigned>(std::min<std::int64_t>(r, 65535)));
+    overflow_kernel<T><<<grid, kThreads, 0, stream>>>(
         r, x.cols(), x.overflow.data, x.overflow.ld, y->overflow.data, y->overflow.ld, out.overflow.data,
         out.overflow.ld, f);
     detail::check_launch(where);

@@ -15,6 +15,8 @@
 // pass writes those rows whole once the caller has allocated the block.
 #include "transpose_twell.cuh"
 
+#include <cstdint>
+
 #include <cub/block/block_scan.cuh>
 
 #include <twell/error.hpp>
@@ -43,7 +45,22 @@ __device__ __forceinline__ void for_each_entry(const TwellRows<T>& a, std::int64
   if (dense_row >= 0) {
     const auto* values =
         reinterpret_cast<const std::uint16_t*>(a.dense.data + dense_row * a.dense.ld + layout.tile_begin(t));
-    for (int c = 0; c < width; ++c) {
+    // A thread walks a whole dense row: 16-byte loads where the row allows them (one 2-byte load
+    // per column made the token-skewed groups kernel 3x slower than the uniform one), the rest
+    // one by one.
+    int c = 0;
+    if (reinterpret_cast<std::uintptr_t>(values) % 16 == 0) {
+      for (; c + 8 <= width; c += 8) {
+        const uint4 q = *reinterpret_cast<const uint4*>(values + c);
+        const std::uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const auto v = static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2)));
+          if ((v & 0x7fffu) != 0) f(c + i, v);
+        }
+      }
+    }
+    for (; c < width; ++c) {
       const std::uint16_t v = values[c];
       if ((v & 0x7fffu) != 0) f(c, v);
     }
