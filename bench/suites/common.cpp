@@ -147,12 +147,20 @@ std::string range_name(const Case& c) {
        << c.density_target;
   return name.str();
 }
+
+// One NVTX range per case, so a profiler can keep to one case (docs/benchmarks/README.md,
+// "Profiling one case"); without a profiler attached the push and pop cost nothing.
+class CaseRange {
+ public:
+  explicit CaseRange(const Case& c) { nvtxRangePushA(range_name(c).c_str()); }
+  ~CaseRange() { nvtxRangePop(); }
+  CaseRange(const CaseRange&) = delete;
+  CaseRange& operator=(const CaseRange&) = delete;
+};
 }  // namespace
 
 void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
-  // One NVTX range per case, so a profiler can keep to one case (docs/benchmarks/README.md,
-  // "Profiling one case"); without a profiler attached the push and pop cost nothing.
-  nvtxRangePushA(range_name(c).c_str());
+  const CaseRange range(c);
   try {
     body(c);
   } catch (const Error& e) {
@@ -163,7 +171,6 @@ void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
     c.status = "failed: " + std::string(e.what());
     cudaGetLastError();
   }
-  nvtxRangePop();
   report.cases.push_back(std::move(c));
 }
 

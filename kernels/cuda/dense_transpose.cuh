@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -41,7 +40,7 @@ __global__ void transpose_words_kernel(const T* in, std::int64_t rows, std::int6
 template <class T>
 __global__ void transpose_pairs_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out,
                                        std::int64_t ld_out, bool pairs) {
-  __shared__ std::uint16_t tile[64][66];
+  __shared__ __align__(4) std::uint16_t tile[64][66];  // rows of 33 words: pairs are 32-bit accesses
   const auto* src = reinterpret_cast<const std::uint16_t*>(in);
   auto* dst = reinterpret_cast<std::uint16_t*>(out);
   const int p = 2 * static_cast<int>(threadIdx.x);

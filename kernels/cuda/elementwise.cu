@@ -1,6 +1,7 @@
 // cuda elementwise kernels on one structure: out = x * y, out = x + s * sign(y) (y = x too) and
 // out = x * act'(g), per format.
-// One thread per stored slot; no reduction, so results are deterministic by construction.
+// A thread per stored slot (four consecutive TwELL slot words where the layout and alignment
+// allow); no reduction, so results are deterministic by construction.
 #include <algorithm>
 #include <cstdint>
 
@@ -111,15 +112,13 @@ __global__ void twell_quad_kernel(std::int64_t quads, std::uint32_t slot_mask, s
                                   const uint4* x, const uint4* y, uint4* out, F f) {
   TWELL_GRID_STRIDE(q, quads) {
     const uint4 xq = x[q], yq = y[q];
-    const std::uint32_t s0 = static_cast<std::uint32_t>(q * 4) & slot_mask;
-    const std::uint32_t count = s0 == 0 ? xq.x : reinterpret_cast<const std::uint32_t*>(x)[q * 4 - s0];
-    const std::uint32_t n = min(count, capacity);
+    const detail::QuadSlots slots = detail::quad_slots(x, q, xq, slot_mask, capacity);
     const std::uint32_t xw[4] = {xq.x, xq.y, xq.z, xq.w}, yw[4] = {yq.x, yq.y, yq.z, yq.w};
     std::uint32_t ow[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const std::uint32_t s = s0 + i;
-      ow[i] = s == 0 || s > n ? xw[i]
+      const std::uint32_t s = slots.first + i;
+      ow[i] = s == 0 || s > slots.entries ? xw[i]
                               : TwellLayout::pack(detail::bits_of<T>(f(detail::bits_to_f<T>(xw[i] >> 16),
                                                                        detail::bits_to_f<T>(yw[i] >> 16))),
                                                   TwellLayout::slot_column(xw[i]));

@@ -1,7 +1,10 @@
 // cuda reductions over stored values: l1_norm (sum |v| in fp64) and l0_norm (count of v != 0).
-// Deterministic: a grid whose size depends only on the problem size, each thread summing a fixed
-// strided sequence, a fixed shared-memory tree per block, and one block adding the block partials
-// in index order. Counts are integers, so their order never matters.
+// Deterministic: a grid whose size depends only on the problem (its size, and for TwELL whether
+// the four-word source applies: the layout and the slot array's 16-byte alignment), each thread
+// summing a fixed strided sequence, a fixed shared-memory tree per block, and one block adding
+// the block partials in index order. The same input gives the same bits; the same values at
+// another alignment may differ in the last bits of the fp64 sum. Counts are integers, so their
+// order never matters.
 #include <cstdint>
 
 #include <twell/kernels/backends.hpp>
@@ -67,14 +70,12 @@ struct TwellQuadSource {
   __device__ void add(std::int64_t q, double& sum, unsigned long long& count) const {
     if (shadow != nullptr && shadow[q / pw_quads] >= 0) return;
     const uint4 w = packed[q];
-    const std::uint32_t s0 = static_cast<std::uint32_t>(q * 4) & slot_mask;
-    const std::uint32_t n =
-        min(s0 == 0 ? w.x : reinterpret_cast<const std::uint32_t*>(packed)[q * 4 - s0], capacity);
+    const detail::QuadSlots slots = detail::quad_slots(packed, q, w, slot_mask, capacity);
     const std::uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const std::uint32_t s = s0 + i;
-      if (s != 0 && s <= n) add_value(detail::bits_to_f<T>(words[i] >> 16), sum, count);
+      const std::uint32_t s = slots.first + i;
+      if (s != 0 && s <= slots.entries) add_value(detail::bits_to_f<T>(words[i] >> 16), sum, count);
     }
   }
 };

@@ -23,6 +23,19 @@ bool quad_words(const TwellLayout& layout, const Words*... arrays) {
   return s >= 4 && (s & (s - 1)) == 0 && (aligned16(arrays) && ...);
 }
 
+// Of the four slot words `w` = packed[q] (quad_words holds; slot_mask = S - 1): the slot of the
+// first and the entries their group stores (its slot 0's count, at most capacity).
+struct QuadSlots {
+  std::uint32_t first;
+  std::uint32_t entries;
+};
+__device__ __forceinline__ QuadSlots quad_slots(const uint4* packed, std::int64_t q, const uint4& w,
+                                                std::uint32_t slot_mask, std::uint32_t capacity) {
+  const std::uint32_t first = static_cast<std::uint32_t>(q * 4) & slot_mask;
+  const std::uint32_t count = first == 0 ? w.x : reinterpret_cast<const std::uint32_t*>(packed)[q * 4 - first];
+  return {first, min(count, capacity)};
+}
+
 // Whether B and C can be read and written 16 bytes at a time along their rows: both 16-byte
 // aligned, with leading dimensions and B's columns whole 16-byte words.
 template <class T>

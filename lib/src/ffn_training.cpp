@@ -154,7 +154,7 @@ struct GatedFfnTraining<T>::Impl {
         return;
       }
 #endif
-      twell::spmm<T>(op, a, b, c, alpha, beta, options);
+      spmm_on_backend<T>(options)(op, a, b, c, alpha, beta);
     };
   }
 

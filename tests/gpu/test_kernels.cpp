@@ -641,6 +641,10 @@ TEST_CASE_TEMPLATE("cuda elementwise kernels and reductions match the reference"
       check_elementwise<T>("ell", fx.ell, fy.ell);
       check_elementwise<T>("twell", fx.twell, fy.twell);
       check_elementwise<T>("hybrid", fx.hybrid, fy.hybrid);
+      // S = 12: the one-word kernels and reduction source on a Hybrid with dense rows (the
+      // layouts above take the four-word ones for 16-bit values).
+      check_elementwise<T>("hybrid", ref::dense_to_hybrid<T>(x.view(), TwellLayout{24, 2}),
+                           ref::dense_to_hybrid<T>(y.view(), TwellLayout{24, 2}));
     }
   }
 }
@@ -760,14 +764,15 @@ TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, 
     CHECK(testing::bitwise_equal<T>(copy_to(std::as_const(out_dev).view(), MemorySpace::host).view(),
                                     std::as_const(want).view()));
   }
-  // Views inside wider matrices: an odd column count with even leading dimensions (16-bit values
-  // move in pairs up to the last column), and the same views starting one element in (odd
-  // addresses for 16-bit values, so they move one by one).
+  // Views inside wider matrices: odd row and column counts with even leading dimensions (16-bit
+  // values move in pairs up to the last row and column), and the same views starting one element
+  // in (odd addresses for 16-bit values, so they move one by one). What lies outside the output
+  // view must keep its poison.
   for (const std::int64_t offset : {0, 1}) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(offset);
-    const std::int64_t m = 130, n = 67, ld_a = 70, ld_out = 134;
+    const std::int64_t m = 131, n = 67, ld_a = 70, ld_out = 134;
     const DenseMatrix<T> a_full = testing::random_dense<T>(m + 1, ld_a, 1.0f, seed);
     const DenseView<const T> a_host{a_full.view().data + offset, m, n, ld_a, MemorySpace::host};
     DenseMatrix<T> want(n, m);
@@ -781,6 +786,15 @@ TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, 
     const DenseMatrix<T> got_full = copy_to(std::as_const(out_dev).view(), MemorySpace::host);
     const DenseView<const T> got{got_full.view().data + offset, n, m, ld_out, MemorySpace::host};
     CHECK(testing::bitwise_equal<T>(got, std::as_const(want).view()));
+    std::int64_t touched_outside = 0;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(got_full.view().data);
+    for (std::int64_t e = 0; e < (n + 1) * ld_out; ++e) {
+      const std::int64_t i = (e - offset) / ld_out, j = (e - offset) % ld_out;
+      const bool inside = e >= offset && i < n && j < m;
+      for (std::size_t b = 0; b < sizeof(T) && !inside; ++b)
+        touched_outside += bytes[static_cast<std::size_t>(e) * sizeof(T) + b] != 0xff ? 1 : 0;
+    }
+    CHECK(touched_outside == 0);
   }
   const DenseMatrix<T> a_dev(4, 6, MemorySpace::device);
   DenseMatrix<T> wrong(4, 6, MemorySpace::device);
