@@ -3,11 +3,12 @@
 # benchmarks and draw their plots, writing logs, JSON and plots under OUTDIR.
 #
 #   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--contract] [--arch80 | --skip-build-80]
-#                        [--skip-tests] [--skip-bench] [--reps N] [--tests RE]
+#                        [--skip-tests] [--skip-bench] [--reps N] [--tests RE] [--profile CASE]
 #
 #   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
 #                   gpu-check.log (everything), gpu-tests.log, bench.json, bench-summary.md,
-#                   speedup.png, gpu-tests-80.log (--arch80), sanitizer.log (--sanitize)
+#                   speedup.png, gpu-tests-80.log (--arch80), sanitizer.log (--sanitize), or
+#                   profile.csv and profile.md (--profile) instead of the benchmark's files
 #   --sanitize      run each gpu test case under compute-sanitizer (memcheck and racecheck)
 #                   instead of the tests and benchmarks
 #   --suites LIST   benchmark suites (default all: convert,spmm,sddmm,gemm_to_sparse,ffn,training)
@@ -29,6 +30,12 @@
 #                   by group of suites (docs/testing.md)
 #   --sanitize-suites RE    only the gpu test executables whose path matches RE (default all)
 #   --sanitize-cases RE     only the test cases whose name matches RE (default all)
+#   --profile CASE  instead of the benchmarks: Nsight Compute times every kernel of one bench case,
+#                   named by its NVTX range "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", e.g.
+#                   "training gated_ffn_training_step twell_plan paper 16384 uniform 0.005"
+#                   (docs/benchmarks/README.md, "Profiling one case"), in `twell bench --suite SUITE
+#                   --warmup 1 --reps 1` (plus --contract / --quick when given): profile.csv (ncu's
+#                   CSV) and profile.md (each launch's kernel, grid and time, and their sum)
 #
 # Environment: TWELL_GPU_CHECK_TEST_JOBS (default 4) gpu test suites run at once;
 # TWELL_GPU_CHECK_BUILD (and TWELL_GPU_CHECK_BUILD_80) put the build folders
@@ -57,6 +64,7 @@ sanitize_tools="racecheck,memcheck"
 sanitize_suites="."
 sanitize_cases="."
 tests_re=""
+profile_case=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=1 ;;
@@ -74,6 +82,7 @@ while [ $# -gt 0 ]; do
     --sanitize-tools) sanitize_tools="${2:?--sanitize-tools needs a list}"; shift ;;
     --sanitize-suites) sanitize_suites="${2:?--sanitize-suites needs a pattern}"; shift ;;
     --sanitize-cases) sanitize_cases="${2:?--sanitize-cases needs a pattern}"; shift ;;
+    --profile) profile_case="${2:?--profile needs a case name}"; shift ;;
     -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) if [ -z "$out" ]; then out="$1"; else echo "gpu-check: two output folders: $out and $1" >&2; exit 2; fi ;;
@@ -255,6 +264,26 @@ if [ "$arch80" = 1 ]; then
   else
     phase sm80-tests FAILED $(( $(now) - t0 )) "sm_80 build failed; see gpu-check.log"
   fi
+fi
+
+if [ "$built" = 1 ] && [ "$sanitize" = 0 ] && [ -n "$profile_case" ]; then
+  t0=$(now)
+  if ! command -v ncu >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/ncu ]; then
+    PATH="/usr/local/cuda/bin:$PATH"
+  fi
+  scratch_json="$(mktemp)"
+  args=(bench --suite "${profile_case%% *}" --warmup 1 --reps 1 --out "$scratch_json")
+  [ "$quick" = 1 ] && args+=(--quick)
+  [ "$contract" = 1 ] && args+=(--contract)
+  # Clocks left alone (never change the GPU's settings); caches as the previous kernel left them.
+  ncu --clock-control none --cache-control none --nvtx --nvtx-include "$profile_case/" \
+    --metrics gpu__time_duration.sum --csv "$build/tools/twell" "${args[@]}" >"$out/profile.csv" 2>>"$log"
+  rc=$?
+  rm -f "$scratch_json"
+  detail=$(python3 "$root/scripts/ncu_summary.py" "$out/profile.csv" "$out/profile.md" "$profile_case" 2>>"$log")
+  [ $rc -eq 0 ] && [ -n "$detail" ] && st=ok || st=FAILED
+  phase profile $st $(( $(now) - t0 )) "${detail:-no summary}; profile.csv, profile.md"
+  run_bench=0
 fi
 
 if [ "$built" = 1 ] && [ "$run_bench" = 1 ]; then
