@@ -184,7 +184,7 @@ def contract_rows(report):
         err_text = f"; rel. error vs dense {err if isinstance(err, str) else fmt(err, 2)}" if err is not None else ""
         rows.append((f"gated FFN forward vs dense, 0.5 %, {dist}", target, fmt(c.get("speedup") if c else None),
                      f"{c['variant']} {fmt(c['ms']['median'])} ms vs {fmt(d['ms']['median'])} ms"
-                     f"{free_text}{err_text}" if c and d else "not measured"))
+                     f"{err_text}" if c and d else "not measured"))
 
     pts = sorted((c["density_target"], c["speedup"]) for c in ok_cases(report, "ffn")
                  if c["variant"] == "fused" and c["shape"] == "paper" and c["distribution"] == "uniform"

@@ -21,6 +21,7 @@
 
 #include "cuda_check.hpp"
 #include "gemm_to_sparse_sm90.cuh"
+#include "mbarrier.cuh"
 
 // wgmma, setmaxnreg and the sm_90a descriptors exist only in the architecture-specific target;
 // every other device pass compiles an empty kernel that the host never launches.
@@ -77,40 +78,14 @@ constexpr int kPackerWarps = 3;    // warps 1 .. 3 of warpgroup 0 (warp 0 issues
 constexpr int kConsumerRegisters = 200;
 constexpr int kProducerRegisters = 104;
 
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t parity) {
-  const std::uint32_t addr = smem_u32(bar);
-  std::uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-
 // One box of a 2-D tensor map into shared memory; the bytes complete on `bar`. Out-of-bounds
 // elements arrive as zeros (and count toward the bytes), which handles ragged M, N and K.
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
                                             int outer) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
-      "[%2];\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer)
+      "[%2];\n" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(shared_address(bar)), "r"(inner), "r"(outer)
       : "memory");
 }
 
@@ -121,8 +96,8 @@ __device__ __forceinline__ void tma_load_2d_both(void* dst, const CUtensorMap* m
   constexpr std::uint16_t kBoth = (1u << kCluster) - 1u;
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-      "[%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(smem_u32(bar)), "r"(inner), "r"(outer), "h"(kBoth)
+      "[%1, {%3, %4}], [%2], %5;\n" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(shared_address(bar)), "r"(inner), "r"(outer), "h"(kBoth)
       : "memory");
 }
 
@@ -132,7 +107,7 @@ __device__ __forceinline__ void tma_load_2d_both(void* dst, const CUtensorMap* m
 __device__ __forceinline__ void mbar_arrive_in(std::uint64_t* bar, std::uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nmbarrier.arrive.shared::cluster.b64 _, "
-      "[remote];\n}\n" ::"r"(smem_u32(bar)),
+      "[remote];\n}\n" ::"r"(shared_address(bar)),
       "r"(cta)
       : "memory");
 }
@@ -230,7 +205,7 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], std::uint64_t des
 // of matrix j.
 __device__ __forceinline__ void stmatrix_x4(void* row, std::uint32_t r0, std::uint32_t r1, std::uint32_t r2,
                                             std::uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(row)), "r"(r0),
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)), "r"(r0),
                "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
@@ -325,7 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if TWELL_SM90A_DEVICE
   using P = Sm90Tile<BN>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
   auto* full = reinterpret_cast<std::uint64_t*>(smem + P::kBarrierOffset);
   std::uint64_t* empty = full + P::kStages;
   std::uint64_t* staged_full = empty + P::kStages;
@@ -349,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_init(staged_full, kConsumerWarps * 32);
     mbar_init(staged_empty, kPackerWarps * 32);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   cluster_sync();  // the peer's barriers are initialised before any TMA or arrive reaches them
 
@@ -427,8 +402,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kt = 0; kt < ktiles; ++kt, ++it) {
         const std::uint32_t s = it % P::kStages;
         mbar_wait(&full[s], (it / P::kStages) & 1u);
-        const std::uint32_t a = smem_u32(smem + s * P::kStageBytes) + c * (64 * 128);
-        const std::uint32_t b = smem_u32(smem + s * P::kStageBytes + P::kABytes);
+        const std::uint32_t a = shared_address(smem + s * P::kStageBytes) + c * (64 * 128);
+        const std::uint32_t b = shared_address(smem + s * P::kStageBytes + P::kABytes);
         fence_accumulators(acc);
         wgmma_fence();
 #pragma unroll

@@ -33,6 +33,7 @@
 
 #include "../../converters/cuda/warp_scan.cuh"
 #include "cp_async.cuh"
+#include "mbarrier.cuh"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
 #include "vec16.cuh"
@@ -41,6 +42,19 @@ namespace twell::cuda::detail {
 namespace {
 
 constexpr const char* kWhere = "twell::cuda::spmm";
+
+// The product stages B's slices by one bulk copy of the TMA engine per slice where the device
+// pass has it (sm_90 and up), by per-thread cp.async before. H100, paper shape, 0.5 %, M = 16384
+// (Nsight Compute, 2026-11-27): the 16-byte cp.async copies took 15 shared-memory wavefronts per
+// warp instruction against 4 ideal, 13.7 M of the kernel's 44 M, and 0.9 M LDGSTS of its 130 M
+// instructions; the bulk copy leaves 30 M wavefronts and 120 M instructions, but its slice now
+// lands late (a third of the warps' stall samples wait on it), so spmm gained only 1-2 % on
+// uniform rows and 4 % on token-skewed ones (docs/benchmarks/README.md, "Why each miss").
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define TWELL_SLICES_BULK_COPY 1
+#else
+#define TWELL_SLICES_BULK_COPY 0
+#endif
 constexpr unsigned kFull = 0xffffffffu;
 
 constexpr int kChunk = 32;                // entries a lane holds in registers
@@ -531,7 +545,7 @@ __device__ __forceinline__ void pack(const float (&v)[4], uint2& out) {
 // registers the entries, 8 sums and the loads in flight leave no room. A warp holds 32 lanes: up
 // to 32 rows of one chunk, or the chunks of fewer, longer rows. Per item the CTA has B's slice s
 // (B' rows 0..K, 16 or 8 bytes each) in one of two shared buffers; the next slice is copied by
-// cp.async into the other while this one is used (one barrier per item: after it, slice s has
+// the TMA engine (cp.async before sm_90) into the other while this one is used (one barrier per item: after it, slice s has
 // landed and every warp is done with slice s - 1, whose buffer the copy of s + 1 reuses). Each
 // lane then walks its entries, the warp to its longest lane by quads of 4 (straight-line code
 // entered at the warp's length): per entry one shared load of the B row (16 bytes), kKc unpacks
@@ -574,6 +588,9 @@ __global__ void __launch_bounds__(kLanes, 1)
   __shared__ unsigned lane_info[kLanes];                  // see load_group
   __shared__ int warp_steps[kCtaWarps], warp_tree[kCtaWarps];
   __shared__ int sched[3];  // first and end item of this CTA, regular groups
+#if TWELL_SLICES_BULK_COPY
+  __shared__ std::uint64_t slice_landed[2];  // each buffer's slice completes here
+#endif
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const std::uint32_t zero_word = static_cast<std::uint32_t>(k_cols);
 
@@ -600,13 +617,41 @@ __global__ void __launch_bounds__(kLanes, 1)
       sched[2] = regular_groups;
     }
   }
+#if TWELL_SLICES_BULK_COPY
+  if (tid == 0) {
+    mbar_init(&slice_landed[0], 1);
+    mbar_init(&slice_landed[1], 1);
+    mbar_init_fence();
+  }
+#endif
   __syncthreads();
   if (sched[0] >= sched[1]) return;
 
+  // Starts the copy of slice `slice` into buffer `buf`, which every warp has left (behind a barrier).
   auto stage_slice = [&](int slice, int buf) {
     const unsigned char* src = staged + static_cast<std::int64_t>(slice) * slice_bytes;
     const std::uint32_t dst = shared_address(stage) + buf * slice_bytes;
+#if TWELL_SLICES_BULK_COPY
+    if (tid == 0) {
+      fence_proxy_async_shared();
+      // One copy of the whole slice (below the 2^20 - 1 bytes an mbarrier phase can expect).
+      mbar_expect_tx(&slice_landed[buf], static_cast<std::uint32_t>(slice_bytes));
+      bulk_copy_to_shared(dst, src, static_cast<std::uint32_t>(slice_bytes), &slice_landed[buf]);
+    }
+#else
     for (int i = tid * 16; i < slice_bytes; i += kLanes * 16) cp_async16(dst + i, src + i);
+    cp_async_commit_group();
+#endif
+  };
+  // Waits for the slice of item n (this CTA's n-th) in buffer n % 2; with cp.async, for this
+  // thread's copies, which the barrier after it publishes to the CTA.
+  auto wait_slice = [&](int n) {
+#if TWELL_SLICES_BULK_COPY
+    mbar_wait(&slice_landed[n & 1], static_cast<std::uint32_t>(n >> 1) & 1u);
+#else
+    (void)n;
+    cp_async_wait_groups<0>();
+#endif
   };
 
   // Loads the lane's entries of group gid and its state: lane_row, and lane_info = the end of the
@@ -694,7 +739,6 @@ __global__ void __launch_bounds__(kLanes, 1)
   // Item it = g * slices + s of this CTA's range; a new group starts where s wraps to 0.
   int g = sched[0] / slices, s = sched[0] % slices;
   stage_slice(s, 0);
-  cp_async_commit_group();
   for (;;) {
     const int it = g * slices + s;
     if (it >= sched[1]) break;
@@ -708,11 +752,10 @@ __global__ void __launch_bounds__(kLanes, 1)
       }
       load_group(g);
     }
-    cp_async_wait_groups<0>();
+    wait_slice(n);
     __syncthreads();
     if (n > 0 && s != 0) combine(parity ^ 1, prev_slice);
     if (it + 1 < sched[1]) stage_slice(s + 1 == slices ? 0 : s + 1, parity ^ 1);
-    cp_async_commit_group();
 
     const std::uint32_t buf = static_cast<std::uint32_t>(__cvta_generic_to_shared(stage)) + parity * slice_bytes;
     float acc[kKc];
