@@ -13,7 +13,9 @@ __device__ __forceinline__ void mbar_init(std::uint64_t* bar, std::uint32_t coun
 }
 // Makes initialised mbarriers visible to the async proxy (the TMA engine's completions) and to
 // the other CTAs of a cluster; a barrier across the CTA (or cluster) must follow.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 // Arrives once and adds `bytes` of asynchronous copies that must land before the phase completes.
 __device__ __forceinline__ void mbar_expect_tx(std::uint64_t* bar, std::uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(bar)), "r"(bytes)
@@ -27,11 +29,10 @@ __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t pari
   const std::uint32_t addr = shared_address(bar);
   std::uint32_t done = 0;
   do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(addr), "r"(parity)
+                 : "memory");
   } while (done == 0);
 }
 
@@ -45,10 +46,9 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 // shared address `dst` by the TMA engine; the bytes complete on `bar`.
 __device__ __forceinline__ void bulk_copy_to_shared(std::uint32_t dst, const void* src, std::uint32_t bytes,
                                                     std::uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(shared_address(bar))
-      : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(shared_address(bar))
+               : "memory");
 }
 
 }  // namespace twell::cuda::detail

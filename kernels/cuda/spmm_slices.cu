@@ -90,10 +90,11 @@ __host__ __device__ constexpr std::uint32_t lane_bits(int k, int lanes, int len)
 // columns).
 constexpr std::int64_t padded_k(std::int64_t k_cols) { return (k_cols + 2) / 2 * 2; }
 
-// Static shared memory of the product kernel: cross-warp partials, lane and warp state, schedule.
+// Static shared memory of the product kernel: cross-warp partials, lane and warp state, schedule,
+// and the two slice mbarriers (sm_90 passes; counted for every pass).
 template <int kKc>
 constexpr int product_static_bytes() {
-  return static_cast<int>(sizeof(float)) * 2 * 2 * kCtaWarps * kKc + 8 * kLanes + 8 * kCtaWarps + 16;
+  return static_cast<int>(sizeof(float)) * 2 * 2 * kCtaWarps * kKc + 8 * kLanes + 8 * kCtaWarps + 16 + 16;
 }
 
 // The shared address of an entry's B row: buf + column * row_bytes, written so that it compiles
@@ -545,8 +546,9 @@ __device__ __forceinline__ void pack(const float (&v)[4], uint2& out) {
 // registers the entries, 8 sums and the loads in flight leave no room. A warp holds 32 lanes: up
 // to 32 rows of one chunk, or the chunks of fewer, longer rows. Per item the CTA has B's slice s
 // (B' rows 0..K, 16 or 8 bytes each) in one of two shared buffers; the next slice is copied by
-// the TMA engine (cp.async before sm_90) into the other while this one is used (one barrier per item: after it, slice s has
-// landed and every warp is done with slice s - 1, whose buffer the copy of s + 1 reuses). Each
+// the TMA engine (cp.async before sm_90) into the other while this one is used (one barrier per
+// item: after it, slice s has landed and every warp is done with slice s - 1, whose buffer the
+// copy of s + 1 reuses). Each
 // lane then walks its entries, the warp to its longest lane by quads of 4 (straight-line code
 // entered at the warp's length): per entry one shared load of the B row (16 bytes), kKc unpacks
 // and kKc FMAs into acc[kKc] fp32; ptxas makes that 19.7 instructions per entry for bf16. A row's
@@ -870,6 +872,9 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   check_launch("twell::cuda::spmm (slice pre-pass: chunks and B copy)");
 
   const int slice_bytes = static_cast<int>(k_pad * 2 * kKc);
+  // One bulk copy per slice completes on an mbarrier phase, which counts fewer than 2^20 bytes.
+  require(slice_bytes < (1 << 20), ErrorCode::unsupported, kWhere, "a B slice of ", slice_bytes,
+          " bytes is past what one mbarrier phase can expect");
   auto product = slices_kernel<T, kKc>;
   check_cuda(cudaFuncSetAttribute(product, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * slice_bytes),
              "twell::cuda::spmm (cudaFuncSetAttribute, slice kernel)");

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Runs bench/plot.py on the benchmark reports in docs/benchmarks: the markdown summary of every
-report, and the plots of the newest report holding each suite (drawing all of them takes minutes).
+report, and the plots of the newest report (by its meta.date) holding each suite, since drawing
+all of them takes minutes; with --no-plots (a python without matplotlib) only the summaries.
 
 gpu-check.sh runs plot.py after the benchmarks, on whichever suites the call ran; a report that
-plot.py cannot take is found here rather than after a GPU run. Usage: plot_check.py REPO_ROOT.
-Exits non-zero naming each report that failed.
+plot.py cannot take is found here rather than after a GPU run. Usage:
+plot_check.py REPO_ROOT [--no-plots]. Exits non-zero naming each report that failed.
 """
 import glob
 import json
@@ -14,33 +15,39 @@ import sys
 import tempfile
 
 
-def main(root):
+def main(root, draw):
     reports = sorted(glob.glob(os.path.join(root, "docs", "benchmarks", "*.json")))
     if not reports:
         print("plot_check.py: no benchmark report under docs/benchmarks")
         return 1
-    plotted = {}  # suite -> the newest report holding it (names sort by date)
+    newest = {}  # suite -> (date, report): file names start with the device, not the date
     for report in reports:
         with open(report) as f:
-            for suite in {c.get("suite") for c in json.load(f).get("cases", [])}:
-                plotted[suite] = report
+            data = json.load(f)
+        date = data.get("meta", {}).get("date", "")
+        for suite in {c.get("suite") for c in data.get("cases", [])}:
+            if suite not in newest or date >= newest[suite][0]:
+                newest[suite] = (date, report)
+    plotted = {report for _, report in newest.values()} if draw else set()
     failed = []
     for report in reports:
         with tempfile.TemporaryDirectory() as out:
             summary = os.path.join(out, "summary.md")
             args = [sys.executable, os.path.join(root, "bench", "plot.py"), report, "--single", "--out", out,
                     "--summary", summary]
-            if report not in plotted.values():
+            if report not in plotted:
                 args.append("--no-plots")
             run = subprocess.run(args, capture_output=True, text=True)
-            if run.returncode != 0 or os.path.getsize(summary) == 0:
-                failed.append(os.path.basename(report))
-                print(f"plot_check.py: {os.path.basename(report)}: exit {run.returncode}\n{run.stderr[-2000:]}")
-    print(f"plot_check.py: {len(reports) - len(failed)} of {len(reports)} reports taken (plots drawn for {len(set(plotted.values()))})")
+            if run.returncode != 0 or not os.path.exists(summary) or os.path.getsize(summary) == 0:
+                name = os.path.basename(report)
+                failed.append(name)
+                print(f"plot_check.py: {name}: exit {run.returncode}\n{run.stderr[-2000:]}")
+    print(f"plot_check.py: {len(reports) - len(failed)} of {len(reports)} reports summarised, "
+          f"plots drawn for {len(plotted)}")
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--no-plots"):
         sys.exit(__doc__)
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], draw=len(sys.argv) == 2))
