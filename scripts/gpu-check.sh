@@ -280,7 +280,8 @@ if [ "$built" = 1 ] && [ "$sanitize" = 0 ] && [ -n "$profile_case" ]; then
     --metrics gpu__time_duration.sum --csv "$build/tools/twell" "${args[@]}" >"$out/profile.csv" 2>>"$log"
   rc=$?
   rm -f "$scratch_json"
-  detail=$(python3 "$root/scripts/ncu_summary.py" "$out/profile.csv" "$out/profile.md" "$profile_case" 2>>"$log")
+  # The range holds the warm-up run and the timed one.
+  detail=$(python3 "$root/scripts/ncu_summary.py" "$out/profile.csv" "$out/profile.md" "$profile_case" 2 2>>"$log")
   [ $rc -eq 0 ] && [ -n "$detail" ] && st=ok || st=FAILED
   phase profile $st $(( $(now) - t0 )) "${detail:-no summary}; profile.csv, profile.md"
   run_bench=0

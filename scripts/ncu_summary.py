@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Summarises an Nsight Compute CSV of gpu__time_duration.sum (gpu-check.sh --profile).
 
-Usage: ncu_summary.py PROFILE_CSV OUT_MD CASE
+Usage: ncu_summary.py PROFILE_CSV OUT_MD CASE [RUNS]
 
-Writes OUT_MD: one row per kernel launch in launch order (kernel, grid, microseconds) and their
-sum, and prints a one-line summary. The NVTX range of a bench case holds every run of the op
-(with --warmup 1 --reps 1, two), so the sum covers them all. Exits 1 when the CSV holds no
-launch: the case name did not match a range (bench/suites/common.cpp names them).
+Writes OUT_MD: one row per kernel launch in launch order (kernel, grid, microseconds), their sum
+and the sum per run of the op, and prints a one-line summary. The NVTX range of a bench case
+holds every run of the op (warm-up and timed: two with --warmup 1 --reps 1), which RUNS (default
+1) names. Exits 1 when the CSV holds no launch: the case name did not match a range
+(bench/suites/common.cpp names them).
 """
 import csv
 import sys
@@ -29,9 +30,12 @@ def launches(path):
 
 
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         sys.exit(__doc__)
-    csv_path, md_path, case = sys.argv[1:]
+    csv_path, md_path, case = sys.argv[1:4]
+    runs = int(sys.argv[4]) if len(sys.argv) == 5 else 1
+    if runs < 1:
+        sys.exit("ncu_summary.py: RUNS must be at least 1")
     rows = list(launches(csv_path))
     with open(md_path, "w") as md:
         md.write(f"# Kernels of `{case}`\n\n")
@@ -41,10 +45,13 @@ def main():
             md.write("| # | kernel | grid | µs |\n|---|---|---|---|\n")
             for i, (name, grid, us) in enumerate(rows):
                 md.write(f"| {i} | `{name[:100]}` | {grid} | {us:.1f} |\n")
-            md.write(f"\n{len(rows)} launches, {sum(us for _, _, us in rows):.1f} µs in all.\n")
+            total = sum(us for _, _, us in rows)
+            md.write(f"\n{len(rows)} launches, {total:.1f} µs in all: {total / runs:.1f} µs per run of the op "
+                     f"({runs} run{'s' if runs > 1 else ''} in the range).\n")
     if not rows:
         return 1
-    print(f"{len(rows)} launches, {sum(us for _, _, us in rows):.0f} us in all")
+    total = sum(us for _, _, us in rows)
+    print(f"{len(rows)} launches, {total:.0f} us in all, {total / runs:.0f} us per run ({runs} in the range)")
     return 0
 
 
