@@ -205,8 +205,8 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], std::uint64_t des
 // of matrix j.
 __device__ __forceinline__ void stmatrix_x4(void* row, std::uint32_t r0, std::uint32_t r1, std::uint32_t r2,
                                             std::uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)), "r"(r0),
-               "r"(r1), "r"(r2), "r"(r3)
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(shared_address(row)),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
 

@@ -94,7 +94,8 @@ constexpr std::int64_t padded_k(std::int64_t k_cols) { return (k_cols + 2) / 2 *
 // and the two slice mbarriers (sm_90 passes; counted for every pass).
 template <int kKc>
 constexpr int product_static_bytes() {
-  return static_cast<int>(sizeof(float)) * 2 * 2 * kCtaWarps * kKc + 8 * kLanes + 8 * kCtaWarps + 16 + 16;
+  constexpr int kSlots = static_cast<int>(sizeof(float)) * 2 * 2 * kCtaWarps * kKc + 8 * kLanes + 8 * kCtaWarps;
+  return kSlots + 16 + static_cast<int>(2 * sizeof(std::uint64_t));
 }
 
 // The shared address of an entry's B row: buf + column * row_bytes, written so that it compiles
@@ -548,14 +549,14 @@ __device__ __forceinline__ void pack(const float (&v)[4], uint2& out) {
 // (B' rows 0..K, 16 or 8 bytes each) in one of two shared buffers; the next slice is copied by
 // the TMA engine (cp.async before sm_90) into the other while this one is used (one barrier per
 // item: after it, slice s has landed and every warp is done with slice s - 1, whose buffer the
-// copy of s + 1 reuses). Each
-// lane then walks its entries, the warp to its longest lane by quads of 4 (straight-line code
-// entered at the warp's length): per entry one shared load of the B row (16 bytes), kKc unpacks
-// and kKc FMAs into acc[kKc] fp32; ptxas makes that 19.7 instructions per entry for bf16. A row's
-// lanes are then summed by a shuffle tree inside the warp (only as many levels as the warp's
-// longest row needs); the row's first lane writes C once per (row, slice), alpha/beta applied
-// there (beta == 0 never reads C). A row that crosses a warp boundary leaves one partial per warp
-// in shared memory; its first lane adds them in warp order after the next barrier, then writes C.
+// copy of s + 1 reuses). Each lane then walks its entries, the warp to its longest lane by quads
+// of 4 (straight-line code entered at the warp's length): per entry one shared load of the B row
+// (16 bytes), kKc unpacks and kKc FMAs into acc[kKc] fp32; ptxas makes that 19.7 instructions
+// per entry for bf16. A row's lanes are then summed by a shuffle tree inside the warp (only as
+// many levels as the warp's longest row needs); the row's first lane writes C once per (row,
+// slice), alpha/beta applied there (beta == 0 never reads C). A row that crosses a warp boundary
+// leaves one partial per warp in shared memory; its first lane adds them in warp order after the
+// next barrier, then writes C.
 // Cost model at the paper shape, 0.5 % uniform (462 k entries, 28 per row; ~19.4 k lanes, 20
 // groups of ~830 rows; 256 slices of 8 columns; 132 SMs, ~39 items per CTA):
 //   issue: per entry and slice ~20 instructions (column mask, address, LDS.128, value, 8 unpacks,
