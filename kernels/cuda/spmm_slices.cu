@@ -91,11 +91,12 @@ __host__ __device__ constexpr std::uint32_t lane_bits(int k, int lanes, int len)
 constexpr std::int64_t padded_k(std::int64_t k_cols) { return (k_cols + 2) / 2 * 2; }
 
 // Static shared memory of the product kernel: cross-warp partials, lane and warp state, schedule,
-// and the two slice mbarriers (sm_90 passes; counted for every pass).
+// the held pieces of C, and the two slice mbarriers (sm_90 passes; counted for every pass).
 template <int kKc>
 constexpr int product_static_bytes() {
   constexpr int kSlots = static_cast<int>(sizeof(float)) * 2 * 2 * kCtaWarps * kKc + 8 * kLanes + 8 * kCtaWarps;
-  return kSlots + 16 + static_cast<int>(2 * sizeof(std::uint64_t));
+  constexpr int kHeld = kLanes * 2 * kKc;
+  return kSlots + 16 + kHeld + static_cast<int>(2 * sizeof(std::uint64_t));
 }
 
 // The shared address of an entry's B row: buf + column * row_bytes, written so that it compiles
@@ -553,10 +554,10 @@ __device__ __forceinline__ void pack(const float (&v)[4], uint2& out) {
 // of 4 (straight-line code entered at the warp's length): per entry one shared load of the B row
 // (16 bytes), kKc unpacks and kKc FMAs into acc[kKc] fp32; ptxas makes that 19.7 instructions
 // per entry for bf16. A row's lanes are then summed by a shuffle tree inside the warp (only as
-// many levels as the warp's longest row needs); the row's first lane writes C once per (row,
-// slice), alpha/beta applied there (beta == 0 never reads C). A row that crosses a warp boundary
-// leaves one partial per warp in shared memory; its first lane adds them in warp order after the
-// next barrier, then writes C.
+// many levels as the warp's longest row needs); the row's first lane finishes the row's piece of
+// C (alpha/beta applied there; beta == 0 never reads C) and writes the pieces of two adjacent
+// slices together (store_c). A row that crosses a warp boundary leaves one partial per warp in
+// shared memory; its first lane adds them in warp order after the next barrier, then writes C.
 // Cost model at the paper shape, 0.5 % uniform (462 k entries, 28 per row; ~19.4 k lanes, 20
 // groups of ~830 rows; 256 slices of 8 columns; 132 SMs, ~39 items per CTA):
 //   issue: per entry and slice ~20 instructions (column mask, address, LDS.128, value, 8 unpacks,
@@ -568,7 +569,7 @@ __device__ __forceinline__ void pack(const float (&v)[4], uint2& out) {
 //   order (per whole warp: ~6.8 and ~5.5): 4.1 M x 7 / 132 SMs = ~0.11 ms. The two overlap;
 //   expect ~0.1-0.12 ms, bound by shared-memory wavefronts or issue;
 //   L2: B' staged 20 groups x 23 MB = 0.46 GB (~0.08 ms at ~5.5 TB/s, hidden by the double
-//   buffer), entries 20 x 128 KB once, C 67 MB written in 16-byte pieces.
+//   buffer), entries 20 x 128 KB once, C 67 MB written in 32-byte pieces (see store_c).
 //   Pre-pass: count ~11 MB of scattered slot-0 reads, fill ~12 MB of entry reads and 3 MB of
 //   writes plus the 23 MB -> 23 MB copy of B: ~0.01 ms.
 // Balance: every warp walks about its lanes' equal chunk lengths (sorted); a heavy token is one
@@ -591,6 +592,7 @@ __global__ void __launch_bounds__(kLanes, 1)
   __shared__ unsigned lane_info[kLanes];                  // see load_group
   __shared__ int warp_steps[kCtaWarps], warp_tree[kCtaWarps];
   __shared__ int sched[3];  // first and end item of this CTA, regular groups
+  __shared__ Piece held[kLanes];  // a direct lane's piece of C for an even slice (store_c)
 #if TWELL_SLICES_BULK_COPY
   __shared__ std::uint64_t slice_landed[2];  // each buffer's slice completes here
 #endif
@@ -709,7 +711,13 @@ __global__ void __launch_bounds__(kLanes, 1)
     }
   };
 
-  auto store_c = [&](int slice, const float(&v)[kKc]) {
+  // The lane's piece of C at columns slice * kKc.. (alpha, beta applied). A direct lane holds the
+  // piece of an even slice whose odd neighbour is this CTA's next item and writes both with that
+  // one: C goes out in whole 32-byte sectors (kKc = 8), not in halves an item (~6 us) apart.
+  // H100, paper shape, 0.5 %, M = 16384 (2026-11-27): spmm 0.346 -> 0.282 ms; the half-sector
+  // writes had also held back the slices' bulk copies (docs/benchmarks/README.md, "Why each miss").
+  enum class Pair { none, hold, with_held };
+  auto store_c = [&](int slice, const float(&v)[kKc], Pair pair) {
     T* p = c + static_cast<std::int64_t>(lane_row[tid]) * ldc + slice * kKc;
     float out[kKc];
 #pragma unroll
@@ -722,7 +730,12 @@ __global__ void __launch_bounds__(kLanes, 1)
     }
     Piece o;
     pack<T>(out, o);
-    *reinterpret_cast<Piece*>(p) = o;
+    if (pair == Pair::hold) {
+      held[tid] = o;
+      return;
+    }
+    if (pair == Pair::with_held) reinterpret_cast<Piece*>(p)[-1] = held[tid];
+    reinterpret_cast<Piece*>(p)[0] = o;
   };
   // A row that spans warps: its first lane adds the warps' partials of item `parity`, in order.
   auto combine = [&](int parity, int slice) {
@@ -736,7 +749,7 @@ __global__ void __launch_bounds__(kLanes, 1)
     for (int w = warp + 1; w <= last_warp; ++w)
 #pragma unroll
       for (int u = 0; u < kKc; ++u) sum[u] += parts[parity][1][w][u];
-    store_c(slice, sum);
+    store_c(slice, sum, Pair::none);
   };
 
   // Item it = g * slices + s of this CTA's range; a new group starts where s wraps to 0.
@@ -820,7 +833,12 @@ __global__ void __launch_bounds__(kLanes, 1)
         if (lane + d < seg_end) acc[u] += x;
       }
     }
-    if (info & kDirect) store_c(s, acc);
+    if (info & kDirect) {
+      // Item it + 1 of this CTA is slice s + 1 of the same group, or item it - 1 held slice s - 1.
+      const bool next_pairs = (s & 1) == 0 && s + 1 < slices && it + 1 < sched[1];
+      const bool prev_held = (s & 1) == 1 && n > 0;
+      store_c(s, acc, next_pairs ? Pair::hold : prev_held ? Pair::with_held : Pair::none);
+    }
     if (info & (kOwner | kCont)) {
       float* part = parts[parity][(info & kOwner) ? 0 : 1][warp];
 #pragma unroll
