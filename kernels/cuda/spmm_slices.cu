@@ -555,9 +555,10 @@ __device__ __forceinline__ void pack(const float (&v)[4], uint2& out) {
 // (16 bytes), kKc unpacks and kKc FMAs into acc[kKc] fp32; ptxas makes that 19.7 instructions
 // per entry for bf16. A row's lanes are then summed by a shuffle tree inside the warp (only as
 // many levels as the warp's longest row needs); the row's first lane finishes the row's piece of
-// C (alpha/beta applied there; beta == 0 never reads C) and writes the pieces of two adjacent
-// slices together (store_c). A row that crosses a warp boundary leaves one partial per warp in
-// shared memory; its first lane adds them in warp order after the next barrier, then writes C.
+// C (alpha/beta applied there; beta == 0 never reads C) and writes it, together with the piece of
+// the adjacent slice where this CTA computes both (store_c). A row that crosses a warp boundary
+// leaves one partial per warp in shared memory; its first lane adds them in warp order after the
+// next barrier, then writes C.
 // Cost model at the paper shape, 0.5 % uniform (462 k entries, 28 per row; ~19.4 k lanes, 20
 // groups of ~830 rows; 256 slices of 8 columns; 132 SMs, ~39 items per CTA):
 //   issue: per entry and slice ~20 instructions (column mask, address, LDS.128, value, 8 unpacks,
@@ -713,7 +714,8 @@ __global__ void __launch_bounds__(kLanes, 1)
 
   // The lane's piece of C at columns slice * kKc.. (alpha, beta applied). A direct lane holds the
   // piece of an even slice whose odd neighbour is this CTA's next item and writes both with that
-  // one: C goes out in whole 32-byte sectors (kKc = 8), not in halves an item (~6 us) apart.
+  // one: C goes out in whole 32-byte sectors (kKc = 8, rows of C 32-byte aligned), not in halves
+  // an item (~6 us) apart.
   // H100, paper shape, 0.5 %, M = 16384 (2026-11-27): spmm 0.346 -> 0.282 ms; the half-sector
   // writes had also held back the slices' bulk copies (docs/benchmarks/README.md, "Why each miss").
   enum class Pair { none, hold, with_held };

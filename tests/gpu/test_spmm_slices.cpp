@@ -352,6 +352,30 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, f
   }
 }
 
+// The slice kernel writes a row's pieces of C for slices s (even) and s + 1 together when one CTA
+// runs both items (store_c): here enough items that every CTA runs several (~5 groups of lanes x
+// 129 slices over ~132 CTAs, ~3 groups under the sanitizer's reduced sweep), so ranges start and
+// end on odd and even slices and cross group ends, and the odd slice count leaves each group's
+// last (even) slice alone. Heavy rows of 150 entries (~50 per tile of 64 slots) take 5 lanes; one
+// that crosses a warp boundary is written by its owner lane, never held.
+TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: pieces of C from adjacent slices", T, bf16, fp16) {
+  constexpr std::int64_t kK = 777, kN = 1032;
+  const std::int64_t m = testing::sweep_size(4000, 2500);
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  CAPTURE(m);
+  testing::SparseDenseOptions so;
+  so.density = 0.03;
+  so.empty_row_share = 0.05;
+  DenseMatrix<T> a_dense = testing::random_sparse_dense<T>(m, kK, so, seed);
+  for (std::int64_t i = 40; i < m; i += 333) fill_row(a_dense, i, 150);
+  const auto b = testing::random_dense<T>(kK, kN, 1.0f, seed + 1);
+  const TwellLayout layout{256, 4};
+  const TwellMatrix<T> a = ref::dense_to_twell<T>(a_dense.view(), layout);
+  dev::SpmmPlan<T> plan(m, kK, layout);
+  check_all<T>(a, b, twell_kernels(layout, kK), seed, &plan);
+}
+
 // An Inf and a NaN in B reach exactly the outputs of the rows whose entries use those B rows, as in
 // the reference (sparse semantics: a zero of A never meets B). A kernel that multiplies B rows by
 // explicit zeros (padding, or the zero rows of a tensor-core tile) would turn neighbouring rows
