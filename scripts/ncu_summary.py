@@ -37,6 +37,7 @@ def main():
     if runs < 1:
         sys.exit("ncu_summary.py: RUNS must be at least 1")
     rows = list(launches(csv_path))
+    total = sum(us for _, _, us in rows)
     with open(md_path, "w") as md:
         md.write(f"# Kernels of `{case}`\n\n")
         if not rows:
@@ -45,12 +46,10 @@ def main():
             md.write("| # | kernel | grid | µs |\n|---|---|---|---|\n")
             for i, (name, grid, us) in enumerate(rows):
                 md.write(f"| {i} | `{name[:100]}` | {grid} | {us:.1f} |\n")
-            total = sum(us for _, _, us in rows)
             md.write(f"\n{len(rows)} launches, {total:.1f} µs in all: {total / runs:.1f} µs per run of the op "
                      f"({runs} run{'s' if runs > 1 else ''} in the range).\n")
     if not rows:
         return 1
-    total = sum(us for _, _, us in rows)
     print(f"{len(rows)} launches, {total:.0f} us in all, {total / runs:.0f} us per run ({runs} in the range)")
     return 0
 
