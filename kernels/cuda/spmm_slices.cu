@@ -65,7 +65,13 @@ constexpr int kRegularMax = kChunk * 32;  // entries of a row that one warp hold
 // lanes ends by lane 1023 of the group.
 constexpr int kGroupStride = kLanes - 32 + 1;
 constexpr int kPieceRows = 256;                       // rows of a pre-pass CTA
-constexpr int kPieceWarps = kPieceRows / 32;          // warps of a pre-pass CTA
+constexpr int kPieceWarps = kPieceRows / 32;          // warps of a count CTA
+// Threads of a fill CTA: two per row, so that a row piece's ~1.2 chunks per row (0.5 % uniform)
+// are one chunk per thread; each chunk is a long serial chain (gather, bank ordering), and with a
+// thread per row the threads that took a second chunk set the kernel's length (H100, paper shape,
+// M = 16384: fill 61 us of the spmm's 282, docs/benchmarks/README.md, "Why each miss").
+constexpr int kFillThreads = 2 * kPieceRows;
+constexpr int kFillWarps = kFillThreads / 32;
 constexpr int kMaxTiles = 128;                        // per-row tile counts staged by the pre-pass
 // Rows of a layout the path takes hold at most this many entries. A row over kRegularMax is a
 // group of its own, which stages all of B for one row: at 20 % density (C = 1, every row ~1100
@@ -192,8 +198,9 @@ Lists carve(void* workspace, const Geometry& g) {
 
 // ---- pre-pass ------------------------------------------------------------------------------------
 
-// Exclusive prefix of v over a 256-thread CTA in thread order, and the CTA's total. `scratch`
-// holds kPieceWarps ints; the barrier at the end lets the next call reuse it.
+// Exclusive prefix of v over a CTA of kWarps warps in thread order, and the CTA's total. `scratch`
+// holds kWarps ints; the barrier at the end lets the next call reuse it.
+template <int kWarps>
 __device__ __forceinline__ long long block_exclusive_scan(long long v, long long* scratch, long long& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long incl = warp_inclusive_sum(v, lane);
@@ -202,7 +209,7 @@ __device__ __forceinline__ long long block_exclusive_scan(long long v, long long
   long long before = 0;
   total = 0;
 #pragma unroll
-  for (int w = 0; w < kPieceWarps; ++w) {
+  for (int w = 0; w < kWarps; ++w) {
     const long long s = scratch[w];
     if (w < warp) before += s;
     total += s;
@@ -251,9 +258,9 @@ __global__ void __launch_bounds__(kPieceRows)
   const int lanes = lanes_of(n);
   const bool huge = n > kRegularMax;
   long long regular_total, huge_total, huge_lanes_total;
-  block_exclusive_scan(huge ? 0 : lanes, scratch, regular_total);
-  block_exclusive_scan(huge ? 1 : 0, scratch, huge_total);
-  block_exclusive_scan(huge ? lanes : 0, scratch, huge_lanes_total);  // its barriers also publish `counts`
+  block_exclusive_scan<kPieceWarps>(huge ? 0 : lanes, scratch, regular_total);
+  block_exclusive_scan<kPieceWarps>(huge ? 1 : 0, scratch, huge_total);
+  block_exclusive_scan<kPieceWarps>(huge ? lanes : 0, scratch, huge_lanes_total);  // its barriers also publish `counts`
   auto* dst = reinterpret_cast<uint4*>(lists.counts + piece * kPieceRows * tiles);
   const auto* from = reinterpret_cast<const uint4*>(counts);
   for (int i = tid; i < tiles * (kPieceRows / 16); i += kPieceRows) dst[i] = from[i];
@@ -266,25 +273,36 @@ __global__ void __launch_bounds__(kPieceRows)
 }
 
 // B (k_cols x b_cols, row-major, ld ldb) to B' [b_cols / kKc][padded_k][kKc], rows k_cols and up of
-// each slice zero. A warp copies 8 rows x 4 slices: loads of 4 x 2 kKc contiguous bytes per row,
-// stores of 8 x 2 kKc contiguous bytes per slice, so both sides move whole sectors.
+// each slice zero. A warp copies units of 8 rows x 4 slices: loads of 4 x 2 kKc contiguous bytes
+// per row, stores of 8 x 2 kKc contiguous bytes per slice, so both sides move whole sectors. It has
+// kInFlight units' loads issued before their stores: the copy CTAs share the SMs with the row CTAs
+// (at most one fill CTA per SM by registers), so each warp must keep several loads in flight.
 template <int kKc>
 __device__ void stage_b(const std::uint16_t* __restrict__ b, std::int64_t ldb, std::int64_t k_cols, std::int64_t b_cols,
                         std::uint16_t* __restrict__ staged, std::int64_t block, std::int64_t blocks) {
   using Piece = std::conditional_t<kKc == 8, uint4, uint2>;
+  constexpr int kInFlight = 8;
   const std::int64_t k_pad = padded_k(k_cols);
   const std::int64_t slices = b_cols / kKc;
   const std::int64_t slice_quads = (slices + 3) / 4;
   const std::int64_t units = (k_pad + 7) / 8 * slice_quads;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (std::int64_t u = block * kPieceWarps + warp; u < units; u += blocks * kPieceWarps) {
-    const std::int64_t j = u / slice_quads * 8 + (lane >> 2);
-    const std::int64_t s = u % slice_quads * 4 + (lane & 3);
-    if (j < k_pad && s < slices) {
-      Piece v{};
-      if (j < k_cols) v = __ldg(reinterpret_cast<const Piece*>(b + j * ldb + s * kKc));
-      *reinterpret_cast<Piece*>(staged + (s * k_pad + j) * kKc) = v;
+  const std::int64_t step = blocks * kFillWarps;
+  for (std::int64_t u0 = block * kFillWarps + warp; u0 < units; u0 += kInFlight * step) {
+    Piece v[kInFlight];
+    std::int64_t to[kInFlight];
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i) {
+      const std::int64_t u = u0 + i * step;
+      const std::int64_t j = u / slice_quads * 8 + (lane >> 2);
+      const std::int64_t s = u % slice_quads * 4 + (lane & 3);
+      v[i] = Piece{};
+      to[i] = u < units && j < k_pad && s < slices ? (s * k_pad + j) * kKc : -1;
+      if (to[i] >= 0 && j < k_cols) v[i] = __ldg(reinterpret_cast<const Piece*>(b + j * ldb + s * kKc));
     }
+#pragma unroll
+    for (int i = 0; i < kInFlight; ++i)
+      if (to[i] >= 0) *reinterpret_cast<Piece*>(staged + to[i]) = v[i];
   }
 }
 
@@ -343,7 +361,8 @@ __device__ void write_chunk(const std::uint32_t (&word)[kChunk], int len, int la
 }
 
 // Benchmark: bench/suites/spmm.cpp (through SpmmPlan::run). CTAs below `pieces` own 256 rows each
-// (a thread one row, then one chunk at a time); the others copy B slice-major (stage_b).
+// (thread r < 256 row r, then every thread one chunk at a time); the others copy B slice-major
+// (stage_b).
 // Rows: a row of n <= 1024 entries is "regular" and takes lanes = max(1, ceil(n / 32)) lanes with
 // chunks of ceil or floor(n / lanes) consecutive entries (in column order); its first lane is its
 // exclusive prefix P of lanes over all regular rows, and it joins group floor(P / 993), at lane
@@ -352,11 +371,12 @@ __device__ void write_chunk(const std::uint32_t (&word)[kChunk], int len, int la
 // stably sorted by chunk length, longest first (keeping the group's lane range), so that the
 // lanes of a warp carry chunks of about equal length: the warp's lockstep walk wastes little
 // ("balance work by pairs": a token-skewed row spreads over as many lanes as it has chunks).
-// The sort is a 256 x 256 rank count in shared memory; the chunk gather reads the row's slots at
+// The sort is a 256 x 256 rank count in shared memory, each half of it counted by one of a row's
+// two threads; the chunk gather reads the row's slots at
 // addresses computed from the staged counts (32 loads in flight per thread).
 // Preconditions: those of slices_kernel; `lists` row_n, counts and piece_sums from count_kernel.
 template <int kKc>
-__global__ void __launch_bounds__(kPieceRows)
+__global__ void __launch_bounds__(kFillThreads)
     fill_kernel(std::int64_t k_cols, TwellLayout layout, const std::uint32_t* __restrict__ packed, Lists lists,
                 std::int64_t pieces, const std::uint16_t* __restrict__ b, std::int64_t ldb, std::int64_t b_cols,
                 std::uint16_t* __restrict__ staged) {
@@ -365,11 +385,11 @@ __global__ void __launch_bounds__(kPieceRows)
     return;
   }
   constexpr int kClasses = 128 / (2 * kKc);              // bank groups of one shared-memory wavefront
-  extern __shared__ __align__(16) unsigned char smem[];  // counts [256][tiles], then [256][kScratch]
+  extern __shared__ __align__(16) unsigned char smem[];  // counts [256][tiles], then [512][kScratch]
   __shared__ int row_n[kPieceRows], row_lanes[kPieceRows], row_key[kPieceRows], row_sort_lanes[kPieceRows];
-  __shared__ int row_lane[kPieceRows], row_items[kPieceRows];
+  __shared__ int row_lane[kPieceRows], row_items[kPieceRows], row_sorted_high[kPieceRows];
   __shared__ long long row_base[kPieceRows];
-  __shared__ long long scratch[kPieceWarps];
+  __shared__ long long scratch[kFillWarps];
   const int tid = threadIdx.x;
   const int tiles = static_cast<int>(layout.tiles(k_cols));
   const int slots = layout.slots();
@@ -381,7 +401,7 @@ __global__ void __launch_bounds__(kPieceRows)
 
   // Regular lanes, huge rows and huge lanes of the rows before this CTA's.
   long long before[3] = {0, 0, 0};
-  for (std::int64_t p = tid; p < piece; p += kPieceRows) {
+  for (std::int64_t p = tid; p < piece; p += kFillThreads) {
     const int4 s = lists.piece_sums[p];
     before[0] += s.x;
     before[1] += s.y;
@@ -389,52 +409,63 @@ __global__ void __launch_bounds__(kPieceRows)
   }
   for (long long& v : before) {
     long long total;
-    block_exclusive_scan(v, scratch, total);
+    block_exclusive_scan<kFillWarps>(v, scratch, total);
     v = total;
   }
 
-  const std::int64_t row = piece * kPieceRows + tid;
-  const int n = lists.row_n[row];
+  // Thread r < 256 owns row r; the threads after them add nothing to the scans.
+  const bool owner = tid < kPieceRows;
+  const int r = tid % kPieceRows;
+  const int n = owner ? lists.row_n[piece * kPieceRows + r] : -1;
   const bool huge = n > kRegularMax, regular = n >= 0 && !huge;
   const int lanes = lanes_of(n);
   {
     const auto* src = reinterpret_cast<const uint4*>(lists.counts + piece * kPieceRows * tiles);
     auto* to = reinterpret_cast<uint4*>(counts);
-    for (int i = tid; i < tiles * (kPieceRows / 16); i += kPieceRows) to[i] = src[i];
+    for (int i = tid; i < tiles * (kPieceRows / 16); i += kFillThreads) to[i] = src[i];
   }
   long long total;
-  const long long lane_start = before[0] + block_exclusive_scan(regular ? lanes : 0, scratch, total);
-  const long long huge_index = before[1] + block_exclusive_scan(huge ? 1 : 0, scratch, total);
-  const long long huge_lane = before[2] + block_exclusive_scan(huge ? lanes : 0, scratch, total);
+  const long long lane_start = before[0] + block_exclusive_scan<kFillWarps>(regular ? lanes : 0, scratch, total);
+  const long long huge_index = before[1] + block_exclusive_scan<kFillWarps>(huge ? 1 : 0, scratch, total);
+  const long long huge_lane = before[2] + block_exclusive_scan<kFillWarps>(huge ? lanes : 0, scratch, total);
   const long long group = lane_start / kGroupStride;
-  const int chunk_len = lanes > 0 ? (n + lanes - 1) / lanes : 0;
-  // Group offset inside this CTA (a group spans >= 31 rows, so < 10 here), then longest chunks first.
-  const int key = regular ? static_cast<int>(group - before[0] / kGroupStride) * 64 + (kChunk - chunk_len) : INT_MAX;
-  row_key[tid] = key;
-  row_sort_lanes[tid] = regular ? lanes : 0;
-  row_n[tid] = n;
-  row_lanes[tid] = lanes;
+  if (owner) {
+    const int chunk_len = lanes > 0 ? (n + lanes - 1) / lanes : 0;
+    // Group offset inside this CTA (a group spans >= 31 rows, so < 10 here), then longest chunks first.
+    row_key[r] = regular ? static_cast<int>(group - before[0] / kGroupStride) * 64 + (kChunk - chunk_len) : INT_MAX;
+    row_sort_lanes[r] = regular ? lanes : 0;
+    row_n[r] = n;
+    row_lanes[r] = lanes;
+  }
   __syncthreads();
-  if (regular) {
-    int sorted = 0;
-    for (int j = 0; j < kPieceRows; ++j) {
+  // The lanes of the rows sorted before row r: rows [0, 128) counted by its owner, [128, 256) by
+  // thread r + 256.
+  const int key = row_key[r];
+  int sorted = 0;
+  if (key != INT_MAX) {
+    const int j0 = owner ? 0 : kPieceRows / 2;
+    for (int j = j0; j < j0 + kPieceRows / 2; ++j) {
       const int kj = row_key[j];
-      if (kj < key || (kj == key && j < tid)) sorted += row_sort_lanes[j];
+      if (kj < key || (kj == key && j < r)) sorted += row_sort_lanes[j];
     }
-    row_base[tid] = group;
-    row_lane[tid] = static_cast<int>(before[0] + sorted - group * kGroupStride);
+    if (!owner) row_sorted_high[r] = sorted;
+  }
+  __syncthreads();
+  if (owner && regular) {
+    row_base[r] = group;
+    row_lane[r] = static_cast<int>(before[0] + sorted + row_sorted_high[r] - group * kGroupStride);
   } else if (huge) {
-    row_base[tid] = huge_lane;
-    row_lane[tid] = 0;
+    row_base[r] = huge_lane;
+    row_lane[r] = 0;
     lists.huge_rows[huge_index] = make_longlong2(huge_lane, lanes);
   }
-  const long long items_before = block_exclusive_scan(lanes, scratch, total);
-  row_items[tid] = static_cast<int>(items_before) + lanes;
+  const long long items_before = block_exclusive_scan<kFillWarps>(lanes, scratch, total);
+  if (owner) row_items[r] = static_cast<int>(items_before) + lanes;
   __syncthreads();
 
   // One chunk (row j, lane k of the row) per thread at a time.
   const int items = static_cast<int>(total);
-  for (int item = tid; item < items; item += kPieceRows) {
+  for (int item = tid; item < items; item += kFillThreads) {
     int lo = 0, hi = kPieceRows - 1;  // the first row whose inclusive item count passes `item`
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
@@ -879,15 +910,18 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
                                                                    geo.groups_max * kLanes);
   check_launch("twell::cuda::spmm (slice pre-pass: counts)");
 
-  const int fill_shared = kPieceRows * tiles + kPieceRows * kScratch;
+  const int fill_shared = kPieceRows * tiles + kFillThreads * kScratch;
   auto fill = fill_kernel<kKc>;
   check_cuda(cudaFuncSetAttribute(fill, cudaFuncAttributeMaxDynamicSharedMemorySize, fill_shared),
              "twell::cuda::spmm (cudaFuncSetAttribute, slice pre-pass)");
   const std::int64_t k_pad = padded_k(a.cols);
   const std::int64_t copy_units = (k_pad + 7) / 8 * ((b.cols / kKc + 3) / 4);
+  // One fill CTA fits an SM (registers): the copy takes the SMs that the row CTAs leave free, or a
+  // wave of its own when they leave none.
+  const std::int64_t free_sms = pieces < static_cast<unsigned>(sms) ? sms - static_cast<std::int64_t>(pieces) : sms;
   const unsigned copy_blocks =
-      static_cast<unsigned>(std::clamp<std::int64_t>((copy_units + kPieceWarps - 1) / kPieceWarps, 1, 4LL * sms));
-  fill<<<pieces + copy_blocks, kPieceRows, fill_shared, stream>>>(a.cols, a.layout, a.packed, lists, geo.pieces,
+      static_cast<unsigned>(std::clamp<std::int64_t>((copy_units + kFillWarps - 1) / kFillWarps, 1, free_sms));
+  fill<<<pieces + copy_blocks, kFillThreads, fill_shared, stream>>>(a.cols, a.layout, a.packed, lists, geo.pieces,
                                                                   reinterpret_cast<const std::uint16_t*>(b.data), b.ld,
                                                                   b.cols, static_cast<std::uint16_t*>(staged_b));
   check_launch("twell::cuda::spmm (slice pre-pass: chunks and B copy)");
