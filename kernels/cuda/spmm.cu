@@ -649,13 +649,17 @@ constexpr const char* kStreamPath = "tile_stream";
 //     its grid narrows its row blocks to fill the SMs, and it reads only the B rows A uses
 //     (M = 16: 0.010 ms, tile-streaming 0.045, slice-reuse 0.066; M = 256: 0.024 against 0.060;
 //     5 %, M = 2048: 0.415 against slice-reuse 0.474);
-//   - tile-streaming up to 6144 rows for layouts of 8-16 slots (~0.5 %: M = 1024 0.060 against
-//     pair-balanced 0.067; M = 4096 0.106 against slice-reuse 0.143; M = 6144 0.155 against
-//     0.173, token-skewed 0.203 against 0.198);
-//   - slice-reuse above that (M = 8192: 0.209 against tile-streaming 0.206 uniform but 0.237
-//     against 0.264 token-skewed; M = 16384: 0.349 against 0.402), where it applies;
+//   - tile-streaming up to 4096 rows for layouts of 8-16 slots (~0.5 %: M = 1024 0.060 against
+//     pair-balanced 0.067; M = 4096 0.105 against slice-reuse 0.114, token-skewed 0.131 against
+//     0.131; 2026-11-27). Its CTAs (256 rows x 128 columns, one per SM) fill two waves up to
+//     4224 rows at Nb = 2048 and three above, so from M = 4608 to 6144 it takes ~0.155 ms
+//     where slice-reuse takes 0.126-0.144 (token-skewed 0.180 against 0.142 at 4608);
+//   - slice-reuse above that (M = 16384: 0.265 against 0.402), where it applies;
+//   - tile-streaming above 4096 rows too where slice-reuse does not take the operands (K too
+//     large to stage two slices, e.g. the training step's A^T products with K = M tokens):
+//     M = 16384 0.440 against pair-balanced 0.796;
 //   - pair-balanced for the rest (fp32, tiles over 256 columns, misaligned or narrow B and C).
-constexpr std::int64_t kPairMaxRows = 768, kPairMaxRowsDense = 2048, kStreamMaxRows = 6144;
+constexpr std::int64_t kPairMaxRows = 768, kPairMaxRowsDense = 2048, kStreamMaxRows = 4096;
 constexpr int kStreamMaxSlots = 16;
 
 template <class T>
@@ -684,10 +688,10 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
   const int slots = a.layout.slots();
   if (a.rows <= kPairMaxRows || (slots > kStreamMaxSlots && a.rows <= kPairMaxRowsDense))
     return SpmmAlgorithm::pair_balanced;
-  if (a.rows <= kStreamMaxRows && slots <= kStreamMaxSlots && detail::spmm_stream_applies(a, b, c))
-    return SpmmAlgorithm::tile_stream;
+  const bool stream = slots <= kStreamMaxSlots && detail::spmm_stream_applies(a, b, c);
+  if (stream && a.rows <= kStreamMaxRows) return SpmmAlgorithm::tile_stream;
   if (detail::spmm_slices_applies(a, b, c)) return SpmmAlgorithm::slice_reuse;
-  return SpmmAlgorithm::pair_balanced;
+  return stream ? SpmmAlgorithm::tile_stream : SpmmAlgorithm::pair_balanced;
 }
 
 // The TwELL rows of op none whose shadow entry is negative (all when shadow is null) by the

@@ -482,32 +482,39 @@ TEST_CASE("cuda slice-reuse TwELL spmm: other operands fall back") {
 
 // SpmmAlgorithm::automatic by rows and layout (kernels/cuda/spmm.cu, choose_twell_path): the
 // pair-balanced kernel up to 768 rows (2048 for more than 16 slots), the tile-streaming one up to
-// 6144 rows at 8-16 slots, the slice-reuse one above; each on both sides of its bound, with B 64
-// wide to keep the reference cheap. A plan made for a forced kernel runs that kernel.
+// 4096 rows at 8-16 slots, the slice-reuse one above, or the tile-streaming one again where K is
+// too large for the slice-reuse kernel; each on both sides of its bound, with B 64 wide to keep
+// the reference cheap. A plan made for a forced kernel runs that kernel.
 TEST_CASE("cuda spmm picks its TwELL kernel by rows and layout") {
   constexpr std::int64_t kK = 5632, kN = 64;
+  // Two slices of 4 columns of B need (K + 2) x 16 bytes, past an H100's 227 KB from K ~ 13360.
+  constexpr std::int64_t kKPastSlices = 14000;
+  const char* const past_slices = device_takes_k(kKPastSlices) ? "slice_reuse" : "tile_stream";
   struct Case {
     std::int64_t m;
     TwellLayout layout;
     const char* path;
+    std::int64_t k = kK;
   };
   const Case cases[] = {{16, {256, 16}, "pair_balanced"},   {768, {256, 16}, "pair_balanced"},
-                        {769, {256, 16}, "tile_stream"},    {6144, {256, 16}, "tile_stream"},
-                        {6145, {256, 16}, "slice_reuse"},   {769, {256, 32}, "tile_stream"},
-                        {2048, {256, 4}, "pair_balanced"}, {2049, {256, 4}, "slice_reuse"}};
+                        {769, {256, 16}, "tile_stream"},    {4096, {256, 16}, "tile_stream"},
+                        {4097, {256, 16}, "slice_reuse"},   {769, {256, 32}, "tile_stream"},
+                        {2048, {256, 4}, "pair_balanced"}, {2049, {256, 4}, "slice_reuse"},
+                        {4097, {256, 16}, past_slices, kKPastSlices}};
   for (const Case& c : testing::sweep(cases)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(c.m);
+    CAPTURE(c.k);
     CAPTURE(c.layout.compression);
     testing::SparseDenseOptions so;
     so.density = 0.004;
     // Hybrid: 8 slots (capacity 7) may overflow a tile now and then at this density.
     const HybridMatrix<bf16> a =
-        ref::dense_to_hybrid<bf16>(testing::random_sparse_dense<bf16>(c.m, kK, so, seed).view(), c.layout);
-    const auto b = testing::random_dense<bf16>(kK, kN, 1.0f, seed + 1);
+        ref::dense_to_hybrid<bf16>(testing::random_sparse_dense<bf16>(c.m, c.k, so, seed).view(), c.layout);
+    const auto b = testing::random_dense<bf16>(c.k, kN, 1.0f, seed + 1);
     const auto c0 = testing::random_dense<bf16>(c.m, kN, 1.0f, seed + 2);
-    dev::SpmmPlan<bf16> plan(c.m, kK, c.layout);
+    dev::SpmmPlan<bf16> plan(c.m, c.k, c.layout);
     const std::string path = check_spmm<bf16>(a, b, c0, 1.0f, 0.0f, {}, &plan);
     CHECK(path.rfind(std::string("cuda/spmm/hybrid/") + c.path, 0) == 0);
   }
