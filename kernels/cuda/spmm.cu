@@ -641,8 +641,8 @@ constexpr const char* kStreamPath = "tile_stream";
 
 // The TwELL kernel for op none: `requested` when it takes the operands (else Error(unsupported);
 // an empty product, which only scales C, always takes the pair-balanced path), or with
-// SpmmAlgorithm::automatic the fastest measured at 0.5 % on an H100 (2026-11-25, paper shape
-// K = 5632, Nb = 2048; docs/benchmarks/README.md, "spmm paths by M"; at 5 % dense cuBLAS is 6x
+// SpmmAlgorithm::automatic the fastest measured at 0.5 % on an H100 (2026-11-25 and 2026-11-27,
+// paper shape K = 5632, Nb = 2048; docs/benchmarks/README.md, "spmm paths by M"; at 5 % dense cuBLAS is 6x
 // faster than every sparse kernel, and the rule below is not the fastest of them at 2048 rows,
 // where the tile-streaming kernel wins):
 //   - pair-balanced up to 768 rows, and up to 2048 rows for layouts of more than 16 slots (~5 %):
@@ -651,13 +651,14 @@ constexpr const char* kStreamPath = "tile_stream";
 //     5 %, M = 2048: 0.415 against slice-reuse 0.474);
 //   - tile-streaming up to 4096 rows for layouts of 8-16 slots (~0.5 %: M = 1024 0.060 against
 //     pair-balanced 0.067; M = 4096 0.105 against slice-reuse 0.114, token-skewed 0.131 against
-//     0.131; 2026-11-27). Its CTAs (256 rows x 128 columns, one per SM) fill two waves up to
-//     4224 rows at Nb = 2048 and three above, so from M = 4608 to 6144 it takes ~0.155 ms
-//     where slice-reuse takes 0.126-0.144 (token-skewed 0.180 against 0.142 at 4608);
-//   - slice-reuse above that (M = 16384: 0.265 against 0.402), where it applies;
+//     0.131; 2026-11-27). Its CTAs (256 whole rows x 128 columns, one per SM) fill two waves
+//     up to 4096 rows at Nb = 2048 and three up to 6144, so from M = 4608 to 6144 it takes
+//     ~0.155 ms where slice-reuse takes 0.126-0.136 at 4608-5120 (token-skewed 0.180 against
+//     0.142 at 4608);
+//   - slice-reuse above that (M = 16384: 0.268 against 0.405), where it applies;
 //   - tile-streaming above 4096 rows too where slice-reuse does not take the operands (K too
-//     large to stage two slices, e.g. the training step's A^T products with K = M tokens):
-//     M = 16384 0.440 against pair-balanced 0.796;
+//     large to stage two slices of B, past ~13200): at K = 5632, M = 16384 it takes 0.405 ms
+//     against pair-balanced's 0.801 (this large-K case itself was not timed);
 //   - pair-balanced for the rest (fp32, tiles over 256 columns, misaligned or narrow B and C).
 constexpr std::int64_t kPairMaxRows = 768, kPairMaxRowsDense = 2048, kStreamMaxRows = 4096;
 constexpr int kStreamMaxSlots = 16;

@@ -72,6 +72,7 @@ constexpr int kPieceWarps = kPieceRows / 32;          // warps of a count CTA
 // M = 16384: fill 61 us of the spmm's 282, docs/benchmarks/README.md, "Why each miss").
 constexpr int kFillThreads = 2 * kPieceRows;
 constexpr int kFillWarps = kFillThreads / 32;
+static_assert(kFillThreads == 2 * kPieceRows, "fill_kernel splits each row's sort over exactly two threads");
 constexpr int kMaxTiles = 128;                        // per-row tile counts staged by the pre-pass
 // Rows of a layout the path takes hold at most this many entries. A row over kRegularMax is a
 // group of its own, which stages all of B for one row: at 20 % density (C = 1, every row ~1100
@@ -199,7 +200,7 @@ Lists carve(void* workspace, const Geometry& g) {
 // ---- pre-pass ------------------------------------------------------------------------------------
 
 // Exclusive prefix of v over a CTA of kWarps warps in thread order, and the CTA's total. `scratch`
-// holds kWarps ints; the barrier at the end lets the next call reuse it.
+// holds kWarps values; the barrier at the end lets the next call reuse it.
 template <int kWarps>
 __device__ __forceinline__ long long block_exclusive_scan(long long v, long long* scratch, long long& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -275,8 +276,9 @@ __global__ void __launch_bounds__(kPieceRows)
 // B (k_cols x b_cols, row-major, ld ldb) to B' [b_cols / kKc][padded_k][kKc], rows k_cols and up of
 // each slice zero. A warp copies units of 8 rows x 4 slices: loads of 4 x 2 kKc contiguous bytes
 // per row, stores of 8 x 2 kKc contiguous bytes per slice, so both sides move whole sectors. It has
-// kInFlight units' loads issued before their stores: the copy CTAs share the SMs with the row CTAs
-// (at most one fill CTA per SM by registers), so each warp must keep several loads in flight.
+// kInFlight units' loads issued before their stores: a fill CTA takes a whole SM (registers), so
+// the copy runs on few CTAs, the SMs the row CTAs leave free, and each warp must keep several
+// loads in flight.
 template <int kKc>
 __device__ void stage_b(const std::uint16_t* __restrict__ b, std::int64_t ldb, std::int64_t k_cols, std::int64_t b_cols,
                         std::uint16_t* __restrict__ staged, std::int64_t block, std::int64_t blocks) {
@@ -916,11 +918,14 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
              "twell::cuda::spmm (cudaFuncSetAttribute, slice pre-pass)");
   const std::int64_t k_pad = padded_k(a.cols);
   const std::int64_t copy_units = (k_pad + 7) / 8 * ((b.cols / kKc + 3) / 4);
-  // One fill CTA fits an SM (registers): the copy takes the SMs that the row CTAs leave free, or a
-  // wave of its own when they leave none.
-  const std::int64_t free_sms = pieces < static_cast<unsigned>(sms) ? sms - static_cast<std::int64_t>(pieces) : sms;
+  // One fill CTA fits an SM (registers). The copy takes the SMs that the row CTAs leave free, so
+  // it runs beside them; when they leave fewer than a quarter of the SMs it takes a wave of its
+  // own after them instead, since each copy CTA has an equal share of B' (H100, paper shape, the
+  // copy alone: 27 us on 68 CTAs, 38 on 32, 222 on 4, 850 on 1; the rows take ~38 us).
+  const std::int64_t free_sms = sms - static_cast<std::int64_t>(pieces);
+  const std::int64_t copy_ctas = free_sms > 0 && free_sms >= sms / 4 ? free_sms : sms;
   const unsigned copy_blocks =
-      static_cast<unsigned>(std::clamp<std::int64_t>((copy_units + kFillWarps - 1) / kFillWarps, 1, free_sms));
+      static_cast<unsigned>(std::clamp<std::int64_t>((copy_units + kFillWarps - 1) / kFillWarps, 1, copy_ctas));
   fill<<<pieces + copy_blocks, kFillThreads, fill_shared, stream>>>(a.cols, a.layout, a.packed, lists, geo.pieces,
                                                                   reinterpret_cast<const std::uint16_t*>(b.data), b.ld,
                                                                   b.cols, static_cast<std::uint16_t*>(staged_b));
