@@ -66,13 +66,13 @@ constexpr int kRegularMax = kChunk * 32;  // entries of a row that one warp hold
 constexpr int kGroupStride = kLanes - 32 + 1;
 constexpr int kPieceRows = 256;                       // rows of a pre-pass CTA
 constexpr int kPieceWarps = kPieceRows / 32;          // warps of a count CTA
-// Threads of a fill CTA: two per row, so that a row piece's ~1.2 chunks per row (0.5 % uniform)
-// are one chunk per thread; each chunk is a long serial chain (gather, bank ordering), and with a
-// thread per row the threads that took a second chunk set the kernel's length (H100, paper shape,
-// M = 16384: fill 61 us of the spmm's 282, docs/benchmarks/README.md, "Why each miss").
+// Threads of a fill CTA: two per row (fill_kernel splits each row's sort between them), so that
+// a row piece's ~1.2 chunks per row (0.5 % uniform) are one chunk per thread; each chunk is a long
+// serial chain (gather, bank ordering), and with a thread per row the threads that took a second
+// chunk set the kernel's length (H100, paper shape, M = 16384: fill 61 us of the spmm's 282,
+// docs/benchmarks/README.md, "Why each miss").
 constexpr int kFillThreads = 2 * kPieceRows;
 constexpr int kFillWarps = kFillThreads / 32;
-static_assert(kFillThreads == 2 * kPieceRows, "fill_kernel splits each row's sort over exactly two threads");
 constexpr int kMaxTiles = 128;                        // per-row tile counts staged by the pre-pass
 // Rows of a layout the path takes hold at most this many entries. A row over kRegularMax is a
 // group of its own, which stages all of B for one row: at 20 % density (C = 1, every row ~1100
