@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -698,11 +699,13 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
 // The TwELL rows of op none whose shadow entry is negative (all when shadow is null) by the
 // kernel `path` (from choose_twell_path). `workspace` holds spmm_slices_workspace_bytes and
 // `staged_b` spmm_slices_staged_b_bytes, or either is null and then allocated here
-// (stream-ordered) if the slice-reuse path needs it. Returns the path's name.
+// (stream-ordered) if the slice-reuse path needs it. `before_product` is the slice-reuse path's
+// hook between its pre-pass and its product (spmm_twell_slices); other paths ignore it. Returns
+// the path's name.
 template <class T>
 const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
                        float alpha, float beta, cudaStream_t stream, SpmmAlgorithm path, void* workspace,
-                       void* staged_b) {
+                       void* staged_b, const std::function<void()>& before_product = {}) {
   if (path == SpmmAlgorithm::tile_stream) {
     detail::spmm_twell_stream(a, shadow, b, c, alpha, beta, stream);
     return kStreamPath;
@@ -713,7 +716,7 @@ const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseVi
     detail::Scratch own(workspace == nullptr ? bytes : 0, stream, "twell::cuda::spmm (slice pre-pass workspace)");
     detail::Scratch own_b(staged_b == nullptr ? b_bytes : 0, stream, "twell::cuda::spmm (slice-major copy of B)");
     detail::spmm_twell_slices(a, shadow, b, c, alpha, beta, workspace != nullptr ? workspace : own.as<void>(),
-                              staged_b != nullptr ? staged_b : own_b.as<void>(), stream);
+                              staged_b != nullptr ? staged_b : own_b.as<void>(), stream, before_product);
     return kSlicePath;
   }
   launch_twell(a, shadow, b, c, alpha, beta, stream);
@@ -726,15 +729,15 @@ std::string hybrid_kernel_name(const char* twell_path) {
   return name == kSlicePath || name == kStreamPath ? name : "pair_balanced";
 }
 
-// Whether a Hybrid's overflow rows can run beside the TwELL kernel `path`: they write C's shadow
-// rows, which the kernel skips. Not after the slice-reuse product, whose one CTA per SM waits for
-// any SM the GEMM holds (H100, token-skewed, 229 overflow rows at M = 16384: 0.383 ms beside
-// against 0.372 after; tile-streaming, 63 rows at M = 4096: 0.132 against 0.142;
-// docs/benchmarks/README.md), nor when K = 0, where the kernel only scales C, shadow rows included,
-// nor for an empty B.
+// Whether a Hybrid's overflow rows can run beside the TwELL kernel: they write C's shadow rows,
+// which the kernel skips (tile-streaming, 63 rows at M = 4096: 0.132 against 0.142 ms after it;
+// docs/benchmarks/README.md). Beside the slice-reuse path they run with its pre-pass only and its
+// product waits for them: its one CTA per SM waits for any SM the GEMM holds (H100, token-skewed,
+// 229 overflow rows at M = 16384: 0.383 ms with the GEMM beside the product against 0.372 after).
+// Not when K = 0, where the kernel only scales C, shadow rows included, nor for an empty B.
 template <class T>
-bool overflow_beside(HybridView<const T> a, std::int64_t b_cols, SpmmAlgorithm path) {
-  return a.overflow.rows > 0 && a.cols() > 0 && b_cols > 0 && path != SpmmAlgorithm::slice_reuse;
+bool overflow_beside(HybridView<const T> a, std::int64_t b_cols) {
+  return a.overflow.rows > 0 && a.cols() > 0 && b_cols > 0;
 }
 
 // Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows, on `side`
@@ -748,14 +751,22 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  const bool beside = side != nullptr && overflow_beside(a, b.cols, path_choice);
-  if (beside) side->fork(stream);
-  const std::string path =
-      hybrid_kernel_name(twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b));
-  if (beside) {
+  const bool beside = side != nullptr && overflow_beside(a, b.cols);
+  bool queued = false;
+  const std::function<void()> overflow_on_side = [&] {
+    queued = true;
     side->run([&](cudaStream_t s, cublasHandle_t blas) { overflow_rows(a, b, c, alpha, beta, s, overflow_tmp, blas); },
               stream);
-  } else {
+  };
+  if (beside) side->fork(stream);
+  // The slice-reuse path queues them between its pre-pass and its product (the hook); after the
+  // other kernels they run beside them.
+  const std::string path = hybrid_kernel_name(
+      twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b,
+                 beside && path_choice == SpmmAlgorithm::slice_reuse ? overflow_on_side : std::function<void()>{}));
+  if (beside && !queued) {
+    overflow_on_side();
+  } else if (!beside) {
     overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp, cublas_handle());
   }
   return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
@@ -986,7 +997,7 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
   const SpmmAlgorithm path = choose_twell_path(a.twell, b, c, algorithm_);
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  if (!side_ && overflow_beside(a, b.cols, path)) side_.reset(new detail::SpmmSideLane(stream));
+  if (!side_ && overflow_beside(a, b.cols)) side_.reset(new detail::SpmmSideLane(stream));
   path_ = hybrid_none(a, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data(), overflow_.data(),
                       side_.get());
 }

@@ -901,7 +901,8 @@ int slice_columns(std::int64_t k_cols) {
 
 template <class T, int kKc>
 void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c, float alpha,
-            float beta, void* workspace, void* staged_b, cudaStream_t stream) {
+            float beta, void* workspace, void* staged_b, cudaStream_t stream,
+            const std::function<void()>& before_product) {
   const Geometry geo = geometry(a.rows, a.cols, a.layout);
   const Lists lists = carve(workspace, geo);
   const int tiles = static_cast<int>(geo.tiles);
@@ -930,6 +931,7 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
                                                                   reinterpret_cast<const std::uint16_t*>(b.data), b.ld,
                                                                   b.cols, static_cast<std::uint16_t*>(staged_b));
   check_launch("twell::cuda::spmm (slice pre-pass: chunks and B copy)");
+  if (before_product) before_product();
 
   const int slice_bytes = static_cast<int>(k_pad * 2 * kKc);
   // One bulk copy per slice completes on an mbarrier phase, which counts fewer than 2^20 bytes.
@@ -972,16 +974,17 @@ std::size_t spmm_slices_staged_b_bytes(std::int64_t cols, std::int64_t b_cols) {
 
 template <class T>
 void spmm_twell_slices(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
-                       float alpha, float beta, void* workspace, void* staged_b, cudaStream_t stream) {
+                       float alpha, float beta, void* workspace, void* staged_b, cudaStream_t stream,
+                       const std::function<void()>& before_product) {
   require(spmm_slices_applies(a, b, c), ErrorCode::invalid_argument, kWhere,
           "the slice-reuse TwELL kernel was called on operands it does not take");
   require(workspace != nullptr && aligned16(workspace) && staged_b != nullptr && aligned16(staged_b),
           ErrorCode::invalid_argument, kWhere, "the slice-reuse TwELL kernel needs 16-byte aligned workspaces");
   if constexpr (sizeof(T) == 2) {
     if (slice_columns(a.cols) == 8) {
-      launch<T, 8>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream);
+      launch<T, 8>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream, before_product);
     } else {
-      launch<T, 4>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream);
+      launch<T, 4>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream, before_product);
     }
   }
 }
@@ -989,7 +992,7 @@ void spmm_twell_slices(TwellView<const T> a, const std::int32_t* shadow, DenseVi
 #define TWELL_INSTANTIATE(T)                                                                                           \
   template bool spmm_slices_applies<T>(TwellView<const T>, DenseView<const T>, DenseView<T>);                          \
   template void spmm_twell_slices<T>(TwellView<const T>, const std::int32_t*, DenseView<const T>, DenseView<T>, float, \
-                                     float, void*, void*, cudaStream_t);
+                                     float, void*, void*, cudaStream_t, const std::function<void()>&);
 TWELL_INSTANTIATE(bf16)
 TWELL_INSTANTIATE(fp16)
 TWELL_INSTANTIATE(float)

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include <cuda_runtime.h>
 
@@ -36,9 +37,12 @@ std::size_t spmm_slices_staged_b_bytes(std::int64_t cols, std::int64_t b_cols);
 // shadow is null); other rows of C are left untouched. Requires spmm_slices_applies, `workspace`
 // of spmm_slices_workspace_bytes(a.rows, a.cols, a.layout) bytes and `staged_b` of
 // spmm_slices_staged_b_bytes(a.cols, b.cols) bytes, which the three kernels (queued on `stream`)
-// use as scratch: neither may be in use by other queued work.
+// use as scratch: neither may be in use by other queued work. `before_product`, when set, is
+// called once between queuing the pre-pass and the product (e.g. to make the product wait for
+// work on another stream that ran beside the pre-pass).
 template <class T>
 void spmm_twell_slices(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
-                       float alpha, float beta, void* workspace, void* staged_b, cudaStream_t stream);
+                       float alpha, float beta, void* workspace, void* staged_b, cudaStream_t stream,
+                       const std::function<void()>& before_product = {});
 
 }  // namespace twell::cuda::detail
