@@ -734,10 +734,31 @@ std::string hybrid_kernel_name(const char* twell_path) {
 // docs/benchmarks/README.md). Beside the slice-reuse path they run with its pre-pass only and its
 // product waits for them: its one CTA per SM waits for any SM the GEMM holds (H100, token-skewed,
 // 229 overflow rows at M = 16384: 0.383 ms with the GEMM beside the product against 0.372 after).
+// Beside the pre-pass: 63 rows at M = 4096, 0.116 against 0.132 after the product; at M = 16384
+// 0.291 either way, the pre-pass's CTAs then holding every SM (2026-11-27).
 // Not when K = 0, where the kernel only scales C, shadow rows included, nor for an empty B.
 template <class T>
 bool overflow_beside(HybridView<const T> a, std::int64_t b_cols) {
   return a.overflow.rows > 0 && a.cols() > 0 && b_cols > 0;
+}
+
+// A Hybrid's path (op none, spmm() and SpmmPlan alike, so that both give the same bits): as
+// choose_twell_path, except that with overflow rows, where tile-streaming needs more than one
+// wave of CTAs, slice-reuse takes over. A plan runs the overflow GEMM beside slice-reuse's
+// pre-pass almost for free, while beside tile-streaming's second wave it costs ~25 us (H100,
+// paper shape, token-skewed, 2026-11-27, slice-reuse against tile-streaming: 2560 rows 0.104
+// against 0.118 ms, 3072 0.107 against 0.119, 4096 0.116 against 0.131; within one wave, 2048
+// rows, 0.093 against 0.075). spmm() queues the GEMM after either kernel (4096 rows: 0.132 ms
+// after slice-reuse, 0.142 after tile-streaming).
+template <class T>
+SpmmAlgorithm choose_hybrid_path(HybridView<const T> a, DenseView<const T> b, DenseView<T> c,
+                                 SpmmAlgorithm requested) {
+  const SpmmAlgorithm path = choose_twell_path(a.twell, b, c, requested);
+  if (requested != SpmmAlgorithm::automatic || path != SpmmAlgorithm::tile_stream || !overflow_beside(a, b.cols))
+    return path;
+  const bool waves = detail::spmm_stream_ctas(a.rows(), b.cols) >
+                     detail::multiprocessor_count("twell::cuda::spmm (multiprocessors)");
+  return waves && detail::spmm_slices_applies(a.twell, b, c) ? SpmmAlgorithm::slice_reuse : path;
 }
 
 // Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows, on `side`
@@ -934,7 +955,7 @@ void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
     return;
   }
   const std::string path = hybrid_none(a, b, c, alpha, beta, detail::stream_of(options),
-                                       choose_twell_path(a.twell, b, c, options.spmm_algorithm), nullptr, nullptr,
+                                       choose_hybrid_path(a, b, c, options.spmm_algorithm), nullptr, nullptr,
                                        nullptr, nullptr);
   detail::report_path(options, path.c_str());
 }
@@ -994,7 +1015,7 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
   check_spmm(Op::none, a, a.rows(), a.cols(), b, c);
   check_a(a.rows(), a.cols(), a.twell.layout);
   reserve_overflow(a.overflow.rows, b.cols);
-  const SpmmAlgorithm path = choose_twell_path(a.twell, b, c, algorithm_);
+  const SpmmAlgorithm path = choose_hybrid_path(a, b, c, algorithm_);
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   if (!side_ && overflow_beside(a, b.cols)) side_.reset(new detail::SpmmSideLane(stream));

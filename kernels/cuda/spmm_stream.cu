@@ -250,6 +250,10 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
   }
 }
 
+std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols) {
+  return (rows + kRows - 1) / kRows * ((b_cols + kCols - 1) / kCols);
+}
+
 template <class T>
 void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
                        float alpha, float beta, cudaStream_t stream) {

@@ -535,6 +535,36 @@ TEST_CASE("cuda spmm picks its TwELL kernel by rows and layout") {
   CHECK(worst_row_error<bf16>(c.to(kHost), want) <= relative_bound<bf16>());
 }
 
+// A Hybrid with overflow rows takes slice-reuse where tile-streaming (256 x 128 blocks of C per
+// CTA) would need more than one wave, and stays on tile-streaming within one; spmm() and a plan
+// agree (check_spmm compares their paths and bits). 1024 rows in 4 row blocks, B as wide as
+// makes the grid one SM short of or past the device's SMs.
+TEST_CASE("cuda spmm takes slice-reuse for a Hybrid with overflow rows past one wave of tile-streaming") {
+  constexpr std::int64_t kM = 1024, kK = 5632;
+  const TwellLayout layout{256, 16};
+  int device = 0, sms = 0;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
+  const std::int64_t one_wave_blocks = sms / (kM / 256);
+  for (const auto& [blocks, path] : {std::pair{one_wave_blocks, "tile_stream"}, std::pair{one_wave_blocks + 1,
+                                                                                          "slice_reuse"}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(blocks);
+    testing::SparseDenseOptions so;
+    so.density = 0.004;
+    so.full_row_share = 0.01;  // dense rows: the overflow
+    const HybridMatrix<bf16> a =
+        ref::dense_to_hybrid<bf16>(testing::random_sparse_dense<bf16>(kM, kK, so, seed).view(), layout);
+    REQUIRE(a.overflow_rows() > 0);
+    const auto b = testing::random_dense<bf16>(kK, 128 * blocks, 1.0f, seed + 1);
+    const auto c0 = testing::random_dense<bf16>(kM, 128 * blocks, 1.0f, seed + 2);
+    dev::SpmmPlan<bf16> plan(kM, kK, layout);
+    const std::string got = check_spmm<bf16>(a, b, c0, 1.0f, 0.5f, {}, &plan);
+    CHECK(got == std::string("cuda/spmm/hybrid/") + path + "+cublas_overflow");
+  }
+}
+
 template <class T>
 void expect_unsupported(const TwellMatrix<T>& a_host, std::int64_t nb, SpmmAlgorithm algorithm) {
   const auto a = a_host.to(kDevice);

@@ -46,10 +46,11 @@ struct SpmmSideLaneDeleter {
 // a forced kernel that does not take the operands raises unsupported), so only slice-reuse runs use
 // the workspace and the copy of B. The buffers are reused by
 // every run: two runs of one plan must not execute concurrently on different streams.
-// Overflow rows of op-none runs on the pair-balanced or tile-streaming kernel go through a second
-// stream the plan creates at the first such run (with the plan stream's priority, and a cuBLAS
-// handle bound to it): forked from the plan's stream after the work queued there, joined back
-// before anything queued later, so they run beside the kernel (docs/api.md, "spmm paths").
+// Overflow rows of op-none runs go through a second stream the plan creates at the first such run
+// (with the plan stream's priority, and a cuBLAS handle bound to it): forked from the plan's stream
+// after the work queued there, joined back before anything queued later (before the product, on
+// the slice-reuse kernel), so they run beside the kernel or its pre-pass (docs/api.md, "spmm
+// paths").
 // Errors: A's rows, columns or layout differ from the plan's, or the spmm argument checks
 // (shape_mismatch, space_mismatch, invalid_argument).
 template <Value T>
