@@ -2,8 +2,8 @@
 //
 // A CTA takes one tile of A's columns (at most 256: rows of A^T) and one block of A's rows as wide
 // as the output's tile (at most 256: one (row, tile) group of A^T per column). Each thread walks
-// one row's entries of the tile (its slots, or its dense row in a Hybrid) and sets the row's bit in
-// a 256-bit mask per column in shared memory (atomicOr: the result does not depend on the order).
+// one row's entries of the tile (its slots; a Hybrid's dense rows take a warp each, its lanes over
+// the columns) and sets the row's bit in a 256-bit mask per column in shared memory (atomicOr: the result does not depend on the order).
 // A column's count is its mask's popcount and an entry's slot in A^T's group is the number of
 // rows before it in the mask, so each group comes out in increasing row order, as the reference
 // writes it, with no sort and no atomics on values. The CTA builds its groups in shared memory
@@ -35,38 +35,17 @@ constexpr int kMaskPitch = kWords + 1;  // a column's mask in shared memory: thr
 constexpr int kMaxSlots = 32;           // slots of an output group: a CTA's groups fit in shared memory
 constexpr int kMapThreads = 1024;
 
-// Calls f(column in the tile, value bits) for each entry of row m of A in tile t (16-bit values;
-// +-0 is not an entry; columns past the tile are ignored).
+template <class T>
+__device__ __forceinline__ bool is_dense_row(const TwellRows<T>& a, std::int64_t m) {
+  return a.shadow != nullptr && a.shadow[m] >= 0;
+}
+
+// Calls f(column in the tile, value bits) for each entry of TwELL row m of A (not a dense row) in
+// tile t (16-bit values; +-0 is not an entry; columns past the tile are ignored).
 template <class T, class F>
-__device__ __forceinline__ void for_each_entry(const TwellRows<T>& a, std::int64_t m, int t, F&& f) {
+__device__ __forceinline__ void for_each_slot_entry(const TwellRows<T>& a, std::int64_t m, int t, F&& f) {
   const TwellLayout layout = a.twell.layout;
   const int width = layout.tile_cols(t, a.twell.cols);
-  const std::int32_t dense_row = a.shadow != nullptr ? a.shadow[m] : -1;
-  if (dense_row >= 0) {
-    const auto* values =
-        reinterpret_cast<const std::uint16_t*>(a.dense.data + dense_row * a.dense.ld + layout.tile_begin(t));
-    // A thread walks a whole dense row: 16-byte loads where the row allows them, the rest one by
-    // one. H100, token-skewed training step (M = 16384): groups kernel 150 -> 114 us against one
-    // 2-byte load per column (50 us on uniform rows); four loads in flight before use took it to
-    // 59 registers and 4 CTAs per SM, and back to 150 us.
-    int c = 0;
-    if (reinterpret_cast<std::uintptr_t>(values) % 16 == 0) {
-      for (; c + 8 <= width; c += 8) {
-        const uint4 q = *reinterpret_cast<const uint4*>(values + c);
-        const std::uint32_t words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const auto v = static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2)));
-          if ((v & 0x7fffu) != 0) f(c + i, v);
-        }
-      }
-    }
-    for (; c < width; ++c) {
-      const std::uint16_t v = values[c];
-      if ((v & 0x7fffu) != 0) f(c, v);
-    }
-    return;
-  }
   const std::uint32_t* group = a.twell.packed + layout.slot_offset(m, t, a.twell.cols);
   const std::uint32_t n = min(group[0], static_cast<std::uint32_t>(layout.capacity()));
   for (std::uint32_t s = 1; s <= n; ++s) {
@@ -77,17 +56,44 @@ __device__ __forceinline__ void for_each_entry(const TwellRows<T>& a, std::int64
   }
 }
 
+// Calls f(row in the block, column in the tile, value bits) for each entry of the dense rows
+// among A's rows row0 + [0, rows) in tile t: a warp per dense row of its own 32 rows, its lanes
+// over the columns. A thread per dense row, walking it whole, set the CTA's length (H100,
+// token-skewed training step, M = 16384: the groups kernel took 114-117 us against 50 on uniform
+// rows). Every thread of the CTA calls it.
+template <class T, class F>
+__device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std::int64_t row0, int rows, int t,
+                                                     F&& f) {
+  if (a.shadow == nullptr) return;
+  const int r = static_cast<int>(threadIdx.x), lane = r % 32;
+  const std::int64_t m = row0 + r;
+  unsigned pending = __ballot_sync(0xffffffffu, r < rows && m < a.twell.rows && a.shadow[m] >= 0);
+  const int width = a.twell.layout.tile_cols(t, a.twell.cols);
+  const std::int64_t c0 = a.twell.layout.tile_begin(t);
+  while (pending != 0) {
+    const int rr = r - lane + __ffs(pending) - 1;
+    pending &= pending - 1;
+    const auto* values =
+        reinterpret_cast<const std::uint16_t*>(a.dense.data + std::int64_t{a.shadow[row0 + rr]} * a.dense.ld + c0);
+    for (int c = lane; c < width; c += 32) {
+      const std::uint16_t v = values[c];
+      if ((v & 0x7fffu) != 0) f(rr, c, v);
+    }
+  }
+}
+
 // masks[c][w] bit r: row (block row 32 w + r) of the CTA's block has an entry in column c.
 template <class T>
 __device__ __forceinline__ void mark_rows(const TwellRows<T>& a, int out_tile,
                                           std::uint32_t (&masks)[kMaxTile][kMaskPitch]) {
   for (int i = threadIdx.x; i < kMaxTile * kMaskPitch; i += kThreads) (&masks[0][0])[i] = 0;
   __syncthreads();
-  const int r = static_cast<int>(threadIdx.x);
-  const std::int64_t m = static_cast<std::int64_t>(blockIdx.x) * out_tile + r;
-  if (r < out_tile && m < a.twell.rows)
-    for_each_entry(a, m, static_cast<int>(blockIdx.y),
-                   [&](int c, std::uint16_t) { atomicOr(&masks[c][r / 32], 1u << (r % 32)); });
+  const int r = static_cast<int>(threadIdx.x), t = static_cast<int>(blockIdx.y);
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * out_tile, m = row0 + r;
+  const auto mark = [&](int row, int c, std::uint16_t) { atomicOr(&masks[c][row / 32], 1u << (row % 32)); };
+  if (r < out_tile && m < a.twell.rows && !is_dense_row(a, m))
+    for_each_slot_entry(a, m, t, [&](int c, std::uint16_t v) { mark(r, c, v); });
+  for_each_dense_entry(a, row0, out_tile, t, mark);
   __syncthreads();
 }
 
@@ -110,7 +116,8 @@ __global__ void __launch_bounds__(kThreads)
   const int slots = layout.slots(), t = static_cast<int>(blockIdx.y), r = static_cast<int>(threadIdx.x);
   const auto cap = static_cast<std::uint32_t>(layout.capacity());
   const int width = a.twell.layout.tile_cols(t, a.twell.cols);
-  const std::int64_t k0 = a.twell.layout.tile_begin(t), m = static_cast<std::int64_t>(blockIdx.x) * layout.tile + r;
+  const std::int64_t k0 = a.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * layout.tile,
+                     m = row0 + r;
   // Zero first, in consecutive words (column r's own slots are 32 words apart from column r + 1's:
   // one bank); mark_rows's barriers order it before the writes below.
   for (int i = r; i < width * slots; i += kThreads) groups[i] = 0;
@@ -120,15 +127,16 @@ __global__ void __launch_bounds__(kThreads)
     groups[r * slots] = n;
     if (n > 0) atomicMax(&max_count[k0 + r], n);
   }
-  if (r < layout.tile && m < a.twell.rows) {
-    const std::uint32_t below = (1u << (r % 32)) - 1u;
-    for_each_entry(a, m, t, [&](int c, std::uint16_t v) {
-      std::uint32_t rank = __popc(masks[c][r / 32] & below);
-      for (int w = 0; w < r / 32; ++w) rank += __popc(masks[c][w]);
-      if (rank < cap)
-        groups[c * slots + 1 + static_cast<int>(rank)] = TwellLayout::pack(v, static_cast<std::uint32_t>(r));
-    });
-  }
+  // An entry's slot: the rows of its column marked before its own.
+  const auto place = [&](int row, int c, std::uint16_t v) {
+    std::uint32_t rank = __popc(masks[c][row / 32] & ((1u << (row % 32)) - 1u));
+    for (int w = 0; w < row / 32; ++w) rank += __popc(masks[c][w]);
+    if (rank < cap)
+      groups[c * slots + 1 + static_cast<int>(rank)] = TwellLayout::pack(v, static_cast<std::uint32_t>(row));
+  };
+  if (r < layout.tile && m < a.twell.rows && !is_dense_row(a, m))
+    for_each_slot_entry(a, m, t, [&](int c, std::uint16_t v) { place(r, c, v); });
+  for_each_dense_entry(a, row0, layout.tile, t, place);
   __syncthreads();
   const std::int64_t pw = layout.packed_width(out.cols);
   std::uint32_t* dst = out.packed + k0 * pw + static_cast<std::int64_t>(blockIdx.x) * slots;
@@ -158,15 +166,17 @@ __global__ void __launch_bounds__(kMapThreads)
 // Pass 2: the entries of A^T's rows past capacity into its dense block, a thread per row of A.
 template <class T>
 __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> a, HybridView<T> out) {
-  const int t = static_cast<int>(blockIdx.y);
-  const std::int64_t k0 = a.twell.layout.tile_begin(t);
-  const std::int64_t m = static_cast<std::int64_t>(blockIdx.x) * out.twell.layout.tile + threadIdx.x;
-  if (static_cast<int>(threadIdx.x) >= out.twell.layout.tile || m >= a.twell.rows) return;
+  const int t = static_cast<int>(blockIdx.y), r = static_cast<int>(threadIdx.x), tile = out.twell.layout.tile;
+  const std::int64_t k0 = a.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * tile,
+                     m = row0 + r;
   auto* dense = reinterpret_cast<std::uint16_t*>(out.overflow.data);
-  for_each_entry(a, m, t, [&](int c, std::uint16_t v) {
-    const std::int32_t row = out.row_to_overflow[k0 + c];
-    if (row >= 0) dense[row * out.overflow.ld + m] = v;
-  });
+  const auto put = [&](int row, int c, std::uint16_t v) {
+    const std::int32_t at_row = out.row_to_overflow[k0 + c];
+    if (at_row >= 0) dense[at_row * out.overflow.ld + row0 + row] = v;
+  };
+  if (r < tile && m < a.twell.rows && !is_dense_row(a, m))
+    for_each_slot_entry(a, m, t, [&](int c, std::uint16_t v) { put(r, c, v); });
+  for_each_dense_entry(a, row0, tile, t, put);
 }
 
 }  // namespace
