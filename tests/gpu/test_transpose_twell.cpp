@@ -237,19 +237,23 @@ TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: tok
 }
 
 // An Inf and a NaN in B reach exactly the rows of C whose column of A holds an entry in their row
-// of B; the Inf's row of A is a Hybrid dense row with -0.0 in every third column, which is no
-// entry (0 x Inf would be NaN).
+// of B. The rows of the Inf and of a -Inf in the same column of B are Hybrid dense rows (their
+// product is a dense GEMM) with -0.0 in every third and every fifth column, which is no entry
+// (0 x Inf would be NaN): C gets Inf, -Inf, or NaN where both meet.
 TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: Inf and NaN in B", T, bf16, fp16) {
-  constexpr std::int64_t kM = 900, kK = 777, kN = 64, kInfRow = 300, kNanRow = 301;
+  constexpr std::int64_t kM = 900, kK = 777, kN = 64, kInfRow = 300, kNanRow = 301, kMinusInfRow = 302;
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   testing::SparseDenseOptions so;
   so.density = 0.01;
   auto a_dense = testing::random_sparse_dense<T>(kM, kK, so, seed);
-  for (std::int64_t j = 0; j < kK; ++j)
+  for (std::int64_t j = 0; j < kK; ++j) {
     a_dense.view().at(kInfRow, j) = from_float<T>(j % 3 == 0 ? -0.0f : 0.5f + 0.001f * static_cast<float>(j));
+    a_dense.view().at(kMinusInfRow, j) = from_float<T>(j % 5 == 0 ? -0.0f : 0.25f + 0.001f * static_cast<float>(j));
+  }
   auto b = testing::random_dense<T>(kM, kN, 1.0f, seed + 1);
   b.view().at(kInfRow, 3) = from_float<T>(std::numeric_limits<float>::infinity());
+  b.view().at(kMinusInfRow, 3) = from_float<T>(-std::numeric_limits<float>::infinity());
   b.view().at(kNanRow, 5) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
   const auto c0 = testing::random_dense<T>(kK, kN, 1.0f, seed + 2);
   const HybridMatrix<T> a = ref::dense_to_hybrid<T>(a_dense.view(), TwellLayout{256, 16});
