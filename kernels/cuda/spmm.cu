@@ -661,6 +661,7 @@ constexpr const char* kStreamPath = "tile_stream";
 //     large to stage two slices of B, past ~13200): at K = 5632, M = 16384 it takes 0.405 ms
 //     against pair-balanced's 0.801 (this large-K case itself was not timed);
 //   - pair-balanced for the rest (fp32, tiles over 256 columns, misaligned or narrow B and C).
+// A Hybrid with overflow rows may take slice-reuse earlier: choose_hybrid_path.
 constexpr std::int64_t kPairMaxRows = 768, kPairMaxRowsDense = 2048, kStreamMaxRows = 4096;
 constexpr int kStreamMaxSlots = 16;
 
@@ -729,16 +730,11 @@ std::string hybrid_kernel_name(const char* twell_path) {
   return name == kSlicePath || name == kStreamPath ? name : "pair_balanced";
 }
 
-// Whether a Hybrid's overflow rows can run beside the TwELL kernel: they write C's shadow rows,
-// which the kernel skips (tile-streaming, 63 rows at M = 4096: 0.132 against 0.142 ms after it;
-// docs/benchmarks/README.md). Beside the slice-reuse path they run with its pre-pass only and its
-// product waits for them: its one CTA per SM waits for any SM the GEMM holds (H100, token-skewed,
-// 229 overflow rows at M = 16384: 0.383 ms with the GEMM beside the product against 0.372 after).
-// Beside the pre-pass: 63 rows at M = 4096, 0.116 against 0.132 after the product; at M = 16384
-// 0.291 either way, the pre-pass's CTAs then holding every SM (2026-11-27).
-// Not when K = 0, where the kernel only scales C, shadow rows included, nor for an empty B.
+// Whether a Hybrid's overflow rows make a product of their own (overflow_rows: a cuBLAS GEMM and
+// a scatter): not when K = 0, where the kernel only scales C, shadow rows included, nor for an
+// empty B.
 template <class T>
-bool overflow_beside(HybridView<const T> a, std::int64_t b_cols) {
+bool has_overflow_product(HybridView<const T> a, std::int64_t b_cols) {
   return a.overflow.rows > 0 && a.cols() > 0 && b_cols > 0;
 }
 
@@ -754,15 +750,22 @@ template <class T>
 SpmmAlgorithm choose_hybrid_path(HybridView<const T> a, DenseView<const T> b, DenseView<T> c,
                                  SpmmAlgorithm requested) {
   const SpmmAlgorithm path = choose_twell_path(a.twell, b, c, requested);
-  if (requested != SpmmAlgorithm::automatic || path != SpmmAlgorithm::tile_stream || !overflow_beside(a, b.cols))
+  if (requested != SpmmAlgorithm::automatic || path != SpmmAlgorithm::tile_stream ||
+      !has_overflow_product(a, b.cols))
     return path;
   const bool waves = detail::spmm_stream_ctas(a.rows(), b.cols) >
                      detail::multiprocessor_count("twell::cuda::spmm (multiprocessors)");
   return waves && detail::spmm_slices_applies(a.twell, b, c) ? SpmmAlgorithm::slice_reuse : path;
 }
 
-// Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows, on `side`
-// beside the kernel where overflow_beside says so and an SpmmPlan lends its side lane (else null).
+// Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows. With an
+// SpmmPlan's side lane (`side`, else null) they run on its stream beside the kernel: they write
+// C's shadow rows, which the kernel skips (tile-streaming, 63 rows at M = 4096: 0.132 against 0.142
+// ms after it; docs/benchmarks/README.md). On the slice-reuse path they run beside its pre-pass
+// and its product waits for them, since its one CTA per SM waits for any SM the GEMM holds (H100,
+// token-skewed, 229 overflow rows at M = 16384: 0.383 ms with the GEMM beside the product against
+// 0.372 after). Beside the pre-pass: 63 rows at M = 4096, 0.116 against 0.132 after the product;
+// at M = 16384 0.291 either way, the pre-pass's CTAs then holding every SM (2026-11-27).
 template <class T>
 std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
                         cudaStream_t stream, SpmmAlgorithm path_choice, void* workspace, void* staged_b,
@@ -772,19 +775,20 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   require_int(b.ld, "B leading dimension");
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
-  const bool beside = side != nullptr && overflow_beside(a, b.cols);
+  const bool beside = side != nullptr && has_overflow_product(a, b.cols);
   bool queued = false;
-  const std::function<void()> overflow_on_side = [&] {
+  const auto overflow_on_side = [&] {
     queued = true;
     side->run([&](cudaStream_t s, cublasHandle_t blas) { overflow_rows(a, b, c, alpha, beta, s, overflow_tmp, blas); },
               stream);
   };
   if (beside) side->fork(stream);
   // The slice-reuse path queues them between its pre-pass and its product (the hook); after the
-  // other kernels they run beside them.
-  const std::string path = hybrid_kernel_name(
-      twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice, workspace, staged_b,
-                 beside && path_choice == SpmmAlgorithm::slice_reuse ? overflow_on_side : std::function<void()>{}));
+  // other kernels they run beside them. (A std::function is made only when used: it allocates.)
+  std::function<void()> before_product;
+  if (beside && path_choice == SpmmAlgorithm::slice_reuse) before_product = overflow_on_side;
+  const std::string path = hybrid_kernel_name(twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice,
+                                                         workspace, staged_b, before_product));
   if (beside && !queued) {
     overflow_on_side();
   } else if (!beside) {
@@ -1018,7 +1022,7 @@ void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> 
   const SpmmAlgorithm path = choose_hybrid_path(a, b, c, algorithm_);
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  if (!side_ && overflow_beside(a, b.cols)) side_.reset(new detail::SpmmSideLane(stream));
+  if (!side_ && has_overflow_product(a, b.cols)) side_.reset(new detail::SpmmSideLane(stream));
   path_ = hybrid_none(a, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data(), overflow_.data(),
                       side_.get());
 }

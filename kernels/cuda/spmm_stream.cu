@@ -235,6 +235,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// The kernel's grid: a CTA per kRows rows of A (x) and kCols columns of B (y).
+struct StreamGrid {
+  std::int64_t row_blocks, slices;
+};
+StreamGrid stream_grid(std::int64_t rows, std::int64_t b_cols) {
+  return {(rows + kRows - 1) / kRows, (b_cols + kCols - 1) / kCols};
+}
+
 }  // namespace
 
 template <class T>
@@ -251,7 +259,8 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
 }
 
 std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols) {
-  return (rows + kRows - 1) / kRows * ((b_cols + kCols - 1) / kCols);
+  const StreamGrid grid = stream_grid(rows, b_cols);
+  return grid.row_blocks * grid.slices;
 }
 
 template <class T>
@@ -259,8 +268,7 @@ void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseVi
                        float alpha, float beta, cudaStream_t stream) {
   require(spmm_stream_applies(a, b, c), ErrorCode::invalid_argument, kWhere,
           "the tile-streaming TwELL kernel was called on operands it does not take");
-  const std::int64_t row_blocks = (a.rows + kRows - 1) / kRows;
-  const std::int64_t slices = (b.cols + kCols - 1) / kCols;
+  const auto [row_blocks, slices] = stream_grid(a.rows, b.cols);
   require(row_blocks <= 0x7fffffffLL && slices <= 65535, ErrorCode::unsupported, kWhere, "A has ", a.rows,
           " rows and B ", b.cols, " columns; the tile-streaming kernel takes at most ", 0x7fffffffLL * kRows, " and ",
           65535LL * kCols);

@@ -2,8 +2,9 @@
 //
 // A CTA takes one tile of A's columns (at most 256: rows of A^T) and one block of A's rows as wide
 // as the output's tile (at most 256: one (row, tile) group of A^T per column). Each thread walks
-// one row's entries of the tile (its slots; a Hybrid's dense rows take a warp each, its lanes over
-// the columns) and sets the row's bit in a 256-bit mask per column in shared memory (atomicOr: the result does not depend on the order).
+// one row's entries of the tile (its slots; a Hybrid's dense rows take a warp each, its lanes
+// over the columns) and sets the row's bit in a 256-bit mask per column in shared memory
+// (atomicOr: the result does not depend on the order).
 // A column's count is its mask's popcount and an entry's slot in A^T's group is the number of
 // rows before it in the mask, so each group comes out in increasing row order, as the reference
 // writes it, with no sort and no atomics on values. The CTA builds its groups in shared memory
@@ -29,7 +30,7 @@ namespace {
 
 constexpr const char* kWhere = "twell::cuda::transpose";
 constexpr int kMaxTile = 256;           // columns of A per CTA, and rows of A per CTA (the output tile)
-constexpr int kThreads = kMaxTile;      // a thread per row, then a thread per column
+constexpr int kThreads = kMaxTile;      // a thread per row (a warp per dense row), then a thread per column
 constexpr int kWords = kMaxTile / 32;   // words of a column's row mask
 constexpr int kMaskPitch = kWords + 1;  // a column's mask in shared memory: thread c reads column c conflict-free
 constexpr int kMaxSlots = 32;           // slots of an output group: a CTA's groups fit in shared memory
@@ -60,7 +61,7 @@ __device__ __forceinline__ void for_each_slot_entry(const TwellRows<T>& a, std::
 // among A's rows row0 + [0, rows) in tile t: a warp per dense row of its own 32 rows, its lanes
 // over the columns. A thread per dense row, walking it whole, set the CTA's length (H100,
 // token-skewed training step, M = 16384: the groups kernel took 114-117 us against 50 on uniform
-// rows). Every thread of the CTA calls it.
+// rows; 73 us with the warps, 2026-11-27). Every thread of the CTA calls it.
 template <class T, class F>
 __device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std::int64_t row0, int rows, int t,
                                                      F&& f) {
@@ -163,7 +164,8 @@ __global__ void __launch_bounds__(kMapThreads)
   if (threadIdx.x == 0) *r_out = total;
 }
 
-// Pass 2: the entries of A^T's rows past capacity into its dense block, a thread per row of A.
+// Pass 2: the entries of A^T's rows past capacity into its dense block, a thread per row of A (a
+// warp per dense row).
 template <class T>
 __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> a, HybridView<T> out) {
   const int t = static_cast<int>(blockIdx.y), r = static_cast<int>(threadIdx.x), tile = out.twell.layout.tile;

@@ -484,7 +484,9 @@ TEST_CASE("cuda slice-reuse TwELL spmm: other operands fall back") {
 // pair-balanced kernel up to 768 rows (2048 for more than 16 slots), the tile-streaming one up to
 // 4096 rows at 8-16 slots, the slice-reuse one above, or the tile-streaming one again where K is
 // too large for the slice-reuse kernel; each on both sides of its bound, with B 64 wide to keep
-// the reference cheap. A plan made for a forced kernel runs that kernel.
+// the reference cheap (so tile-streaming's grid stays within one wave and choose_hybrid_path's
+// rule for overflow rows, tested below, does not apply). A plan made for a forced kernel runs
+// that kernel.
 TEST_CASE("cuda spmm picks its TwELL kernel by rows and layout") {
   constexpr std::int64_t kK = 5632, kN = 64;
   // Two slices of 4 columns of B need (K + 2) x 16 bytes beside ~20 KB of static shared memory,
@@ -537,8 +539,9 @@ TEST_CASE("cuda spmm picks its TwELL kernel by rows and layout") {
 
 // A Hybrid with overflow rows takes slice-reuse where tile-streaming (256 x 128 blocks of C per
 // CTA) would need more than one wave, and stays on tile-streaming within one; spmm() and a plan
-// agree (check_spmm compares their paths and bits). 1024 rows in 4 row blocks, B as wide as
-// makes the grid one SM short of or past the device's SMs.
+// agree (check_spmm compares their paths and bits). 1024 rows in 4 row blocks, B as wide as makes
+// tile-streaming's grid at most the device's SMs, or past them. Like the test above, it assumes a
+// device with the shared memory for the tile-streaming kernel (222 KB per block: Hopper).
 TEST_CASE("cuda spmm takes slice-reuse for a Hybrid with overflow rows past one wave of tile-streaming") {
   constexpr std::int64_t kM = 1024, kK = 5632;
   const TwellLayout layout{256, 16};

@@ -42,10 +42,11 @@ struct SpmmSideLaneDeleter {
 // stream-ordered scratch per call. All grow to the largest run seen and stay.
 //
 // run() queues on the plan's stream and never waits for the device. It picks its kernel as spmm()
-// does for KernelOptions::spmm_algorithm = `algorithm` (automatic: by rows and layout, docs/api.md;
-// a forced kernel that does not take the operands raises unsupported), so only slice-reuse runs use
-// the workspace and the copy of B. The buffers are reused by
-// every run: two runs of one plan must not execute concurrently on different streams.
+// does for KernelOptions::spmm_algorithm = `algorithm` (automatic: by rows and layout, and for a
+// Hybrid with overflow rows by B's columns and the SM count too, docs/api.md; a forced kernel
+// that does not take the operands raises unsupported), so only slice-reuse runs use the workspace
+// and the copy of B. The buffers are reused by every run: two runs of one plan must not execute
+// concurrently on different streams.
 // Overflow rows of op-none runs go through a second stream the plan creates at the first such run
 // (with the plan stream's priority, and a cuBLAS handle bound to it): forked from the plan's stream
 // after the work queued there, joined back before anything queued later (before the product, on
