@@ -63,8 +63,7 @@ __device__ __forceinline__ void for_each_slot_entry(const TwellRows<T>& a, std::
 // token-skewed training step, M = 16384: the groups kernel took 114-117 us against 50 on uniform
 // rows; 73 us with the warps, 2026-11-27). Every thread of the CTA calls it.
 template <class T, class F>
-__device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std::int64_t row0, int rows, int t,
-                                                     F&& f) {
+__device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std::int64_t row0, int rows, int t, F&& f) {
   if (a.shadow == nullptr) return;
   const int r = static_cast<int>(threadIdx.x), lane = r % 32;
   const std::int64_t m = row0 + r;

@@ -549,8 +549,8 @@ TEST_CASE("cuda spmm takes slice-reuse for a Hybrid with overflow rows past one 
   REQUIRE(cudaGetDevice(&device) == cudaSuccess);
   REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
   const std::int64_t one_wave_blocks = sms / (kM / 256);
-  for (const auto& [blocks, path] : {std::pair{one_wave_blocks, "tile_stream"}, std::pair{one_wave_blocks + 1,
-                                                                                          "slice_reuse"}}) {
+  for (const auto& [blocks, path] :
+       {std::pair{one_wave_blocks, "tile_stream"}, std::pair{one_wave_blocks + 1, "slice_reuse"}}) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(blocks);
