@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <twell/error.hpp>
 #include <twell/formats/dense.hpp>
@@ -76,6 +78,28 @@ std::pair<std::int64_t, std::int64_t> split_non_finite(DenseMatrix<T>& got, Dens
     }
   }
   return {mismatched, non_finite};
+}
+
+// Elements of got further from want than rounding into T once allows, where both are fp32 sums
+// of the same terms in another order, each rounded once: a unit in the last place (2^-7 of the
+// value for bf16, 2^-10 for fp16) plus 2^-12 of `magnitude` (at each element, the sum of the terms'
+// absolute values: fp32 sums of up to ~4000 terms in any order stay within it). A result rounded
+// twice, a partial sum stored in T and then added to, is off by up to half a unit of the partial
+// sum, which exceeds this wherever the later terms cancel most of it. NaN in got counts.
+template <class T>
+std::int64_t beyond_one_rounding(const DenseMatrix<T>& got, const DenseMatrix<T>& want,
+                                 const std::vector<double>& magnitude) {
+  constexpr double kUnit = std::is_same_v<T, bf16> ? 0x1p-7 : 0x1p-10;
+  const auto g = got.view();
+  const auto w = want.view();
+  std::int64_t beyond = 0;
+  for (std::int64_t i = 0; i < w.rows; ++i)
+    for (std::int64_t j = 0; j < w.cols; ++j) {
+      const double a = to_float(g.at(i, j)), b = to_float(w.at(i, j));
+      const double bound = kUnit * std::max(std::abs(a), std::abs(b)) + 0x1p-12 * magnitude[i * w.cols + j] + 0x1p-24;
+      beyond += std::abs(a - b) <= bound ? 0 : 1;
+    }
+  return beyond;
 }
 
 }  // namespace twell::testing
