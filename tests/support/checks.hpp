@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -81,17 +83,22 @@ std::pair<std::int64_t, std::int64_t> split_non_finite(DenseMatrix<T>& got, Dens
 }
 
 // Elements of got further from want than rounding into T once allows, where both are fp32 sums
-// of the same terms in another order, each rounded once: a unit in the last place (2^-7 of the
-// value for bf16, 2^-10 for fp16) plus 2^-12 of `magnitude` (at each element, the sum of the terms'
-// absolute values: fp32 sums of up to ~4000 terms in any order stay within it). A result rounded
-// twice, a partial sum stored in T and then added to, is off by up to half a unit of the partial
-// sum, which exceeds this wherever the later terms cancel most of it. NaN in got counts.
+// of the same terms (exact 16-bit products) in another order, each rounded once: at least a unit
+// in the last place (2^-7 of the larger value for bf16, 2^-10 for fp16), plus 2^-12 of
+// `magnitude` (row-major like want: at each element, the sum of the terms' absolute values; two
+// fp32 sums of n terms in any order differ by at most about 2 n 2^-24 of it, within the bound up
+// to ~2000 terms; for cuBLAS's tensor-core accumulation the margin is statistical, not
+// worst-case), plus 2^-24 (fp16's subnormal spacing). A result rounded twice, a partial sum stored
+// in T and then added to, is off by up to half a unit of the partial sum, which exceeds this where
+// the partial sum carries much of the magnitude and later terms cancel it. NaN in got counts.
 template <class T>
 std::int64_t beyond_one_rounding(const DenseMatrix<T>& got, const DenseMatrix<T>& want,
                                  const std::vector<double>& magnitude) {
+  static_assert(std::is_same_v<T, bf16> || std::is_same_v<T, fp16>, "one rounding into a 16-bit type");
   constexpr double kUnit = std::is_same_v<T, bf16> ? 0x1p-7 : 0x1p-10;
   const auto g = got.view();
   const auto w = want.view();
+  REQUIRE(magnitude.size() == static_cast<std::size_t>(w.rows * w.cols));
   std::int64_t beyond = 0;
   for (std::int64_t i = 0; i < w.rows; ++i)
     for (std::int64_t j = 0; j < w.cols; ++j) {
