@@ -776,20 +776,19 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   require_int(a.overflow.ld, "overflow leading dimension");
   const std::int32_t* shadow = a.overflow.rows > 0 ? a.row_to_overflow : nullptr;
   const bool beside = side != nullptr && has_overflow_product(a, b.cols);
-  bool queued = false;
   const auto overflow_on_side = [&] {
-    queued = true;
     side->run([&](cudaStream_t s, cublasHandle_t blas) { overflow_rows(a, b, c, alpha, beta, s, overflow_tmp, blas); },
               stream);
   };
   if (beside) side->fork(stream);
-  // The slice-reuse path queues them between its pre-pass and its product (the hook); after the
-  // other kernels they run beside them. (A std::function is made only when used: it allocates.)
+  // The slice-reuse path queues them between its pre-pass and its product (the hook, which it
+  // always calls); after the other kernels they run beside them. (A std::function is made only
+  // when used: it allocates.)
   std::function<void()> before_product;
   if (beside && path_choice == SpmmAlgorithm::slice_reuse) before_product = overflow_on_side;
   const std::string path = hybrid_kernel_name(twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice,
                                                          workspace, staged_b, before_product));
-  if (beside && !queued) {
+  if (beside && !before_product) {
     overflow_on_side();
   } else if (!beside) {
     overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp, cublas_handle());

@@ -82,18 +82,27 @@ __device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std:
   }
 }
 
+// Calls f(row in the block, column in the tile, value bits) for each entry of A's rows
+// row0 + [0, rows) in tile t: thread r walks row r's slots, the dense rows take a warp each
+// (for_each_dense_entry). Every thread of the CTA calls it.
+template <class T, class F>
+__device__ __forceinline__ void for_each_block_entry(const TwellRows<T>& a, std::int64_t row0, int rows, int t,
+                                                     F&& f) {
+  const int r = static_cast<int>(threadIdx.x);
+  const std::int64_t m = row0 + r;
+  if (r < rows && m < a.twell.rows && !is_dense_row(a, m))
+    for_each_slot_entry(a, m, t, [&](int c, std::uint16_t v) { f(r, c, v); });
+  for_each_dense_entry(a, row0, rows, t, f);
+}
+
 // masks[c][w] bit r: row (block row 32 w + r) of the CTA's block has an entry in column c.
 template <class T>
 __device__ __forceinline__ void mark_rows(const TwellRows<T>& a, int out_tile,
                                           std::uint32_t (&masks)[kMaxTile][kMaskPitch]) {
   for (int i = threadIdx.x; i < kMaxTile * kMaskPitch; i += kThreads) (&masks[0][0])[i] = 0;
   __syncthreads();
-  const int r = static_cast<int>(threadIdx.x), t = static_cast<int>(blockIdx.y);
-  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * out_tile, m = row0 + r;
-  const auto mark = [&](int row, int c, std::uint16_t) { atomicOr(&masks[c][row / 32], 1u << (row % 32)); };
-  if (r < out_tile && m < a.twell.rows && !is_dense_row(a, m))
-    for_each_slot_entry(a, m, t, [&](int c, std::uint16_t v) { mark(r, c, v); });
-  for_each_dense_entry(a, row0, out_tile, t, mark);
+  for_each_block_entry(a, static_cast<std::int64_t>(blockIdx.x) * out_tile, out_tile, static_cast<int>(blockIdx.y),
+                       [&](int row, int c, std::uint16_t) { atomicOr(&masks[c][row / 32], 1u << (row % 32)); });
   __syncthreads();
 }
 
@@ -116,8 +125,7 @@ __global__ void __launch_bounds__(kThreads)
   const int slots = layout.slots(), t = static_cast<int>(blockIdx.y), r = static_cast<int>(threadIdx.x);
   const auto cap = static_cast<std::uint32_t>(layout.capacity());
   const int width = a.twell.layout.tile_cols(t, a.twell.cols);
-  const std::int64_t k0 = a.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * layout.tile,
-                     m = row0 + r;
+  const std::int64_t k0 = a.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * layout.tile;
   // Zero first, in consecutive words (column r's own slots are 32 words apart from column r + 1's:
   // one bank); mark_rows's barriers order it before the writes below.
   for (int i = r; i < width * slots; i += kThreads) groups[i] = 0;
@@ -134,9 +142,7 @@ __global__ void __launch_bounds__(kThreads)
     if (rank < cap)
       groups[c * slots + 1 + static_cast<int>(rank)] = TwellLayout::pack(v, static_cast<std::uint32_t>(row));
   };
-  if (r < layout.tile && m < a.twell.rows && !is_dense_row(a, m))
-    for_each_slot_entry(a, m, t, [&](int c, std::uint16_t v) { place(r, c, v); });
-  for_each_dense_entry(a, row0, layout.tile, t, place);
+  for_each_block_entry(a, row0, layout.tile, t, place);
   __syncthreads();
   const std::int64_t pw = layout.packed_width(out.cols);
   std::uint32_t* dst = out.packed + k0 * pw + static_cast<std::int64_t>(blockIdx.x) * slots;
@@ -167,17 +173,14 @@ __global__ void __launch_bounds__(kMapThreads)
 // warp per dense row).
 template <class T>
 __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> a, HybridView<T> out) {
-  const int t = static_cast<int>(blockIdx.y), r = static_cast<int>(threadIdx.x), tile = out.twell.layout.tile;
-  const std::int64_t k0 = a.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * tile,
-                     m = row0 + r;
+  const int t = static_cast<int>(blockIdx.y), tile = out.twell.layout.tile;
+  const std::int64_t k0 = a.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * tile;
   auto* dense = reinterpret_cast<std::uint16_t*>(out.overflow.data);
   const auto put = [&](int row, int c, std::uint16_t v) {
     const std::int32_t at_row = out.row_to_overflow[k0 + c];
     if (at_row >= 0) dense[at_row * out.overflow.ld + row0 + row] = v;
   };
-  if (r < tile && m < a.twell.rows && !is_dense_row(a, m))
-    for_each_slot_entry(a, m, t, [&](int c, std::uint16_t v) { put(r, c, v); });
-  for_each_dense_entry(a, row0, tile, t, put);
+  for_each_block_entry(a, row0, tile, t, put);
 }
 
 }  // namespace
