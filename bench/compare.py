@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Compares the JSON of several `twell bench --out` runs case by case.
+
+    python3 bench/compare.py base.json other.json [...] [--op spmm] [--variant twell] [--out FILE]
+
+Prints a markdown table: one row per case (suite, op, variant, shape, M, distribution, density
+target), the median ms of each file, and each later file's median over the first's. Meant for
+builds of one tree timed in one call on one device (scripts/bench-variants.sh writes such files):
+the ratio of medians is only meaningful between runs on the same GPU. A case missing from a file,
+or not "ok" there, shows as "-". Needs the standard library only.
+"""
+import argparse
+import json
+import os
+import sys
+
+KEY_FIELDS = ("suite", "op", "variant", "shape", "M", "distribution", "density_target")
+
+
+def medians(path):
+    """{case key: median ms} of the file's cases whose status is ok."""
+    with open(path) as f:
+        report = json.load(f)
+    out = {}
+    for c in report.get("cases", []):
+        if c.get("status") != "ok":
+            continue
+        out[tuple(c.get(k) for k in KEY_FIELDS)] = c["ms"]["median"]
+    return out
+
+
+def table(paths, op=None, variant=None):
+    runs = [medians(p) for p in paths]
+    names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+    keys = []
+    for run in runs:
+        for k in run:
+            if k not in keys:
+                keys.append(k)
+    keys = [k for k in keys if (op is None or k[1] == op) and (variant is None or k[2] == variant)]
+    head = ["suite", "op", "variant", "shape", "M", "dist", "density"]
+    head += [f"{n} ms" for n in names] + [f"{n} / {names[0]}" for n in names[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for k in keys:
+        ms = [run.get(k) for run in runs]
+        cells = ["" if v is None else str(v) for v in k]
+        cells += ["-" if v is None else f"{v:.4f}" for v in ms]
+        cells += ["-" if v is None or ms[0] is None or ms[0] == 0 else f"{v / ms[0]:.3f}" for v in ms[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="+", help="bench JSON files; the first is the base of the ratios")
+    p.add_argument("--op", help="only cases of this op (e.g. spmm, spmm_at)")
+    p.add_argument("--variant", help="only cases of this variant (e.g. twell)")
+    p.add_argument("--out", help="also write the table to this file")
+    args = p.parse_args(argv)
+    text = table(args.files, args.op, args.variant)
+    sys.stdout.write(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# A/B (and diagnostic) timing on a GPU machine in one call: builds the `twell` program of several
+# variants of the source side by side, runs the same bench suites with each in turn on the same
+# GPU, and compares their medians case by case (bench/compare.py).
+#
+#   scripts/bench-variants.sh OUTDIR [--suites LIST] [--contract] [--quick] [--reps N] [--rounds R]
+#                             VARIANT [VARIANT...]
+#
+#   VARIANT   NAME             this source tree as it is
+#             NAME=FLAGS       this source tree with FLAGS added to CMAKE_CUDA_FLAGS, e.g. a
+#                              diagnostic switch: banks=-DTWELL_DIAG_BANKS (docs/benchmarks/README.md,
+#                              "Where the slice product's time goes")
+#             NAME:DIR         the source tree in DIR, e.g. the base of an A/B made before the call
+#                              by `git archive HEAD | tar -x -C build-base` and carried with it
+#   --suites LIST   bench suites (default spmm)
+#   --contract, --quick, --reps N   passed to `twell bench` (default --reps 20)
+#   --rounds R      run the variants R times in turn (default 1), so that drift shows
+#
+# Writes OUTDIR/NAME.json for each variant (NAME.rK.json for round K > 1) and OUTDIR/variants.md
+# (the comparison, the first variant the base of the ratios), and prints the table. The lent
+# machines return at most 8 files: variants x rounds + 1 <= 8. Each variant builds in its own
+# folder under TWELL_BENCH_VARIANTS_BUILD (default /tmp/twell-variants), all at once (Release,
+# sm_90a, no tests: ~2-4 min on 16 cores); a failed build is reported and its variant skipped.
+set -u -o pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+usage() { sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
+
+out="${1:-}"
+[ -n "$out" ] && [ "${out#-}" = "$out" ] || usage
+shift
+suites="spmm"
+bench_args=()
+reps=20
+rounds=1
+variants=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --suites) suites="${2:?--suites needs a list}"; shift ;;
+    --contract | --quick) bench_args+=("$1") ;;
+    --reps) reps="${2:?--reps needs a number}"; shift ;;
+    --rounds) rounds="${2:?--rounds needs a number}"; shift ;;
+    -h | --help) usage 0 ;;
+    -*) echo "bench-variants: unknown option $1" >&2; usage ;;
+    *) variants+=("$1") ;;
+  esac
+  shift
+done
+[ ${#variants[@]} -gt 0 ] || { echo "bench-variants: name at least one variant" >&2; usage; }
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+builds="${TWELL_BENCH_VARIANTS_BUILD:-/tmp/twell-variants}"
+mkdir -p "$builds"
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+
+# name, source tree and extra CUDA flags of each variant
+names=() sources=() flags=()
+for v in "${variants[@]}"; do
+  case "$v" in
+    *=*) names+=("${v%%=*}") sources+=("$root") flags+=("${v#*=}") ;;
+    *:*) names+=("${v%%:*}") sources+=("$(cd "${v#*:}" && pwd)") flags+=("") ;;
+    *) names+=("$v") sources+=("$root") flags+=("") ;;
+  esac
+done
+for n in "${names[@]}"; do
+  case "$n" in
+    '' | *[!A-Za-z0-9_-]*) echo "bench-variants: variant name '$n' must be letters, digits, - or _" >&2; exit 2 ;;
+  esac
+done
+if [ "$(printf '%s\n' "${names[@]}" | sort | uniq -d)" ]; then
+  echo "bench-variants: variant names must differ" >&2
+  exit 2
+fi
+
+build_one() {  # INDEX
+  local i="$1" dir="$builds/${names[$1]}"
+  cmake -S "${sources[$i]}" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a-real -DTWELL_BUILD_TESTS=OFF "-DCMAKE_CUDA_FLAGS=${flags[$i]}" \
+    >"$dir.log" 2>&1 && cmake --build "$dir" --target twell_cli >>"$dir.log" 2>&1
+}
+
+t0=$(date +%s)
+pids=()
+for i in "${!names[@]}"; do
+  mkdir -p "$builds/${names[$i]}"
+  build_one "$i" &
+  pids+=($!)
+done
+built=()
+for i in "${!names[@]}"; do
+  if wait "${pids[$i]}"; then
+    built+=("$i")
+  else
+    echo "bench-variants: ${names[$i]} did not build; the end of $builds/${names[$i]}.log:" >&2
+    tail -20 "$builds/${names[$i]}.log" >&2
+  fi
+done
+echo "bench-variants: built ${#built[@]} of ${#names[@]} variants in $(($(date +%s) - t0)) s"
+[ ${#built[@]} -gt 0 ] || exit 1
+
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+files=()
+failed=0
+for ((r = 1; r <= rounds; ++r)); do
+  for i in "${built[@]}"; do
+    file="$out/${names[$i]}.json"
+    [ "$r" -gt 1 ] && file="$out/${names[$i]}.r$r.json"
+    if "$builds/${names[$i]}/tools/twell" bench --suite "$suites" "${bench_args[@]}" --reps "$reps" \
+      --out "$file" >"$builds/${names[$i]}.bench.log" 2>&1; then
+      files+=("$file")
+    else
+      failed=1
+      echo "bench-variants: the bench of ${names[$i]} (round $r) failed; the end of its output:" >&2
+      tail -5 "$builds/${names[$i]}.bench.log" >&2
+    fi
+  done
+done
+if [ ${#files[@]} -gt 0 ]; then
+  python3 "$root/bench/compare.py" "${files[@]}" --out "$out/variants.md" || failed=1
+fi
+exit "$failed"
