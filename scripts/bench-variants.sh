@@ -27,6 +27,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage() { sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
 
 out="${1:-}"
+case "$out" in -h | --help) usage 0 ;; esac
 if [ -z "$out" ] || [ "${out#-}" != "$out" ]; then usage; fi
 shift
 suites="spmm"
