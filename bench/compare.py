@@ -7,7 +7,9 @@ Prints a markdown table: one row per case (suite, op, variant, shape, M, distrib
 target), the median ms of each file, and each later file's median over the first's. Meant for
 builds of one tree timed in one call on one device (scripts/bench-variants.sh writes such files):
 the ratio of medians is only meaningful between runs on the same GPU. A case missing from a file,
-or not "ok" there, shows as "-". Needs the standard library only.
+or not "ok" there, shows as "-"; a case "ok" in none of them is left out. Columns are named by the
+files' base names (their paths where two base names are the same). Exits 1 when no case passes
+the filters. Needs the standard library only.
 """
 import argparse
 import json
@@ -32,6 +34,8 @@ def medians(path):
 def table(paths, op=None, variant=None):
     runs = [medians(p) for p in paths]
     names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+    if len(set(names)) < len(names):
+        names = list(paths)
     keys = []
     for run in runs:
         for k in run:
@@ -47,7 +51,7 @@ def table(paths, op=None, variant=None):
         cells += ["-" if v is None else f"{v:.4f}" for v in ms]
         cells += ["-" if v is None or ms[0] is None or ms[0] == 0 else f"{v / ms[0]:.3f}" for v in ms[1:]]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", len(keys)
 
 
 def main(argv):
@@ -57,11 +61,14 @@ def main(argv):
     p.add_argument("--variant", help="only cases of this variant (e.g. twell)")
     p.add_argument("--out", help="also write the table to this file")
     args = p.parse_args(argv)
-    text = table(args.files, args.op, args.variant)
+    text, rows = table(args.files, args.op, args.variant)
     sys.stdout.write(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+    if rows == 0:
+        print("compare.py: no case passes the filters", file=sys.stderr)
+        return 1
     return 0
 
 

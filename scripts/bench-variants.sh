@@ -13,18 +13,30 @@
 #             NAME:DIR         the source tree in DIR, e.g. the base of an A/B made before the call
 #                              by `git archive HEAD | tar -x -C build-base` and carried with it
 #   --suites LIST   bench suites (default spmm)
-#   --contract, --quick, --reps N   passed to `twell bench` (default --reps 20)
-#   --rounds R      run the variants R times in turn (default 1), so that drift shows
+#   --contract, --quick, --reps N   passed to `twell bench` (--reps 20 unless --quick or --reps)
+#   --rounds R      run the variants R times (default 1), each round in the opposite order to the
+#                   one before, so that drift shows
 #
 # Writes OUTDIR/NAME.json for each variant (NAME.rK.json for round K > 1) and OUTDIR/variants.md
-# (the comparison, the first variant the base of the ratios), and prints the table. The lent
-# machines return at most 8 files: variants x rounds + 1 <= 8. Each variant builds in its own
-# folder under TWELL_BENCH_VARIANTS_BUILD (default /tmp/twell-variants), all at once (Release,
-# sm_90a, no tests: ~2-4 min on 16 cores); a failed build is reported and its variant skipped.
+# (the comparison, the first variant the base of the ratios), and prints the table. Each variant
+# builds in its own folder under TWELL_BENCH_VARIANTS_BUILD (default /tmp/twell-variants), all at
+# once, the cores shared out (Release, sm_90a, no tests). On a lent H100 (16 cores, 600 s a
+# command) one variant built in 82 s and `--suite spmm --contract` takes ~50 s a variant, so
+# about three variants fit a call, the base in each; the machines return at most 8 files:
+# variants x rounds + 1 <= 8. Exits non-zero if a variant does not build or its bench fails; if
+# the first (the base) does not build, nothing is benched.
 set -u -o pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-usage() { sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() {  # [EXIT CODE]: the header above, on stdout for --help, else on stderr
+  local code="${1:-2}"
+  if [ "$code" = 0 ]; then
+    sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+  else
+    sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  fi
+  exit "$code"
+}
 
 out="${1:-}"
 case "$out" in -h | --help) usage 0 ;; esac
@@ -32,7 +44,7 @@ if [ -z "$out" ] || [ "${out#-}" != "$out" ]; then usage; fi
 shift
 suites="spmm"
 bench_args=()
-reps=20
+reps=""
 rounds=1
 variants=()
 while [ $# -gt 0 ]; do
@@ -48,19 +60,19 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ ${#variants[@]} -gt 0 ] || { echo "bench-variants: name at least one variant" >&2; usage; }
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
 builds="${TWELL_BENCH_VARIANTS_BUILD:-/tmp/twell-variants}"
-mkdir -p "$builds"
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 
 # name, source tree and extra CUDA flags of each variant
 names=() sources=() flags=()
 for v in "${variants[@]}"; do
   case "$v" in
     *=*) names+=("${v%%=*}") sources+=("$root") flags+=("${v#*=}") ;;
-    *:*) names+=("${v%%:*}") sources+=("$(cd "${v#*:}" && pwd)") flags+=("") ;;
+    *:*)
+      [ -f "${v#*:}/CMakeLists.txt" ] || { echo "bench-variants: ${v#*:} is not a source tree" >&2; exit 2; }
+      names+=("${v%%:*}") sources+=("$(cd "${v#*:}" && pwd)") flags+=("") ;;
     *) names+=("$v") sources+=("$root") flags+=("") ;;
   esac
 done
@@ -73,41 +85,61 @@ if [ "$(printf '%s\n' "${names[@]}" | sort | uniq -d)" ]; then
   echo "bench-variants: variant names must differ" >&2
   exit 2
 fi
+if [ -z "$reps" ]; then
+  for a in "${bench_args[@]}"; do [ "$a" = "--quick" ] && reps="quick"; done
+  [ -z "$reps" ] && reps=20
+fi
+reps_args=()
+[ "$reps" = "quick" ] || reps_args=(--reps "$reps")
+mkdir -p "$out" "$builds"
+out="$(cd "$out" && pwd)"
+jobs=$(($(nproc) / ${#names[@]} + 1))
 
 build_one() {  # INDEX
   local i="$1" dir="$builds/${names[$1]}"
+  # A folder left by an earlier call for another source tree would make cmake refuse it.
+  if [ -f "$dir/CMakeCache.txt" ] &&
+    ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=${sources[$i]}" "$dir/CMakeCache.txt"; then
+    rm -rf "$dir"
+  fi
+  mkdir -p "$dir"
   cmake -S "${sources[$i]}" -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTWELL_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a-real -DTWELL_BUILD_TESTS=OFF "-DCMAKE_CUDA_FLAGS=${flags[$i]}" \
-    >"$dir.log" 2>&1 && cmake --build "$dir" --target twell_cli >>"$dir.log" 2>&1
+    -DCMAKE_CUDA_COMPILER="$nvcc_bin" -DCMAKE_CUDA_ARCHITECTURES=90a-real -DTWELL_BUILD_TESTS=OFF \
+    "-DCMAKE_CUDA_FLAGS=${flags[$i]}" >"$dir.log" 2>&1 &&
+    cmake --build "$dir" --target twell_cli -j "$jobs" >>"$dir.log" 2>&1
 }
 
 t0=$(date +%s)
 pids=()
 for i in "${!names[@]}"; do
-  mkdir -p "$builds/${names[$i]}"
   build_one "$i" &
   pids+=($!)
 done
 built=()
+failed=0
 for i in "${!names[@]}"; do
   if wait "${pids[$i]}"; then
     built+=("$i")
   else
+    failed=1
     echo "bench-variants: ${names[$i]} did not build; the end of $builds/${names[$i]}.log:" >&2
     tail -20 "$builds/${names[$i]}.log" >&2
   fi
 done
 echo "bench-variants: built ${#built[@]} of ${#names[@]} variants in $(($(date +%s) - t0)) s"
-[ ${#built[@]} -gt 0 ] || exit 1
+if [ ${#built[@]} -eq 0 ] || [ "${built[0]}" != 0 ]; then
+  echo "bench-variants: the base variant ${names[0]} did not build; nothing benched" >&2
+  exit 1
+fi
 
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 files=()
-failed=0
+order=("${built[@]}")
 for ((r = 1; r <= rounds; ++r)); do
-  for i in "${built[@]}"; do
+  for i in "${order[@]}"; do
     file="$out/${names[$i]}.json"
     [ "$r" -gt 1 ] && file="$out/${names[$i]}.r$r.json"
-    if "$builds/${names[$i]}/tools/twell" bench --suite "$suites" "${bench_args[@]}" --reps "$reps" \
+    if "$builds/${names[$i]}/tools/twell" bench --suite "$suites" "${bench_args[@]}" "${reps_args[@]}" \
       --out "$file" >"$builds/${names[$i]}.bench.log" 2>&1; then
       files+=("$file")
     else
@@ -116,6 +148,9 @@ for ((r = 1; r <= rounds; ++r)); do
       tail -5 "$builds/${names[$i]}.bench.log" >&2
     fi
   done
+  reversed=()
+  for ((j = ${#order[@]} - 1; j >= 0; --j)); do reversed+=("${order[$j]}"); done
+  order=("${reversed[@]}")
 done
 if [ ${#files[@]} -gt 0 ]; then
   python3 "$root/bench/compare.py" "${files[@]}" --out "$out/variants.md" || failed=1
