@@ -36,12 +36,8 @@ def table(paths, op=None, variant=None):
     names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
     if len(set(names)) < len(names):
         names = list(paths)
-    keys = []
-    for run in runs:
-        for k in run:
-            if k not in keys:
-                keys.append(k)
-    keys = [k for k in keys if (op is None or k[1] == op) and (variant is None or k[2] == variant)]
+    keys = [k for k in dict.fromkeys(k for run in runs for k in run)  # first seen first
+            if (op is None or k[1] == op) and (variant is None or k[2] == variant)]
     head = ["suite", "op", "variant", "shape", "M", "dist", "density"]
     head += [f"{n} ms" for n in names] + [f"{n} / {names[0]}" for n in names[1:]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

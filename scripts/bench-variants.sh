@@ -29,12 +29,9 @@ set -u -o pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage() {  # [EXIT CODE]: the header above, on stdout for --help, else on stderr
-  local code="${1:-2}"
-  if [ "$code" = 0 ]; then
-    sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
-  else
-    sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
-  fi
+  local code="${1:-2}" fd=2
+  [ "$code" = 0 ] && fd=1
+  sed -n '2,/^set -u/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&"$fd"
   exit "$code"
 }
 
@@ -45,12 +42,14 @@ shift
 suites="spmm"
 bench_args=()
 reps=""
+quick=0
 rounds=1
 variants=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --suites) suites="${2:?--suites needs a list}"; shift ;;
-    --contract | --quick) bench_args+=("$1") ;;
+    --contract) bench_args+=("$1") ;;
+    --quick) bench_args+=("$1"); quick=1 ;;
     --reps) reps="${2:?--reps needs a number}"; shift ;;
     --rounds) rounds="${2:?--rounds needs a number}"; shift ;;
     -h | --help) usage 0 ;;
@@ -85,12 +84,9 @@ if [ "$(printf '%s\n' "${names[@]}" | sort | uniq -d)" ]; then
   echo "bench-variants: variant names must differ" >&2
   exit 2
 fi
-if [ -z "$reps" ]; then
-  for a in "${bench_args[@]}"; do [ "$a" = "--quick" ] && reps="quick"; done
-  [ -z "$reps" ] && reps=20
-fi
-reps_args=()
-[ "$reps" = "quick" ] || reps_args=(--reps "$reps")
+# --quick keeps twell's own count unless --reps is given.
+[ -z "$reps" ] && [ "$quick" = 0 ] && reps=20
+[ -n "$reps" ] && bench_args+=(--reps "$reps")
 mkdir -p "$out" "$builds"
 out="$(cd "$out" && pwd)"
 jobs=$(($(nproc) / ${#names[@]} + 1))
@@ -139,8 +135,8 @@ for ((r = 1; r <= rounds; ++r)); do
   for i in "${order[@]}"; do
     file="$out/${names[$i]}.json"
     [ "$r" -gt 1 ] && file="$out/${names[$i]}.r$r.json"
-    if "$builds/${names[$i]}/tools/twell" bench --suite "$suites" "${bench_args[@]}" "${reps_args[@]}" \
-      --out "$file" >"$builds/${names[$i]}.bench.log" 2>&1; then
+    if "$builds/${names[$i]}/tools/twell" bench --suite "$suites" "${bench_args[@]}" --out "$file" \
+      >"$builds/${names[$i]}.bench.log" 2>&1; then
       files+=("$file")
     else
       failed=1

@@ -9,10 +9,10 @@
 //   row of C checked on its own (and, in the shapes, token-skewed and SpmmPlan cases, every
 //   element within one rounding into T of the reference's), the automatic choice and each op-none
 //   kernel forced on A^T, a repeat run bit-equal, token-skewed rows at the paper's shape, Inf and
-//   NaN in B reaching only
-//   the rows of C whose column of A has an entry in their row of B (a dense row's -0.0 is none),
-//   and the operands this route does not take going through CSR; SpmmPlan's op(A) = A^T runs
-//   bit-equal to spmm() on fresh matrices, its storage growing with the hot columns.
+//   NaN in B reaching only the rows of C whose column of A has an entry in their row of B (a dense
+//   row's -0.0 is none), and the operands this route does not take going through CSR; SpmmPlan's
+//   op(A) = A^T runs bit-equal to spmm() on fresh matrices, its storage growing with the hot
+//   columns.
 #include <doctest/doctest.h>
 
 #include <algorithm>
