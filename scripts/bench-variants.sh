@@ -3,8 +3,8 @@
 # variants of the source side by side, runs the same bench suites with each in turn on the same
 # GPU, and compares their medians case by case (bench/compare.py).
 #
-#   scripts/bench-variants.sh OUTDIR [--suites LIST] [--contract] [--quick] [--reps N] [--rounds R]
-#                             VARIANT [VARIANT...]
+#   scripts/bench-variants.sh OUTDIR [--suites LIST] [--contract] [--quick] [--reps N] [--cases RE]
+#                             [--rounds R] VARIANT [VARIANT...]
 #
 #   VARIANT   NAME             this source tree as it is
 #             NAME=FLAGS       this source tree with FLAGS added to CMAKE_CUDA_FLAGS, e.g. a
@@ -14,6 +14,10 @@
 #                              by `git archive HEAD | tar -x -C build-base` and carried with it
 #   --suites LIST   bench suites (default spmm)
 #   --contract, --quick, --reps N   passed to `twell bench` (--reps 20 unless --quick or --reps)
+#   --cases RE      passed to `twell bench`: only the cases whose name "SUITE OP VARIANT SHAPE M
+#                   DISTRIBUTION DENSITY" matches RE, e.g. 'spmm spmm (twell_slice_reuse|cusparse_csr) ',
+#                   leaving out the baselines and points an A/B does not need; every variant's tree
+#                   must know the option (twell bench has it since the twenty-sixth session)
 #   --rounds R      run the variants R times (default 1), each round in the opposite order to the
 #                   one before, so that drift shows
 #
@@ -51,6 +55,7 @@ while [ $# -gt 0 ]; do
     --contract) bench_args+=("$1") ;;
     --quick) bench_args+=("$1"); quick=1 ;;
     --reps) reps="${2:?--reps needs a number}"; shift ;;
+    --cases) bench_args+=(--cases "${2:?--cases needs a pattern}"); shift ;;
     --rounds) rounds="${2:?--rounds needs a number}"; shift ;;
     -h | --help) usage 0 ;;
     -*) echo "bench-variants: unknown option $1" >&2; usage ;;

@@ -3,7 +3,7 @@
 # benchmarks and draw their plots, writing logs, JSON and plots under OUTDIR.
 #
 #   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--contract] [--arch80 | --skip-build-80]
-#                        [--skip-tests] [--skip-bench] [--reps N] [--tests RE] [--profile CASE]
+#                        [--skip-tests] [--skip-bench] [--reps N] [--cases RE] [--tests RE] [--profile CASE]
 #
 #   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
 #                   gpu-check.log (everything), gpu-tests.log, bench.json, bench-summary.md,
@@ -21,6 +21,8 @@
 #   --skip-build-80 no sm_80 build (the default)
 #   --skip-tests, --skip-bench   leave out a phase
 #   --reps N        timed runs per benchmark case (default 50)
+#   --cases RE      only the benchmark cases whose name "SUITE OP VARIANT SHAPE M DISTRIBUTION
+#                   DENSITY" matches RE (`twell bench --cases`)
 #   --tests RE      only the gpu test executables whose name matches RE (ctest -R), e.g.
 #                   'baselines|converters' to check what a change touched before a full run
 #   --sanitize-limit S   seconds allowed to the sanitizer phase (default 420): one run per (tool,
@@ -34,8 +36,9 @@
 #                   named by its NVTX range "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", e.g.
 #                   "training gated_ffn_training_step twell_plan paper 16384 uniform 0.005"
 #                   (docs/benchmarks/README.md, "Profiling one case"), in `twell bench --suite SUITE
-#                   --warmup 1 --reps 1` (plus --contract / --quick when given): profile.csv (ncu's
-#                   CSV) and profile.md (each launch's kernel, grid and time, and their sum)
+#                   --warmup 1 --reps 1 --cases CASE` (plus --contract / --quick when given; only
+#                   that case runs): profile.csv (ncu's CSV) and profile.md (each launch's kernel,
+#                   grid and time, and their sum)
 #
 # Environment: TWELL_GPU_CHECK_TEST_JOBS (default 4) gpu test suites run at once;
 # TWELL_GPU_CHECK_BUILD (and TWELL_GPU_CHECK_BUILD_80) put the build folders
@@ -64,6 +67,7 @@ sanitize_tools="racecheck,memcheck"
 sanitize_suites="."
 sanitize_cases="."
 tests_re=""
+cases_re=""
 profile_case=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -77,6 +81,7 @@ while [ $# -gt 0 ]; do
     --skip-tests) run_tests=0 ;;
     --skip-bench) run_bench=0 ;;
     --reps) reps="${2:?--reps needs a number}"; shift ;;
+    --cases) cases_re="${2:?--cases needs a pattern}"; shift ;;
     --tests) tests_re="${2:?--tests needs a pattern}"; shift ;;
     --sanitize-limit) sanitize_limit="${2:?--sanitize-limit needs seconds}"; shift ;;
     --sanitize-tools) sanitize_tools="${2:?--sanitize-tools needs a list}"; shift ;;
@@ -272,7 +277,9 @@ if [ "$built" = 1 ] && [ "$sanitize" = 0 ] && [ -n "$profile_case" ]; then
     PATH="/usr/local/cuda/bin:$PATH"
   fi
   scratch_json="$(mktemp)"
-  args=(bench --suite "${profile_case%% *}" --warmup 1 --reps 1 --out "$scratch_json")
+  # Only the profiled case runs: its name as a literal pattern.
+  literal=$(printf '%s' "$profile_case" | sed 's/[][\\.*^$+?(){}|]/\\&/g')
+  args=(bench --suite "${profile_case%% *}" --warmup 1 --reps 1 --cases "^$literal\$" --out "$scratch_json")
   [ "$quick" = 1 ] && args+=(--quick)
   [ "$contract" = 1 ] && args+=(--contract)
   # Clocks left alone (never change the GPU's settings); caches as the previous kernel left them.
@@ -293,6 +300,7 @@ if [ "$built" = 1 ] && [ "$run_bench" = 1 ]; then
   [ "$quick" = 1 ] && args+=(--quick)
   [ "$contract" = 1 ] && args+=(--contract)
   [ -n "$reps" ] && args+=(--reps "$reps")
+  [ -n "$cases_re" ] && args+=(--cases "$cases_re")
   # The full table goes to the log; the console gets the per-suite lines.
   "$build/tools/twell" "${args[@]}" >>"$log" 2>&1
   rc=$?

@@ -34,6 +34,10 @@ int run_bench(std::span<const std::string> argv) {
                    {"contract", "",
                     "only the contract's points (paper shape, M = 4096 and 16384, 0.5 %, uniform and "
                     "token-skewed): a short run while iterating, not the full sweep"},
+                   {"cases", "RE",
+                    "only the cases whose name \"SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY\" contains a "
+                    "match of the regular expression RE (ECMAScript), e.g. 'spmm spmm (twell|cusparse_csr) "
+                    "paper 16384 ': a short A/B run; the report lists only those"},
                    {"reps", "N", "timed runs per case (default 50; 10 with --quick)"},
                    {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},
                    {"seed", "S", "workload seed (default 1)"}}};
@@ -54,6 +58,12 @@ int run_bench(std::span<const std::string> argv) {
   config.reps = static_cast<int>(args.get_int("reps", config.quick ? 10 : 50, 1, 100000));
   config.warmup = static_cast<int>(args.get_int("warmup", config.quick ? 2 : 5, 0, 100000));
   config.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, INT64_MAX));
+  config.cases = args.get("cases", "");
+  try {
+    (void)bench::CaseFilter(config.cases);
+  } catch (const Error& e) {
+    throw UsageError("--cases: " + std::string(e.what()));
+  }
   const std::string out = args.get("out", "");
 
   bench::Report report;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <ctime>
 #include <ostream>
+#include <sstream>
 
 #include <twell/error.hpp>
 
@@ -79,6 +80,24 @@ Json Case::to_json() const {
   j["extra"] = extra;
   return j;
 }
+
+std::string case_name(const Case& c) {
+  std::ostringstream name;
+  name << c.suite << ' ' << c.op << ' ' << c.variant << ' ' << c.shape << ' ' << c.m << ' ' << c.distribution << ' '
+       << c.density_target;
+  return name.str();
+}
+
+CaseFilter::CaseFilter(const std::string& pattern) : pattern_(pattern) {
+  try {
+    regex_ = std::regex(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw Error(ErrorCode::invalid_argument,
+                "'" + pattern + "' is not a regular expression (" + std::string(e.what()) + ")");
+  }
+}
+
+bool CaseFilter::selects(const Case& c) const { return pattern_.empty() || std::regex_search(case_name(c), regex_); }
 
 Json Report::to_json() const {
   Json j = Json::object();

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
-#include <sstream>
 
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
@@ -140,19 +139,11 @@ Case with_variant(Case base, const std::string& variant) {
 }
 
 namespace {
-// The case's NVTX range: suite, op, variant, shape, M, distribution, density, space-separated.
-std::string range_name(const Case& c) {
-  std::ostringstream name;
-  name << c.suite << ' ' << c.op << ' ' << c.variant << ' ' << c.shape << ' ' << c.m << ' ' << c.distribution << ' '
-       << c.density_target;
-  return name.str();
-}
-
-// One NVTX range per case, so a profiler can keep to one case (docs/benchmarks/README.md,
+// One NVTX range per case, named by case_name, so a profiler can keep to one case (docs/benchmarks/README.md,
 // "Profiling one case"); without a profiler attached the push and pop cost nothing.
 class CaseRange {
  public:
-  explicit CaseRange(const Case& c) { nvtxRangePushA(range_name(c).c_str()); }
+  explicit CaseRange(const Case& c) { nvtxRangePushA(case_name(c).c_str()); }
   ~CaseRange() { nvtxRangePop(); }
   CaseRange(const CaseRange&) = delete;
   CaseRange& operator=(const CaseRange&) = delete;
@@ -160,6 +151,11 @@ class CaseRange {
 }  // namespace
 
 void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
+  if (!report.selection.selects(c)) {
+    c.status = kNotSelected;
+    report.cases.push_back(std::move(c));
+    return;
+  }
   const CaseRange range(c);
   try {
     body(c);
@@ -175,7 +171,7 @@ void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
 }
 
 void not_built(Report& report, Case c, const std::string& why) {
-  c.status = "not built: " + why;
+  c.status = report.selection.selects(c) ? "not built: " + why : std::string(kNotSelected);
   report.cases.push_back(std::move(c));
 }
 

@@ -19,6 +19,8 @@ Report run_suites(const Config& config) {
   report.meta["reps"] = config.reps;
   report.meta["warmup"] = config.warmup;
   report.meta["seed"] = static_cast<std::int64_t>(config.seed);
+  report.selection = CaseFilter(config.cases);
+  if (!config.cases.empty()) report.meta["cases"] = config.cases;
   report.meta["dtype"] = "bf16";
   report.meta["method"] =
       "CUDA events around each run; warm-up first; median, p10, p90 of the timed runs; a buffer of twice the L2 "
@@ -57,15 +59,22 @@ Report run_suites(const Config& config) {
       status["status"] = std::string("failed: ") + e.what();
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::size_t ok = 0;
-    for (std::size_t i = before; i < report.cases.size(); ++i) ok += report.cases[i].status == "ok" ? 1 : 0;
+    std::size_t ok = 0, listed = 0;
+    for (std::size_t i = before; i < report.cases.size(); ++i) {
+      ok += report.cases[i].status == "ok" ? 1 : 0;
+      listed += report.cases[i].status != kNotSelected ? 1 : 0;
+    }
     status["seconds"] = seconds;
-    status["cases"] = static_cast<std::int64_t>(report.cases.size() - before);
+    status["cases"] = static_cast<std::int64_t>(listed);
     status["cases_ok"] = static_cast<std::int64_t>(ok);
+    if (listed < report.cases.size() - before)
+      status["cases_not_selected"] = static_cast<std::int64_t>(report.cases.size() - before - listed);
     report.suites[name] = status;
-    std::fprintf(stderr, "twell bench: suite %s: %zu cases, %zu ok, %.1f s\n", name, report.cases.size() - before, ok,
-                 seconds);
+    std::fprintf(stderr, "twell bench: suite %s: %zu cases, %zu ok, %.1f s\n", name, listed, ok, seconds);
   }
+  // The cases that --cases left out held their places while the suites ran; the report lists the
+  // selected ones (meta.cases and each suite's cases_not_selected say what was left out).
+  std::erase_if(report.cases, [](const Case& c) { return c.status == kNotSelected; });
   detail::clear_caches();
   return report;
 }

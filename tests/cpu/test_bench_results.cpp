@@ -89,6 +89,45 @@ TEST_CASE("parse_suites selects, deduplicates and rejects unknown names") {
   CHECK_THROWS_AS(twell::bench::parse_suites("spmm,"), twell::Error);
 }
 
+TEST_CASE("case_name names a case as its NVTX range does, and CaseFilter selects by it") {
+  twell::bench::Case c;
+  c.suite = "spmm";
+  c.op = "spmm";
+  c.variant = "twell_slice_reuse";
+  c.shape = "paper";
+  c.m = 16384;
+  c.distribution = "token_skewed";
+  c.density_target = 0.005;
+  CHECK(twell::bench::case_name(c) == "spmm spmm twell_slice_reuse paper 16384 token_skewed 0.005");
+
+  CHECK(twell::bench::CaseFilter().selects(c));
+  CHECK(twell::bench::CaseFilter("").selects(c));
+  CHECK(twell::bench::CaseFilter("slice_reuse").selects(c));  // searched, not matched whole
+  CHECK(twell::bench::CaseFilter("^spmm spmm (twell_slice_reuse|cusparse_csr) paper 16384 ").selects(c));
+  CHECK_FALSE(twell::bench::CaseFilter("^spmm spmm (twell_slice_reuse|cusparse_csr) paper 4096 ").selects(c));
+  CHECK_FALSE(twell::bench::CaseFilter(" uniform ").selects(c));
+  CHECK_FALSE(twell::bench::CaseFilter("^spmm spmm twell ").selects(c));  // the variant ends at a space
+  c.variant = "twell";
+  CHECK(twell::bench::CaseFilter("^spmm spmm twell ").selects(c));
+
+  // Of a list of variants, a pattern naming some selects exactly those.
+  const std::vector<std::string> variants{"twell", "twell_plan", "cusparse_csr", "cusparse_coo", "cublas_dense"};
+  const twell::bench::CaseFilter some("^spmm spmm_at (twell_plan|cusparse_coo) ");
+  c.op = "spmm_at";
+  for (const std::string& v : variants) {
+    c.variant = v;
+    CHECK_MESSAGE(some.selects(c) == (v == "twell_plan" || v == "cusparse_coo"), v);
+  }
+
+  try {
+    (void)twell::bench::CaseFilter("spmm (twell");
+    FAIL("an unbalanced parenthesis was accepted");
+  } catch (const twell::Error& e) {
+    CHECK(e.code() == twell::ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("'spmm (twell' is not a regular expression") != std::string::npos);
+  }
+}
+
 TEST_CASE("a case writes its numbers only when it ran, and the table shows status or rates") {
   twell::bench::Case ok;
   ok.suite = "spmm";

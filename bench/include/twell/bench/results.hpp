@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct Config {
   int reps = 50;  // timed runs per case (at least 50 for a result, DESIGN.md)
   int warmup = 5;
   std::uint64_t seed = 1;
+  // Only the cases whose case_name matches this regular expression (CaseFilter); empty: all. For
+  // A/B and diagnostic runs that need a few cases, not the baselines of every point.
+  std::string cases;
 };
 
 // Median and spread of the timed runs of one case, in milliseconds.
@@ -57,7 +61,31 @@ struct Case {
   Json to_json() const;
 };
 
+// A case's name: "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", space-separated, e.g. "spmm spmm
+// twell_slice_reuse paper 16384 uniform 0.005"; also the name of the NVTX range around its runs.
+std::string case_name(const Case& c);
+
+// The cases a run times: those whose case_name contains a match of an ECMAScript regular
+// expression (`twell bench --cases`); the empty pattern selects every case. A suite still lists
+// the cases it does not run, with status kNotSelected, so that the cases after them keep their
+// places while it runs; run_suites drops them from its report. A case that reuses another's result
+// (cuSPARSE's "+convert" cases take the algorithm the "cusparse_csr" case picked) runs only where
+// that one is selected too.
+class CaseFilter {
+ public:
+  CaseFilter() = default;
+  explicit CaseFilter(const std::string& pattern);  // invalid_argument if it is not a regular expression
+  bool selects(const Case& c) const;
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  std::string pattern_;
+  std::regex regex_;
+};
+inline constexpr const char* kNotSelected = "not selected";
+
 struct Report {
+  CaseFilter selection;            // the cases this run times (not written out; meta records it)
   Json meta = Json::object();      // program, version, date, options
   Json device = Json::object();    // name, driver, SMs, L2, clocks as read
   Json ceilings = Json::object();  // measured copy bandwidth and GEMM rate
