@@ -36,9 +36,10 @@
 #                   named by its NVTX range "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", e.g.
 #                   "training gated_ffn_training_step twell_plan paper 16384 uniform 0.005"
 #                   (docs/benchmarks/README.md, "Profiling one case"), in `twell bench --suite SUITE
-#                   --warmup 1 --reps 1 --cases CASE` (plus --contract / --quick when given; only
-#                   that case runs): profile.csv (ncu's CSV) and profile.md (each launch's kernel,
-#                   grid and time, and their sum)
+#                   --warmup 1 --reps 1 --cases '^CASE$'` (CASE's special characters escaped; plus
+#                   --contract / --quick when given): only that case runs, with the cases it needs
+#                   (bench/suites/common.hpp, run_case): profile.csv (ncu's CSV) and profile.md
+#                   (each launch's kernel, grid and time, and their sum)
 #
 # Environment: TWELL_GPU_CHECK_TEST_JOBS (default 4) gpu test suites run at once;
 # TWELL_GPU_CHECK_BUILD (and TWELL_GPU_CHECK_BUILD_80) put the build folders

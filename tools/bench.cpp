@@ -61,8 +61,8 @@ int run_bench(std::span<const std::string> argv) {
   config.cases = args.get("cases", "");
   try {
     (void)bench::CaseFilter(config.cases);
-  } catch (const Error& e) {
-    throw UsageError("--cases: " + std::string(e.what()));
+  } catch (const Error&) {
+    throw UsageError("--cases '" + config.cases + "' is not a regular expression (ECMAScript)");
   }
   const std::string out = args.get("out", "");
 
@@ -71,6 +71,13 @@ int run_bench(std::span<const std::string> argv) {
 #if TWELL_HAS_CUDA
   if (cuda_available()) {
     report = bench::run_suites(config);
+    if (!config.cases.empty() && report.cases.empty()) {
+      // Most likely a misspelt name: say how names look rather than write an empty report.
+      std::cerr << "twell bench: --cases '" << config.cases
+                << "' selected no case of these suites (names look like \"spmm spmm twell paper 16384 uniform "
+                   "0.005\"; densities as C++ prints them: 0.005, 0.1)\n";
+      status = 1;
+    }
   } else {
     report.meta["error"] = "no CUDA device is visible";
     status = 1;

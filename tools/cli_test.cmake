@@ -45,5 +45,5 @@ expect(1 "error (invalid_argument)" stats "${generated}" --compressions 3)
 expect(0 "recommended layout: tile 40, C 8" stats "${generated}" --tiles 40 --compressions 8,16)
 expect(2 "is not one of" generate "${generated}" --to coo)
 # bench --cases: a pattern that is not a regular expression is a usage error, before any GPU work.
-expect(2 "--cases: 'spmm (twell' is not a regular expression" bench --cases "spmm (twell")
+expect(2 "--cases 'spmm (twell' is not a regular expression" bench --cases "spmm (twell")
 file(REMOVE "${generated}")

@@ -92,8 +92,8 @@ CaseFilter::CaseFilter(const std::string& pattern) : pattern_(pattern) {
   try {
     regex_ = std::regex(pattern, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {
-    throw Error(ErrorCode::invalid_argument,
-                "'" + pattern + "' is not a regular expression (" + std::string(e.what()) + ")");
+    fail(ErrorCode::invalid_argument, "twell::bench::CaseFilter", "'", pattern,
+         "' is not an ECMAScript regular expression (", e.what(), ")");
   }
 }
 

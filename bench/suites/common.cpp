@@ -150,8 +150,12 @@ class CaseRange {
 };
 }  // namespace
 
-void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
-  if (!report.selection.selects(c)) {
+void run_case(Report& report, Case c, const std::vector<std::string>& needed_by,
+              const std::function<void(Case&)>& body) {
+  const bool needed = std::any_of(needed_by.begin(), needed_by.end(), [&](const std::string& variant) {
+    return report.selection.selects(with_variant(c, variant));
+  });
+  if (!needed && !report.selection.selects(c)) {
     c.status = kNotSelected;
     report.cases.push_back(std::move(c));
     return;
@@ -170,10 +174,16 @@ void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
   report.cases.push_back(std::move(c));
 }
 
-void not_built(Report& report, Case c, const std::string& why) {
-  c.status = report.selection.selects(c) ? "not built: " + why : std::string(kNotSelected);
+void run_case(Report& report, Case c, const std::function<void(Case&)>& body) {
+  run_case(report, std::move(c), {}, body);
+}
+
+void list_case(Report& report, Case c, const std::string& status) {
+  c.status = report.selection.selects(c) ? status : std::string(kNotSelected);
   report.cases.push_back(std::move(c));
 }
+
+void not_built(Report& report, Case c, const std::string& why) { list_case(report, std::move(c), "not built: " + why); }
 
 void link_baselines(Report& report, const std::string& suite, const std::vector<std::string>& twell_variants,
                     const std::vector<std::string>& baselines) {

@@ -73,9 +73,17 @@ Case sweep_case(const std::string& suite, const std::string& op, const workload:
 Case with_variant(Case base, const std::string& variant);
 
 // Runs body(c) for a case: on success c keeps its numbers; ErrorCode::unsupported becomes
-// "not built: ...", any other exception "failed: ...". The case is appended either way.
+// "not built: ...", any other exception "failed: ...". The case is appended either way. A case
+// that report.selection leaves out is appended with status kNotSelected and not run, unless one
+// of the variants in needed_by (later cases of the same point that use what this one makes) is
+// selected: then it runs and is reported like any other.
+void run_case(Report& report, Case c, const std::vector<std::string>& needed_by,
+              const std::function<void(Case&)>& body);
 void run_case(Report& report, Case c, const std::function<void(Case&)>& body);
-// Appends a case that cannot run in this build, with the reason.
+// Appends a case that did not run, with its status ("not built: ...", "skipped: ...",
+// "failed: ..."), or with kNotSelected where report.selection leaves it out.
+void list_case(Report& report, Case c, const std::string& status);
+// list_case with "not built: " + why: a case that cannot run in this build.
 void not_built(Report& report, Case c, const std::string& why);
 
 // After a suite: every ok case of `suite` whose variant is in twell_variants gets its speedup

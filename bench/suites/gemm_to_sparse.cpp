@@ -105,7 +105,8 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
       std::int64_t output_bytes = 0;
       Case tw = base;
       tw.variant = "twell";
-      detail::run_case(report, tw, [&](Case& c) {
+      // The cases below take its plan (twell_run_and_count) or its realized density (the baselines).
+      detail::run_case(report, tw, {"twell_run_and_count", "cublas_gemm", "cublaslt_relu"}, [&](Case& c) {
         made.emplace(m, k, n, ActivationSpec{}, layout, cuda::GemmToSparsePlan<T>::kDefaultCapacity,
                      OverflowPolicy::hybrid, h.stream());
         cuda::GemmToSparsePlan<T>& plan = *made;

@@ -136,10 +136,8 @@ void run_spmm(Harness& h, Report& report) {
           a = to_hybrid(a_dense, layout, &rep, h.stream());
           detail::sync(h, "spmm suite (conversion)");
         } catch (const Error& e) {
-          Case c0 = base;
-          c0.variant = "twell";
-          c0.status = std::string("failed: conversion: ") + e.what();
-          report.cases.push_back(c0);
+          detail::list_case(report, detail::with_variant(base, "twell"),
+                            std::string("failed: conversion: ") + e.what());
           continue;
         }
         const double nnz = static_cast<double>(rep.nnz);

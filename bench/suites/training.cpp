@@ -138,7 +138,7 @@ void run_training(Harness& h, Report& report) {
       const GatedFfnGradientViews<T> grads{pdx.view(), pdwg.view(), pdwu.view(), pdwd.view()};
       Case plan = base;
       plan.variant = "twell_plan";
-      detail::run_case(report, plan, [&](Case& c) {
+      detail::run_case(report, plan, {"twell_plan_backward"}, [&](Case& c) {
         step.emplace(m, k, n, MemorySpace::device, ActivationSpec{}, layout, kDefaultFfnCapacity, ko);
         c.timing = h.time([&] {
           step->forward(x, wg, wu, wd, y.view());

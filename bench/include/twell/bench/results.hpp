@@ -68,9 +68,8 @@ std::string case_name(const Case& c);
 // The cases a run times: those whose case_name contains a match of an ECMAScript regular
 // expression (`twell bench --cases`); the empty pattern selects every case. A suite still lists
 // the cases it does not run, with status kNotSelected, so that the cases after them keep their
-// places while it runs; run_suites drops them from its report. A case that reuses another's result
-// (cuSPARSE's "+convert" cases take the algorithm the "cusparse_csr" case picked) runs only where
-// that one is selected too.
+// places while it runs; run_suites drops them from its report. A case whose product later cases
+// of its point use runs whenever one of them is selected (detail::run_case's needed_by).
 class CaseFilter {
  public:
   CaseFilter() = default;
