@@ -33,7 +33,8 @@ std::vector<std::string> run_points(Report& report) {
   std::vector<std::string> ran;
   for (const double density : {0.005, 0.05}) {
     const std::string d = std::to_string(density);
-    run_case(report, point("probe", density), {"uses_probe", "other_user"}, [&](Case&) { ran.push_back("probe@" + d); });
+    run_case(report, point("probe", density), {"uses_probe", "other_user"},
+             [&](Case&) { ran.push_back("probe@" + d); });
     run_case(report, point("uses_probe", density), [&](Case&) { ran.push_back("uses_probe@" + d); });
     run_case(report, point("alone", density), [&](Case&) { ran.push_back("alone@" + d); });
   }
