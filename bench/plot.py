@@ -256,7 +256,8 @@ def summary(report):
                  f"CUDA runtime {dev.get('cuda_runtime', '?')}), bf16, "
                  f"{meta.get('reps', '?')} timed runs per case{' (--quick: not a result)' if meta.get('quick') else ''}.")
     if meta.get("cases"):
-        lines.append(f"Only the cases matching `--cases '{meta['cases']}'` ran; the others are not measured here.")
+        lines.append(f"Only the cases matching `--cases '{meta['cases']}'` ran, with the cases they need; "
+                     "the others are not measured here.")
     copy = ceil.get("device_copy", {})
     gemm = ceil.get("bf16_gemm", {})
     lines.append(f"Ceilings measured in the same run: device copy {fmt(copy.get('gb_per_s'), 4)} GB/s "

@@ -2,6 +2,7 @@
 #include <twell/bench/features.hpp>
 
 #if TWELL_BENCH_BASELINES
+#include <algorithm>
 #include <limits>
 #include <memory>
 
@@ -33,13 +34,25 @@ const std::vector<std::string> kConvertVariants{"cusparse_csr+convert_plan", "cu
 
 void spmm_baselines(Harness& h, Report& report, const Case& base, Op op_a, DenseView<const T> a, DenseView<const T> b,
                     DenseView<T> c, double flops, double dense_bytes) {
+  std::vector<std::string> variants{"cusparse_csr", "cusparse_coo"};
+  if (op_a == Op::none) variants.insert(variants.end(), kConvertVariants.begin(), kConvertVariants.end());
+  // No CSR to make where --cases selects none of these cases.
+  if (std::none_of(variants.begin(), variants.end(),
+                   [&](const std::string& v) { return report.selection.selects(with_variant(base, v)); })) {
+    for (const std::string& v : variants) list_case(report, with_variant(base, v), kNotSelected);
+    return;
+  }
   baseline::Handles handles(h.stream());
   CsrMatrix<T> csr;
   try {
     csr = csr_of(handles, a);
   } catch (const Error& e) {
-    for (const char* v : {"cusparse_csr", "cusparse_coo"})
-      list_case(report, with_variant(base, v), std::string("failed: cuSPARSE DenseToSparse: ") + e.what());
+    // Listed whatever --cases selects: none of cuSPARSE's cases of this point could run.
+    for (const char* v : {"cusparse_csr", "cusparse_coo"}) {
+      Case x = with_variant(base, v);
+      x.status = std::string("failed: cuSPARSE DenseToSparse: ") + e.what();
+      report.cases.push_back(x);
+    }
     return;
   }
   baseline::SpmmAlgorithm best_csr{};

@@ -211,6 +211,10 @@ void link_baselines(Report& report, const std::string& suite, const std::vector<
   }
 }
 
+std::string not_checked(const Case& reference) {
+  return "not checked: the " + reference.variant + " case did not run (" + reference.status + ")";
+}
+
 double relative_error(DenseView<const T> a, DenseView<const T> b) {
   require(a.rows == b.rows && a.cols == b.cols, ErrorCode::shape_mismatch, "twell bench relative_error", "a is ",
           a.rows, " x ", a.cols, ", b is ", b.rows, " x ", b.cols);

@@ -112,6 +112,10 @@ std::function<void()> dense_ffn_baseline(Harness& h, DenseView<const T> x, Dense
                                          DenseView<const T> wd, DenseView<T> y, Case& c);
 #endif
 
+// What a case records instead of its error against `reference` when that case did not run (not
+// selected, failed, not built), e.g. "not checked: the dense case did not run (not selected)".
+std::string not_checked(const Case& reference);
+
 // ||a - b||_F / ||b||_F of two device matrices, in fp64 on host copies (NaN stays NaN).
 double relative_error(DenseView<const T> a, DenseView<const T> b);
 

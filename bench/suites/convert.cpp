@@ -40,7 +40,7 @@ void run_convert(Harness& h, Report& report) {
 
 #if TWELL_BENCH_CUDA_CONVERT
       std::int64_t overflow_rows = 0;
-      // The TwELL cases below need its overflow count.
+      // The cases below need its overflow count: the plan's capacity, whether plain TwELL applies.
       const std::vector<std::string> needed_by{"dense->hybrid_plan", "dense->twell", "dense->twell_into",
                                                "dense->twell_into_async"};
       detail::run_case(report, detail::with_variant(base, "dense->hybrid"), needed_by, [&](Case& x) {
@@ -76,10 +76,10 @@ void run_convert(Harness& h, Report& report) {
       });
       // Plain TwELL only where nothing overflows: the error policy would throw otherwise.
       if (overflow_rows > 0) {
-        for (const char* v : {"dense->twell", "dense->twell_into", "dense->twell_into_async"}) {
-          const std::string why = "skipped: " + std::to_string(overflow_rows) + " rows overflow this layout";
-          detail::list_case(report, detail::with_variant(base, v), why + " (see dense->hybrid)");
-        }
+        const std::string why =
+            "skipped: " + std::to_string(overflow_rows) + " rows overflow this layout (see dense->hybrid)";
+        for (const char* v : {"dense->twell", "dense->twell_into", "dense->twell_into_async"})
+          detail::list_case(report, detail::with_variant(base, v), why);
       } else {
         // The hot path: a TwELL allocated once, outside the timing, written whole by every run.
         TwellMatrix<T> dst(m, units, layout, MemorySpace::device);

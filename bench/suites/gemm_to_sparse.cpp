@@ -159,6 +159,7 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
         cuda::OverflowCount count;
         count.rows = once.overflow_rows();
         describe(c, count, static_cast<std::int64_t>(detail::bytes_of(once)));
+        c.density_realized = static_cast<double>(rep.nnz) / (static_cast<double>(m) * static_cast<double>(n));
         c.extra["path"] = kr.path;
         c.extra["includes"] = "allocation of the result (the free function returns an owning matrix), host sync";
       });

@@ -73,6 +73,13 @@ TEST_CASE("run_case runs a prerequisite where a case that needs it is selected, 
                                                      "alone:not selected"});
 }
 
+TEST_CASE("run_case runs a prerequisite for any of the cases that need it") {
+  Report report;
+  report.selection = twell::bench::CaseFilter("other_user paper 16384 uniform 0.05$");
+  CHECK(run_points(report) == std::vector<std::string>{"probe@0.050000"});
+  CHECK(report.cases[3].status == "ok");
+}
+
 TEST_CASE("list_case and not_built keep their status only for selected cases") {
   Report report;
   report.selection = twell::bench::CaseFilter("^convert dense_to_twell kept ");
