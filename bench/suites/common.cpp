@@ -152,10 +152,11 @@ class CaseRange {
 
 void run_case(Report& report, Case c, const std::vector<std::string>& needed_by,
               const std::function<void(Case&)>& body) {
-  const bool needed = std::any_of(needed_by.begin(), needed_by.end(), [&](const std::string& variant) {
-    return report.selection.selects(with_variant(c, variant));
-  });
-  if (!needed && !report.selection.selects(c)) {
+  const bool runs =
+      report.selection.selects(c) || std::any_of(needed_by.begin(), needed_by.end(), [&](const std::string& variant) {
+        return report.selection.selects(with_variant(c, variant));
+      });
+  if (!runs) {
     c.status = kNotSelected;
     report.cases.push_back(std::move(c));
     return;

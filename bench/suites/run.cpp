@@ -45,6 +45,7 @@ Report run_suites(const Config& config) {
                                                     {"gemm_to_sparse", run_gemm_to_sparse},
                                                     {"ffn", run_ffn},
                                                     {"training", run_training}};
+  bool all_ran = true;
   for (const auto& [name, fn] : suites) {
     bool selected = false;
     for (const auto& s : config.suites) selected = selected || s == name;
@@ -57,6 +58,7 @@ Report run_suites(const Config& config) {
       status["status"] = "ran";
     } catch (const std::exception& e) {
       status["status"] = std::string("failed: ") + e.what();
+      all_ran = false;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::size_t ok = 0, listed = 0;
@@ -75,6 +77,14 @@ Report run_suites(const Config& config) {
   // The cases that --cases left out held their places while the suites ran; the report lists the
   // selected ones (meta.cases and each suite's cases_not_selected say what was left out).
   std::erase_if(report.cases, [](const Case& c) { return c.status == kNotSelected; });
+  if (!config.cases.empty() && report.cases.empty() && all_ran) {
+    // Most likely a misspelt name: say how names look.
+    const std::string why = "--cases '" + config.cases +
+                            "' selected no case of these suites (names look like \"spmm spmm twell paper 16384 "
+                            "uniform 0.005\"; densities as C++ prints them: 0.005, 0.1)";
+    report.meta["error"] = why;
+    std::fprintf(stderr, "twell bench: %s\n", why.c_str());
+  }
   detail::clear_caches();
   return report;
 }

@@ -199,8 +199,9 @@ void run_training(Harness& h, Report& report) {
     // The sparse step against the dense one, gradient by gradient (bf16: ~1e-2 is rounding).
     {
       Case& c = report.cases[twell_index];
-      if (c.status == "ok" && report.cases[dense_index].status != "ok") {
-        c.extra["rel_error_vs_dense"] = detail::not_checked(report.cases[dense_index]);
+      const Case& dense_case = report.cases[dense_index];
+      if (c.status == "ok" && dense_case.status != "ok") {
+        c.extra["rel_error_vs_dense"] = detail::not_checked(dense_case);
       } else if (c.status == "ok") {
         try {
           const std::pair<const char*, std::pair<const DenseMatrix<T>*, const DenseMatrix<T>*>> grads[] = {
