@@ -167,6 +167,15 @@ def find(report, suite, variant, shape="paper", m=None, density=None, dist="unif
     return None
 
 
+def floor_text(c):
+    """"; floor X ms (bound), Y x it" from a case's extra.floor (set_floor), or ""."""
+    fl = (c or {}).get("extra", {}).get("floor")
+    if not isinstance(fl, dict) or not fl.get("ms"):
+        return ""
+    bounds = " + ".join(f"{p['name']}: {p['bound'].replace('_', '-')}" for p in fl.get("phases", []))
+    return f"; floor {fmt(fl['ms'])} ms ({bounds}), measured {fmt(fl.get('measured_over_floor'))}x it"
+
+
 def contract_rows(report):
     """Rows of DESIGN.md's performance contract that this JSON can fill."""
     big = max((c["M"] for c in ok_cases(report)), default=None)
@@ -184,7 +193,7 @@ def contract_rows(report):
         err_text = f"; rel. error vs dense {err if isinstance(err, str) else fmt(err, 2)}" if err is not None else ""
         rows.append((f"gated FFN forward vs dense, 0.5 %, {dist}", target, fmt(c.get("speedup") if c else None),
                      f"{c['variant']} {fmt(c['ms']['median'])} ms vs {fmt(d['ms']['median'])} ms"
-                     f"{err_text}" if c and d else "not measured"))
+                     f"{err_text}{floor_text(c)}" if c and d else "not measured"))
 
     pts = sorted((c["density_target"], c["speedup"]) for c in ok_cases(report, "ffn")
                  if c["variant"] == "fused" and c["shape"] == "paper" and c["distribution"] == "uniform"
@@ -202,7 +211,7 @@ def contract_rows(report):
     # The paper's reference kernel took 0.27 ms on an H100 at this point (DESIGN.md).
     rows.append(("TwELL spmm (down projection, 0.5 %, uniform) vs cuSPARSE CSR", ">= 4x", fmt(vs.get("cusparse_csr")),
                  f"{fmt(c['ms']['median'])} ms ({fmt(0.27 / c['ms']['median'])}x the paper's 0.27 ms, target >= 1.5x); "
-                 f"vs dense {fmt(vs.get('cublas_dense'))}x" if c else "not measured"))
+                 f"vs dense {fmt(vs.get('cublas_dense'))}x{floor_text(c)}" if c else "not measured"))
 
     c = find(report, "spmm", "twell+convert", m=big, density=0.005)
     vs = (c or {}).get("extra", {}).get("speedup_vs", {}) if c else {}
@@ -260,9 +269,14 @@ def summary(report):
                      "the others are not measured here.")
     copy = ceil.get("device_copy", {})
     gemm = ceil.get("bf16_gemm", {})
+    on_chip = ""
+    if "shared_load" in ceil:
+        on_chip = (f", shared-memory loads {fmt(ceil['shared_load'].get('gb_per_s'), 4)} GB/s, L2 loads "
+                   f"{fmt(ceil.get('l2_load', {}).get('gb_per_s'), 4)} GB/s, fp32 FMA "
+                   f"{fmt(ceil.get('fp32_fma', {}).get('tflop_per_s'), 3)} TFLOP/s")
     lines.append(f"Ceilings measured in the same run: device copy {fmt(copy.get('gb_per_s'), 4)} GB/s "
                  f"(read + write), cuBLAS bf16 GEMM {fmt(gemm.get('tflop_per_s'), 4)} TFLOP/s at "
-                 f"{gemm.get('m_n_k', '?')}^3. Energy: {dev.get('energy', '?')}.")
+                 f"{gemm.get('m_n_k', '?')}^3{on_chip}. Energy: {dev.get('energy', '?')}.")
     lines.append("")
     lines.append("| measure | target | measured | detail |")
     lines.append("|---|---|---|---|")

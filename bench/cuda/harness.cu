@@ -12,20 +12,15 @@
 #include <twell/error.hpp>
 #include <twell/types.hpp>
 
+#include "cuda_check.hpp"
+
 namespace twell::bench {
 
-namespace {
-
-void check(cudaError_t status, const char* where) {
-  if (status != cudaSuccess)
-    fail(ErrorCode::cuda, where, cudaGetErrorName(status), " (", cudaGetErrorString(status), ")");
-}
-
-void check(cublasStatus_t status, const char* where) {
+static void check(cublasStatus_t status, const char* where) {
   if (status != CUBLAS_STATUS_SUCCESS) fail(ErrorCode::cuda, where, "cuBLAS status ", static_cast<int>(status));
 }
 
-cudaStream_t native(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+namespace {
 
 // Counter-based hash so every element is independent of launch geometry.
 __device__ inline float hashed_uniform(std::uint64_t seed, std::uint64_t i) {
@@ -204,11 +199,11 @@ Json Harness::measure_ceilings() {
         time([&] { check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "twell bench (copy)"); });
     cudaFree(src);
     cudaFree(dst);
-    copy_gbps_ = 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e6);
+    ceilings_.copy_gbps = 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e6);
     Json c = Json::object();
     c["bytes_each_way"] = static_cast<std::int64_t>(bytes);
     c["median_ms"] = t.median_ms;
-    c["gb_per_s"] = copy_gbps_;
+    c["gb_per_s"] = ceilings_.copy_gbps;
     c["counts"] = "bytes read plus bytes written";
     j["device_copy"] = c;
   }
@@ -235,14 +230,15 @@ Json Harness::measure_ceilings() {
     cudaFree(a);
     cudaFree(b);
     cudaFree(c);
-    gemm_tflops_ = 2.0 * n * static_cast<double>(n) * n / (t.median_ms * 1e9);
+    ceilings_.gemm_tflops = 2.0 * n * static_cast<double>(n) * n / (t.median_ms * 1e9);
     Json g = Json::object();
     g["m_n_k"] = n;
     g["median_ms"] = t.median_ms;
-    g["tflop_per_s"] = gemm_tflops_;
+    g["tflop_per_s"] = ceilings_.gemm_tflops;
     g["library"] = "cublasGemmEx, bf16 in and out, fp32 accumulation";
     j["bf16_gemm"] = g;
   }
+  measure_on_chip_ceilings(j);
   return j;
 }
 

@@ -81,6 +81,51 @@ Json Case::to_json() const {
   return j;
 }
 
+void set_floor(Case& c, const Ceilings& ceilings, const std::vector<FloorPhase>& phases) {
+  struct Resource {
+    const char* key;
+    double FloorPhase::*amount;
+    double rate_per_ms;  // amount per millisecond
+    const char* ceiling;
+  };
+  const Resource resources[] = {
+      {"dram_ms", &FloorPhase::dram_bytes, ceilings.copy_gbps * 1e6, "device copy"},
+      {"on_chip_ms", &FloorPhase::on_chip_bytes, ceilings.shared_load_gbps * 1e6, "shared-memory load"},
+      {"cuda_core_ms", &FloorPhase::cuda_core_flops, ceilings.fma_tflops * 1e9, "fp32 FMA"},
+      {"tensor_ms", &FloorPhase::tensor_flops, ceilings.gemm_tflops * 1e9, "bf16 GEMM"}};
+  Json parts = Json::array();
+  double total_ms = 0;
+  for (const FloorPhase& phase : phases) {
+    Json part = Json::object();
+    part["name"] = phase.name;
+    double phase_ms = 0;
+    std::string bound;
+    for (const Resource& r : resources) {
+      const double amount = phase.*r.amount;
+      if (amount <= 0) continue;
+      if (r.rate_per_ms <= 0) {
+        c.extra["floor"] = std::string("unavailable: the ") + r.ceiling + " ceiling was not measured";
+        return;
+      }
+      const double ms = amount / r.rate_per_ms;
+      part[r.key] = ms;
+      if (ms > phase_ms) {
+        phase_ms = ms;
+        bound = r.key;
+      }
+    }
+    part["ms"] = phase_ms;
+    part["bound"] = bound.substr(0, bound.size() - 3);  // the key without "_ms"
+    parts.push_back(part);
+    total_ms += phase_ms;
+  }
+  Json floor = Json::object();
+  floor["phases"] = parts;
+  floor["ms"] = total_ms;
+  if (c.status == "ok" && total_ms > 0) floor["measured_over_floor"] = c.timing.median_ms / total_ms;
+  c.extra["floor"] = floor;
+}
+
 std::string case_name(const Case& c) {
   std::ostringstream name;
   name << c.suite << ' ' << c.op << ' ' << c.variant << ' ' << c.shape << ' ' << c.m << ' ' << c.distribution << ' '

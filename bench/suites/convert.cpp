@@ -139,8 +139,8 @@ void run_convert(Harness& h, Report& report) {
     }
   }
   for (Case& c : report.cases) {
-    if (c.suite != "convert" || c.status != "ok" || h.copy_gbps() <= 0) continue;
-    c.extra["percent_of_copy_bandwidth"] = 100.0 * c.gbps() / h.copy_gbps();
+    if (c.suite != "convert" || c.status != "ok" || h.ceilings().copy_gbps <= 0) continue;
+    c.extra["percent_of_copy_bandwidth"] = 100.0 * c.gbps() / h.ceilings().copy_gbps;
   }
   // Each conversion against cuSPARSE's of the same kind first: allocating ones against the
   // allocating DenseToSparse, those into preallocated storage against DenseToSparse into a plan.

@@ -32,8 +32,11 @@ Report run_suites(const Config& config) {
   std::fprintf(stderr, "twell bench: %s\n", report.device["name"].dump(0).c_str());
   try {
     report.ceilings = h.measure_ceilings();
-    std::fprintf(stderr, "twell bench: ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", h.copy_gbps(),
-                 h.gemm_tflops());
+    const Ceilings& c = h.ceilings();
+    std::fprintf(stderr,
+                 "twell bench: ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s, shared-memory loads %.0f GB/s, L2 "
+                 "loads %.0f GB/s, fp32 FMA %.1f TFLOP/s\n",
+                 c.copy_gbps, c.gemm_tflops, c.shared_load_gbps, c.l2_load_gbps, c.fma_tflops);
   } catch (const std::exception& e) {
     report.ceilings["status"] = std::string("failed: ") + e.what();
   }

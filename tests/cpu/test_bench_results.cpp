@@ -166,3 +166,32 @@ TEST_CASE("a case writes its numbers only when it ran, and the table shows statu
   CHECK(table.find("not built: kernels/cuda/ffn.cu") != std::string::npos);
   CHECK(report.to_json().dump(0).find(R"("cases":[{)") != std::string::npos);
 }
+
+TEST_CASE("set_floor adds each phase's most demanding resource and says when a ceiling is missing") {
+  twell::bench::Ceilings ceilings;
+  ceilings.copy_gbps = 3000;          // 3 GB per ms
+  ceilings.shared_load_gbps = 30000;  // 30 GB per ms
+  ceilings.fma_tflops = 60;           // 60 GFLOP per ms
+  ceilings.gemm_tflops = 750;         // 750 GFLOP per ms
+  twell::bench::Case c;
+  c.timing = twell::bench::summarize({0.5f});
+  // Phase 1 bound by tensor FLOPs (0.5 ms against 0.01 of DRAM); phase 2 by on-chip bytes (0.1 ms
+  // against 0.03 of DRAM and 0.05 of FMAs): 0.6 ms, the case at 0.5 / 0.6 of it.
+  twell::bench::set_floor(c, ceilings,
+                          {{.name = "gate", .dram_bytes = 3e7, .tensor_flops = 3.75e11},
+                           {.name = "sparse", .dram_bytes = 9e7, .on_chip_bytes = 3e9, .cuda_core_flops = 3e9}});
+  const std::string j = c.to_json().dump(0);
+  CHECK(j.find(R"({"name":"gate","dram_ms":0.01,"tensor_ms":0.5,"ms":0.5,"bound":"tensor"})") != std::string::npos);
+  CHECK(j.find(R"("name":"sparse","dram_ms":0.03,"on_chip_ms":0.1,"cuda_core_ms":0.05,"ms":0.1,"bound":"on_chip"})") !=
+        std::string::npos);
+  CHECK(j.find(R"("ms":0.6)") != std::string::npos);
+  CHECK(j.find(R"("measured_over_floor":0.83333)") != std::string::npos);
+
+  ceilings.shared_load_gbps = 0;
+  twell::bench::set_floor(c, ceilings, {{.name = "sparse", .dram_bytes = 9e7, .on_chip_bytes = 3e9}});
+  CHECK(c.to_json().dump(0).find(R"("floor":"unavailable: the shared-memory load ceiling was not measured")") !=
+        std::string::npos);
+  // A phase that needs no unmeasured ceiling is still a floor.
+  twell::bench::set_floor(c, ceilings, {{.name = "copy", .dram_bytes = 3e9}});
+  CHECK(c.to_json().dump(0).find(R"("ms":1,"bound":"dram"})") != std::string::npos);
+}

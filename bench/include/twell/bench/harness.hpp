@@ -57,11 +57,12 @@ class Harness {
   std::optional<double> joules_per_run(const std::function<void()>& op, double min_seconds);
 
   Json device_info() const;
-  // Device-to-device copy bandwidth (bytes read plus written) and cuBLAS bf16 GEMM rate at
-  // 8192^3 on random data; measured once per run.
+  // The Ceilings, measured once per run: device-to-device copy bandwidth (bytes read plus
+  // written), cuBLAS bf16 GEMM rate at 8192^3 on random data, and three kernels of bench/cuda/
+  // ceilings.cu (shared-memory loads, L2 loads, fp32 FMAs), each checked against the result the
+  // host predicts. Returns how each was measured; ceilings() holds the rates.
   Json measure_ceilings();
-  double copy_gbps() const { return copy_gbps_; }
-  double gemm_tflops() const { return gemm_tflops_; }
+  const Ceilings& ceilings() const { return ceilings_; }
 
   // Queues random values uniform in [-scale, scale] into device memory (for dense operands
   // whose values do not matter to the pattern; never zeros, DESIGN.md / METHOD.md).
@@ -74,6 +75,10 @@ class Harness {
   void gemm(DenseView<const bf16> a, DenseView<const bf16> b, DenseView<bf16> c, bool a_transposed = false);
 
  private:
+  // The shared-memory, L2 and FMA probes of measure_ceilings (bench/cuda/ceilings.cu): their
+  // rates into ceilings_, how each was measured into out.
+  void measure_on_chip_ceilings(Json& out);
+
   Config config_;
   Stream stream_{};
   int device_ = 0;
@@ -83,7 +88,7 @@ class Harness {
   int flush_value_ = 0;
   std::unique_ptr<EnergyMeter> energy_;
   void* cublas_ = nullptr;
-  double copy_gbps_ = 0, gemm_tflops_ = 0;
+  Ceilings ceilings_;
 };
 
 // Each suite appends its cases to the report; a failure inside one case becomes that case's

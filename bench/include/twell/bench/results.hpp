@@ -61,6 +61,29 @@ struct Case {
   Json to_json() const;
 };
 
+// Rates measured once per run (Harness::measure_ceilings); 0 where one was not measured.
+struct Ceilings {
+  double copy_gbps = 0;         // device-to-device copy, bytes read plus bytes written
+  double gemm_tflops = 0;       // cuBLAS bf16 GEMM (tensor cores)
+  double shared_load_gbps = 0;  // 16-byte shared-memory loads without bank conflicts, all SMs
+  double l2_load_gbps = 0;      // 16-byte loads served by L2 (L1 bypassed), all SMs
+  double fma_tflops = 0;        // fp32 FMAs on CUDA cores, 2 FLOPs each
+};
+
+// One phase of the least work an op must do; phases run one after another, and a phase takes
+// as long as its most demanding resource at its measured ceiling.
+struct FloorPhase {
+  std::string name;
+  double dram_bytes = 0;       // inputs read and outputs written once, at the copy bandwidth
+  double on_chip_bytes = 0;    // operand bytes loaded from shared memory, at its load rate
+  double cuda_core_flops = 0;  // at the fp32 FMA rate
+  double tensor_flops = 0;     // at the cuBLAS GEMM rate
+};
+// Sets c.extra["floor"]: each phase's time per resource in ms and the resource that bounds it,
+// their sum ("ms") and the case's median over it ("measured_over_floor"); a string saying why
+// where a ceiling the phases need was not measured. Call it after the case is timed.
+void set_floor(Case& c, const Ceilings& ceilings, const std::vector<FloorPhase>& phases);
+
 // A case's name: "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", space-separated, e.g. "spmm spmm
 // twell_slice_reuse paper 16384 uniform 0.005"; also the name of the NVTX range around its runs.
 std::string case_name(const Case& c);
@@ -87,7 +110,7 @@ struct Report {
   CaseFilter selection;            // the cases this run times (not written out; meta records it)
   Json meta = Json::object();      // program, version, date, options
   Json device = Json::object();    // name, driver, SMs, L2, clocks as read
-  Json ceilings = Json::object();  // measured copy bandwidth and GEMM rate
+  Json ceilings = Json::object();  // the measured rates (Ceilings) and how each was measured
   Json suites = Json::object();    // suite name -> {"status": ..., "seconds": ...}
   std::vector<Case> cases;
 

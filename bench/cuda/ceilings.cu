@@ -1,0 +1,233 @@
+// The on-chip ceilings of `twell bench` (Harness::measure_ceilings): the shared-memory load
+// rate, the L2 load rate and the fp32 FMA rate, each from a kernel that does nothing else, at
+// full occupancy on every SM. Every load or FMA feeds a result that the host predicts, so a run
+// that skipped work (or a compiler that removed it) fails the measurement instead of inflating
+// the ceiling. The floors of docs/benchmarks/README.md divide the sparse kernels' least work by
+// these rates (set_floor).
+#include <twell/bench/harness.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "cuda_check.hpp"
+
+namespace twell::bench {
+
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kSharedPieces = 2048;  // 16-byte pieces: 32 KB a CTA, so two CTAs fill an SM's threads
+constexpr int kLoadsPerRound = 8;    // loads each thread has in flight
+constexpr int kL2PiecesPerThread = 4;
+constexpr int kFmaChains = 8;  // independent FMA chains per thread, to cover the FMA latency
+static_assert((kLoadsPerRound * kThreads) % kSharedPieces == 0, "a round reads the pieces a whole number of times");
+
+__device__ __forceinline__ unsigned sum_words(uint4 v) { return v.x + v.y + v.z + v.w; }
+
+// ptxas hoists or merges loads of an address it has seen (asm volatile binds only the compiler
+// front end; a first version measured 129 TB/s of "shared loads" that way). So every load's
+// address moves with the round or pass, and shared loads are also PTX-volatile.
+__device__ __forceinline__ uint4 load_shared(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(p))));
+  return v;
+}
+__device__ __forceinline__ uint4 load_l2(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// A CTA fills kSharedPieces pieces with their word indices; then each thread, per round, loads
+// kLoadsPerRound pieces, a warp's lanes 32 consecutive ones (512 bytes: four wavefronts, no
+// bank conflict), the whole set shifted by a warp's width each round, and adds up their words.
+// The threads' sums meet in *sum (mod 2^32).
+__global__ void __launch_bounds__(kThreads) shared_load_kernel(int rounds, unsigned* sum) {
+  static_assert((kSharedPieces & (kSharedPieces - 1)) == 0, "the index wraps by a mask");
+  __shared__ uint4 pieces[kSharedPieces];
+  for (int i = threadIdx.x; i < kSharedPieces; i += kThreads) {
+    const unsigned w = 4u * static_cast<unsigned>(i);
+    pieces[i] = make_uint4(w, w + 1, w + 2, w + 3);
+  }
+  __syncthreads();
+  unsigned s = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const int first = r * 32 + static_cast<int>(threadIdx.x);
+#pragma unroll
+    for (int u = 0; u < kLoadsPerRound; ++u)
+      s += sum_words(load_shared(&pieces[(first + u * kThreads) & (kSharedPieces - 1)]));
+  }
+  atomicAdd(sum, s);
+}
+
+// Per pass, each thread loads kL2PiecesPerThread pieces a grid apart, L1 bypassed, and adds up
+// their words into *sum (mod 2^32); the grid covers the buffer once a pass, rotated by a CTA's
+// width each pass. The buffer fits in L2, so only a run's first pass reads DRAM (the harness
+// flushes L2 before each run).
+__global__ void __launch_bounds__(kThreads) l2_load_kernel(const uint4* data, int passes, unsigned* sum) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
+  const std::size_t pieces = stride * kL2PiecesPerThread;
+  const std::size_t mine = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x;
+  std::size_t rotation = 0;
+  unsigned s = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+#pragma unroll
+    for (int j = 0; j < kL2PiecesPerThread; ++j) {
+      std::size_t i = mine + j * stride + rotation;
+      if (i >= pieces) i -= pieces;
+      s += sum_words(load_l2(data + i));
+    }
+    rotation += kThreads;
+    if (rotation >= pieces) rotation -= pieces;
+  }
+  atomicAdd(sum, s);
+}
+
+__global__ void iota_kernel(unsigned* words, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n; i += stride)
+    words[i] = static_cast<unsigned>(i);
+}
+
+// kFmaChains independent chains x <- x a + b per thread, `steps` long, chain c starting at c.
+// A thread whose sum of the chains differs from the host's (fma rounds exactly once on both)
+// counts itself in *mismatches.
+__global__ void __launch_bounds__(kThreads)
+    fma_kernel(int steps, float a, float b, float expected, unsigned* mismatches) {
+  float x[kFmaChains];
+#pragma unroll
+  for (int c = 0; c < kFmaChains; ++c) x[c] = static_cast<float>(c);
+#pragma unroll 16
+  for (int i = 0; i < steps; ++i) {
+#pragma unroll
+    for (int c = 0; c < kFmaChains; ++c) x[c] = fmaf(x[c], a, b);
+  }
+  float s = 0;
+#pragma unroll
+  for (int c = 0; c < kFmaChains; ++c) s += x[c];
+  if (s != expected) atomicAdd(mismatches, 1u);
+}
+
+// Sum of the words 0 .. n - 1, mod 2^32 (as the kernels add them).
+unsigned sum_of_indices(std::uint64_t n) { return static_cast<unsigned>(n * (n - 1) / 2); }
+
+// CTAs of kThreads threads that fit on the device at once.
+template <class Kernel>
+int full_grid(Kernel kernel, int device) {
+  int per_sm = 0, sms = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0), "twell bench (occupancy)");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "twell bench (SM count)");
+  return std::max(per_sm, 1) * sms;
+}
+
+// The counter a probe's kernel adds into, zeroed on the stream; value() after the runs.
+class Counter {
+ public:
+  explicit Counter(cudaStream_t s) : d_(1, MemorySpace::device, Uninitialized{}) {
+    check(cudaMemsetAsync(d_.data(), 0, sizeof(unsigned), s), "twell bench (ceiling counter)");
+  }
+  unsigned* data() { return d_.data(); }
+  unsigned value() const { return d_.copy_to(MemorySpace::host).host_span()[0]; }
+
+ private:
+  Buffer<unsigned> d_;
+};
+
+void expect(unsigned got, unsigned want, const char* what) {
+  require(got == want, ErrorCode::cuda, "twell bench (ceilings)", what, ": got ", got, ", the host predicts ", want,
+          ": the probe skipped work or computed wrongly");
+}
+
+}  // namespace
+
+void Harness::measure_on_chip_ceilings(Json& j) {
+  const cudaStream_t s = native(stream_);
+  const bool quick = config_.quick;
+  {
+    const int grid = full_grid(shared_load_kernel, device_);
+    const int rounds = quick ? 256 : 1024;
+    Counter sum(s);
+    std::uint64_t runs = 0;
+    const Timing t = time([&] {
+      shared_load_kernel<<<grid, kThreads, 0, s>>>(rounds, sum.data());
+      check(cudaGetLastError(), "twell bench (shared-load probe launch)");
+      ++runs;
+    });
+    const std::uint64_t sweeps = runs * static_cast<std::uint64_t>(grid) * static_cast<std::uint64_t>(rounds) *
+                                 (kLoadsPerRound * kThreads / kSharedPieces);
+    expect(sum.value(), static_cast<unsigned>(sweeps * sum_of_indices(4ull * kSharedPieces)), "shared-load checksum");
+    const double bytes = 16.0 * grid * kThreads * static_cast<double>(rounds) * kLoadsPerRound;
+    ceilings_.shared_load_gbps = bytes / (t.median_ms * 1e6);
+    Json c = Json::object();
+    c["bytes_per_run"] = bytes;
+    c["median_ms"] = t.median_ms;
+    c["gb_per_s"] = ceilings_.shared_load_gbps;
+    c["counts"] =
+        "16-byte ld.shared of 512 consecutive bytes a warp (no bank conflict), CTAs of 1024 threads on "
+        "every SM at full occupancy";
+    j["shared_load"] = c;
+  }
+  {
+    int grid = full_grid(l2_load_kernel, device_);
+    // At most half of L2, so the buffer stays there between passes.
+    const std::size_t cta_bytes = std::size_t{16} * kThreads * kL2PiecesPerThread;
+    grid = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(grid, l2_bytes_ / 2 / cta_bytes)));
+    const std::size_t pieces = static_cast<std::size_t>(grid) * kThreads * kL2PiecesPerThread;
+    Buffer<unsigned> data(4 * pieces, MemorySpace::device, Uninitialized{});
+    iota_kernel<<<1024, 256, 0, s>>>(data.data(), data.size());
+    check(cudaGetLastError(), "twell bench (L2 probe fill)");
+    const int passes = static_cast<int>(
+        std::max<std::size_t>(1, (quick ? (std::size_t{2} << 30) : (std::size_t{8} << 30)) / (16 * pieces)));
+    Counter sum(s);
+    std::uint64_t runs = 0;
+    const Timing t = time([&] {
+      l2_load_kernel<<<grid, kThreads, 0, s>>>(reinterpret_cast<const uint4*>(data.data()), passes, sum.data());
+      check(cudaGetLastError(), "twell bench (L2-load probe launch)");
+      ++runs;
+    });
+    expect(sum.value(), static_cast<unsigned>(runs * static_cast<std::uint64_t>(passes) * sum_of_indices(data.size())),
+           "L2-load checksum");
+    const double bytes = 16.0 * static_cast<double>(pieces) * passes;
+    ceilings_.l2_load_gbps = bytes / (t.median_ms * 1e6);
+    Json c = Json::object();
+    c["buffer_bytes"] = static_cast<std::int64_t>(16 * pieces);
+    c["passes"] = passes;
+    c["median_ms"] = t.median_ms;
+    c["gb_per_s"] = ceilings_.l2_load_gbps;
+    c["counts"] =
+        "16-byte ld.global.cg over a buffer of at most half of L2, passes after the first served by L2 "
+        "(the first, after the harness's L2 flush, by DRAM)";
+    j["l2_load"] = c;
+  }
+  {
+    const int grid = full_grid(fma_kernel, device_);
+    const int steps = quick ? 4096 : 16384;
+    const float a = 0.9999f, b = 1e-4f;
+    float chains[kFmaChains];
+    for (int c = 0; c < kFmaChains; ++c) chains[c] = static_cast<float>(c);
+    for (int i = 0; i < steps; ++i)
+      for (float& x : chains) x = std::fma(x, a, b);
+    float expected = 0;
+    for (const float x : chains) expected += x;
+    Counter mismatches(s);
+    const Timing t = time([&] {
+      fma_kernel<<<grid, kThreads, 0, s>>>(steps, a, b, expected, mismatches.data());
+      check(cudaGetLastError(), "twell bench (FMA probe launch)");
+    });
+    expect(mismatches.value(), 0, "threads whose FMA chains differ from the host's");
+    const double flops = 2.0 * grid * kThreads * static_cast<double>(kFmaChains) * steps;
+    ceilings_.fma_tflops = flops / (t.median_ms * 1e9);
+    Json c = Json::object();
+    c["flops_per_run"] = flops;
+    c["median_ms"] = t.median_ms;
+    c["tflop_per_s"] = ceilings_.fma_tflops;
+    c["counts"] = "fp32 fmaf on CUDA cores, 8 independent chains a thread, 2 FLOPs each";
+    j["fp32_fma"] = c;
+  }
+}
+
+}  // namespace twell::bench
