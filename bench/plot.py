@@ -5,7 +5,8 @@
 
 Draws speedup-versus-density plots (one PNG per suite, or all suites in one PNG with --single):
 one panel per (shape, M) and distribution, one line per twell variant and baseline, the
-break-even (speedup 1) marked where a line crosses it. --summary writes a markdown summary (the
+break-even (speedup 1) marked where a line crosses it; where the JSON has floors (extra.floor), a
+dashed line per twell variant shows the speedup a kernel at that floor would have. --summary writes a markdown summary (the
 device, the measured ceilings, the performance-contract rows that the JSON can fill, and a table
 per suite) to paste into docs/benchmarks/README.md. Needs matplotlib only for the plots.
 """
@@ -47,18 +48,26 @@ def label(c):
     return f"{c['variant']} [{mark}]" if mark else c["variant"]
 
 
+FLOOR_PREFIX = "floor of "
+
+
 def series(report, suite):
-    """{(shape, M): {distribution: {(variant, baseline): [(density, speedup), ...]}}}"""
+    """{(shape, M): {distribution: {(variant, baseline): [(density, speedup), ...]}}}; a case with a
+    floor (extra.floor, set_floor) adds the line "floor of VARIANT" against its primary baseline:
+    the speedup a kernel running at that floor would have (speedup x measured_over_floor)."""
     out = OrderedDict()
     for c in ok_cases(report, suite):
         if c["variant"] not in TWELL_VARIANTS.get(suite, []):
             continue
+        lines = out.setdefault((c["shape"], c["M"]), OrderedDict()).setdefault(c["distribution"], OrderedDict())
         for baseline, s in (c.get("extra", {}).get("speedup_vs") or {}).items():
             if s is None:
                 continue
-            key = (c["shape"], c["M"])
-            out.setdefault(key, OrderedDict()).setdefault(c["distribution"], OrderedDict()).setdefault(
-                (label(c), baseline), []).append((c["density_target"], s))
+            lines.setdefault((label(c), baseline), []).append((c["density_target"], s))
+        floor = c.get("extra", {}).get("floor")
+        if isinstance(floor, dict) and floor.get("measured_over_floor") and c.get("speedup"):
+            lines.setdefault((FLOOR_PREFIX + label(c), c["baseline"]), []).append(
+                (c["density_target"], c["speedup"] * floor["measured_over_floor"]))
     for panels in out.values():
         for lines in panels.values():
             for pts in lines.values():
@@ -94,7 +103,8 @@ def draw_suite_rows(fig_axes, report, suite, start_row):
             for (variant, baseline), pts in lines.items():
                 xs = [100 * d for d, _ in pts]
                 ys = [s for _, s in pts]
-                (line,) = ax.plot(xs, ys, marker="o", markersize=3, label=f"{variant} vs {baseline}")
+                style = dict(linestyle="--", marker="x") if variant.startswith(FLOOR_PREFIX) else dict(marker="o")
+                (line,) = ax.plot(xs, ys, markersize=3, label=f"{variant} vs {baseline}", **style)
                 be = break_even(pts)
                 if be is not None:
                     ax.axvline(100 * be, color=line.get_color(), linewidth=0.6, linestyle=":")
@@ -271,7 +281,7 @@ def summary(report):
     gemm = ceil.get("bf16_gemm", {})
     on_chip = ""
     if "shared_load" in ceil:
-        on_chip = (f", shared-memory loads {fmt(ceil['shared_load'].get('gb_per_s'), 4)} GB/s, L2 loads "
+        on_chip = (f", shared-memory loads {fmt(ceil['shared_load'].get('gb_per_s'), 5)} GB/s, L2 loads "
                    f"{fmt(ceil.get('l2_load', {}).get('gb_per_s'), 4)} GB/s, fp32 FMA "
                    f"{fmt(ceil.get('fp32_fma', {}).get('tflop_per_s'), 3)} TFLOP/s")
     lines.append(f"Ceilings measured in the same run: device copy {fmt(copy.get('gb_per_s'), 4)} GB/s "
