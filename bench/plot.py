@@ -6,7 +6,7 @@
 Draws speedup-versus-density plots (one PNG per suite, or all suites in one PNG with --single):
 one panel per (shape, M) and distribution, one line per twell variant and baseline, the
 break-even (speedup 1) marked where a line crosses it; where the JSON has floors (extra.floor), a
-dashed line per twell variant shows the speedup a kernel at that floor would have. --summary writes a markdown summary (the
+dashed line shows the speedup a kernel at the op's floor would have. --summary writes a markdown summary (the
 device, the measured ceilings, the performance-contract rows that the JSON can fill, and a table
 per suite) to paste into docs/benchmarks/README.md. Needs matplotlib only for the plots.
 """
@@ -48,13 +48,13 @@ def label(c):
     return f"{c['variant']} [{mark}]" if mark else c["variant"]
 
 
-FLOOR_PREFIX = "floor of "
+FLOOR = "floor"
 
 
 def series(report, suite):
-    """{(shape, M): {distribution: {(variant, baseline): [(density, speedup), ...]}}}; a case with a
-    floor (extra.floor, set_floor) adds the line "floor of VARIANT" against its primary baseline:
-    the speedup a kernel running at that floor would have (speedup x measured_over_floor)."""
+    """{(shape, M): {distribution: {(variant, baseline): [(density, speedup), ...]}}}; cases with a
+    floor (extra.floor, set_floor) add the line "floor" against their primary baseline: the speedup
+    a kernel running at the op's floor would have (speedup x measured_over_floor), once a density."""
     out = OrderedDict()
     for c in ok_cases(report, suite):
         if c["variant"] not in TWELL_VARIANTS.get(suite, []):
@@ -66,8 +66,10 @@ def series(report, suite):
             lines.setdefault((label(c), baseline), []).append((c["density_target"], s))
         floor = c.get("extra", {}).get("floor")
         if isinstance(floor, dict) and floor.get("measured_over_floor") and c.get("speedup"):
-            lines.setdefault((FLOOR_PREFIX + label(c), c["baseline"]), []).append(
-                (c["density_target"], c["speedup"] * floor["measured_over_floor"]))
+            mark = SECONDARY_OPS.get(c.get("op"))
+            pts = lines.setdefault((f"{FLOOR} [{mark}]" if mark else FLOOR, c["baseline"]), [])
+            if all(d != c["density_target"] for d, _ in pts):
+                pts.append((c["density_target"], c["speedup"] * floor["measured_over_floor"]))
     for panels in out.values():
         for lines in panels.values():
             for pts in lines.values():
@@ -103,7 +105,7 @@ def draw_suite_rows(fig_axes, report, suite, start_row):
             for (variant, baseline), pts in lines.items():
                 xs = [100 * d for d, _ in pts]
                 ys = [s for _, s in pts]
-                style = dict(linestyle="--", marker="x") if variant.startswith(FLOOR_PREFIX) else dict(marker="o")
+                style = dict(linestyle="--", marker="x") if variant.startswith(FLOOR) else dict(marker="o")
                 (line,) = ax.plot(xs, ys, markersize=3, label=f"{variant} vs {baseline}", **style)
                 be = break_even(pts)
                 if be is not None:
