@@ -56,6 +56,34 @@ double activation_bytes(const GatedFfnActivations<T>& s) {
   return detail::bytes_of(s.a) + detail::bytes_of(s.u) + detail::bytes_of(s.h) + detail::bytes_of(s.g);
 }
 
+// The least work of the twell cases of one point, from `first` on (set_floor): a step is the gate
+// as a dense GEMM on tensor cores, then eight sparse products (u and y forward; dh, dwd, dx's two,
+// dwg and dwu backward), each a K-long FMA per (token, unit) pair of the gate's pattern with one
+// 2-byte operand loaded from on-chip memory per FMA; the backward alone is its six products. The
+// pattern's density is the one the twell case counted (the other cases do not count it).
+void add_floors(const Harness& h, Report& report, std::size_t first) {
+  const Case& counted = report.cases[first];
+  if (counted.variant != "twell" || counted.status != "ok" || counted.density_realized <= 0) return;
+  for (std::size_t i = first; i < report.cases.size(); ++i) {
+    Case& c = report.cases[i];
+    const bool backward_only = c.variant.ends_with("_backward");
+    if (c.status != "ok" || !c.variant.starts_with("twell")) continue;
+    c.density_realized = counted.density_realized;
+    const double mk = static_cast<double>(c.m) * static_cast<double>(c.k);
+    const double pair_fmas = c.density_realized * mk * static_cast<double>(c.n);
+    const double products = backward_only ? 6 : 8;
+    const FloorPhase sparse{.name = "sparse products",
+                            .dram_bytes = c.bytes,
+                            .on_chip_bytes = products * pair_fmas * sizeof(T),
+                            .cuda_core_flops = products * 2 * pair_fmas};
+    if (backward_only) {
+      set_floor(c, h.ceilings(), {sparse});
+    } else {
+      set_floor(c, h.ceilings(), {{.name = "gate", .tensor_flops = 2 * mk * static_cast<double>(c.n)}, sparse});
+    }
+  }
+}
+
 }  // namespace
 
 void run_training(Harness& h, Report& report) {
@@ -224,6 +252,7 @@ void run_training(Harness& h, Report& report) {
     detail::not_built(report, detail::with_variant(base, "dense"),
                       "kernels/include/twell/kernels/baselines.hpp is not in this build");
 #endif
+    add_floors(h, report, twell_index);
   }
   detail::clear_ffn_cache();
   detail::link_baselines(report, "training", {"twell", "twell_plan"}, {"dense"});
