@@ -1,9 +1,8 @@
-// The on-chip ceilings of `twell bench` (Harness::measure_ceilings): the shared-memory load
-// rate, the L2 load rate and the fp32 FMA rate, each from a kernel that does nothing else, at
-// full occupancy on every SM. Every load or FMA feeds a result that the host predicts, so a run
-// that skipped work (or a compiler that removed it) fails the measurement instead of inflating
-// the ceiling. The floors of docs/benchmarks/README.md divide the sparse kernels' least work by
-// these rates (set_floor).
+// The ceilings of `twell bench` (Harness::measure_ceilings): device copy bandwidth, the cuBLAS
+// GEMM rate, and the on-chip rates, shared-memory loads, L2 loads and fp32 FMAs, each of those from
+// a kernel that does nothing else, at full occupancy on every SM. Every load or FMA feeds a result that the host
+// predicts, so a run that skipped work (or a compiler that removed it) fails the measurement instead of inflating the
+// ceiling. The floors of docs/benchmarks/README.md divide the sparse kernels' least work by these rates (set_floor).
 #include <twell/bench/harness.hpp>
 
 #include <algorithm>
@@ -142,11 +141,48 @@ void expect(unsigned got, unsigned want, const char* what) {
           ": the probe skipped work or computed wrongly");
 }
 
+// How one ceiling was measured, for the report's `ceilings`.
+Json record(const Timing& t, const char* rate_key, double rate, const char* counts) {
+  Json j = Json::object();
+  j["median_ms"] = t.median_ms;
+  j[rate_key] = rate;
+  j["counts"] = counts;
+  return j;
+}
+
 }  // namespace
 
-void Harness::measure_on_chip_ceilings(Json& j) {
+Json Harness::measure_ceilings() {
   const cudaStream_t s = native(stream_);
   const bool quick = config_.quick;
+  Json j = Json::object();
+  {
+    const std::size_t bytes = quick ? (std::size_t{256} << 20) : (std::size_t{1} << 30);
+    Buffer<float> src(bytes / sizeof(float), MemorySpace::device, Uninitialized{});
+    Buffer<float> dst(bytes / sizeof(float), MemorySpace::device, Uninitialized{});
+    fill_random(src.data(), src.size(), 1.0f, 7);
+    const Timing t = time([&] {
+      check(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, s), "twell bench (copy)");
+    });
+    ceilings_.copy_gbps = 2.0 * static_cast<double>(bytes) / (t.median_ms * 1e6);
+    j["device_copy"] = record(t, "gb_per_s", ceilings_.copy_gbps, "bytes read plus bytes written");
+    j["device_copy"]["bytes_each_way"] = static_cast<std::int64_t>(bytes);
+  }
+  {
+    const int n = quick ? 4096 : 8192;
+    const std::size_t elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+    Buffer<bf16> a(elems, MemorySpace::device, Uninitialized{}), b(elems, MemorySpace::device, Uninitialized{}),
+        c(elems, MemorySpace::device, Uninitialized{});
+    fill_random(a.data(), elems, 1.0f, 11);
+    fill_random(b.data(), elems, 1.0f, 12);
+    const DenseView<const bf16> av{a.data(), n, n, n, MemorySpace::device}, bv{b.data(), n, n, n, MemorySpace::device};
+    const DenseView<bf16> cv{c.data(), n, n, n, MemorySpace::device};
+    const Timing t = time([&] { gemm(av, bv, cv); });
+    ceilings_.gemm_tflops = 2.0 * n * static_cast<double>(n) * n / (t.median_ms * 1e9);
+    j["bf16_gemm"] =
+        record(t, "tflop_per_s", ceilings_.gemm_tflops, "cublasGemmEx, bf16 in and out, fp32 accumulation");
+    j["bf16_gemm"]["m_n_k"] = n;
+  }
   {
     const int grid = full_grid(shared_load_kernel, device_);
     const int rounds = quick ? 256 : 1024;
@@ -162,14 +198,10 @@ void Harness::measure_on_chip_ceilings(Json& j) {
     expect(sum.value(), static_cast<unsigned>(sweeps * sum_of_indices(4ull * kSharedPieces)), "shared-load checksum");
     const double bytes = 16.0 * grid * kThreads * static_cast<double>(rounds) * kLoadsPerRound;
     ceilings_.shared_load_gbps = bytes / (t.median_ms * 1e6);
-    Json c = Json::object();
-    c["bytes_per_run"] = bytes;
-    c["median_ms"] = t.median_ms;
-    c["gb_per_s"] = ceilings_.shared_load_gbps;
-    c["counts"] =
-        "16-byte ld.shared of 512 consecutive bytes a warp (no bank conflict), CTAs of 1024 threads on "
-        "every SM at full occupancy";
-    j["shared_load"] = c;
+    j["shared_load"] = record(t, "gb_per_s", ceilings_.shared_load_gbps,
+                              "16-byte ld.shared of 512 consecutive bytes a warp (no bank conflict), CTAs of 1024 "
+                              "threads on every SM at full occupancy");
+    j["shared_load"]["bytes_per_run"] = bytes;
   }
   {
     int grid = full_grid(l2_load_kernel, device_);
@@ -193,15 +225,11 @@ void Harness::measure_on_chip_ceilings(Json& j) {
            "L2-load checksum");
     const double bytes = 16.0 * static_cast<double>(pieces) * passes;
     ceilings_.l2_load_gbps = bytes / (t.median_ms * 1e6);
-    Json c = Json::object();
-    c["buffer_bytes"] = static_cast<std::int64_t>(16 * pieces);
-    c["passes"] = passes;
-    c["median_ms"] = t.median_ms;
-    c["gb_per_s"] = ceilings_.l2_load_gbps;
-    c["counts"] =
-        "16-byte ld.global.cg over a buffer of at most half of L2, passes after the first served by L2 "
-        "(the first, after the harness's L2 flush, by DRAM)";
-    j["l2_load"] = c;
+    j["l2_load"] = record(t, "gb_per_s", ceilings_.l2_load_gbps,
+                          "16-byte ld.global.cg over a buffer of at most half of L2, passes after the first served "
+                          "by L2 (the first, after the harness's L2 flush, by DRAM)");
+    j["l2_load"]["buffer_bytes"] = static_cast<std::int64_t>(16 * pieces);
+    j["l2_load"]["passes"] = passes;
   }
   {
     const int grid = full_grid(fma_kernel, device_);
@@ -221,13 +249,11 @@ void Harness::measure_on_chip_ceilings(Json& j) {
     expect(mismatches.value(), 0, "threads whose FMA chains differ from the host's");
     const double flops = 2.0 * grid * kThreads * static_cast<double>(kFmaChains) * steps;
     ceilings_.fma_tflops = flops / (t.median_ms * 1e9);
-    Json c = Json::object();
-    c["flops_per_run"] = flops;
-    c["median_ms"] = t.median_ms;
-    c["tflop_per_s"] = ceilings_.fma_tflops;
-    c["counts"] = "fp32 fmaf on CUDA cores, 8 independent chains a thread, 2 FLOPs each";
-    j["fp32_fma"] = c;
+    j["fp32_fma"] = record(t, "tflop_per_s", ceilings_.fma_tflops,
+                           "fp32 fmaf on CUDA cores, 8 independent chains a thread, 2 FLOPs each");
+    j["fp32_fma"]["flops_per_run"] = flops;
   }
+  return j;
 }
 
 }  // namespace twell::bench

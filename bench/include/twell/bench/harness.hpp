@@ -57,10 +57,10 @@ class Harness {
   std::optional<double> joules_per_run(const std::function<void()>& op, double min_seconds);
 
   Json device_info() const;
-  // The Ceilings, measured once per run: device-to-device copy bandwidth (bytes read plus
-  // written), cuBLAS bf16 GEMM rate at 8192^3 on random data, and three kernels of bench/cuda/
-  // ceilings.cu (shared-memory loads, L2 loads, fp32 FMAs), each checked against the result the
-  // host predicts. Returns how each was measured; ceilings() holds the rates.
+  // The Ceilings, measured once per run (bench/cuda/ceilings.cu): device-to-device copy bandwidth
+  // (bytes read plus written), cuBLAS bf16 GEMM rate at 8192^3 on random data, and three probe
+  // kernels (shared-memory loads, L2 loads, fp32 FMAs), each checked against the result the host
+  // predicts. Returns how each was measured; ceilings() holds the rates.
   Json measure_ceilings();
   const Ceilings& ceilings() const { return ceilings_; }
 
@@ -75,10 +75,6 @@ class Harness {
   void gemm(DenseView<const bf16> a, DenseView<const bf16> b, DenseView<bf16> c, bool a_transposed = false);
 
  private:
-  // The shared-memory, L2 and FMA probes of measure_ceilings (bench/cuda/ceilings.cu): their
-  // rates into ceilings_, how each was measured into out.
-  void measure_on_chip_ceilings(Json& out);
-
   Config config_;
   Stream stream_{};
   int device_ = 0;
