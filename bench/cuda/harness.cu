@@ -16,10 +16,6 @@
 
 namespace twell::bench {
 
-static void check(cublasStatus_t status, const char* where) {
-  if (status != CUBLAS_STATUS_SUCCESS) fail(ErrorCode::cuda, where, "cuBLAS status ", static_cast<int>(status));
-}
-
 namespace {
 
 // Counter-based hash so every element is independent of launch geometry.

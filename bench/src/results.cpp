@@ -83,16 +83,16 @@ Json Case::to_json() const {
 
 void set_floor(Case& c, const Ceilings& ceilings, const std::vector<FloorPhase>& phases) {
   struct Resource {
-    const char* key;
+    const char* name;  // the phase's "bound"; its time is NAME_ms
     double FloorPhase::*amount;
     double rate_per_ms;  // amount per millisecond
     const char* ceiling;
   };
   const Resource resources[] = {
-      {"dram_ms", &FloorPhase::dram_bytes, ceilings.copy_gbps * 1e6, "device copy"},
-      {"on_chip_ms", &FloorPhase::on_chip_bytes, ceilings.shared_load_gbps * 1e6, "shared-memory load"},
-      {"cuda_core_ms", &FloorPhase::cuda_core_flops, ceilings.fma_tflops * 1e9, "fp32 FMA"},
-      {"tensor_ms", &FloorPhase::tensor_flops, ceilings.gemm_tflops * 1e9, "bf16 GEMM"}};
+      {"dram", &FloorPhase::dram_bytes, ceilings.copy_gbps * 1e6, "device copy"},
+      {"on_chip", &FloorPhase::on_chip_bytes, ceilings.shared_load_gbps * 1e6, "shared-memory load"},
+      {"cuda_core", &FloorPhase::cuda_core_flops, ceilings.fma_tflops * 1e9, "fp32 FMA"},
+      {"tensor", &FloorPhase::tensor_flops, ceilings.gemm_tflops * 1e9, "bf16 GEMM"}};
   Json parts = Json::array();
   double total_ms = 0;
   for (const FloorPhase& phase : phases) {
@@ -108,14 +108,14 @@ void set_floor(Case& c, const Ceilings& ceilings, const std::vector<FloorPhase>&
         return;
       }
       const double ms = amount / r.rate_per_ms;
-      part[r.key] = ms;
+      part[std::string(r.name) + "_ms"] = ms;
       if (ms > phase_ms) {
         phase_ms = ms;
-        bound = r.key;
+        bound = r.name;
       }
     }
     part["ms"] = phase_ms;
-    part["bound"] = bound.substr(0, bound.size() - 3);  // the key without "_ms"
+    part["bound"] = bound;
     parts.push_back(part);
     total_ms += phase_ms;
   }
