@@ -51,7 +51,7 @@ __device__ __forceinline__ uint4 load_l2(const uint4* p) {
 // A CTA fills kSharedPieces pieces with their word indices; then each thread, per round, loads
 // kLoadsPerRound pieces kSharedPieces / kLoadsPerRound apart, a warp's lanes 32 consecutive ones
 // (512 bytes: four wavefronts, no bank conflict), the whole set shifted by a warp's width each
-// round, and adds up their words (a thread's sum stays below 2^32 for rounds < 2^12). The
+// round, and adds up their words (a thread's sum stays below 2^32 for rounds < 2^14). The
 // threads' sums meet in *sum.
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) shared_load_kernel(int rounds, unsigned long long* sum) {
   static_assert((kSharedPieces & (kSharedPieces - 1)) == 0, "the index wraps by a mask");
