@@ -23,7 +23,9 @@ int run_bench(std::span<const std::string> argv) {
   const Spec spec{"bench",
                   "Times each twell op and its baseline in the same process on the GPU (CUDA events,\n"
                   "warm-up, median/p10/p90 of the timed runs, L2 flushed between runs) on data from the\n"
-                  "workload generator, and writes every case, the device and the measured ceilings as JSON.\n"
+                  "workload generator, and writes every case, the device and the ceilings measured in the same\n"
+                  "run (copy, GEMM, shared-memory and L2 loads, FMAs) as JSON, each sparse case with its floor\n"
+                  "against those ceilings (docs/benchmarks/README.md, Method).\n"
                   "Suites: convert, spmm, sddmm, gemm_to_sparse, ffn, training (default: all).",
                   "",
                   0,
