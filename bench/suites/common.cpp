@@ -212,6 +212,13 @@ void link_baselines(Report& report, const std::string& suite, const std::vector<
   }
 }
 
+FloorPhase sparse_products_phase(std::string name, double fmas, double dram_bytes) {
+  return {.name = std::move(name),
+          .dram_bytes = dram_bytes,
+          .on_chip_bytes = fmas * sizeof(T),
+          .cuda_core_flops = 2 * fmas};
+}
+
 std::string not_checked(const Case& reference) {
   return "not checked: the " + reference.variant + " case did not run (" + reference.status + ")";
 }

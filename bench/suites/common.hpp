@@ -112,6 +112,11 @@ std::function<void()> dense_ffn_baseline(Harness& h, DenseView<const T> x, Dense
                                          DenseView<const T> wd, DenseView<T> y, Case& c);
 #endif
 
+// The floor phase (set_floor) of `fmas` multiply-adds of sparse products, each with one 2-byte
+// operand loaded from on-chip memory: the least a kernel can load when no operand is reused from
+// registers across (row, nonzero) pairs, which at the contract's densities they rarely share.
+FloorPhase sparse_products_phase(std::string name, double fmas, double dram_bytes);
+
 // What a case records instead of its error against `reference` when that case did not run (not
 // selected, failed, not built), e.g. "not checked: the dense case did not run (not selected)".
 std::string not_checked(const Case& reference);

@@ -103,9 +103,9 @@ void time_plan_forward(Harness& h, Case& c, Plan& plan, DenseView<const T> x, De
 #endif
 
 // The least work of the sparse blocks of one point, cases from `first` on (set_floor): the gate
-// as a dense GEMM on tensor cores, then per (token, unit) pair of its pattern a row of K weights
-// loaded from on-chip memory and K FMAs for each sparse projection (up and down; down only without
-// a gate), each projection's weights and M x K activations (x read, y written) through DRAM once.
+// as a dense GEMM on tensor cores, then K FMAs per (token, unit) pair of its pattern for each
+// sparse projection (up and down; down only without a gate), each projection's weights and M x K
+// activations (x read, y written) through DRAM once.
 void add_floors(const Harness& h, Report& report, std::size_t first) {
   for (std::size_t i = first; i < report.cases.size(); ++i) {
     Case& c = report.cases[i];
@@ -118,10 +118,8 @@ void add_floors(const Harness& h, Report& report, std::size_t first) {
     set_floor(
         c, h.ceilings(),
         {{.name = "gate", .dram_bytes = x_bytes + weight_bytes, .tensor_flops = 2 * mk * static_cast<double>(c.n)},
-         {.name = gated ? "up and down" : "down",
-          .dram_bytes = projections * (weight_bytes + x_bytes),  // Wu, x again; Wd, y
-          .on_chip_bytes = projections * pairs * static_cast<double>(c.k) * sizeof(T),
-          .cuda_core_flops = projections * 2 * pairs * static_cast<double>(c.k)}});
+         detail::sparse_products_phase(gated ? "up and down" : "down", projections * pairs * static_cast<double>(c.k),
+                                       projections * (weight_bytes + x_bytes))});  // Wu, x again; Wd, y
   }
 }
 

@@ -60,13 +60,8 @@ void run_sddmm(Harness& h, Report& report) {
         x.extra["tile"] = layout.tile;
         x.extra["C"] = layout.compression;
         x.extra["overflow_rows"] = pattern.overflow_rows();
-        // The least work (set_floor): per pair a row of K values loaded from on-chip memory (the
-        // other operand's row held in registers) and K FMAs; the operands and pattern through DRAM once.
-        set_floor(x, h.ceilings(),
-                  {{.name = "products",
-                    .dram_bytes = x.bytes,
-                    .on_chip_bytes = flops / 2 * sizeof(T),
-                    .cuda_core_flops = flops}});
+        // The least work: K FMAs per pair, the operands and the pattern through DRAM once.
+        set_floor(x, h.ceilings(), {detail::sparse_products_phase("products", flops / 2, x.bytes)});
       });
 #else
       detail::not_built(report, tw, "kernels/cuda/sddmm.cu or converters/cuda/*.cu are not in this build");

@@ -247,16 +247,11 @@ void run_spmm(Harness& h, Report& report) {
       }
     }
   }
-  // The least work of a product (set_floor): per (row, nonzero) pair a row of N values of B (of dy
-  // for A^T) loaded from on-chip memory and N FMAs; A, B and C through DRAM once.
+  // The least work of a product: N FMAs per (row, nonzero) pair, A, B and C through DRAM once.
   for (Case& x : report.cases) {
     if (x.suite != "spmm" || x.status != "ok" || !x.variant.starts_with("twell") || x.variant.ends_with("+convert"))
       continue;
-    set_floor(x, h.ceilings(),
-              {{.name = "product",
-                .dram_bytes = x.bytes,
-                .on_chip_bytes = x.flops / 2 * sizeof(T),
-                .cuda_core_flops = x.flops}});
+    set_floor(x, h.ceilings(), {detail::sparse_products_phase("product", x.flops / 2, x.bytes)});
   }
   // Both ops: link_baselines pairs cases of the same op only.
   detail::link_baselines(report, "spmm", {"twell"}, {"cusparse_csr", "cusparse_coo", "cublas_dense"});

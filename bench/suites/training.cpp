@@ -58,8 +58,8 @@ double activation_bytes(const GatedFfnActivations<T>& s) {
 
 // The least work of the twell cases of one point, from `first` on (set_floor): a step is the gate
 // as a dense GEMM on tensor cores, then eight sparse products (u and y forward; dh, dwd, dx's two,
-// dwg and dwu backward), each a K-long FMA per (token, unit) pair of the gate's pattern with one
-// 2-byte operand loaded from on-chip memory per FMA; the backward alone is its six products. The
+// dwg and dwu backward), each K FMAs per (token, unit) pair of the gate's pattern; the backward
+// alone is its six products. The
 // pattern's density is the one the twell case counted (the other cases do not count it).
 void add_floors(const Harness& h, Report& report, std::size_t first) {
   const Case& counted = report.cases[first];
@@ -72,10 +72,7 @@ void add_floors(const Harness& h, Report& report, std::size_t first) {
     const double mk = static_cast<double>(c.m) * static_cast<double>(c.k);
     const double pair_fmas = c.density_realized * mk * static_cast<double>(c.n);
     const double products = backward_only ? 6 : 8;
-    const FloorPhase sparse{.name = "sparse products",
-                            .dram_bytes = c.bytes,
-                            .on_chip_bytes = products * pair_fmas * sizeof(T),
-                            .cuda_core_flops = products * 2 * pair_fmas};
+    const FloorPhase sparse = detail::sparse_products_phase("sparse products", products * pair_fmas, c.bytes);
     if (backward_only) {
       set_floor(c, h.ceilings(), {sparse});
     } else {
