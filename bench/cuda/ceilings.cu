@@ -74,25 +74,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) shared_load_kernel(int r
 // Per pass, each thread loads kL2PiecesPerThread pieces a grid apart, L1 bypassed, and adds up
 // their words into *sum; the grid covers the buffer once a pass, rotated by a CTA's width each
 // pass. The buffer fits in L2, so only a run's first pass reads DRAM (the harness
-// flushes L2 before each run). Indices and a pass's sum are 32-bit (the host bounds the buffer so
-// that a pass's 4 x kL2PiecesPerThread words add up below 2^32) and only the pass's sum is widened:
-// at 32 registers a thread, 64-bit index arithmetic per load cost the probe 12 % of its rate.
+// flushes L2 before each run).
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     l2_load_kernel(const uint4* data, int passes, unsigned long long* sum) {
-  const unsigned stride = gridDim.x * kThreads;
-  const unsigned pieces = stride * kL2PiecesPerThread;
-  const unsigned mine = blockIdx.x * kThreads + threadIdx.x;
-  unsigned rotation = 0;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kThreads;
+  const std::size_t pieces = stride * kL2PiecesPerThread;
+  const std::size_t mine = blockIdx.x * static_cast<std::size_t>(kThreads) + threadIdx.x;
+  std::size_t rotation = 0;
   unsigned long long s = 0;
   for (int pass = 0; pass < passes; ++pass) {
-    unsigned pass_sum = 0;
 #pragma unroll
     for (int j = 0; j < kL2PiecesPerThread; ++j) {
-      unsigned i = mine + j * stride + rotation;
+      std::size_t i = mine + j * stride + rotation;
       if (i >= pieces) i -= pieces;
-      pass_sum += sum_words(load_l2(data + i));
+      s += sum_words(load_l2(data + i));
     }
-    s += pass_sum;
     rotation += kThreads;
     if (rotation >= pieces) rotation -= pieces;
   }
@@ -234,9 +230,6 @@ Json Harness::measure_ceilings() {
     const std::size_t cta_bytes = std::size_t{16} * kThreads * kL2PiecesPerThread;
     grid = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(grid, l2_bytes_ / 2 / cta_bytes)));
     const std::size_t pieces = static_cast<std::size_t>(grid) * kThreads * kL2PiecesPerThread;
-    // The kernel's pass sum: 4 x kL2PiecesPerThread words, each below 4 x pieces.
-    require(16.0 * kL2PiecesPerThread * static_cast<double>(pieces) < 4294967296.0, ErrorCode::unsupported,
-            "twell bench (ceilings)", "L2 probe buffer too large for its 32-bit pass sums");
     Buffer<unsigned> data(4 * pieces, MemorySpace::device, Uninitialized{});
     iota_kernel<<<1024, 256, 0, s>>>(data.data(), data.size());
     check(cudaGetLastError(), "twell bench (L2 probe fill)");
