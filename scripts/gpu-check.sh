@@ -34,6 +34,8 @@
 #                   by group of suites (docs/testing.md)
 #   --sanitize-suites RE    only the gpu test executables whose path matches RE (default all)
 #   --sanitize-cases RE     only the test cases whose name matches RE (default all)
+#   --sanitize-from K       only each suite's K-th case (doctest's order) and later ones: resumes a
+#                   sweep that an earlier call's deadline cut off, since runs start case-major
 #   --profile CASE  instead of the benchmarks: Nsight Compute times every kernel of one bench case,
 #                   named by its NVTX range "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", e.g.
 #                   "training gated_ffn_training_step twell_plan paper 16384 uniform 0.005"
@@ -70,6 +72,7 @@ sanitize_jobs="${TWELL_GPU_CHECK_SANITIZE_JOBS:-12}"
 sanitize_tools="racecheck,memcheck"
 sanitize_suites="."
 sanitize_cases="."
+sanitize_from=1
 tests_re=""
 cases_re=""
 profile_case=""
@@ -92,6 +95,7 @@ while [ $# -gt 0 ]; do
     --sanitize-tools) sanitize_tools="${2:?--sanitize-tools needs a list}"; shift ;;
     --sanitize-suites) sanitize_suites="${2:?--sanitize-suites needs a pattern}"; shift ;;
     --sanitize-cases) sanitize_cases="${2:?--sanitize-cases needs a pattern}"; shift ;;
+    --sanitize-from) sanitize_from="${2:?--sanitize-from needs a case number}"; shift ;;
     --profile) profile_case="${2:?--profile needs a case name}"; shift ;;
     -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -195,7 +199,8 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
   declare -A cases
   for exe in $exes; do
     cases[$exe]=$("$exe" --list-test-cases 2>/dev/null | sed -n '3,$p' | grep -v -e '^===' -e '^\[doctest\]' |
-                  grep -n -E -e "$sanitize_cases" | cut -d: -f1 | tr '\n' ' ')
+                  grep -n -E -e "$sanitize_cases" | cut -d: -f1 | awk -v from="$sanitize_from" '$1 >= from' |
+                  tr '\n' ' ')
     set -- ${cases[$exe]}
     [ $# -gt "$most" ] && most=$#
   done
