@@ -34,8 +34,11 @@
 #                   by group of suites (docs/testing.md)
 #   --sanitize-suites RE    only the gpu test executables whose path matches RE (default all)
 #   --sanitize-cases RE     only the test cases whose name matches RE (default all)
-#   --sanitize-from K       only each suite's K-th case (doctest's order) and later ones: resumes a
-#                   sweep that an earlier call's deadline cut off, since runs start case-major
+#   --sanitize-from K       only each suite's K-th case and later ones, K counted in the suite's
+#                   whole listing (`gpu_test_X --list-test-cases`, the k-th name is case k; also
+#                   with --sanitize-cases): resumes a sweep of one tool that an earlier call's
+#                   deadline cut off (runs go tool by tool, each case-major, so with two tools
+#                   the second may not have started on the cases below K)
 #   --profile CASE  instead of the benchmarks: Nsight Compute times every kernel of one bench case,
 #                   named by its NVTX range "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", e.g.
 #                   "training gated_ffn_training_step twell_plan paper 16384 uniform 0.005"
@@ -103,6 +106,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+if ! [[ "$sanitize_from" =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpu-check: --sanitize-from needs a case number (1 or more), not '$sanitize_from'" >&2
+  exit 2
+fi
 [ -n "$out" ] || out="$root/build/gpu-check"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -247,8 +254,10 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
     esac
   done
   rm -rf "$parts"
-  detail="$((n - bad - unfinished)) of $n runs (test case x tool) clean ($vendor of them with racecheck hazards in cuSPARSE/cuBLAS kernels only), $bad with errors, $unfinished unfinished; sanitizer.log"
-  if [ "$bad" = 0 ] && [ "$unfinished" = 0 ]; then
+  detail="$((n - bad - unfinished)) of $n runs (test case x tool) clean ($vendor of them with racecheck hazards in cuSPARSE/cuBLAS kernels only), $bad with errors, $unfinished unfinished, $sanitize_jobs at a time; sanitizer.log"
+  if [ "$n" = 0 ]; then
+    phase sanitizer FAILED $(( $(now) - t0 )) "no test case selected (--sanitize-suites, --sanitize-cases, --sanitize-from)"
+  elif [ "$bad" = 0 ] && [ "$unfinished" = 0 ]; then
     phase sanitizer ok $(( $(now) - t0 )) "$detail"
   elif [ "$bad" = 0 ]; then
     phase sanitizer PARTIAL $(( $(now) - t0 )) "$detail"

@@ -1,22 +1,30 @@
 // doctest main shared by all suites. GPU suites (named gpu_*) are skipped with exit code 77 when
-// no device is visible, unless asked only to list their cases (--list-*, -ltc, -lts, -lr), which
-// needs no device: the sanitizer's reports number the cases, and a listing names them anywhere.
+// no device is visible, unless asked to list their cases, suites or reporters, which needs no
+// device: the sanitizer's reports number the cases, and a listing names them anywhere.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 
 #include <twell/memory.hpp>
 
 namespace {
 
+// Whether the arguments ask doctest to list something: a listing option in any of the spellings
+// doctest 2.4 lists for (any number of leading dashes, an optional "dt-" prefix, long or short
+// name; with "=value" it runs the tests instead, so such an argument does not count).
 bool only_lists(int argc, char** argv) {
+  static constexpr std::string_view kListings[] = {"list-test-cases", "ltc", "list-test-suites", "lts",
+                                                   "list-reporters", "lr"};
   for (int i = 1; i < argc; ++i) {
-    const char* a = argv[i];
-    if (std::strncmp(a, "--list-", 7) == 0 || std::strcmp(a, "-ltc") == 0 || std::strcmp(a, "-lts") == 0 ||
-        std::strcmp(a, "-lr") == 0)
-      return true;
+    std::string_view a = argv[i];
+    if (!a.starts_with('-')) continue;
+    while (a.starts_with('-')) a.remove_prefix(1);
+    if (a.starts_with("dt-")) a.remove_prefix(3);
+    for (const std::string_view name : kListings)
+      if (a == name) return true;
   }
   return false;
 }
