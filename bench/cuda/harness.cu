@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -56,6 +58,19 @@ class EventPairs {
  private:
   std::vector<cudaEvent_t> start_, stop_;
 };
+
+// nvidia-smi's form of a GPU's UUID ("GPU-" and 32 hex digits in groups of 8-4-4-4-12), so that
+// reports from different sessions tell whether they ran on the same card of a lent pool.
+std::string uuid_string(const cudaUUID_t& uuid) {
+  std::string s = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    char hex[3];
+    std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(uuid.bytes[i]));
+    s += hex;
+  }
+  return s;
+}
 
 }  // namespace
 
@@ -164,6 +179,7 @@ Json Harness::device_info() const {
   cudaDeviceGetAttribute(&mem_clock_khz, cudaDevAttrMemoryClockRate, device_);
   Json j = Json::object();
   j["name"] = std::string(prop.name);
+  j["uuid"] = uuid_string(prop.uuid);
   j["compute_capability"] = std::to_string(prop.major) + "." + std::to_string(prop.minor);
   j["sm_count"] = prop.multiProcessorCount;
   j["l2_bytes"] = static_cast<std::int64_t>(l2_bytes_);
