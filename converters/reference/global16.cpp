@@ -63,7 +63,7 @@ TwellMatrix<T> import_global16(std::int64_t rows, std::int64_t cols, TwellLayout
   check_layout(layout, kWhere);
   require(rows >= 0 && cols >= 0, ErrorCode::invalid_argument, kWhere, "shape ", rows, " x ", cols, " is negative");
   check_cols(cols, kWhere);
-  const std::int64_t words = rows * layout.packed_width(cols);
+  const auto words = static_cast<std::int64_t>(detail::checked_elements(rows, layout.packed_width(cols), kWhere));
   require(static_cast<std::int64_t>(packed.size()) == words, ErrorCode::shape_mismatch, kWhere, "packed holds ",
           packed.size(), " words but a ", rows, " x ", cols, " matrix at layout (tile ", layout.tile, ", C ",
           layout.compression, ") needs ", words);

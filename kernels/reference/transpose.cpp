@@ -3,6 +3,7 @@
 // longest row; TwELL and Hybrid go through the reference CSR -> Hybrid converter, which does not
 // store zeros, so explicit zeros (from sddmm or elementwise results) do not survive into a Hybrid.
 #include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include <twell/converters/backends.hpp>
@@ -17,8 +18,10 @@ namespace {
 // Walking A row by row fills each row of the transpose in increasing column order.
 template <class T, class View>
 CsrMatrix<T> transposed_csr(View a, const char* where) {
-  detail::check_view(a, where, "A");
   const std::int64_t rows = detail::rows_of(a), cols = detail::cols_of(a);
+  require(rows <= INT32_MAX, ErrorCode::unsupported, where, "A has ", rows,
+          " rows, more than the 32-bit column indices of its transpose's CSR hold");
+  detail::check_view(a, where, "A");
   std::vector<std::int64_t> count(static_cast<std::size_t>(cols) + 1, 0);
   detail::for_each_entry(a, where, [&](const detail::Entry& e) { ++count[static_cast<std::size_t>(e.col) + 1]; });
   for (std::size_t j = 1; j < count.size(); ++j) count[j] += count[j - 1];

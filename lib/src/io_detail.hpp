@@ -15,6 +15,7 @@
 
 #include <twell/any_matrix.hpp>
 #include <twell/error.hpp>
+#include <twell/formats/validate.hpp>
 #include <twell/io.hpp>
 
 namespace twell::io_detail {
@@ -28,6 +29,16 @@ inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
 }
 inline bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
   return !__builtin_add_overflow(a, b, &out);
+}
+
+// Throws ErrorCode::malformed, naming `where`, if a view about to be written breaks its format's
+// invariants (twell::validate's first violation; for a dense view, its geometry): a writer checks
+// what it is given, so that it neither reads outside the caller's arrays nor writes a file that
+// the readers would refuse. `options` as the format's reader accepts (mtx: explicit zeros).
+template <class View>
+void validate_to_write(View m, std::string_view where, const ValidateOptions& options = {}) {
+  const std::string violation = find_violation(m, options);
+  if (!violation.empty()) fail(ErrorCode::malformed, where, "the matrix to write breaks an invariant: ", violation);
 }
 
 // Throws ErrorCode::malformed, naming `where`, if a freshly read sparse matrix breaks its

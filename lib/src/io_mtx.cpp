@@ -340,6 +340,7 @@ template <Value T>
 std::vector<std::byte> encode_mtx(CsrView<const T> m) {
   require(m.space == MemorySpace::host, ErrorCode::space_mismatch, "twell::encode_mtx", "matrix m lives in ",
           to_string(m.space), " memory; copy it to the host first");
+  io_detail::validate_to_write(m, "twell::encode_mtx", ValidateOptions{.allow_explicit_zeros = true});
   std::vector<std::byte> out;
   std::string head = detail::concat("%%MatrixMarket matrix coordinate real general\n% written by twell ", TWELL_VERSION,
                                     " from ", to_string(dtype_of<T>), " values\n", m.rows, " ", m.cols, " ", m.nnz, "\n");

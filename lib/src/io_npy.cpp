@@ -232,6 +232,7 @@ template <Value T>
 std::vector<std::byte> encode_npy(DenseView<const T> m) {
   require(m.space == MemorySpace::host, ErrorCode::space_mismatch, "twell::encode_npy", "matrix m lives in ",
           to_string(m.space), " memory; copy it to the host first");
+  io_detail::validate_to_write(m, "twell::encode_npy");
   std::string header = detail::concat("{'descr': '", descr_of<T>(), "', 'fortran_order': False, 'shape': (", m.rows,
                                       ", ", m.cols, "), }");
   // numpy aligns the data to 64 bytes: magic, version, 2-byte length, header, padding, '\n'.

@@ -336,6 +336,7 @@ AnyMatrix read_twell(const std::filesystem::path& path, const ReadOptions& optio
 template <Value T>
 std::vector<std::byte> encode_twell(DenseView<const T> m) {
   require_host(m.space);
+  io_detail::validate_to_write(m, "twell::encode_twell");
   Encoder e(Format::dense, dtype_of<T>, m.rows, m.cols, 0, TwellLayout{0, 0});
   e.rows_of(m);
   return e.finish();
@@ -344,6 +345,7 @@ std::vector<std::byte> encode_twell(DenseView<const T> m) {
 template <Value T>
 std::vector<std::byte> encode_twell(CsrView<const T> m) {
   require_host(m.space);
+  io_detail::validate_to_write(m, "twell::encode_twell");
   Encoder e(Format::csr, dtype_of<T>, m.rows, m.cols, m.nnz, TwellLayout{0, 0});
   e.section(m.row_ptr, m.rows + 1);
   e.section(m.col_idx, m.nnz);
@@ -354,6 +356,7 @@ std::vector<std::byte> encode_twell(CsrView<const T> m) {
 template <Value T>
 std::vector<std::byte> encode_twell(EllView<const T> m) {
   require_host(m.space);
+  io_detail::validate_to_write(m, "twell::encode_twell");
   Encoder e(Format::ell, dtype_of<T>, m.rows, m.cols, m.width, TwellLayout{0, 0});
   e.section(m.row_count, m.rows);
   e.section(m.col_idx, m.rows * m.width);
@@ -364,6 +367,7 @@ std::vector<std::byte> encode_twell(EllView<const T> m) {
 template <Value T>
 std::vector<std::byte> encode_twell(TwellView<const T> m) {
   require_host(m.space);
+  io_detail::validate_to_write(m, "twell::encode_twell");
   check_layout(m.layout, "twell::encode_twell");
   Encoder e(Format::twell, dtype_of<T>, m.rows, m.cols, 0, m.layout);
   e.section(m.packed, m.rows * m.packed_width());
@@ -374,6 +378,7 @@ std::vector<std::byte> encode_twell(TwellView<const T> m) {
 template <Value T>
 std::vector<std::byte> encode_twell(HybridView<const T> m) {
   require_host(m.space());
+  io_detail::validate_to_write(m, "twell::encode_twell");
   check_layout(m.twell.layout, "twell::encode_twell");
   require(m.overflow.cols == m.cols(), ErrorCode::shape_mismatch, "twell::encode_twell", "overflow block has ",
           m.overflow.cols, " columns, the matrix ", m.cols());

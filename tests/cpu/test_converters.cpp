@@ -408,6 +408,15 @@ TEST_CASE_TEMPLATE("ELL width: -1 is the longest row, a smaller width follows th
   CHECK(wide.width() == longest + 3);
   validate(wide);
   CHECK(same(to_dense(wide), canon));
+  // A policy outside the enum is an error, not a silent drop (nor a silent error policy).
+  const auto unknown = static_cast<OverflowPolicy>(7);
+  CHECK(error_of([&] { (void)to_ell(d, {.overflow = unknown, .ell_width = 2}); }).code() ==
+        ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_twell(d, TwellLayout{}, {.overflow = unknown}); }).code() ==
+        ErrorCode::invalid_argument);
+  TwellMatrix<T> into(d.rows(), d.cols(), TwellLayout{});
+  CHECK(error_of([&] { to_twell_into(d.view(), into.view(), {.overflow = unknown}); }).code() ==
+        ErrorCode::invalid_argument);
 
   const std::int64_t width = longest / 2;
   std::int64_t first_row = -1, dropped = 0;
@@ -530,6 +539,9 @@ TEST_CASE("global16 import/export: the paper's layout, bit-exact both ways") {
   CHECK(error_of([&] { (void)import_global16<fp16>(7, 900, TwellLayout{}, std::span(g16.data(), g16.size() - 1)); })
             .code() == ErrorCode::shape_mismatch);
   CHECK(error_of([&] { (void)import_global16<fp16>(7, 900, TwellLayout{12, 2}, g16.host_span()); }).code() ==
+        ErrorCode::invalid_argument);
+  // rows x packed width past 2^63 once wrapped to a count that an empty span could match.
+  CHECK(error_of([&] { (void)import_global16<bf16>(std::int64_t{1} << 62, 16, TwellLayout{8, 2}, {}); }).code() ==
         ErrorCode::invalid_argument);
   std::vector<std::uint32_t> bad(g16.data(), g16.data() + g16.size());
   const TwellLayout l{};

@@ -145,6 +145,23 @@ TEST_CASE("check_layout rejects every bad layout with invalid_argument") {
   CHECK(code_of([] { EllMatrix<float>(2, 3, -4); }) == ErrorCode::invalid_argument);
 }
 
+TEST_CASE("sizes that overflow a 64-bit count or the address space are refused, not wrapped") {
+  // Each of these once wrapped to a small (or zero-byte) block that the first write overran.
+  constexpr std::int64_t k31 = std::int64_t{1} << 31;
+  CHECK(code_of([] { Buffer<float>(std::size_t{1} << 62); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([] { Buffer<float>(std::size_t{1} << 62, MemorySpace::host, Uninitialized{}); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([] { DenseMatrix<float>(k31 * 4, k31 * 4); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([] { DenseMatrix<float>(k31, k31); }) == ErrorCode::invalid_argument);  // 2^62 floats: 2^64 bytes
+  CHECK(code_of([] { EllMatrix<float>(k31 * 2, 2, k31 * k31); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([] { TwellMatrix<bf16>(k31 * 16, k31, TwellLayout{8, 1}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([] { TwellMatrix<bf16>(k31 * 16, k31, TwellLayout{8, 1}, MemorySpace::host, Uninitialized{}); }) ==
+        ErrorCode::invalid_argument);
+  // Empty shapes stay fine.
+  CHECK(DenseMatrix<float>(0, k31 * k31).values().size() == 0);
+  CHECK(TwellMatrix<bf16>(0, 4096, TwellLayout{}).packed().size() == 0);
+}
+
 TEST_CASE("bf16: every bit pattern round-trips through float") {
   for (std::uint32_t b = 0; b < 0x10000u; ++b) {
     const bf16 h{static_cast<std::uint16_t>(b)};

@@ -374,6 +374,42 @@ TEST_CASE(".twell reader: truncation at every field, magic, checksum, sizes and 
   CHECK(code_of([&] { read_twell(bad); }) == ErrorCode::malformed);
 }
 
+TEST_CASE("writers refuse a view that breaks its format, before reading it") {
+  // Each of these was once read out of bounds or written as a file that the readers refuse.
+  const std::int64_t row_ptr[] = {0, 1000000, 1};
+  const std::int32_t col_idx[] = {0};
+  const float values[] = {1.0f};
+  const CsrView<const float> far_row_ptr{2, 4, 1, row_ptr, col_idx, values};
+  CHECK(code_of([&] { (void)encode_mtx(far_row_ptr); }) == ErrorCode::malformed);
+  CHECK(code_of([&] { (void)encode_twell(far_row_ptr); }) == ErrorCode::malformed);
+  const std::int64_t one_row[] = {0, 2};
+  const std::int32_t unsorted[] = {2, 1};
+  const float two[] = {1.0f, 2.0f};
+  const CsrView<const float> unsorted_columns{1, 4, 2, one_row, unsorted, two};
+  try {
+    (void)encode_mtx(unsorted_columns);
+    FAIL("unsorted columns written");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::malformed);
+    CHECK(std::string(e.what()).find("twell::encode_mtx") != std::string::npos);
+  }
+  // An explicit zero is what the Matrix Market reader takes (and counts), so it is written.
+  const float zero_and_one[] = {0.0f, 1.0f};
+  const std::int32_t sorted[] = {1, 2};
+  CHECK(!encode_mtx(CsrView<const float>{1, 4, 2, one_row, sorted, zero_and_one}).empty());
+
+  const float d[8] = {};
+  CHECK(code_of([&] { (void)encode_npy(DenseView<const float>{d, 2, 8, 4}); }) == ErrorCode::malformed);  // ld < cols
+  CHECK(code_of([&] { (void)encode_npy(DenseView<const float>{d, -1, 8, 8}); }) == ErrorCode::malformed);
+  CHECK(code_of([&] { (void)encode_npy(DenseView<const float>{nullptr, 2, 2, 2}); }) == ErrorCode::malformed);
+  CHECK(code_of([&] { (void)encode_twell(DenseView<const float>{d, 2, 8, 4}); }) == ErrorCode::malformed);
+  CHECK(!encode_npy(DenseView<const float>{nullptr, 0, 8, 8}).empty());
+
+  TwellMatrix<bf16> over(1, 16, TwellLayout{8, 2});  // capacity 3
+  over.packed().host_span()[0] = 5;
+  CHECK(code_of([&] { (void)encode_twell(std::as_const(over).view()); }) == ErrorCode::malformed);
+}
+
 TEST_CASE("CRC-32 matches the IEEE check value and zlib") {
   CHECK(crc32(bytes_of("123456789")) == 0xCBF43926u);
   CHECK(crc32(bytes_of("")) == 0u);

@@ -286,6 +286,18 @@ DenseMatrix<T> canonical(DenseView<const T> d, bool transposed) {
 
 }  // namespace
 
+TEST_CASE("transpose refuses A with more rows than its transpose's 32-bit column indices hold") {
+  // Refused from the shape alone, before A's arrays are read: they once wrapped to negative columns.
+  const CsrView<const float> tall{std::int64_t{1} << 31, 4, 0, nullptr, nullptr, nullptr};
+  try {
+    (void)ref::transpose<float>(tall);
+    FAIL("accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::unsupported);
+    CHECK(std::string(e.what()).find("32-bit") != std::string::npos);
+  }
+}
+
 TEST_CASE_TEMPLATE("transpose matches the dense transpose and twice is the identity", T, bf16, fp16, float) {
   for_each_sparse_input<T>([&](const Shape&, const DenseMatrix<T>& d, std::uint64_t) {
     const auto want_t = canonical<T>(d.view(), true);

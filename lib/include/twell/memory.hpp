@@ -33,6 +33,13 @@ void zero_bytes(void* p, MemorySpace space, std::size_t bytes);
 // Device buffers this process has allocated so far (cudaMalloc calls of Buffer), for tests and
 // diagnostics that check a steady state allocates nothing; 0 in a build without the cuda backend.
 std::uint64_t device_allocation_count() noexcept;
+
+// Bytes of n elements of `size` bytes each; throws invalid_argument when they exceed the address
+// space (a wrapped product would allocate a small block and be overrun).
+std::size_t checked_bytes(std::size_t n, std::size_t size);
+// rows x cols elements of a shape, both non-negative; throws invalid_argument naming `where` when
+// the count exceeds a 64-bit index.
+std::size_t checked_elements(std::int64_t rows, std::int64_t cols, const char* where);
 }  // namespace detail
 
 // Tag for Buffer's constructor that skips the zero fill: the contents are undefined until
@@ -49,12 +56,13 @@ class Buffer {
   Buffer() = default;
   explicit Buffer(std::size_t n, MemorySpace space = MemorySpace::host) : size_(n), space_(space) {
     if (n == 0) return;
-    data_ = static_cast<T*>(detail::allocate_bytes(n * sizeof(T), space));
-    detail::zero_bytes(data_, space, n * sizeof(T));
+    const std::size_t bytes = detail::checked_bytes(n, sizeof(T));
+    data_ = static_cast<T*>(detail::allocate_bytes(bytes, space));
+    detail::zero_bytes(data_, space, bytes);
   }
   // No zero fill (no memset, so nothing for a later stream to be ordered after).
   Buffer(std::size_t n, MemorySpace space, Uninitialized) : size_(n), space_(space) {
-    if (n != 0) data_ = static_cast<T*>(detail::allocate_bytes(n * sizeof(T), space));
+    if (n != 0) data_ = static_cast<T*>(detail::allocate_bytes(detail::checked_bytes(n, sizeof(T)), space));
   }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;

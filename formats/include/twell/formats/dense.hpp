@@ -48,9 +48,7 @@ class DenseMatrix {
 
  private:
   static std::size_t checked_size(std::int64_t rows, std::int64_t cols) {
-    require(rows >= 0 && cols >= 0, ErrorCode::invalid_argument, "twell::DenseMatrix", "shape ", rows, " x ", cols,
-            " is negative");
-    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
+    return detail::checked_elements(rows, cols, "twell::DenseMatrix");
   }
 
   std::int64_t rows_ = 0;

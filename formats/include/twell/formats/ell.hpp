@@ -30,7 +30,8 @@ class EllMatrix {
   EllMatrix() = default;
   EllMatrix(std::int64_t rows, std::int64_t cols, std::int64_t width, MemorySpace space = MemorySpace::host)
       : rows_(checked(rows, cols, width)), cols_(cols), width_(width), row_count_(static_cast<std::size_t>(rows), space),
-        col_idx_(static_cast<std::size_t>(rows * width), space), values_(static_cast<std::size_t>(rows * width), space) {}
+        col_idx_(detail::checked_elements(rows, width, "twell::EllMatrix"), space),
+        values_(static_cast<std::size_t>(rows * width), space) {}
 
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }

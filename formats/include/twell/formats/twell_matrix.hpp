@@ -34,12 +34,12 @@ class TwellMatrix {
   TwellMatrix() = default;
   TwellMatrix(std::int64_t rows, std::int64_t cols, TwellLayout layout, MemorySpace space = MemorySpace::host)
       : rows_(rows), cols_(cols), layout_(checked(rows, cols, layout)),
-        packed_(static_cast<std::size_t>(rows * layout.packed_width(cols)), space),
+        packed_(detail::checked_elements(rows, layout.packed_width(cols), "twell::TwellMatrix"), space),
         value_plane_(kHasValuePlane ? static_cast<std::size_t>(rows * layout.packed_width(cols)) : 0, space) {}
   // Slots left undefined (Buffer's Uninitialized): for a producer that writes every slot.
   TwellMatrix(std::int64_t rows, std::int64_t cols, TwellLayout layout, MemorySpace space, Uninitialized tag)
       : rows_(rows), cols_(cols), layout_(checked(rows, cols, layout)),
-        packed_(static_cast<std::size_t>(rows * layout.packed_width(cols)), space, tag),
+        packed_(detail::checked_elements(rows, layout.packed_width(cols), "twell::TwellMatrix"), space, tag),
         value_plane_(kHasValuePlane ? static_cast<std::size_t>(rows * layout.packed_width(cols)) : 0, space, tag) {}
 
   std::int64_t rows() const { return rows_; }
