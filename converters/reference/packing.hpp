@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <twell/converters/backends.hpp>
+#include <twell/formats/dense_checks.hpp>
 #include <twell/formats/validate.hpp>
 #include <twell/instantiate.hpp>
 
@@ -41,6 +42,7 @@ void check_source(View src, const ConvertOptions& options, const char* where) {
   }
   require(space == MemorySpace::host, ErrorCode::space_mismatch, where,
           "the reference backend needs a host source, got device memory");
+  if constexpr (requires { src.ld; }) detail::check_value_boundary(src, where, "source");
   if (auto v = find_violation(src, ValidateOptions{.allow_explicit_zeros = true}); !v.empty())
     fail(ErrorCode::malformed, where, "source: ", v);
 }

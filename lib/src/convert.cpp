@@ -5,6 +5,7 @@
 #include <twell/config.hpp>
 #include <twell/converters/backends.hpp>
 #include <twell/formats/copy.hpp>
+#include <twell/formats/dense_checks.hpp>
 #include <twell/formats/validate.hpp>
 
 namespace twell {
@@ -151,6 +152,7 @@ template <class B>
 struct Compose {
   template <class T>
   static DenseMatrix<T> to_dense(DenseView<const T> s, const ConvertOptions& o) {
+    detail::check_value_boundary(s, "twell::to_dense", "source");  // before plain_dense_copy reads it
     if (plain_dense_copy(s, o)) return copy_to(s, s.space);
     const auto csr = B::dense_to_csr(s, first_step(o));
     return B::csr_to_dense(csr.view(), o);

@@ -14,6 +14,7 @@
 #include <twell/converters/backends.hpp>
 #include <twell/twell.hpp>
 
+#include "checks.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -583,6 +584,15 @@ TEST_CASE_TEMPLATE("bad input: every error path throws twell::Error with the rig
   CHECK(contains(e.what(), "col_idx[0] = 1000"));
   const DenseView<const T> negative{d.view().data, 3, 4, 2, MemorySpace::host};
   CHECK(error_of([&] { (void)to_csr(negative); }).code() == ErrorCode::malformed);
+  // A source between value boundaries (docs/api.md: every dense-source converter checks it).
+  const DenseView<const T> shifted = testing::off_boundary<T>(d.view());
+  CHECK(error_of([&] { (void)to_csr(shifted); }).code() == ErrorCode::misaligned);
+  CHECK(error_of([&] { (void)to_ell(shifted); }).code() == ErrorCode::misaligned);
+  CHECK(error_of([&] { (void)to_twell(shifted); }).code() == ErrorCode::misaligned);
+  CHECK(error_of([&] { (void)to_hybrid(shifted); }).code() == ErrorCode::misaligned);
+  CHECK(error_of([&] { (void)to_dense(shifted); }).code() == ErrorCode::misaligned);
+  TwellMatrix<T> into(d.rows(), d.cols(), TwellLayout{});
+  CHECK(error_of([&] { to_twell_into(shifted, into.view()); }).code() == ErrorCode::misaligned);
 
   // The reference backend reads host memory only.
   DenseView<const T> on_device = d.view();

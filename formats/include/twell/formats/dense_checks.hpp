@@ -14,6 +14,15 @@ inline std::string shape(std::int64_t rows, std::int64_t cols) {
   return std::to_string(rows) + " x " + std::to_string(cols);
 }
 
+// Every path reads whole values: a pointer between value boundaries (a byte offset into a buffer)
+// faults on the GPU and is undefined on the host. Wider alignment is never required: the kernels
+// fall back to narrower loads.
+template <class T>
+void check_value_boundary(DenseView<T> v, const char* where, const char* name) {
+  require(reinterpret_cast<std::uintptr_t>(v.data) % alignof(T) == 0, ErrorCode::misaligned, where, name,
+          " starts at ", static_cast<const void*>(v.data), ", not on a ", alignof(T), "-byte value boundary");
+}
+
 // Shape, leading dimension and data pointer of a dense view.
 template <class T>
 void check_dense_geometry(DenseView<T> v, const char* where, const char* name) {
@@ -23,11 +32,7 @@ void check_dense_geometry(DenseView<T> v, const char* where, const char* name) {
           " below its ", v.cols, " columns");
   require(v.rows == 0 || v.cols == 0 || v.data != nullptr, ErrorCode::invalid_argument, where, name,
           " is null with shape ", shape(v.rows, v.cols));
-  // Every path reads whole values: a pointer between value boundaries (a byte offset into a
-  // buffer) faults on the GPU and is undefined on the host. Wider alignment is never required:
-  // the kernels fall back to narrower loads.
-  require(reinterpret_cast<std::uintptr_t>(v.data) % alignof(T) == 0, ErrorCode::misaligned, where, name,
-          " starts at ", static_cast<const void*>(v.data), ", not on a ", alignof(T), "-byte value boundary");
+  check_value_boundary(v, where, name);
 }
 
 }  // namespace twell::detail
