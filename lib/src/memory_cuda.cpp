@@ -21,18 +21,23 @@ std::atomic<std::uint64_t> device_allocations{0};
 
 std::uint64_t device_allocation_count() noexcept { return device_allocations.load(std::memory_order_relaxed); }
 
+namespace {
+// A build with the cuda backend on a machine without a usable GPU: the same answer as a build
+// without it (ErrorCode::no_device), so callers can tell "no device" from a failing one.
+void check_memory_call(cudaError_t status, const char* where, const char* call) {
+  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    fail(ErrorCode::no_device, where, "device memory used, but no CUDA device is usable (", cudaGetErrorName(status),
+         ")");
+  }
+  check_cuda(status, detail::concat(where, " (", call, ")").c_str());
+}
+}  // namespace
+
 void* allocate_bytes(std::size_t bytes, MemorySpace space) {
   if (space == MemorySpace::host) return allocate_host_bytes(bytes);
   void* p = nullptr;
-  const cudaError_t status = cudaMalloc(&p, bytes);
-  // A build with the cuda backend on a machine without a usable GPU: the same answer as a
-  // build without it, so callers can tell "no device" from a failing one.
-  if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) {
-    cudaGetLastError();
-    fail(ErrorCode::no_device, "twell::Buffer", "device memory requested, but no CUDA device is usable (",
-         cudaGetErrorName(status), ")");
-  }
-  check_cuda(status, "twell::Buffer (cudaMalloc)");
+  check_memory_call(cudaMalloc(&p, bytes), "twell::Buffer", "cudaMalloc");
   device_allocations.fetch_add(1, std::memory_order_relaxed);
   return p;
 }
@@ -51,7 +56,7 @@ void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace s
     std::memcpy(dst, src, bytes);
     return;
   }
-  check_cuda(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "twell::copy (cudaMemcpy)");
+  check_memory_call(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "twell::copy", "cudaMemcpy");
 }
 
 void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
@@ -59,7 +64,7 @@ void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
     std::memset(p, 0, bytes);
   } else {
     // Synchronous, so the zeros cannot land after work a caller queues on a non-blocking stream.
-    check_cuda(cudaMemset(p, 0, bytes), "twell::Buffer (cudaMemset)");
+    check_memory_call(cudaMemset(p, 0, bytes), "twell::Buffer", "cudaMemset");
     check_cuda(cudaStreamSynchronize(nullptr), "twell::Buffer (cudaMemset)");
   }
 }

@@ -280,6 +280,12 @@ TEST_CASE("device memory without the cuda backend is ErrorCode::no_device") {
   CHECK(code_of([&] { (void)host.copy_to(MemorySpace::device); }) == ErrorCode::no_device);
   const DenseView<const float> device_view{nullptr, 2, 2, 2, MemorySpace::device};
   CHECK(code_of([&] { (void)to_csr(device_view); }) == ErrorCode::no_device);
+  // validate and stats copy a device view's arrays to the host; that copy says no_device too
+  // (it said cuda in a build with the backend). The address is never read: the copy fails first.
+  const auto* nowhere = reinterpret_cast<const std::int64_t*>(std::uintptr_t{4096});
+  const CsrView<const float> device_csr{2, 2, 0, nowhere, nullptr, nullptr, MemorySpace::device};
+  CHECK(code_of([&] { validate(device_csr); }) == ErrorCode::no_device);
+  CHECK(code_of([&] { (void)stats(device_csr); }) == ErrorCode::no_device);
 }
 
 TEST_CASE_TEMPLATE("copy_to compacts a strided dense view and deep-copies every format", T, bf16, fp16, float) {
