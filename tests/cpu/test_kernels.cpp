@@ -286,6 +286,24 @@ DenseMatrix<T> canonical(DenseView<const T> d, bool transposed) {
 
 }  // namespace
 
+TEST_CASE("an fp32 TwELL slot word whose high bits are set is a bad column, not its low 16 bits") {
+  // validate rejects the word 0x10001 in a tile of 8 columns; the kernels once read it as column 1.
+  TwellMatrix<float> a(1, 8, TwellLayout{8, 2});
+  a.packed().host_span()[0] = 1;
+  a.packed().host_span()[1] = 0x10001u;
+  a.value_plane().host_span()[1] = 5.0f;
+  const DenseMatrix<float> b = testing::random_dense<float>(8, 4, 1.0f, testing::fresh_seed());
+  DenseMatrix<float> c(1, 4);
+  using testing::code_of;
+  CHECK(code_of([&] { ref::spmm<float>(Op::none, std::as_const(a).view(), b.view(), c.view(), 1.0f, 0.0f); }) ==
+        ErrorCode::malformed);
+  CHECK(code_of([&] { (void)ref::transpose<float>(std::as_const(a).view(), TwellLayout{8, 2}); }) ==
+        ErrorCode::malformed);
+  CHECK(code_of([&] { (void)ref::l1_norm<float>(std::as_const(a).view()); }) == ErrorCode::malformed);
+  a.packed().host_span()[1] = 1;  // the same entry, well formed
+  CHECK_NOTHROW(ref::spmm<float>(Op::none, std::as_const(a).view(), b.view(), c.view(), 1.0f, 0.0f));
+}
+
 TEST_CASE("transpose refuses A with more rows than its transpose's 32-bit column indices hold") {
   // Refused from the shape alone, before A's arrays are read: they once wrapped to negative columns.
   const CsrView<const float> tall{std::int64_t{1} << 31, 4, 0, nullptr, nullptr, nullptr};
