@@ -186,6 +186,14 @@ void for_each_entry(EllView<T> v, const char* where, F&& f) {
   }
 }
 
+// The tile-local column of a slot word: a 16-bit value shares its word with the column, an fp32
+// slot holds the column alone, so its high bits count (masking them would read a bad word as a
+// valid column).
+template <class T>
+std::uint32_t slot_column_of(std::uint32_t word) {
+  return ValueTraits<std::remove_const_t<T>>::packs_in_slot ? TwellLayout::slot_column(word) : word;
+}
+
 // Every slot entry of one TwELL row; a tile whose count passes the capacity yields its first
 // capacity entries (the shadow of a Hybrid overflow row).
 template <class T, class F>
@@ -199,9 +207,7 @@ void for_each_slot_in_row(TwellView<T> v, std::int64_t i, const char* where, F&&
     for (std::int64_t s = 1; s <= used; ++s) {
       // A 16-bit value shares its slot word with the column; an fp32 slot holds the column alone,
       // so its high bits count (masking them would read a bad word as a valid column).
-      const std::uint32_t word = v.packed[base + s];
-      const std::uint32_t local =
-          ValueTraits<std::remove_const_t<T>>::packs_in_slot ? TwellLayout::slot_column(word) : word;
+      const std::uint32_t local = slot_column_of<T>(v.packed[base + s]);
       if (local >= static_cast<std::uint32_t>(width)) bad_column(where, i, l.tile_begin(t) + local, v.cols);
       f(Entry{i, l.tile_begin(t) + local, base + s, false});
     }
@@ -286,7 +292,7 @@ bool same_structure(TwellView<T> a, TwellView<U> b) {
       if (a.packed[base] != b.packed[base]) return false;
       const std::int64_t used = std::min<std::int64_t>(a.packed[base], l.capacity());
       for (std::int64_t s = 1; s <= used; ++s)
-        if (TwellLayout::slot_column(a.packed[base + s]) != TwellLayout::slot_column(b.packed[base + s])) return false;
+        if (slot_column_of<T>(a.packed[base + s]) != slot_column_of<U>(b.packed[base + s])) return false;
     }
   return true;
 }

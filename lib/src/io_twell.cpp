@@ -367,8 +367,8 @@ std::vector<std::byte> encode_twell(EllView<const T> m) {
 template <Value T>
 std::vector<std::byte> encode_twell(TwellView<const T> m) {
   require_host(m.space);
-  io_detail::validate_to_write(m, "twell::encode_twell");
   check_layout(m.layout, "twell::encode_twell");
+  io_detail::validate_to_write(m, "twell::encode_twell");
   Encoder e(Format::twell, dtype_of<T>, m.rows, m.cols, 0, m.layout);
   e.section(m.packed, m.rows * m.packed_width());
   if constexpr (!ValueTraits<T>::packs_in_slot) e.section(m.value_plane, m.rows * m.packed_width());
@@ -378,10 +378,10 @@ std::vector<std::byte> encode_twell(TwellView<const T> m) {
 template <Value T>
 std::vector<std::byte> encode_twell(HybridView<const T> m) {
   require_host(m.space());
-  io_detail::validate_to_write(m, "twell::encode_twell");
   check_layout(m.twell.layout, "twell::encode_twell");
   require(m.overflow.cols == m.cols(), ErrorCode::shape_mismatch, "twell::encode_twell", "overflow block has ",
           m.overflow.cols, " columns, the matrix ", m.cols());
+  io_detail::validate_to_write(m, "twell::encode_twell");
   Encoder e(Format::hybrid, dtype_of<T>, m.rows(), m.cols(), m.overflow_rows(), m.twell.layout);
   e.section(m.twell.packed, m.rows() * m.twell.packed_width());
   if constexpr (!ValueTraits<T>::packs_in_slot) e.section(m.twell.value_plane, m.rows() * m.twell.packed_width());

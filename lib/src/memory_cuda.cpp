@@ -30,7 +30,7 @@ void check_memory_call(cudaError_t status, const char* where, const char* call) 
     fail(ErrorCode::no_device, where, "device memory used, but no CUDA device is usable (", cudaGetErrorName(status),
          ")");
   }
-  check_cuda(status, detail::concat(where, " (", call, ")").c_str());
+  if (status != cudaSuccess) check_cuda(status, detail::concat(where, " (", call, ")").c_str());
 }
 }  // namespace
 

@@ -153,7 +153,8 @@ TEST_CASE("sizes that overflow a 64-bit count or the address space are refused, 
         ErrorCode::invalid_argument);
   CHECK(code_of([] { DenseMatrix<float>(k31 * 4, k31 * 4); }) == ErrorCode::invalid_argument);
   CHECK(code_of([] { DenseMatrix<float>(k31, k31); }) == ErrorCode::invalid_argument);  // 2^62 floats: 2^64 bytes
-  CHECK(code_of([] { EllMatrix<float>(k31 * 2, 2, k31 * k31); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([] { EllMatrix<float>(2, 2, INT64_MAX); }) == ErrorCode::invalid_argument);  // before allocating
+  CHECK(code_of([] { TwellMatrix<bf16>(1, INT64_MAX, TwellLayout{}); }) == ErrorCode::invalid_argument);
   CHECK(code_of([] { TwellMatrix<bf16>(k31 * 16, k31, TwellLayout{8, 1}); }) == ErrorCode::invalid_argument);
   CHECK(code_of([] { TwellMatrix<bf16>(k31 * 16, k31, TwellLayout{8, 1}, MemorySpace::host, Uninitialized{}); }) ==
         ErrorCode::invalid_argument);

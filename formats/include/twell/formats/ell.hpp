@@ -30,8 +30,7 @@ class EllMatrix {
   EllMatrix() = default;
   EllMatrix(std::int64_t rows, std::int64_t cols, std::int64_t width, MemorySpace space = MemorySpace::host)
       : rows_(checked(rows, cols, width)), cols_(cols), width_(width), row_count_(static_cast<std::size_t>(rows), space),
-        col_idx_(detail::checked_elements(rows, width, "twell::EllMatrix"), space),
-        values_(static_cast<std::size_t>(rows * width), space) {}
+        col_idx_(static_cast<std::size_t>(rows * width), space), values_(static_cast<std::size_t>(rows * width), space) {}
 
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }
@@ -64,6 +63,7 @@ class EllMatrix {
   static std::int64_t checked(std::int64_t rows, std::int64_t cols, std::int64_t width) {
     require(rows >= 0 && cols >= 0 && width >= 0, ErrorCode::invalid_argument, "twell::EllMatrix", "shape ", rows,
             " x ", cols, " with width ", width, " is negative");
+    detail::checked_elements(rows, width, "twell::EllMatrix");  // before any buffer is sized
     return rows;
   }
 

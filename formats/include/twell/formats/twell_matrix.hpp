@@ -73,6 +73,9 @@ class TwellMatrix {
     check_layout(layout, "twell::TwellMatrix");
     require(rows >= 0 && cols >= 0, ErrorCode::invalid_argument, "twell::TwellMatrix", "shape ", rows, " x ", cols,
             " is negative");
+    // packed_width rounds cols up to whole tiles; past this bound that rounding would overflow.
+    require(cols <= INT64_MAX - layout.tile + 1, ErrorCode::invalid_argument, "twell::TwellMatrix", "cols = ", cols,
+            " is too large to round up to tiles of ", layout.tile);
     return layout;
   }
 
