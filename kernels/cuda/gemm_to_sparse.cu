@@ -514,11 +514,6 @@ void check_operands(DenseView<const T> x, DenseView<const T> w, ActivationSpec a
   require(x.rows <= INT32_MAX, ErrorCode::unsupported, where, "M = ", x.rows, " exceeds the 32-bit row maps");
 }
 
-void check_policy(OverflowPolicy policy, const char* where) {
-  require(policy == OverflowPolicy::error || policy == OverflowPolicy::hybrid || policy == OverflowPolicy::drop,
-          ErrorCode::invalid_argument, where, "overflow policy ", static_cast<int>(policy), " is unknown");
-}
-
 // Any layout: a dense activated product into a temporary, then the cuda dense -> TwELL/Hybrid
 // converter (which allocates the result and synchronises).
 template <class T>
@@ -612,7 +607,7 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
   require(m <= INT32_MAX, ErrorCode::unsupported, kWhere, "M = ", m, " exceeds the 32-bit row maps");
   check_layout(layout, kWhere);
   ::twell::detail::check_activation(act, kWhere);
-  check_policy(policy, kWhere);
+  check_overflow_policy(policy, kWhere);
   require(overflow_capacity >= 0 || overflow_capacity == kDefaultCapacity, ErrorCode::invalid_argument, kWhere,
           "overflow_capacity ", overflow_capacity, " must be >= 0 (or kDefaultCapacity)");
   require(mainloop == FusedMainloop::best || mainloop == FusedMainloop::portable, ErrorCode::invalid_argument, kWhere,
@@ -862,7 +857,7 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, Activ
   constexpr const char* kWhere = "twell::cuda::gemm_to_sparse";
   check_operands<T>(x, w, act, kWhere);
   check_layout(layout, kWhere);
-  check_policy(convert.overflow, kWhere);
+  check_overflow_policy(convert.overflow, kWhere);
   GemmToSparsePlan<T> plan(x.rows, x.cols, w.cols, act, layout, 0, convert.overflow, options.stream);
   plan.run(x, w);
   const OverflowCount count = plan.sync_overflow_count();

@@ -19,9 +19,7 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, Activ
   check_layout(layout, where);
   require(w.rows == x.cols, ErrorCode::shape_mismatch, where, "X is ", detail::shape(x.rows, x.cols), " but W is ",
           detail::shape(w.rows, w.cols));
-  require(convert.overflow == OverflowPolicy::error || convert.overflow == OverflowPolicy::hybrid ||
-              convert.overflow == OverflowPolicy::drop,
-          ErrorCode::invalid_argument, where, "convert.overflow ", static_cast<int>(convert.overflow), " is unknown");
+  check_overflow_policy(convert.overflow, where);
 
   const detail::MatrixF y = (detail::to_matrix(x) * detail::to_matrix(w)).unaryExpr([&](float v) {
     return detail::activate_thresholded(act, v);

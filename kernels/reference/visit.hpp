@@ -205,8 +205,6 @@ void for_each_slot_in_row(TwellView<T> v, std::int64_t i, const char* where, F&&
     const std::int64_t used = std::min<std::int64_t>(v.packed[base], l.capacity());
     const std::int32_t width = l.tile_cols(t, v.cols);
     for (std::int64_t s = 1; s <= used; ++s) {
-      // A 16-bit value shares its slot word with the column; an fp32 slot holds the column alone,
-      // so its high bits count (masking them would read a bad word as a valid column).
       const std::uint32_t local = slot_column_of<T>(v.packed[base + s]);
       if (local >= static_cast<std::uint32_t>(width)) bad_column(where, i, l.tile_begin(t) + local, v.cols);
       f(Entry{i, l.tile_begin(t) + local, base + s, false});

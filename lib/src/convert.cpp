@@ -273,15 +273,6 @@ struct Compose {
   }
 };
 
-// An options.overflow outside the enum (a cast, uninitialised memory) would otherwise read as one
-// of the policies, e.g. as drop, losing values silently.
-void check_policy(const ConvertOptions& o, const char* where) {
-  require(o.overflow == OverflowPolicy::error || o.overflow == OverflowPolicy::hybrid ||
-              o.overflow == OverflowPolicy::drop,
-          ErrorCode::invalid_argument, where, "options.overflow = ", static_cast<int>(o.overflow),
-          " is none of error, hybrid, drop");
-}
-
 void refuse_hybrid_policy(const ConvertOptions& o) {
   require(o.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, "twell::to_twell",
           "options.overflow = hybrid cannot produce a plain TwELL matrix; use twell::to_hybrid, which routes "
@@ -310,11 +301,11 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
     return on_backend(space_of(src), "twell::to_csr", [&](auto b) { return Compose<decltype(b)>::to_csr(src, o); }); \
   }                                                                                                         \
   EllMatrix<T> to_ell(View<const T> src, const ConvertOptions& o) {                                         \
-    check_policy(o, "twell::to_ell");                                                                       \
+    check_overflow_policy(o.overflow, "twell::to_ell");                                                     \
     return on_backend(space_of(src), "twell::to_ell", [&](auto b) { return Compose<decltype(b)>::to_ell(src, o); }); \
   }                                                                                                         \
   TwellMatrix<T> to_twell(View<const T> src, TwellLayout layout, const ConvertOptions& o) {                 \
-    check_policy(o, "twell::to_twell");                                                                     \
+    check_overflow_policy(o.overflow, "twell::to_twell");                                                   \
     refuse_hybrid_policy(o);                                                                                \
     return on_backend(space_of(src), "twell::to_twell",                                                     \
                       [&](auto b) { return Compose<decltype(b)>::to_twell(src, layout, o); });              \
@@ -327,7 +318,7 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
 #define TWELL_DEFINE_CONVERT_INTO(T)                                                                         \
   void to_twell_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& o) {                    \
     constexpr const char* kWhere = "twell::to_twell_into";                                                   \
-    check_policy(o, kWhere);                                                                                 \
+    check_overflow_policy(o.overflow, kWhere);                                                               \
     require(src.space == dst.space, ErrorCode::space_mismatch, kWhere, "src and dst live in different memory " \
             "spaces; copy one of them first");                                                               \
     if (src.space == MemorySpace::host) return reference::dense_to_twell_into<T>(src, dst, o);               \

@@ -18,6 +18,14 @@ struct ConvertReport {
   std::int64_t overflow_rows = 0;  // rows placed in a hybrid's dense block
 };
 
+// Throws invalid_argument, naming `where`, unless policy is one of the enumerators: a value cast
+// from anything else would otherwise read as one of them (as drop, losing values silently).
+inline void check_overflow_policy(OverflowPolicy policy, const char* where) {
+  require(policy == OverflowPolicy::error || policy == OverflowPolicy::hybrid || policy == OverflowPolicy::drop,
+          ErrorCode::invalid_argument, where, "overflow policy ", static_cast<int>(policy),
+          " is none of error, hybrid, drop");
+}
+
 struct ConvertOptions {
   float threshold = 0.0f;  // |v| <= threshold counts as zero; 0 keeps every nonzero (and NaN)
   OverflowPolicy overflow = OverflowPolicy::error;
