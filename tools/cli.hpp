@@ -34,10 +34,11 @@ class UsageError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Runs a parse of a name from the command line (a preset, a distribution, a dtype); a name the
-// library does not know is a mistake on the command line, so it is reported as usage.
+// Runs a parse or a check of values from the command line (a preset name, a dtype, a layout,
+// workload options): what the library refuses in them (ErrorCode::invalid_argument) is a mistake
+// on the command line, so it is reported as usage, before any work is done.
 template <class F>
-auto named(F&& parse) {
+auto as_usage(F&& parse) {
   try {
     return parse();
   } catch (const Error& e) {

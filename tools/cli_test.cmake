@@ -26,13 +26,14 @@ expect(2 "given twice" demo --seed 1 --seed=2)
 expect(2 "expected 0 positional arguments" demo extra)
 expect(2 "'gpt' is not one of paper, llama7b, small" demo --shape gpt)
 expect(2 "is not one of uniform" demo --distribution zipf)
-# A twell::Error from the library: one line naming what is wrong, exit status 1.
-expect(1 "error (invalid_argument)" demo --shape small --tokens 64 --tile 256 --compression 512)
+# Option values the library refuses are usage errors too, found before any work is done.
+expect(2 "does not divide layout.tile = 256" demo --shape small --tokens 64 --tile 256 --compression 512)
 # The whole demo on a small workload: every format, validation, spmm and the FFN.
 expect(0 "relative difference" demo --shape small --tokens 128 --repeats 1 --density 0.01)
 expect(0 "Hybrid(128, 4)" demo --shape small --tokens 128 --repeats 1 --dtype fp32 --tile 128 --compression 4
        --distribution uniform --seed 7)
-expect(1 "error (invalid_argument)" demo --shape small --tokens 64 --density 0.9)
+expect(2 "needs more than 90 % of the live units" demo --shape small --tokens 64 --density 0.9)
+expect(2 "needs more than 90 % of the live units" generate "${CMAKE_CURRENT_BINARY_DIR}/cli_test_unwritten.npy" --shape small --tokens 64 --density 0.9)
 # generate -> stats: a workload written to a file and read back by another subcommand.
 set(generated "${CMAKE_CURRENT_BINARY_DIR}/cli_test_generated.twell")
 expect(0 "wrote 256 x 2816 bf16 hybrid" generate "${generated}" --shape small --tokens 256 --to hybrid)
@@ -40,10 +41,33 @@ expect(0 "matrix 256 x 2816 bf16" stats "${generated}")
 # Candidate layouts from the command line: tile 64 with C 4 (S = 16) is listed, C 64 skipped there.
 expect(0 "    64   4    16" stats "${generated}" --tiles 64,512 --compressions 4,64)
 expect(2 "--tiles expects an integer, got ''" stats "${generated}" --tiles 64,,128)
-expect(1 "error (invalid_argument)" stats "${generated}" --compressions 3)
+expect(2 "candidate C = 3 is not a power of two" stats "${generated}" --compressions 3)
+expect(2 "layout.tile = 12 must be a multiple of 8" stats "${generated}" --tiles 12)
+# A twell::Error from the library: one line naming what is wrong, exit status 1.
+expect(1 "error (io)" stats "${CMAKE_CURRENT_BINARY_DIR}/cli_test_missing.npy")
 # (40, 16) cannot exist (16 does not divide 40): only (40, 8) is listed and recommended.
 expect(0 "recommended layout: tile 40, C 8" stats "${generated}" --tiles 40 --compressions 8,16)
 expect(2 "is not one of" generate "${generated}" --to coo)
 # bench --cases: a pattern that is not a regular expression is a usage error, before any GPU work.
 expect(2 "--cases 'spmm (twell' is not a regular expression" bench --cases "spmm (twell")
 file(REMOVE "${generated}")
+
+# convert --dtype: a value beyond the narrower type is an error naming the element (from .mtx
+# text, its line), exit 1, and nothing is written; a nonzero that rounds to zero is dropped and
+# counted, whichever file it comes from.
+set(big_mtx "${CMAKE_CURRENT_BINARY_DIR}/cli_test_big.mtx")
+set(big_npy "${CMAKE_CURRENT_BINARY_DIR}/cli_test_big.npy")
+set(narrowed "${CMAKE_CURRENT_BINARY_DIR}/cli_test_narrowed.npy")
+file(WRITE "${big_mtx}" "%%MatrixMarket matrix coordinate real general\n2 3 3\n1 2 1e6\n2 1 1e-30\n2 3 0.5\n")
+expect(0 "3 values stored" convert "${big_mtx}" "${big_npy}")
+expect(1 "row 0, column 1: value 1e+06 is outside the finite range of fp16" convert "${big_npy}" "${narrowed}" --dtype fp16)
+expect(1 "line 3 (byte 56): value 1e6 is outside the finite range of fp16" convert "${big_mtx}" "${narrowed}" --dtype fp16)
+if(EXISTS "${narrowed}")
+  message(FATAL_ERROR "twell convert wrote ${narrowed} although a value did not fit fp16")
+endif()
+set(tiny_mtx "${CMAKE_CURRENT_BINARY_DIR}/cli_test_tiny.mtx")
+file(WRITE "${tiny_mtx}" "%%MatrixMarket matrix coordinate real general\n2 3 2\n2 1 1e-30\n2 3 0.5\n")
+expect(0 "1 values stored, 1 values became zero in fp16" convert "${tiny_mtx}" "${narrowed}" --dtype fp16)
+# A layout option is checked even where the output format does not use it.
+expect(2 "layout.tile = 12 must be a multiple of 8" convert "${tiny_mtx}" "${narrowed}" --tile 12)
+file(REMOVE "${big_mtx}" "${big_npy}" "${narrowed}" "${tiny_mtx}")

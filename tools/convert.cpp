@@ -1,6 +1,7 @@
 // `twell convert IN OUT --to FORMAT [...]`: reads a .mtx/.npy/.twell file, optionally changes
 // the value type, converts to any format and writes .mtx (CSR), .npy (dense) or .twell (any).
 #include <iostream>
+#include <vector>
 
 #include <twell/any_matrix.hpp>
 #include <twell/io.hpp>
@@ -12,20 +13,31 @@
 namespace twell::cli {
 namespace {
 
-// Rounds every value to U through CSR; values that round to zero are not stored (counted).
+// Rounds every value of m (read from `path`) to U through CSR (twell::narrow): a value beyond U's
+// range is an error naming its row and column; values that round to zero are not stored (counted).
 template <Value U>
-AnyMatrix cast_to(const AnyMatrix& m, std::int64_t& zeroed) {
+AnyMatrix cast_to(const AnyMatrix& m, const std::string& path, std::int64_t& zeroed) {
   return std::visit(
       [&](const auto& x) -> AnyMatrix {
-        using T = ValueOfMatrix<decltype(x)>;
-        const CsrMatrix<T> src = to_csr(x);
+        const auto src = to_csr(x);
         const auto rp = src.row_ptr().host_span();
         const auto ci = src.col_idx().host_span();
         const auto v = src.values().host_span();
-        std::int64_t kept = 0;
-        for (const T& value : v) kept += is_stored(from_float<U>(to_float(value))) ? 1 : 0;
-        zeroed = src.nnz() - kept;
-        CsrMatrix<U> out(src.rows(), src.cols(), kept);
+        std::vector<U> narrowed(v.size());
+        std::int64_t dropped = 0;
+        for (std::size_t r = 0; r + 1 < rp.size(); ++r) {
+          for (auto k = rp[r]; k < rp[r + 1]; ++k) {
+            const auto idx = static_cast<std::size_t>(k);
+            const float value = to_float(v[idx]);
+            bool to_zero = false;
+            narrowed[idx] = narrow<U>(value, path, [&] {
+              return detail::concat("row ", r, ", column ", ci[idx], ": value ", value);
+            }, to_zero);
+            dropped += to_zero ? 1 : 0;
+          }
+        }
+        zeroed += dropped;
+        CsrMatrix<U> out(src.rows(), src.cols(), src.nnz() - dropped);
         auto orp = out.row_ptr().host_span();
         auto oci = out.col_idx().host_span();
         auto ov = out.values().host_span();
@@ -33,15 +45,9 @@ AnyMatrix cast_to(const AnyMatrix& m, std::int64_t& zeroed) {
         for (std::size_t r = 0; r + 1 < rp.size(); ++r) {
           for (auto k = rp[r]; k < rp[r + 1]; ++k) {
             const auto idx = static_cast<std::size_t>(k);
-            U u;
-            if constexpr (std::is_same_v<T, U>) {
-              u = v[idx];
-            } else {
-              u = from_float<U>(to_float(v[idx]));
-            }
-            if (!is_stored(u)) continue;
+            if (!is_stored(narrowed[idx])) continue;
             oci[o] = ci[idx];
-            ov[o++] = u;
+            ov[o++] = narrowed[idx];
           }
           orp[r + 1] = static_cast<std::int64_t>(o);
         }
@@ -128,7 +134,8 @@ int run_convert(std::span<const std::string> argv) {
     }
     layout.tile = static_cast<std::int32_t>(args.get_int("tile", TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile));
     layout.compression = static_cast<std::int32_t>(args.get_int("compression", TwellLayout::kDefaultCompression, 1, 65536));
-    if (to == Format::twell || to == Format::hybrid) check_layout(layout, "--tile/--compression");
+    // Checked whatever the output format: a bad value is refused, never ignored.
+    check_layout(layout, "--tile/--compression");
     options.overflow = parse_overflow(args.get("overflow", "error"));
     options.threshold = static_cast<float>(args.get_double("threshold", 0.0, 0.0, 3.4e38));
     options.ell_width = args.get_int("ell-width", -1, -1, std::numeric_limits<std::int32_t>::max());
@@ -139,12 +146,14 @@ int run_convert(std::span<const std::string> argv) {
 
   Progress progress(4);
   progress.step("reading " + in);
-  AnyMatrix m = read_matrix(in, read);
+  // Text is parsed straight into the value type: the reader rounds, and counts what became zero.
+  MtxReport mtx;
+  AnyMatrix m = file_type_of(in) == FileType::mtx ? read_mtx(in, read, &mtx) : read_matrix(in, read);
   const std::string from = describe(m);
-  std::int64_t zeroed = 0;
+  std::int64_t zeroed = mtx.rounded_to_zero;
   if (cast && dtype(m) != want_dtype) {
     progress.step(std::string("rounding to ") + std::string(to_string(want_dtype)));
-    m = dispatch_dtype(want_dtype, [&]<class U>() { return cast_to<U>(m, zeroed); });
+    m = dispatch_dtype(want_dtype, [&]<class U>() { return cast_to<U>(m, in, zeroed); });
   } else {
     progress.step("value type kept");
   }
@@ -157,7 +166,7 @@ int run_convert(std::span<const std::string> argv) {
               << " values stored";
     if (report.dropped != 0) std::cout << ", " << report.dropped << " dropped by --overflow drop";
     if (report.overflow_rows != 0) std::cout << ", " << report.overflow_rows << " rows in the dense overflow block";
-    if (zeroed != 0) std::cout << ", " << zeroed << " values became zero in " << to_string(want_dtype) << " and were dropped";
+    if (zeroed != 0) std::cout << ", " << zeroed << " values became zero in " << to_string(dtype(m)) << " and were dropped";
     std::cout << "\n";
   }
   return 0;

@@ -419,20 +419,21 @@ int run_demo(std::span<const std::string> argv) {
   const Device device = pick_device();
   const bool gpu = device.space == MemorySpace::device;
   Settings s;
-  s.shape = named([&] { return workload::preset(args.get("shape", "paper")); });
+  s.shape = as_usage([&] { return workload::preset(args.get("shape", "paper")); });
   s.workload.units = s.shape.intermediate;
   s.workload.tokens = args.get_int("tokens", gpu ? 16384 : 2048, 1, std::int64_t{1} << 24);
   s.workload.density = args.get_double("density", 0.005, 0.0, 1.0);
   s.workload.distribution =
-      named([&] { return workload::parse_distribution(args.get("distribution", "token_skewed")); });
+      as_usage([&] { return workload::parse_distribution(args.get("distribution", "token_skewed")); });
   s.workload.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
   s.layout.tile = static_cast<std::int32_t>(args.get_int("tile", TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile));
   s.layout.compression =
       static_cast<std::int32_t>(args.get_int("compression", TwellLayout::kDefaultCompression, 1, 1 << 16));
-  check_layout(s.layout, "twell demo");
+  as_usage([&] { check_layout(s.layout, "--tile/--compression"); });
   s.repeats = static_cast<int>(args.get_int("repeats", gpu ? 20 : 3, 1, 1000));
   s.ffn_repeats = static_cast<int>(args.get_int("ffn-repeats", gpu ? 20 : 1, 1, 1000));
-  const DType dtype = named([&] { return parse_dtype(args.get("dtype", "bf16")); });
+  const DType dtype = as_usage([&] { return parse_dtype(args.get("dtype", "bf16")); });
+  as_usage([&] { workload::check_options(s.workload, "--density/--distribution"); });
 
   std::printf("twell %s demo on %s\n", TWELL_VERSION, device.name.c_str());
   return dispatch_dtype(dtype, [&]<class T>() { return run_typed<T>(s, device); });

@@ -40,14 +40,15 @@ int run_generate(std::span<const std::string> argv) {
     return 0;
   }
   workload::ActivationOptions w;
-  w.units = named([&] { return workload::preset(args.get("shape", "paper")); }).intermediate;
+  w.units = as_usage([&] { return workload::preset(args.get("shape", "paper")); }).intermediate;
   w.tokens = args.get_int("tokens", 16384, 1, std::int64_t{1} << 24);
   w.density = args.get_double("density", 0.005, 0.0, 1.0);
-  w.distribution = named([&] { return workload::parse_distribution(args.get("distribution", "token_skewed")); });
+  w.distribution = as_usage([&] { return workload::parse_distribution(args.get("distribution", "token_skewed")); });
   w.dead_fraction = args.get_double("dead-fraction", w.dead_fraction, 0.0, 1.0);
   w.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
-  const DType dtype = named([&] { return parse_dtype(args.get("dtype", "bf16")); });
-  const Format format = named([&] { return parse_format(args.get("to", "dense")); });
+  const DType dtype = as_usage([&] { return parse_dtype(args.get("dtype", "bf16")); });
+  const Format format = as_usage([&] { return parse_format(args.get("to", "dense")); });
+  as_usage([&] { workload::check_options(w, "--density/--distribution/--dead-fraction"); });
   const std::string& out = args.positional()[0];
 
   AnyMatrix m = dispatch_dtype(dtype, [&]<class T>() { return AnyMatrix(workload::activations<T>(w)); });

@@ -132,14 +132,15 @@ int run_stats(std::span<const std::string> argv) {
     options.default_layout.tile = static_cast<std::int32_t>(args.get_int("tile", 256, 8, TwellLayout::kMaxTile));
     check_layout(options.default_layout, "--tile");
     // In the order given, each value once.
-    const auto narrow = [](const std::vector<std::int64_t>& v) {
+    const auto distinct = [](const std::vector<std::int64_t>& v) {
       std::vector<std::int32_t> out;
       for (const std::int64_t x : v)
         if (std::find(out.begin(), out.end(), x) == out.end()) out.push_back(static_cast<std::int32_t>(x));
       return out;
     };
-    options.tiles = narrow(args.get_int_list("tiles", {128, 256}, 1, TwellLayout::kMaxTile));
-    options.compressions = narrow(args.get_int_list("compressions", {2, 4, 8, 16, 32}, 1, TwellLayout::kMaxTile));
+    options.tiles = distinct(args.get_int_list("tiles", {128, 256}, 1, TwellLayout::kMaxTile));
+    options.compressions = distinct(args.get_int_list("compressions", {2, 4, 8, 16, 32}, 1, TwellLayout::kMaxTile));
+    check_stats_options(options, "--tiles/--compressions");
   } catch (const Error& e) {
     throw UsageError(e.what());
   }

@@ -89,23 +89,6 @@ class ExpectedCount {
   std::vector<double> prefix_;
 };
 
-void check_options(const ActivationOptions& o, const char* where) {
-  require(o.tokens >= 0, ErrorCode::invalid_argument, where, "options.tokens = ", o.tokens, " is negative");
-  require(o.units >= 1, ErrorCode::invalid_argument, where, "options.units = ", o.units, " must be at least 1");
-  require(o.density >= 0.0 && o.density <= 1.0, ErrorCode::invalid_argument, where, "options.density = ", o.density,
-          " is outside [0, 1]");
-  if (o.distribution == Distribution::uniform) return;
-  require(o.dead_fraction >= 0.0 && o.dead_fraction < 1.0, ErrorCode::invalid_argument, where,
-          "options.dead_fraction = ", o.dead_fraction, " is outside [0, 1)");
-  const auto dead = static_cast<std::int64_t>(std::llround(o.dead_fraction * static_cast<double>(o.units)));
-  const double live_share = static_cast<double>(o.units - dead) / static_cast<double>(o.units);
-  // Every live unit firing on every token is the most a skewed workload can reach; asking for
-  // nearly that much leaves no room for skew.
-  require(o.density <= 0.9 * live_share, ErrorCode::invalid_argument, where, "options.density = ", o.density,
-          " needs more than 90 % of the live units (", live_share, " of ", o.units,
-          " with options.dead_fraction = ", o.dead_fraction, ") firing on every token");
-}
-
 Plan make_plan(const ActivationOptions& o) {
   const auto n = static_cast<std::size_t>(o.units);
   const auto m = static_cast<std::size_t>(o.tokens);
@@ -177,6 +160,23 @@ DenseMatrix<T> gaussian_matrix(std::int64_t rows, std::int64_t cols, double stdd
 }
 
 }  // namespace
+
+void check_options(const ActivationOptions& o, const char* where) {
+  require(o.tokens >= 0, ErrorCode::invalid_argument, where, "options.tokens = ", o.tokens, " is negative");
+  require(o.units >= 1, ErrorCode::invalid_argument, where, "options.units = ", o.units, " must be at least 1");
+  require(o.density >= 0.0 && o.density <= 1.0, ErrorCode::invalid_argument, where, "options.density = ", o.density,
+          " is outside [0, 1]");
+  if (o.distribution == Distribution::uniform) return;
+  require(o.dead_fraction >= 0.0 && o.dead_fraction < 1.0, ErrorCode::invalid_argument, where,
+          "options.dead_fraction = ", o.dead_fraction, " is outside [0, 1)");
+  const auto dead = static_cast<std::int64_t>(std::llround(o.dead_fraction * static_cast<double>(o.units)));
+  const double live_share = static_cast<double>(o.units - dead) / static_cast<double>(o.units);
+  // Every live unit firing on every token is the most a skewed workload can reach; asking for
+  // nearly that much leaves no room for skew.
+  require(o.density <= 0.9 * live_share, ErrorCode::invalid_argument, where, "options.density = ", o.density,
+          " needs more than 90 % of the live units (", live_share, " of ", o.units,
+          " with options.dead_fraction = ", o.dead_fraction, ") firing on every token");
+}
 
 std::string to_string(Distribution d) {
   switch (d) {

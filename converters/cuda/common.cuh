@@ -140,12 +140,6 @@ void maximum(In in, Out out, std::int64_t n, cudaStream_t stream) {
   check_cuda(cub::DeviceReduce::Max(temp.get(), bytes, in, out, n, stream), "twell::cuda converter (cub max)");
 }
 
-// Same rule and message as the reference backend (a NaN threshold is refused too).
-inline void check_threshold(const ConvertOptions& options, const char* where) {
-  require(options.threshold >= 0.0f, ErrorCode::invalid_argument, where, "options.threshold = ", options.threshold,
-          " must be a non-negative number");
-}
-
 // options without the report: the steps of a composed conversion must not fill it.
 inline ConvertOptions quiet(const ConvertOptions& options) {
   ConvertOptions o = options;

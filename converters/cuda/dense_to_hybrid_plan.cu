@@ -46,7 +46,7 @@ HybridView<T> DenseToHybridPlan<T>::run(DenseView<const T> src, const ConvertOpt
   detail::require_dense_source(src, kWhere);
   require(src.rows == rows() && src.cols == cols(), ErrorCode::shape_mismatch, kWhere, "src is ", src.rows, " x ",
           src.cols, " but the plan converts ", rows(), " x ", cols());
-  detail::check_threshold(options, kWhere);
+  check_convert_options(options, kWhere);
   const cudaStream_t stream = detail::stream_of(options);
   const std::int64_t n = rows();
   if (n > 0)

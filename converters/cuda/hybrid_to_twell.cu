@@ -10,7 +10,7 @@ template <Value T>
 TwellMatrix<T> hybrid_to_twell(HybridView<const T> src, TwellLayout layout, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::hybrid_to_twell";
   detail::require_device(src.space(), where);
-  detail::check_threshold(options, where);
+  check_convert_options(options, where);
   check_layout(src.twell.layout, where);
   check_layout(layout, where);
   detail::require_twell_policy(options, where);

@@ -374,9 +374,10 @@ inline void require_twell_policy(const ConvertOptions& options, const char* wher
 
 // After a packing kernel under error / drop whose counters must come back (error policy, or a
 // report): one read of the counters, then throws on the first overflowed (row, tile) (one more
-// read, for its count) or fills the report.
+// read, for its count) or fills the report. Before it throws, `out` is cleared in stream order,
+// as the reference backend leaves it: never half written (all zeros is a TwELL without entries).
 template <class T>
-void conclude_twell(const DeviceCounters& counters, TwellView<const T> out, const ConvertOptions& options,
+void conclude_twell(const DeviceCounters& counters, TwellView<T> out, const ConvertOptions& options,
                     const char* where) {
   const Counters c = counters.read();
   if (c.first_overflow != kNoOverflow) {
@@ -385,8 +386,12 @@ void conclude_twell(const DeviceCounters& counters, TwellView<const T> out, cons
     const auto key = static_cast<std::int64_t>(c.first_overflow);
     const std::int64_t row = key / tiles;
     const std::int64_t tile = key % tiles;
+    const cudaStream_t stream = stream_of(options);
     // Under the error policy slot 0 keeps the true count.
-    const std::uint32_t count = read_value(out.packed + layout.slot_offset(row, tile, out.cols), stream_of(options));
+    const std::uint32_t count = read_value(out.packed + layout.slot_offset(row, tile, out.cols), stream);
+    const auto words = static_cast<std::size_t>(out.rows * out.packed_width());
+    check_cuda(cudaMemsetAsync(out.packed, 0, words * sizeof(std::uint32_t), stream), where);
+    if (out.value_plane != nullptr) check_cuda(cudaMemsetAsync(out.value_plane, 0, words * sizeof(T), stream), where);
     fail(ErrorCode::overflow, where, "row ", row, ", tile ", tile, " (columns ", layout.tile_begin(tile), "..",
          layout.tile_begin(tile) + layout.tile_cols(tile, out.cols) - 1, ") holds ", count,
          " nonzeros but layout (tile ", layout.tile, ", C ", layout.compression, ") has capacity S-1 = ",
@@ -476,7 +481,7 @@ void pack_twell_into(TwellView<T> out, const ConvertOptions& options, const char
 template <class T, class Launch>
 TwellMatrix<T> pack_twell(std::int64_t rows, std::int64_t cols, TwellLayout layout, const ConvertOptions& options,
                           const char* where, Launch&& launch) {
-  check_threshold(options, where);
+  check_convert_options(options, where);
   check_layout(layout, where);
   require_twell_policy(options, where);
   TwellMatrix<T> out(rows, cols, layout, MemorySpace::device, Uninitialized{});
@@ -489,7 +494,7 @@ TwellMatrix<T> pack_twell(std::int64_t rows, std::int64_t cols, TwellLayout layo
 template <class T, class Rows, class Launch>
 HybridMatrix<T> pack_hybrid(std::int64_t n_rows, std::int64_t cols, TwellLayout layout, Rows rows,
                             const ConvertOptions& options, const char* where, Launch&& launch) {
-  check_threshold(options, where);
+  check_convert_options(options, where);
   check_layout(layout, where);
   check_hybrid_rows(n_rows, where);
   const cudaStream_t stream = stream_of(options);

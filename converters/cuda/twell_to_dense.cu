@@ -9,7 +9,7 @@ template <Value T>
 DenseMatrix<T> twell_to_dense(TwellView<const T> src, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::twell_to_dense";
   detail::require_device(src.space, where);
-  detail::check_threshold(options, where);
+  check_convert_options(options, where);
   check_layout(src.layout, where);
   return detail::rows_to_dense<T>(detail::TwellRows<T>(src), src.rows, src.cols, options, where);
 }

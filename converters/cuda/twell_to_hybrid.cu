@@ -10,7 +10,7 @@ template <Value T>
 HybridMatrix<T> twell_to_hybrid(TwellView<const T> src, TwellLayout layout, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::twell_to_hybrid";
   detail::require_device(src.space, where);
-  detail::check_threshold(options, where);
+  check_convert_options(options, where);
   check_layout(src.layout, where);
   check_layout(layout, where);
   const CsrMatrix<T> csr =

@@ -5,11 +5,16 @@
 namespace twell::reference {
 
 template <Value T>
-TwellMatrix<T> dense_to_twell(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options) {
-  constexpr const char* kWhere = "twell::reference::dense_to_twell";
-  packing::check_source(src, options, kWhere);
+TwellMatrix<T> detail::dense_to_twell_as(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options,
+                                         const char* where) {
+  packing::check_source(src, options, where);
   const packing::DenseSource<T> source{src, options.threshold};
-  return packing::build_twell<T>(source, layout, options, kWhere);
+  return packing::build_twell<T>(source, layout, options, where);
+}
+
+template <Value T>
+TwellMatrix<T> dense_to_twell(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options) {
+  return detail::dense_to_twell_as<T>(src, layout, options, "twell::reference::dense_to_twell");
 }
 
 template <Value T>
@@ -21,8 +26,10 @@ void dense_to_twell_into(DenseView<const T> src, TwellView<T> dst, const Convert
   packing::build_twell_into<T>(source, dst, options, kWhere);
 }
 
-#define TWELL_INSTANTIATE(T)                                                                         \
-  template TwellMatrix<T> dense_to_twell<T>(DenseView<const T>, TwellLayout, const ConvertOptions&); \
+#define TWELL_INSTANTIATE(T)                                                                                   \
+  template TwellMatrix<T> detail::dense_to_twell_as<T>(DenseView<const T>, TwellLayout, const ConvertOptions&, \
+                                                       const char*);                                           \
+  template TwellMatrix<T> dense_to_twell<T>(DenseView<const T>, TwellLayout, const ConvertOptions&);           \
   template void dense_to_twell_into<T>(DenseView<const T>, TwellView<T>, const ConvertOptions&);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE

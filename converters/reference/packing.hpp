@@ -24,16 +24,11 @@ struct Entry {
 template <class T>
 using Row = std::vector<Entry<T>>;
 
-inline void check_threshold(const ConvertOptions& options, const char* where) {
-  require(options.threshold >= 0.0f, ErrorCode::invalid_argument, where, "options.threshold = ", options.threshold,
-          " must be a non-negative number");
-}
-
 // The reference backend reads host memory only, and trusts nothing it reads: the source is
 // validated (stored zeros allowed: sddmm outputs keep them, and they are simply not copied).
 template <class View>
 void check_source(View src, const ConvertOptions& options, const char* where) {
-  check_threshold(options, where);
+  check_convert_options(options, where);
   MemorySpace space;
   if constexpr (requires { src.space(); }) {
     space = src.space();
@@ -42,7 +37,7 @@ void check_source(View src, const ConvertOptions& options, const char* where) {
   }
   require(space == MemorySpace::host, ErrorCode::space_mismatch, where,
           "the reference backend needs a host source, got device memory");
-  if constexpr (requires { src.ld; }) detail::check_value_boundary(src, where, "source");
+  if constexpr (requires { src.ld; }) twell::detail::check_value_boundary(src, where, "source");
   if (auto v = find_violation(src, ValidateOptions{.allow_explicit_zeros = true}); !v.empty())
     fail(ErrorCode::malformed, where, "source: ", v);
 }
@@ -298,14 +293,18 @@ inline void refuse_hybrid_policy(const ConvertOptions& options, const char* wher
 
 // Packs every row of src into `out` (host, src's shape, checked layout). pack_twell_row leaves
 // the slots of empty tiles and the padding untouched, so `out` is cleared first: a caller-owned
-// destination may hold anything.
+// destination may hold anything. An overflow error clears it again, so that it is never left
+// half written (all zeros is a valid TwELL without entries; docs/api.md, to_twell_into).
 template <class T, class Source>
 void build_twell_into(const Source& src, TwellView<T> out, const ConvertOptions& options, const char* where) {
   refuse_hybrid_policy(options, where);
   const TwellLayout& layout = out.layout;
   const auto slots = static_cast<std::size_t>(out.rows * layout.packed_width(out.cols));
-  std::fill_n(out.packed, slots, 0u);
-  if constexpr (!ValueTraits<T>::packs_in_slot) std::fill_n(out.value_plane, slots, T{});
+  const auto clear = [&] {
+    std::fill_n(out.packed, slots, 0u);
+    if constexpr (!ValueTraits<T>::packs_in_slot) std::fill_n(out.value_plane, slots, T{});
+  };
+  clear();
   const bool drop = options.overflow == OverflowPolicy::drop;
   Row<T> row;
   std::int64_t nnz = 0;
@@ -314,6 +313,7 @@ void build_twell_into(const Source& src, TwellView<T> out, const ConvertOptions&
     src.gather(i, row);
     const RowPacking packing = pack_twell_row(out, i, row, drop);
     if (packing.first_overflow_tile >= 0 && !drop) {
+      clear();
       const std::int64_t t = packing.first_overflow_tile;
       fail(ErrorCode::overflow, where, "row ", i, ", tile ", t, " (columns ", layout.tile_begin(t), "..",
            layout.tile_begin(t) + layout.tile_cols(t, src.cols()) - 1, ") holds ", packing.first_overflow_count,

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <sstream>
 
 #include <twell/formats/copy.hpp>
@@ -52,9 +53,22 @@ void add_sample(std::vector<std::int64_t>& frequency, std::int64_t value, std::i
   frequency[v] += times;
 }
 
+// A sum of products of shape figures, refused (unsupported, naming `figure`) rather than wrapped
+// when it passes 2^63 - 1: a valid CSR can be 2^31 x 2^31, whose dense copy no int64 counts.
+std::int64_t checked_sum(const char* figure, std::initializer_list<std::initializer_list<std::int64_t>> products) {
+  std::int64_t sum = 0;
+  for (const auto& factors : products) {
+    std::int64_t product = 1;
+    bool overflow = false;
+    for (const std::int64_t f : factors) overflow = overflow || __builtin_mul_overflow(product, f, &product);
+    if (overflow || __builtin_add_overflow(sum, product, &sum))
+      fail(ErrorCode::unsupported, "twell::stats", "the ", figure, " of this matrix passes 2^63 - 1");
+  }
+  return sum;
+}
+
 std::int64_t twell_bytes(std::int64_t rows, std::int64_t cols, const TwellLayout& layout, DType dtype) {
-  const std::int64_t words = rows * layout.packed_width(cols);
-  return words * 4 * (dtype == DType::fp32 ? 2 : 1);
+  return checked_sum("TwELL bytes", {{rows, layout.packed_width(cols), 4, dtype == DType::fp32 ? 2 : 1}});
 }
 
 std::int64_t value_size(DType dtype) { return dtype == DType::fp32 ? 4 : 2; }
@@ -68,7 +82,7 @@ struct TileFamily {
 template <class T>
 MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
   constexpr const char* kWhere = "twell::stats";
-  check_layout(options.default_layout, kWhere);
+  check_stats_options(options, kWhere);
   validate(m, ValidateOptions{.allow_explicit_zeros = true});
 
   MatrixStats s;
@@ -78,13 +92,14 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
   s.nnz = m.nnz;
   s.density = m.rows > 0 && m.cols > 0 ? static_cast<double>(m.nnz) / (static_cast<double>(m.rows) * static_cast<double>(m.cols)) : 0.0;
   s.default_layout = options.default_layout;
+  // The figures of the shape alone first, so that a matrix too large to count fails before the walk.
+  const std::int64_t vsize = value_size(s.dtype);
+  s.bytes.dense = checked_sum("dense bytes", {{m.rows, m.cols, vsize}});
+  s.bytes.csr = checked_sum("CSR bytes", {{m.rows, 8}, {8}, {m.nnz, 4 + vsize}});
   s.at_default.layout = options.default_layout;
 
   for (const std::int32_t tile : options.tiles) {
-    check_layout(TwellLayout{tile, 1}, kWhere);
     for (const std::int32_t c : options.compressions) {
-      require(c >= 1 && (c & (c - 1)) == 0, ErrorCode::invalid_argument, kWhere, "candidate C = ", c,
-              " is not a power of two");
       // A (tile, C) pair with C not dividing the tile or fewer than two slots cannot exist; the
       // cross product skips it.
       if (tile % c == 0 && c <= tile / 2) s.candidates.push_back(LayoutStats{.layout = TwellLayout{tile, c}});
@@ -147,15 +162,14 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
     }
   }
 
-  const std::int64_t default_tiles = m.rows * options.default_layout.tiles(m.cols);
+  const std::int64_t default_tiles = checked_sum("(row, tile) count", {{m.rows, options.default_layout.tiles(m.cols)}});
   add_sample(tile_frequency, 0, default_tiles - nonempty_default_tiles);
   s.per_row = from_frequencies(row_frequency);
   s.per_row_tile = from_frequencies(tile_frequency);
 
-  const std::int64_t vsize = value_size(s.dtype);
   const auto finish = [&](LayoutStats& ls) {
     ls.twell_bytes = twell_bytes(m.rows, m.cols, ls.layout, s.dtype);
-    ls.hybrid_bytes = ls.twell_bytes + ls.overflow_rows * m.cols * vsize + 4 * m.rows + 4 * ls.overflow_rows;
+    ls.hybrid_bytes = checked_sum("Hybrid bytes", {{ls.twell_bytes}, {ls.overflow_rows, m.cols, vsize}, {4, m.rows}, {4, ls.overflow_rows}});
   };
   finish(s.at_default);
   for (auto& c : s.candidates) finish(c);
@@ -174,9 +188,7 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
   }
   s.recommended = best->layout;
 
-  s.bytes.dense = m.rows * m.cols * vsize;
-  s.bytes.csr = (m.rows + 1) * 8 + m.nnz * (4 + vsize);
-  s.bytes.ell = m.rows * 4 + m.rows * s.max_row_nnz * (4 + vsize);
+  s.bytes.ell = checked_sum("ELL bytes", {{m.rows, 4}, {m.rows, s.max_row_nnz, 4 + vsize}});
   s.bytes.twell = s.at_default.twell_bytes;
   s.bytes.hybrid = best->hybrid_bytes;
   return s;
@@ -223,6 +235,15 @@ std::string pad(const std::string& text, std::size_t width) {
 }
 
 }  // namespace
+
+void check_stats_options(const StatsOptions& options, const char* where) {
+  check_layout(options.default_layout, where);
+  for (const std::int32_t tile : options.tiles) check_layout(TwellLayout{tile, 1}, where);
+  for (const std::int32_t c : options.compressions) {
+    require(c >= 1 && (c & (c - 1)) == 0, ErrorCode::invalid_argument, where, "candidate C = ", c,
+            " is not a power of two");
+  }
+}
 
 #define TWELL_DEFINE_STATS(T) \
   MatrixStats stats(CsrView<const T> m, const StatsOptions& options) { return stats_any_space(m, options); }

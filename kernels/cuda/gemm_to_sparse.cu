@@ -441,11 +441,6 @@ __global__ void invert_overflow_map_kernel(const std::int32_t* row_to_overflow, 
   if (i < m && row_to_overflow[i] >= 0) overflow_to_row[row_to_overflow[i]] = static_cast<std::int32_t>(i);
 }
 
-__global__ void fill_kernel(std::int32_t* p, std::int64_t n, std::int32_t v) {
-  const std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i < n) p[i] = v;
-}
-
 // Shared memory a block may opt into on the current device (99 KB on sm_86/89, more on sm_80/90).
 int smem_optin(const char* where) {
   int device = 0, bytes = 0;
@@ -494,12 +489,6 @@ dim3 grid_for(std::int64_t m, std::int64_t n, int bm, int bn, const char* where)
   return dim3(static_cast<unsigned>(gx), static_cast<unsigned>(gy));
 }
 
-void fill(std::int32_t* p, std::int64_t n, std::int32_t v, cudaStream_t stream, const char* where) {
-  if (n == 0) return;
-  fill_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(p, n, v);
-  ::twell::detail::check_launch(where);
-}
-
 template <class T>
 void check_operands(DenseView<const T> x, DenseView<const T> w, ActivationSpec act, const char* where) {
   require(x.space == MemorySpace::device && w.space == MemorySpace::device, ErrorCode::space_mismatch, where,
@@ -533,10 +522,9 @@ HybridMatrix<T> generic_path(DenseView<const T> x, DenseView<const T> w, Activat
     result = dense_to_hybrid<T>(DenseView<const T>(dense.view()), layout, c);
     path += "+dense_to_hybrid";
   } else {
-    TwellMatrix<T> t = dense_to_twell<T>(DenseView<const T>(dense.view()), layout, c);
+    TwellMatrix<T> t = detail::dense_to_twell_as<T>(DenseView<const T>(dense.view()), layout, c, where);
     result = HybridMatrix<T>(x.rows, w.cols, layout, 0, MemorySpace::device);
     result.twell() = std::move(t);
-    fill(result.row_to_overflow().data(), x.rows, -1, cu_stream, where);
     path += "+dense_to_twell";
   }
   return result;
@@ -632,10 +620,9 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
 }
 
 template <Value T>
-void GemmToSparsePlan<T>::run_generic() {
+void GemmToSparsePlan<T>::run_generic(const char* where) {
   ConvertReport report;
-  generic_ = generic_path<T>(x_, w_, act_, layout_, policy_, &report, stream_, path_,
-                             "twell::cuda::GemmToSparsePlan::run");
+  generic_ = generic_path<T>(x_, w_, act_, layout_, policy_, &report, stream_, path_, where);
   count_.rows = generic_.overflow_rows();
   count_.nnz = report.nnz;
   count_.dropped = report.dropped;
@@ -643,11 +630,15 @@ void GemmToSparsePlan<T>::run_generic() {
 
 template <Value T>
 void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
-  constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan::run";
-  require(state_ != State::taken, ErrorCode::invalid_argument, kWhere,
+  run(x, w, "twell::cuda::GemmToSparsePlan::run");
+}
+
+template <Value T>
+void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const char* where) {
+  require(state_ != State::taken, ErrorCode::invalid_argument, where,
           "the plan's storage was moved out by take_result(); build a new plan");
-  check_operands<T>(x, w, act_, kWhere);
-  require(x.rows == m_ && x.cols == k_ && w.cols == n_, ErrorCode::shape_mismatch, kWhere, "the plan is for x ", m_,
+  check_operands<T>(x, w, act_, where);
+  require(x.rows == m_ && x.cols == k_ && w.cols == n_, ErrorCode::shape_mismatch, where, "the plan is for x ", m_,
           " x ", k_, " and w ", k_, " x ", n_, "; got x ", x.rows, " x ", x.cols, " and w ", w.rows, " x ", w.cols);
   state_ = State::idle;  // until the work is queued, there is no result to claim
   x_ = x;
@@ -655,7 +646,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
   count_ = {};
   ran_fused_ = fused_ && tensor_core_ok<T>(x, w);
   if (!ran_fused_) {
-    run_generic();  // synchronous; its count is reported by sync_overflow_count() as on the fused path
+    run_generic(where);  // synchronous; its count is reported by sync_overflow_count() as on the fused path
     state_ = State::queued;
     return;
   }
@@ -683,18 +674,18 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
     h.threshold = act_.threshold;
     const bool wgmma = hopper_ && detail::gemm_twell_sm90_applies(h);
     if (wgmma) {
-      detail::launch_gemm_twell_sm90<T>(h, o, stream, kWhere);
+      detail::launch_gemm_twell_sm90<T>(h, o, stream, where);
     } else if (m_ > 0 && n_ > 0) {
       if (layout_.tile == 128) {
-        launch_twell<T, 128>(g, o, stream, kWhere);
+        launch_twell<T, 128>(g, o, stream, where);
       } else {
-        launch_twell<T, 256>(g, o, stream, kWhere);
+        launch_twell<T, 256>(g, o, stream, where);
       }
     }
     const bool route = policy_ == OverflowPolicy::hybrid;
     rank_overflow_rows_kernel<<<1, 1024, 0, stream>>>(flags_.data(), m_, route, overflow_.rows(),
                                                       row_to_overflow_.data(), overflow_to_row_.data(), status);
-    ::twell::detail::check_launch(kWhere);
+    ::twell::detail::check_launch(where);
     path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") + (layout_.tile == 128 ? "128" : "256");
     if (route && overflow_.rows() > 0 && n_ > 0) {
       // The overflow rows' dense values, for the whole block; the kernels read the device-side R
@@ -711,13 +702,13 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
         gather_rows_kernel<<<static_cast<unsigned>((vectors + 255) / 256), 256, 0, stream>>>(
             reinterpret_cast<const uint4*>(x.data), x.ld / 8, overflow_to_row_.data(), flagged, overflow_.rows(),
             k_ / 8, reinterpret_cast<uint4*>(gathered_x_.view().data), gathered_x_.view().ld / 8);
-        ::twell::detail::check_launch(kWhere);
+        ::twell::detail::check_launch(where);
         detail::launch_gemm_dense_sm90<T>(hr, {overflow_.view().data, overflow_.view().ld, flagged}, layout_.tile,
-                                          stream, kWhere);
+                                          stream, where);
       } else {
         GemmArgs r = make_args<T>(x, overflow_to_row_.data(), overflow_.rows(), w, act_);
         r.m_limit = flagged;
-        launch_dense<T>(r, overflow_.view().data, n_, stream, kWhere);
+        launch_dense<T>(r, overflow_.view().data, n_, stream, where);
       }
     }
   }
@@ -726,8 +717,12 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
 
 template <Value T>
 OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
-  constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan::sync_overflow_count";
-  require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument, kWhere,
+  return sync_overflow_count("twell::cuda::GemmToSparsePlan::sync_overflow_count");
+}
+
+template <Value T>
+OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where) {
+  require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument, where,
           "nothing to count: call run() first");
   if (state_ == State::synced) return count_;
   if (!ran_fused_) {
@@ -737,8 +732,8 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   std::uint64_t words[kStatusWords - kFlaggedRows] = {};
   ::twell::detail::check_cuda(
-      cudaMemcpyAsync(words, status_.data() + kFlaggedRows, sizeof words, cudaMemcpyDeviceToHost, stream), kWhere);
-  ::twell::detail::check_cuda(cudaStreamSynchronize(stream), kWhere);
+      cudaMemcpyAsync(words, status_.data() + kFlaggedRows, sizeof words, cudaMemcpyDeviceToHost, stream), where);
+  ::twell::detail::check_cuda(cudaStreamSynchronize(stream), where);
   const auto flagged = static_cast<std::int64_t>(words[kFlaggedRows - kFlaggedRows]);
   const auto first_row = static_cast<std::int64_t>(words[kFirstRowPlus1 - kFlaggedRows]) - 1;
   const auto stored = static_cast<std::int64_t>(words[kStored - kFlaggedRows]);
@@ -750,10 +745,10 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
     std::vector<std::uint32_t> packed(static_cast<std::size_t>(width));
     ::twell::detail::check_cuda(cudaMemcpy(packed.data(), twell_.packed().data() + first_row * width,
                                            packed.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost),
-                                kWhere);
+                                where);
     std::int64_t t = 0;
     while (t + 1 < layout_.tiles(n_) && !layout_.overflows(packed[static_cast<std::size_t>(t * layout_.slots())])) ++t;
-    fail(ErrorCode::overflow, kWhere, "row ", first_row, ", tile ", t, " has ",
+    fail(ErrorCode::overflow, where, "row ", first_row, ", tile ", t, " has ",
          packed[static_cast<std::size_t>(t * layout_.slots())], " nonzeros but TwELL(tile ", layout_.tile, ", C ",
          layout_.compression, ") holds ", layout_.capacity(), " per (row, tile); ", flagged,
          " rows overflow (use OverflowPolicy::hybrid or drop)");
@@ -776,13 +771,13 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
         ::twell::detail::check_cuda(cudaMemcpyAsync(block.view().data, overflow_.view().data,
                                                     static_cast<std::size_t>(capacity * n_) * sizeof(T),
                                                     cudaMemcpyDeviceToDevice, stream),
-                                    kWhere);
+                                    where);
         // The old block is freed below; its copy must have landed first.
-        ::twell::detail::check_cuda(cudaStreamSynchronize(stream), kWhere);
+        ::twell::detail::check_cuda(cudaStreamSynchronize(stream), where);
       }
       invert_overflow_map_kernel<<<static_cast<unsigned>((m_ + 255) / 256), 256, 0, stream>>>(row_to_overflow_.data(),
                                                                                             m_, map.data());
-      ::twell::detail::check_launch(kWhere);
+      ::twell::detail::check_launch(where);
       const DenseView<T> rest{block.view().data + capacity * n_, flagged - capacity, n_, n_, MemorySpace::device};
       path_ += "+second_pass:" +
                detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);
@@ -859,8 +854,8 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, Activ
   check_layout(layout, kWhere);
   check_overflow_policy(convert.overflow, kWhere);
   GemmToSparsePlan<T> plan(x.rows, x.cols, w.cols, act, layout, 0, convert.overflow, options.stream);
-  plan.run(x, w);
-  const OverflowCount count = plan.sync_overflow_count();
+  plan.run(x, w, kWhere);
+  const OverflowCount count = plan.sync_overflow_count(kWhere);
   if (convert.report != nullptr) {
     convert.report->nnz = count.nnz;
     convert.report->dropped = count.dropped;

@@ -132,7 +132,7 @@ void check_view(HybridView<T> v, const char* where, const char* name) {
   require(v.overflow.cols == v.cols() && v.overflow.rows >= 0 && v.overflow.rows <= v.rows(), ErrorCode::shape_mismatch,
           where, name, " has an overflow block of ", shape(v.overflow.rows, v.overflow.cols), " for ",
           shape(v.rows(), v.cols()));
-  require(v.overflow.rows == 0 || v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
+  require(v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
           " overflow block has leading dimension ", v.overflow.ld, " below its ", v.overflow.cols, " columns");
   require(v.rows() == 0 || v.row_to_overflow != nullptr, ErrorCode::malformed, where, name, " has no row_to_overflow");
 }

@@ -81,9 +81,7 @@ GatedFfnGradients<T> gated_ffn_backward(DenseView<const T> x, DenseView<const T>
   const FfnShapes s = check_ffn(where, x, wu, wd, act);
   check_gate(where, wg, wu);
   check_out(where, "dy", dy, s);
-  require(lambda >= 0.0f, ErrorCode::invalid_argument, where, "lambda ", lambda, " must be a non-negative number");
-  require(norm == L1Normalization::per_token || norm == L1Normalization::per_entry, ErrorCode::invalid_argument, where,
-          "L1 normalization ", static_cast<int>(norm), " is unknown");
+  check_l1_penalty(lambda, norm, where);
 
   const detail::MatrixF xf = detail::to_matrix(x), wgf = detail::to_matrix(wg), wuf = detail::to_matrix(wu);
   const detail::MatrixF wdf = detail::to_matrix(wd), dyf = detail::to_matrix(dy);

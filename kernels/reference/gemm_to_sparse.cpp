@@ -33,10 +33,9 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, Activ
   if (convert.overflow == OverflowPolicy::hybrid) {
     out = dense_to_hybrid<T>(dense.view(), layout, pack);
   } else {
-    TwellMatrix<T> twell = dense_to_twell<T>(dense.view(), layout, pack);
+    TwellMatrix<T> twell = detail::dense_to_twell_as<T>(dense.view(), layout, pack, where);
     out = HybridMatrix<T>(x.rows, w.cols, layout, 0);
     out.twell() = std::move(twell);
-    for (auto& r : out.row_to_overflow().host_span()) r = -1;
   }
   detail::report_path(options, "reference/gemm_to_sparse");
   return out;

@@ -143,7 +143,7 @@ void check_view(HybridView<T> v, const char* where, const char* name) {
   require_host(v.overflow.space, where, name);
   require(v.overflow.cols == v.cols() && v.overflow.rows >= 0, ErrorCode::shape_mismatch, where, name,
           " has an overflow block of ", shape(v.overflow.rows, v.overflow.cols), " for ", v.cols(), " columns");
-  require(v.overflow.rows == 0 || v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
+  require(v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
           " overflow block has leading dimension ", v.overflow.ld, " below its ", v.overflow.cols, " columns");
   require((v.rows() == 0 || v.row_to_overflow != nullptr) &&
               (v.overflow.rows == 0 || (v.overflow_to_row != nullptr && v.overflow.data != nullptr)),

@@ -292,12 +292,15 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
 
 }  // namespace
 
+// Every entry point checks the policy itself: a same-format copy reaches no backend converter.
 #define TWELL_DEFINE_CONVERT_FROM(T, View)                                                                  \
   DenseMatrix<T> to_dense(View<const T> src, const ConvertOptions& o) {                                     \
+    check_overflow_policy(o.overflow, "twell::to_dense");                                                   \
     return on_backend(space_of(src), "twell::to_dense",                                                     \
                       [&](auto b) { return Compose<decltype(b)>::to_dense(src, o); });                      \
   }                                                                                                         \
   CsrMatrix<T> to_csr(View<const T> src, const ConvertOptions& o) {                                         \
+    check_overflow_policy(o.overflow, "twell::to_csr");                                                     \
     return on_backend(space_of(src), "twell::to_csr", [&](auto b) { return Compose<decltype(b)>::to_csr(src, o); }); \
   }                                                                                                         \
   EllMatrix<T> to_ell(View<const T> src, const ConvertOptions& o) {                                         \
@@ -311,6 +314,7 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
                       [&](auto b) { return Compose<decltype(b)>::to_twell(src, layout, o); });              \
   }                                                                                                         \
   HybridMatrix<T> to_hybrid(View<const T> src, TwellLayout layout, const ConvertOptions& o) {               \
+    check_overflow_policy(o.overflow, "twell::to_hybrid");                                                  \
     return on_backend(space_of(src), "twell::to_hybrid",                                                    \
                       [&](auto b) { return Compose<decltype(b)>::to_hybrid(src, layout, o); });             \
   }

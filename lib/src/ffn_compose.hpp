@@ -96,9 +96,7 @@ struct L1Scale {
   double scale = 0.0;
 };
 inline L1Scale l1_scale(const char* where, float lambda, L1Normalization norm, std::int64_t m, std::int64_t n) {
-  require(lambda >= 0.0f, ErrorCode::invalid_argument, where, "lambda ", lambda, " must be a non-negative number");
-  require(norm == L1Normalization::per_token || norm == L1Normalization::per_entry, ErrorCode::invalid_argument, where,
-          "L1 normalization ", static_cast<int>(norm), " is unknown");
+  check_l1_penalty(lambda, norm, where);
   L1Scale s;
   s.z = norm == L1Normalization::per_token ? double(m) : double(m) * double(n);
   s.scale = s.z > 0.0 ? double(lambda) / s.z : 0.0;

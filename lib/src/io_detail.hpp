@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <span>
@@ -31,12 +32,30 @@ inline bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
   return !__builtin_add_overflow(a, b, &out);
 }
 
-// Throws ErrorCode::malformed, naming `where`, if a view about to be written breaks its format's
-// invariants (twell::validate's first violation; for a dense view, its geometry): a writer checks
-// what it is given, so that it neither reads outside the caller's arrays nor writes a file that
-// the readers would refuse. `options` as the format's reader accepts (mtx: explicit zeros).
+// The widest sparse matrix a file may hold: its column indices are 32-bit, and the readers take
+// no column count they could not index (dense matrices have no such limit).
+constexpr std::int64_t kMaxSparseCols = std::numeric_limits<std::int32_t>::max();
+
+// Throws, naming `where`, if a view about to be written is one the readers would refuse: wider
+// than kMaxSparseCols (ErrorCode::unsupported, as the .mtx reader says), or breaking its format's
+// invariants (ErrorCode::malformed: twell::validate's first violation; for a dense view, its
+// geometry). A writer checks what it is given, so that it neither reads outside the caller's
+// arrays nor writes a file that no reader takes. `options` as the format's reader accepts (mtx:
+// explicit zeros).
 template <class View>
 void validate_to_write(View m, std::string_view where, const ValidateOptions& options = {}) {
+  if constexpr (!requires { m.ld; }) {
+    std::int64_t cols = 0;
+    if constexpr (requires { m.cols(); }) {
+      cols = m.cols();
+    } else {
+      cols = m.cols;
+    }
+    if (cols > kMaxSparseCols) {
+      fail(ErrorCode::unsupported, where, "a sparse matrix of ", cols,
+           " columns cannot be written: the readers take at most ", kMaxSparseCols, " (32-bit column indices)");
+    }
+  }
   const std::string violation = find_violation(m, options);
   if (!violation.empty()) fail(ErrorCode::malformed, where, "the matrix to write breaks an invariant: ", violation);
 }

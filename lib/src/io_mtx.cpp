@@ -1,6 +1,7 @@
 // Matrix Market coordinate files <-> CsrMatrix.
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -94,28 +95,24 @@ bool parse_real(std::string_view token, double& out) {
   if (token.empty() || token.front() == '+') return false;
   const auto [end, ec] = std::from_chars(token.data(), token.data() + token.size(), out);
   if (end != token.data() + token.size()) return false;
-  // Out-of-range decimals saturate to +-Inf or round to +-0 / subnormals, as numpy's reader does;
-  // from_chars reports them without a value, strtod (C locale: the tools never set another) gives it.
+  // A decimal beyond fp64 comes without a value from from_chars; strtod (C locale: the tools
+  // never set another) says on which side it fell. Past the largest fp64 it is kept as the largest,
+  // which no value type holds (narrow refuses it); below the smallest it is kept as the smallest
+  // subnormal, which every value type rounds to zero (narrow counts it): never as Inf or 0.
   if (ec == std::errc::result_out_of_range) {
     out = std::strtod(std::string(token).c_str(), nullptr);
+    if (std::isinf(out)) out = std::copysign(std::numeric_limits<double>::max(), out);
+    if (out == 0) out = std::copysign(std::numeric_limits<double>::denorm_min(), out);
     return true;
   }
   return ec == std::errc();
 }
 
 template <Value T>
-T round_to(double v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return static_cast<float>(v);
-  } else {
-    return from_float<T>(static_cast<float>(v));
-  }
-}
-
 struct Entry {
   std::int32_t col;
   std::uint32_t line;  // for duplicate messages (saturated)
-  double value;
+  T value;
 };
 
 template <Value T>
@@ -190,7 +187,7 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   const std::int64_t rows = dims[0];
   const std::int64_t cols = dims[1];
   const std::int64_t entries = dims[2];
-  if (cols > std::numeric_limits<std::int32_t>::max()) {
+  if (cols > io_detail::kMaxSparseCols) {
     lines.fail_here(ErrorCode::unsupported, 0, cols, " columns exceed twell's 32-bit column indices");
   }
   std::uint64_t cells = 0;
@@ -216,7 +213,8 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     lines.fail_here(ErrorCode::malformed, 0, "a ", tok[4], " matrix must be square, not ", rows, " x ", cols);
   }
   std::vector<std::int64_t> entry_row;
-  std::vector<Entry> entry;
+  std::vector<Entry<T>> entry;
+  std::int64_t rounded_to_zero = 0;
   const std::size_t capacity = static_cast<std::size_t>(entries) * (symmetry == Symmetry::general ? 1 : 2);
   entry_row.reserve(capacity);
   entry.reserve(capacity);
@@ -250,6 +248,11 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
       }
       if (!ok) lines.fail_here(ErrorCode::malformed, t.at(), "value '", s, "' is not ", field == Field::integer ? "an integer" : "a real number");
     }
+    const auto element = [&] {
+      return detail::concat("line ", lines.number(), " (byte ", lines.start() + t.at(), "): value ", s);
+    };
+    bool to_zero = false;
+    const T value = narrow<T>(v, kWhere, element, to_zero);
     if (t.next(s)) lines.fail_here(ErrorCode::malformed, t.at(), "unexpected '", s, "' after the entry");
     ++got;
     const auto line_no =
@@ -259,10 +262,13 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
                       symmetry == Symmetry::skew ? "strictly " : "", "lower triangle of a ", tok[4], " matrix");
     }
     entry_row.push_back(r - 1);
-    entry.push_back(Entry{static_cast<std::int32_t>(c - 1), line_no, v});
+    entry.push_back(Entry<T>{static_cast<std::int32_t>(c - 1), line_no, value});
+    rounded_to_zero += to_zero ? 1 : 0;
     if (symmetry != Symmetry::general && r != c) {
       entry_row.push_back(c - 1);
-      entry.push_back(Entry{static_cast<std::int32_t>(r - 1), line_no, symmetry == Symmetry::skew ? -v : v});
+      entry.push_back(Entry<T>{static_cast<std::int32_t>(r - 1), line_no,
+                               symmetry == Symmetry::skew ? from_float<T>(-to_float(value)) : value});
+      rounded_to_zero += to_zero ? 1 : 0;
     }
   }
   while (lines.next(line)) {
@@ -274,7 +280,7 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   std::vector<std::int64_t> start(static_cast<std::size_t>(rows) + 1, 0);
   for (std::int64_t r : entry_row) ++start[static_cast<std::size_t>(r) + 1];
   for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) start[r + 1] += start[r];
-  std::vector<Entry> sorted(entry.size());
+  std::vector<Entry<T>> sorted(entry.size());
   {
     std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
     for (std::size_t k = 0; k < entry.size(); ++k) {
@@ -288,13 +294,15 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
     const auto b = sorted.begin() + start[r];
     const auto e = sorted.begin() + start[r + 1];
-    std::sort(b, e, [](const Entry& x, const Entry& y) { return x.col < y.col || (x.col == y.col && x.line < y.line); });
+    std::sort(b, e, [](const Entry<T>& x, const Entry<T>& y) {
+      return x.col < y.col || (x.col == y.col && x.line < y.line);
+    });
     for (auto it = b; it != e; ++it) {
       if (it + 1 != e && (it + 1)->col == it->col) {
         fail(ErrorCode::malformed, kWhere, "duplicate entry (", r + 1, ", ", it->col + 1, ") on lines ", it->line,
              " and ", (it + 1)->line, "; Matrix Market readers that sum duplicates disagree on it, twell refuses");
       }
-      if (is_stored(round_to<T>(it->value))) ++kept; else ++zeros;
+      if (is_stored(it->value)) ++kept; else ++zeros;
     }
   }
 
@@ -305,11 +313,10 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   std::size_t out = 0;
   for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
     for (auto k = start[r]; k < start[r + 1]; ++k) {
-      const Entry& x = sorted[static_cast<std::size_t>(k)];
-      const T v = round_to<T>(x.value);
-      if (!is_stored(v)) continue;
+      const Entry<T>& x = sorted[static_cast<std::size_t>(k)];
+      if (!is_stored(x.value)) continue;
       col_idx[out] = x.col;
-      values[out] = v;
+      values[out] = x.value;
       ++out;
     }
     row_ptr[r + 1] = static_cast<std::int64_t>(out);
@@ -317,7 +324,8 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   if (report != nullptr) {
     report->field = field == Field::real ? "real" : field == Field::integer ? "integer" : "pattern";
     report->entries = entries;
-    report->explicit_zeros = zeros;
+    report->explicit_zeros = zeros - rounded_to_zero;
+    report->rounded_to_zero = rounded_to_zero;
   }
   return m;
 }

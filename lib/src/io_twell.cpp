@@ -17,7 +17,6 @@
 //   end-4 4  CRC-32 of every byte before it
 #include <array>
 #include <cstring>
-#include <limits>
 
 #include <twell/instantiate.hpp>
 
@@ -154,12 +153,14 @@ Header parse_header(std::span<const std::byte> bytes, std::uint64_t implicit_lim
     fail(ErrorCode::io, kWhere, "byte 16: rows = ", h.rows, " exceeds the ", bytes.size(),
          "-byte input plus ReadOptions::max_implicit_bytes");
   }
-  if (h.format != Format::dense && h.cols > std::numeric_limits<std::int32_t>::max()) {
+  if (h.format != Format::dense && h.cols > io_detail::kMaxSparseCols) {
     bad(24, "cols = ", h.cols, " exceeds 32-bit column indices");
   }
   if (h.format == Format::dense || h.format == Format::twell) {
     if (h.aux != 0) bad(32, "aux = ", h.aux, " must be 0 for ", to_string(h.format));
   }
+  // A Hybrid's block holds whole rows, each at most once.
+  if (h.format == Format::hybrid && h.aux > h.rows) bad(32, "aux = ", h.aux, " overflow rows exceed the ", h.rows, " rows");
   if (h.format == Format::twell || h.format == Format::hybrid) {
     h.layout = TwellLayout{tile, compression};
     try {

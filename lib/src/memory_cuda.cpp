@@ -59,12 +59,13 @@ void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace s
   check_memory_call(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "twell::copy", "cudaMemcpy");
 }
 
-void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
+void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t bytes) {
+  if (bytes == 0) return;
   if (space == MemorySpace::host) {
-    std::memset(p, 0, bytes);
+    std::memset(p, value, bytes);
   } else {
-    // Synchronous, so the zeros cannot land after work a caller queues on a non-blocking stream.
-    check_memory_call(cudaMemset(p, 0, bytes), "twell::Buffer", "cudaMemset");
+    // Synchronous, so the bytes cannot land after work a caller queues on a non-blocking stream.
+    check_memory_call(cudaMemset(p, value, bytes), "twell::Buffer", "cudaMemset");
     check_cuda(cudaStreamSynchronize(nullptr), "twell::Buffer (cudaMemset)");
   }
 }

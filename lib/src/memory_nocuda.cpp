@@ -30,9 +30,10 @@ void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace s
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }
 
-void zero_bytes(void* p, MemorySpace space, std::size_t bytes) {
+void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t bytes) {
+  if (bytes == 0) return;
   if (space == MemorySpace::device) no_device("twell::Buffer");
-  std::memset(p, 0, bytes);
+  std::memset(p, value, bytes);
 }
 }  // namespace detail
 

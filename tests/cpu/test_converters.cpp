@@ -6,6 +6,7 @@
 #include <Eigen/SparseCore>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <variant>
@@ -715,4 +716,120 @@ TEST_CASE_TEMPLATE("dense_to_twell_into refuses a destination of the wrong shape
         }).code() == ErrorCode::invalid_argument);
   CHECK(error_of([&] { to_twell_into(d.view(), dst.view(), {.overflow = OverflowPolicy::hybrid}); }).code() ==
         ErrorCode::invalid_argument);
+}
+
+TEST_CASE_TEMPLATE("dense_to_twell_into refuses a destination whose storage overlaps the source", T, bf16, fp16,
+                   float) {
+  // One buffer holds the source (4 x 16 values) and the destination planes (4 x 8 words each at
+  // (8, 2)), so that an unrefused conversion writes nowhere outside it.
+  const TwellLayout layout{8, 2};
+  Buffer<std::uint32_t> storage(256);
+  auto* base = reinterpret_cast<T*>(storage.data());
+  const DenseView<T> src{base, 4, 16, 16, MemorySpace::host};
+  for (std::int64_t i = 0; i < 4; ++i)
+    for (std::int64_t j = 0; j < 16; j += 5) src.at(i, j) = from_float<T>(static_cast<float>(1 + i + j));
+  const TwellMatrix<T> want = reference::dense_to_twell<T>(src, layout);
+  const std::size_t src_words = 4 * 16 * sizeof(T) / 4;
+  TwellMatrix<T> holder(4, 16, layout);
+
+  auto expect_overlap = [&](TwellView<T> dst, const std::string& plane) {
+    for (const Error& e : {error_of([&] { reference::dense_to_twell_into<T>(src, dst); }),
+                           error_of([&] { to_twell_into(DenseView<const T>(src), dst); })}) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK(contains(e.what(), "dst." + plane + " overlaps the source"));
+    }
+  };
+  TwellView<T> packed_on_src = holder.view();
+  packed_on_src.packed = storage.data();  // the whole source
+  expect_overlap(packed_on_src, "packed");
+  packed_on_src.packed = storage.data() + src_words - 1;  // the source's last word only
+  expect_overlap(packed_on_src, "packed");
+  if constexpr (std::is_same_v<T, float>) {
+    TwellView<T> plane_on_src = holder.view();
+    plane_on_src.value_plane = base + 8;
+    expect_overlap(plane_on_src, "value_plane");
+  }
+  // Right after the source is not an overlap: the conversion runs and is exact.
+  TwellView<T> beside = holder.view();
+  beside.packed = storage.data() + src_words;
+  if constexpr (std::is_same_v<T, float>) beside.value_plane = reinterpret_cast<T*>(storage.data() + src_words + 32);
+  to_twell_into(DenseView<const T>(src), beside);
+  CHECK(std::memcmp(beside.packed, want.packed().data(), want.packed().bytes()) == 0);
+  if constexpr (std::is_same_v<T, float>)
+    CHECK(std::memcmp(beside.value_plane, want.value_plane().data(), want.value_plane().bytes()) == 0);
+}
+
+TEST_CASE_TEMPLATE("dense_to_twell_into that throws overflow leaves its destination empty, not half written", T, bf16,
+                   fp16, float) {
+  // Row 0 fits, row 1 overflows tile 0 (5 nonzeros, capacity 3), row 2 would fit again.
+  const TwellLayout layout{8, 2};
+  DenseMatrix<T> d(3, 16);
+  d.view().at(0, 2) = from_float<T>(1.0f);
+  for (std::int64_t j = 0; j < 5; ++j) d.view().at(1, j) = from_float<T>(2.0f);
+  d.view().at(2, 9) = from_float<T>(3.0f);
+  TwellMatrix<T> dst(3, 16, layout);
+  for (int via_public = 0; via_public < 2; ++via_public) {
+    CAPTURE(via_public);
+    poison(dst);
+    const Error e = error_of([&] {
+      if (via_public != 0) {
+        to_twell_into(d, dst);
+      } else {
+        reference::dense_to_twell_into<T>(d.view(), dst.view());
+      }
+    });
+    CHECK(e.code() == ErrorCode::overflow);
+    CHECK(contains(e.what(), "row 1, tile 0"));
+    CHECK(find_violation(dst.view()).empty());
+    CHECK(same_slots(dst, TwellMatrix<T>(3, 16, layout)));  // every slot zero: no entry at all
+  }
+}
+
+TEST_CASE_TEMPLATE("every reference converter refuses an overflow policy outside the enum", T, bf16, fp16, float) {
+  // Rows of 12 nonzeros: more than ELL width 2 and than the 3 slots of (8, 2), so that a policy
+  // read as drop would lose values.
+  const TwellLayout layout{8, 2};
+  DenseMatrix<T> d(3, 16);
+  for (std::int64_t i = 0; i < 3; ++i)
+    for (std::int64_t j = 0; j < 12; ++j) d.view().at(i, j) = from_float<T>(static_cast<float>(1 + j));
+  const auto csr = reference::dense_to_csr<T>(d.view());
+  const auto ell = reference::dense_to_ell<T>(d.view());
+  const auto tw = reference::dense_to_twell<T>(d.view(), TwellLayout{16, 1});
+  const auto hy = reference::dense_to_hybrid<T>(d.view(), layout);
+  TwellMatrix<T> into(3, 16, layout);
+  const ConvertOptions o{.overflow = static_cast<OverflowPolicy>(7), .ell_width = 2};
+  const std::vector<std::pair<const char*, std::function<void()>>> calls = {
+      {"dense_to_csr", [&] { (void)reference::dense_to_csr<T>(d.view(), o); }},
+      {"csr_to_dense", [&] { (void)reference::csr_to_dense<T>(csr.view(), o); }},
+      {"dense_to_ell", [&] { (void)reference::dense_to_ell<T>(d.view(), o); }},
+      {"ell_to_dense", [&] { (void)reference::ell_to_dense<T>(ell.view(), o); }},
+      {"csr_to_ell", [&] { (void)reference::csr_to_ell<T>(csr.view(), o); }},
+      {"ell_to_csr", [&] { (void)reference::ell_to_csr<T>(ell.view(), o); }},
+      {"dense_to_twell", [&] { (void)reference::dense_to_twell<T>(d.view(), layout, o); }},
+      {"dense_to_twell_into", [&] { reference::dense_to_twell_into<T>(d.view(), into.view(), o); }},
+      {"twell_to_dense", [&] { (void)reference::twell_to_dense<T>(tw.view(), o); }},
+      {"csr_to_twell", [&] { (void)reference::csr_to_twell<T>(csr.view(), layout, o); }},
+      {"twell_to_csr", [&] { (void)reference::twell_to_csr<T>(tw.view(), o); }},
+      {"dense_to_hybrid", [&] { (void)reference::dense_to_hybrid<T>(d.view(), layout, o); }},
+      {"hybrid_to_dense", [&] { (void)reference::hybrid_to_dense<T>(hy.view(), o); }},
+      {"csr_to_hybrid", [&] { (void)reference::csr_to_hybrid<T>(csr.view(), layout, o); }},
+      {"hybrid_to_csr", [&] { (void)reference::hybrid_to_csr<T>(hy.view(), o); }},
+      {"twell_to_hybrid", [&] { (void)reference::twell_to_hybrid<T>(tw.view(), layout, o); }},
+      {"hybrid_to_twell", [&] { (void)reference::hybrid_to_twell<T>(hy.view(), layout, o); }},
+  };
+  for (const auto& [name, call] : calls) {
+    CAPTURE(name);
+    const Error e = error_of(call);
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(contains(e.what(), std::string("twell::reference::") + name + ": overflow policy 7 is none of"));
+  }
+  // The public API too, also where a same-format request is a plain copy that reaches no converter.
+  const ConvertOptions copy{.overflow = static_cast<OverflowPolicy>(7)};
+  DenseMatrix<T> canon(2, 8);
+  canon.view().at(1, 3) = from_float<T>(1.0f);
+  const auto canon_csr = to_csr(canon);
+  const auto canon_hy = to_hybrid(canon, layout);
+  CHECK(error_of([&] { (void)to_dense(canon, copy); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_csr(canon_csr, copy); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_hybrid(canon_hy, layout, copy); }).code() == ErrorCode::invalid_argument);
 }

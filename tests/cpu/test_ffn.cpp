@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -691,6 +692,15 @@ TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
                                             L1Normalization::per_token);
   };
   CHECK(code_of([&] { backward(saved, w.x.view(), -1.0f); }) == ErrorCode::invalid_argument);
+  // An infinite or NaN lambda would make every gradient on the pattern infinite or NaN.
+  CHECK(code_of([&] { backward(saved, w.x.view(), std::numeric_limits<float>::infinity()); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([&] { backward(saved, w.x.view(), std::numeric_limits<float>::quiet_NaN()); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([&] {
+          ref::gated_ffn_backward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), relu,
+                                         std::numeric_limits<float>::infinity(), L1Normalization::per_token);
+        }) == ErrorCode::invalid_argument);
   const Weights<float> other({s.m + 1, s.k, s.n}, testing::fresh_seed());
   DenseMatrix<float> y_other(s.m + 1, s.k);
   const auto saved_other = sparse_gated_ffn_training_forward<float>(

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <twell/twell.hpp>
@@ -304,4 +305,29 @@ TEST_CASE_TEMPLATE("copy_to compacts a strided dense view and deep-copies every 
                    hybrid.twell().packed().data()));
   CHECK(copy.overflow_rows() == hybrid.overflow_rows());
   CHECK(testing::bitwise_equal<T>(to_dense(copy).view(), to_dense(hybrid).view()));
+}
+
+TEST_CASE_TEMPLATE("a fresh HybridMatrix maps no row to its block and holds at most one block row per row", T, bf16,
+                   fp16, float) {
+  const TwellLayout layout{8, 2};
+  const HybridMatrix<T> empty(5, 40, layout, 0);
+  CHECK(std::all_of(empty.row_to_overflow().data(), empty.row_to_overflow().data() + 5,
+                    [](std::int32_t r) { return r == -1; }));
+  CHECK(find_violation(empty.view()).empty());  // an all-zero matrix, as a fresh TwellMatrix is
+  const HybridMatrix<T> full_block(5, 40, layout, 5);
+  CHECK(std::all_of(full_block.row_to_overflow().data(), full_block.row_to_overflow().data() + 5,
+                    [](std::int32_t r) { return r == -1; }));
+  for (const std::int64_t r : {std::int64_t{6}, std::int64_t{-1}}) {
+    CAPTURE(r);
+    try {
+      (void)HybridMatrix<T>(5, 40, layout, r);
+      FAIL("overflow rows outside [0, rows] accepted");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK(what.rfind("twell::HybridMatrix: ", 0) == 0);
+      CHECK(what.find(std::to_string(r) + " overflow rows") != std::string::npos);
+    }
+  }
 }

@@ -2,8 +2,10 @@
 // .mtx and of dense through .npy; and every kind of corrupted input giving the right ErrorCode.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -235,6 +237,72 @@ TEST_CASE("Matrix Market reader: fields, order, explicit zeros, duplicates and b
   CHECK(bad("%%MatrixMarket matrix coordinate complex general\n1 1 0\n") == ErrorCode::unsupported);
 }
 
+TEST_CASE("Matrix Market reader: a value beyond the value type is an error, one that rounds to zero is counted") {
+  const std::string head = "%%MatrixMarket matrix coordinate real general\n";
+  const auto read_as = [](DType dtype, const std::string& text, MtxReport* report = nullptr) {
+    ReadOptions o;
+    o.dtype = dtype;
+    return read_mtx(bytes_of(text), o, report);
+  };
+  const auto message = [&](DType dtype, const std::string& text) {
+    try {
+      read_as(dtype, text);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::unsupported);
+      return std::string(e.what());
+    }
+    FAIL_CHECK("read_mtx took a value beyond ", to_string(dtype));
+    return std::string();
+  };
+  // Finite decimals past the largest finite value of the type were read as Inf; the message
+  // names the line, the value as written and the type.
+  const std::string fp16_big = message(DType::fp16, head + "2 2 2\n1 1 1\n2 2 1e6\n");
+  CHECK(fp16_big.find("line 4") != std::string::npos);
+  CHECK(fp16_big.find("1e6") != std::string::npos);
+  CHECK(fp16_big.find("fp16") != std::string::npos);
+  CHECK(message(DType::fp16, head + "1 1 1\n1 1 -65520\n").find("-65520") != std::string::npos);  // rounds to -Inf
+  CHECK(message(DType::bf16, head + "1 1 1\n1 1 1e39\n").find("bf16") != std::string::npos);
+  CHECK(message(DType::fp32, head + "1 1 1\n1 1 1e39\n").find("fp32") != std::string::npos);
+  CHECK(message(DType::fp32, head + "1 1 1\n1 1 1e400\n").find("1e400") != std::string::npos);  // beyond fp64
+  CHECK(message(DType::fp16, "%%MatrixMarket matrix coordinate integer general\n1 1 1\n1 1 70000\n").find("70000") !=
+        std::string::npos);
+  // The largest finite values themselves, and what rounds down to them, are kept; Inf and NaN
+  // written as such stay what they are.
+  const auto fp16_edge = read_as(DType::fp16, head + "1 4 4\n1 1 65504\n1 2 -65519.9\n1 3 inf\n1 4 nan\n");
+  const auto edge = std::get<CsrMatrix<fp16>>(fp16_edge).values().host_span();
+  REQUIRE(edge.size() == 4);
+  CHECK(fp16_to_float(edge[0]) == 65504.0f);
+  CHECK(fp16_to_float(edge[1]) == -65504.0f);
+  CHECK(std::isinf(fp16_to_float(edge[2])));
+  CHECK(std::isnan(fp16_to_float(edge[3])));
+  const auto fp32_max = read_as(DType::fp32, head + "1 1 1\n1 1 3.4028234663852886e38\n");
+  CHECK(std::get<CsrMatrix<float>>(fp32_max).values().host_span()[0] == std::numeric_limits<float>::max());
+  // Rounded once, to the nearest value of the type: through fp32 to nearest, each of these (just
+  // past a tie of the 16-bit type, by less than half an fp32 ulp) landed on the tie and went to
+  // even, the first to Inf.
+  const auto near_ties =
+      read_as(DType::fp16, head + "1 2 2\n1 1 65519.9999999\n1 2 1.000488282181322574615478515625\n");
+  CHECK(fp16_to_float(std::get<CsrMatrix<fp16>>(near_ties).values().host_span()[0]) == 65504.0f);
+  CHECK(fp16_to_float(std::get<CsrMatrix<fp16>>(near_ties).values().host_span()[1]) == 1.0009765625f);
+  const auto bf16_tie = read_as(DType::bf16, head + "1 1 1\n1 1 1.003906250931322574615478515625\n");
+  CHECK(bf16_to_float(std::get<CsrMatrix<bf16>>(bf16_tie).values().host_span()[0]) == 1.0078125f);
+
+  // A nonzero that rounds to zero in the type is neither stored nor passed off as an explicit
+  // zero: it is dropped and counted apart.
+  MtxReport report;
+  const auto tiny = read_as(DType::fp16, head + "2 3 3\n1 1 1e-30\n2 2 0\n2 3 0.5\n", &report);
+  const auto& t = std::get<CsrMatrix<fp16>>(tiny);
+  REQUIRE(t.nnz() == 1);
+  CHECK(t.col_idx().host_span()[0] == 2);
+  CHECK(report.explicit_zeros == 1);
+  CHECK(report.rounded_to_zero == 1);
+  MtxReport below_fp64;
+  const auto denormal = read_as(DType::fp32, head + "1 2 2\n1 1 -1e-400\n1 2 1e-40\n", &below_fp64);
+  CHECK(std::get<CsrMatrix<float>>(denormal).nnz() == 1);  // 1e-40 is a subnormal fp32
+  CHECK(below_fp64.explicit_zeros == 0);
+  CHECK(below_fp64.rounded_to_zero == 1);
+}
+
 TEST_CASE("matrix_as: the held matrix by type, or an error naming what is held") {
   const auto d = random_input<bf16>(Shape{5, 7}, 0.5, testing::fresh_seed());
   AnyMatrix any = read_npy(encode_npy<bf16>(d.view()));
@@ -372,6 +440,18 @@ TEST_CASE(".twell reader: truncation at every field, magic, checksum, sizes and 
   const std::uint32_t crc = crc32(std::span(bad).first(bad.size() - 4));
   std::memcpy(bad.data() + bad.size() - 4, &crc, 4);
   CHECK(code_of([&] { read_twell(bad); }) == ErrorCode::malformed);
+  // A 0 x 8 Hybrid that claims one overflow row, its sections sized to match: a block row with
+  // no row to belong to is malformed content, refused by the header check.
+  std::vector<std::byte> orphan = encode_twell(AnyMatrix(HybridMatrix<bf16>(0, 8, TwellLayout{8, 2}, 0)));
+  const std::int64_t one_row = 1;
+  const std::uint64_t map_bytes = 4, block_bytes = 8 * sizeof(bf16);
+  std::memcpy(orphan.data() + 32, &one_row, 8);
+  std::memcpy(orphan.data() + 48 + 2 * 8, &map_bytes, 8);  // overflow_to_row
+  std::memcpy(orphan.data() + 48 + 3 * 8, &block_bytes, 8);  // overflow
+  orphan.insert(orphan.end() - 4, map_bytes + block_bytes, std::byte{0});
+  const std::uint32_t orphan_crc = crc32(std::span(orphan).first(orphan.size() - 4));
+  std::memcpy(orphan.data() + orphan.size() - 4, &orphan_crc, 4);
+  CHECK(code_of([&] { read_twell(orphan); }) == ErrorCode::malformed);
 }
 
 TEST_CASE("writers refuse a view that breaks its format, before reading it") {
@@ -408,6 +488,41 @@ TEST_CASE("writers refuse a view that breaks its format, before reading it") {
   TwellMatrix<bf16> over(1, 16, TwellLayout{8, 2});  // capacity 3
   over.packed().host_span()[0] = 5;
   CHECK(code_of([&] { (void)encode_twell(std::as_const(over).view()); }) == ErrorCode::malformed);
+}
+
+TEST_CASE("writers refuse a sparse matrix wider than the readers take (2^31 - 1 columns)") {
+  // Valid in memory (its column indices are 32-bit, its width is not), but no reader takes the
+  // file: the writers used to write it.
+  constexpr std::int64_t kWidest = std::numeric_limits<std::int32_t>::max();
+  const TwellLayout layout{TwellLayout::kMaxTile, TwellLayout::kMaxTile / 2};  // S = 2: 2^16 words a row
+  const auto refused = [](auto&& encode) {
+    try {
+      (void)encode();
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::unsupported);
+      CHECK(std::string(e.what()).find("2147483648 columns") != std::string::npos);
+      return;
+    }
+    FAIL_CHECK("a matrix of 2^31 columns was written");
+  };
+  const CsrMatrix<float> csr(1, kWidest + 1, 0);
+  refused([&] { return encode_mtx(csr.view()); });
+  refused([&] { return encode_twell(csr.view()); });
+  const EllMatrix<float> ell(1, kWidest + 1, 0);
+  refused([&] { return encode_twell(ell.view()); });
+  const TwellMatrix<bf16> twell(1, kWidest + 1, layout);
+  refused([&] { return encode_twell(twell.view()); });
+  HybridMatrix<bf16> hybrid(1, kWidest + 1, layout, 0);
+  hybrid.row_to_overflow().host_span()[0] = -1;
+  refused([&] { return encode_twell(std::as_const(hybrid).view()); });
+
+  // 2^31 - 1 columns are written and read back; dense matrices have no such limit.
+  const CsrMatrix<float> widest(1, kWidest, 0);
+  CHECK(cols(read_mtx(encode_mtx(widest.view()))) == kWidest);
+  CHECK(cols(read_twell(encode_twell(widest.view()))) == kWidest);
+  const DenseMatrix<float> wide_dense(0, kWidest + 1);
+  CHECK(cols(read_npy(encode_npy(wide_dense.view()))) == kWidest + 1);
+  CHECK(cols(read_twell(encode_twell(wide_dense.view()))) == kWidest + 1);
 }
 
 TEST_CASE("CRC-32 matches the IEEE check value and zlib") {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include <twell/convert.hpp>
 #include <twell/converters/backends.hpp>
+#include <twell/formats/validate.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/ops.hpp>
 
@@ -752,4 +754,69 @@ TEST_CASE_TEMPLATE("the public API runs host operands on the reference backend",
   CHECK(g.overflow_rows() == g_ref.overflow_rows());
   CHECK(testing::bitwise_equal<T>(ref::hybrid_to_dense<T>(g.view()).view(),
                                   ref::hybrid_to_dense<T>(g_ref.view()).view()));
+}
+
+TEST_CASE_TEMPLATE("gemm_to_sparse's overflow error names gemm_to_sparse, not the converter it reuses", T, bf16,
+                   float) {
+  // act(X W) is positive everywhere: 8 nonzeros in every (row, tile) of (8, 2), capacity 3.
+  DenseMatrix<T> x(4, 5), w(5, 16);
+  for (auto& v : x.values().host_span()) v = from_float<T>(1.0f);
+  for (auto& v : w.values().host_span()) v = from_float<T>(0.5f);
+  const ConvertOptions error;  // OverflowPolicy::error
+  const std::function<void()> calls[] = {
+      [&] { (void)ref::gemm_to_sparse<T>(x.view(), w.view(), {}, TwellLayout{8, 2}, error); },
+      [&] { (void)twell::gemm_to_sparse<T>(x.view(), w.view(), {}, TwellLayout{8, 2}, error); }};
+  for (const auto& call : calls) {
+    try {
+      call();
+      FAIL("no overflow reported");
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      CAPTURE(what);
+      CHECK(e.code() == ErrorCode::overflow);
+      CHECK(what.rfind("twell::reference::gemm_to_sparse: row 0, tile 0 ", 0) == 0);
+    }
+  }
+}
+
+TEST_CASE("a dense view's ld is at least its cols, empty views included, in every function that takes one") {
+  using T = float;
+  using testing::code_of;
+  // 0 x 4 with ld 0: no element, but ld < cols, as validate and the converters have always said.
+  const DenseView<const T> none_ld0{nullptr, 0, 4, 0, MemorySpace::host};
+  CHECK(code_of([&] { validate(none_ld0); }) == ErrorCode::malformed);
+  CHECK(code_of([&] { (void)to_csr(none_ld0); }) == ErrorCode::malformed);
+  const CsrMatrix<T> a(0, 9, 0);
+  const auto b = testing::random_dense<T>(9, 4, 1.0f, testing::fresh_seed());
+  const DenseView<T> c_ld0{nullptr, 0, 4, 0, MemorySpace::host};
+  try {
+    ref::spmm<T>(Op::none, a.view(), b.view(), c_ld0, 1, 0);
+    FAIL("C with ld 0 < 4 columns was accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("C has leading dimension 0 below its 4 columns") != std::string::npos);
+  }
+  CHECK(code_of([&] { twell::spmm<T>(Op::none, a.view(), b.view(), c_ld0); }) == ErrorCode::invalid_argument);
+  const CsrMatrix<T> k0(3, 0, 0);
+  const DenseView<const T> b_ld0{nullptr, 0, 4, 0, MemorySpace::host};
+  DenseMatrix<T> c(3, 4);
+  CHECK(code_of([&] { twell::spmm<T>(Op::none, k0.view(), b_ld0, c.view()); }) == ErrorCode::invalid_argument);
+  // The same shapes with ld = cols, and M x 0 views with ld 0 (>= their 0 columns), are fine.
+  twell::spmm<T>(Op::none, a.view(), b.view(), DenseView<T>{nullptr, 0, 4, 4, MemorySpace::host});
+  twell::spmm<T>(Op::none, k0.view(), DenseView<const T>{nullptr, 0, 4, 4, MemorySpace::host}, c.view());
+  const CsrMatrix<T> a9(6, 9, 0);
+  twell::spmm<T>(Op::none, a9.view(), DenseView<const T>{nullptr, 9, 0, 0, MemorySpace::host},
+                 DenseView<T>{nullptr, 6, 0, 0, MemorySpace::host});
+  const DenseView<const T> cols0{nullptr, 4, 0, 0, MemorySpace::host};
+  validate(cols0);
+  CHECK(to_csr(cols0).rows() == 4);
+  // A Hybrid's empty overflow block follows the same rule.
+  DenseMatrix<T> diagonal(5, 16);
+  for (std::int64_t i = 0; i < 5; ++i) diagonal.view().at(i, i) = 1.0f;
+  const auto hy = ref::dense_to_hybrid<T>(diagonal.view(), kNarrow);
+  REQUIRE(hy.overflow_rows() == 0);
+  HybridView<const T> v = hy.view();
+  v.overflow = DenseView<const T>{nullptr, 0, 16, 0, MemorySpace::host};
+  CHECK(code_of([&] { validate(v); }) == ErrorCode::malformed);
+  CHECK(code_of([&] { (void)ref::l1_norm<T>(v); }) == ErrorCode::invalid_argument);
 }

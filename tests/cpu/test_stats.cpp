@@ -1,6 +1,7 @@
 // stats(): distributions, candidate layouts and bytes, checked against direct counts on the
 // dense data and against the sizes of the matrices the converters actually build.
 #include <doctest/doctest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -209,4 +210,27 @@ TEST_CASE("stats: bad options and malformed input throw") {
   auto broken = to_csr(csr);
   broken.row_ptr().data()[5] = 0;
   CHECK(code_of([&] { (void)stats(broken); }) == ErrorCode::malformed);
+}
+
+// A CSR of 2^30 + 1 empty fp32 rows by 2^31 - 1 columns is valid, but its dense copy would take
+// more than 2^63 - 1 bytes: stats refuses it instead of wrapping the figure. Its 8 GiB row_ptr is
+// a zero mapping that is never written (MAP_NORESERVE), so the test costs no memory.
+TEST_CASE("stats: byte figures past 2^63 - 1 are refused, not wrapped") {
+  const std::int64_t rows = (std::int64_t{1} << 30) + 1;
+  const std::size_t bytes = static_cast<std::size_t>(rows + 1) * sizeof(std::int64_t);
+  void* zeros = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  REQUIRE(zeros != MAP_FAILED);
+  const std::int32_t col = 0;
+  const float value = 1.0f;
+  const CsrView<const float> huge{rows, std::int64_t{INT32_MAX}, 0, static_cast<const std::int64_t*>(zeros), &col,
+                                  &value, MemorySpace::host};
+  const StatsOptions one_layout{.tiles = {256}, .compressions = {8}};
+  CHECK(testing::code_of([&] { (void)stats(huge, one_layout); }) == ErrorCode::unsupported);
+  // A 64th of the rows fits: every figure is counted exactly.
+  const CsrView<const float> part{rows / 64, std::int64_t{INT32_MAX}, 0, static_cast<const std::int64_t*>(zeros), &col,
+                                  &value, MemorySpace::host};
+  const MatrixStats s = stats(part, one_layout);
+  CHECK(s.bytes.dense == (rows / 64) * std::int64_t{INT32_MAX} * 4);
+  CHECK(s.bytes.csr == (rows / 64 + 1) * 8);
+  munmap(zeros, bytes);
 }

@@ -527,6 +527,52 @@ TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination of the wrong 
         ErrorCode::invalid_argument);
 }
 
+TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination on its source and leaves dst empty on overflow", T,
+                   bf16, fp16, float) {
+  namespace gpu = twell::cuda;
+  using testing::code_of;
+  const TwellLayout layout{8, 2};  // capacity 3
+  // Row 0 fits, row 1 overflows tile 0 (5 nonzeros), row 2 would fit again.
+  DenseMatrix<T> dense(3, 16);
+  dense.view().at(0, 2) = from_float<T>(1.0f);
+  for (std::int64_t j = 0; j < 5; ++j) dense.view().at(1, j) = from_float<T>(2.0f);
+  dense.view().at(2, 9) = from_float<T>(3.0f);
+  const auto d_dense = dense.to(kDevice);
+  TwellMatrix<T> dst(3, 16, layout, kDevice);
+  for (int via_public = 0; via_public < 2; ++via_public) {
+    CAPTURE(via_public);
+    poison(dst);
+    try {
+      if (via_public != 0) {
+        twell::to_twell_into(d_dense, dst);
+      } else {
+        gpu::dense_to_twell_into(d_dense.view(), dst.view());
+      }
+      FAIL("no overflow reported");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::overflow);
+      CHECK(std::string(e.what()).find("row 1, tile 0") != std::string::npos);
+    }
+    expect_same(dst.to(kHost), TwellMatrix<T>(3, 16, layout));  // all zeros: no entry, nothing half written
+  }
+  // The destination's planes on the source's own device memory.
+  TwellView<T> on_src = dst.view();
+  on_src.packed = reinterpret_cast<std::uint32_t*>(const_cast<T*>(d_dense.view().data));
+  CHECK(code_of([&] { gpu::dense_to_twell_into(d_dense.view(), on_src); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { twell::to_twell_into(d_dense.view(), on_src); }) == ErrorCode::invalid_argument);
+  // A policy outside the enum, refused by every converter (not read as drop).
+  ConvertOptions unknown;
+  unknown.overflow = static_cast<OverflowPolicy>(7);
+  unknown.ell_width = 2;
+  CHECK(code_of([&] { gpu::dense_to_twell_into(d_dense.view(), dst.view(), unknown); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)gpu::dense_to_ell(d_dense.view(), unknown); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)gpu::dense_to_csr(d_dense.view(), unknown); }) == ErrorCode::invalid_argument);
+  // An empty source view follows ld >= cols as the reference's validation does.
+  const DenseView<const T> none_ld0{nullptr, 0, 16, 0, kDevice};
+  CHECK(code_of([&] { (void)gpu::dense_to_csr(none_ld0); }) == ErrorCode::invalid_argument);
+}
+
 namespace {
 
 // 0xFF over everything a Hybrid view of the device covers, so that a later conversion into the

@@ -407,6 +407,17 @@ TEST_CASE("gemm_to_sparse error policy names the first overflowed row and tile")
     const std::string what = e.what();
     CAPTURE(what);
     CHECK(what.find("row 150, tile 1 has 256") != std::string::npos);
+    CHECK(what.rfind("twell::cuda::gemm_to_sparse: ", 0) == 0);  // the function called, not the plan it runs
+  }
+  // The generic path (a layout the fused kernel does not take) names it too, not dense_to_twell.
+  try {
+    (void)cuda::gemm_to_sparse<bf16>(xd.view(), wd.view(), {Activation::relu, 0.0f}, TwellLayout{64, 8}, conv);
+    FAIL("no overflow reported");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::overflow);
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(what.rfind("twell::cuda::gemm_to_sparse: row 150, tile 4 ", 0) == 0);
   }
   // The same input under hybrid: exactly row 150 in the block, fully dense in tile 1.
   conv.overflow = OverflowPolicy::hybrid;
@@ -684,6 +695,7 @@ TEST_CASE("GemmToSparsePlan: error policy, misuse and bad input") {
     const std::string what = e.what();
     CAPTURE(what);
     CHECK(what.find("row 150, tile 1 has 256") != std::string::npos);
+    CHECK(what.rfind("twell::cuda::GemmToSparsePlan::sync_overflow_count: ", 0) == 0);
   }
   CHECK_THROWS_AS((void)plan.result(), Error);  // a failed count leaves no result
 

@@ -1,7 +1,9 @@
 // AnyMatrix: an owning matrix of any format and value type, chosen at run time (files, the CLI).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -45,6 +47,39 @@ inline DType parse_dtype(std::string_view name) {
   if (name == "fp16" || name == "float16") return DType::fp16;
   if (name == "fp32" || name == "float32") return DType::fp32;
   fail(ErrorCode::invalid_argument, "twell::parse_dtype", "dtype '", name, "' is not one of bf16, fp16, fp32");
+}
+
+// v rounded to T (nearest even), for values that come from outside T (fp64 text, another value
+// type): rounding may change them, nothing else may unnoticed. A finite v that rounds past T's
+// largest finite value is ErrorCode::unsupported, "where: <element()> is outside the finite range
+// of <T> (largest <max>)": element(), called only then, names the element and its value. Inf and
+// NaN pass as they are. A nonzero v that rounds to zero returns +-0 with rounded_to_zero set, for
+// the caller to drop and count (twell stores no zeros).
+template <Value T, class Element>
+T narrow(double v, std::string_view where, Element&& element, bool& rounded_to_zero) {
+  // From FLT_MAX plus half an ulp on, fp32 rounds to Inf (the cast of such a double is undefined).
+  constexpr double kFp32Overflow = 0x1.ffffffp+127;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const bool finite = std::isfinite(v);
+  float wide = finite && std::fabs(v) >= kFp32Overflow ? (v < 0 ? -kInf : kInf) : static_cast<float>(v);
+  // A 16-bit type is reached through fp32 rounded to odd: rounding to nearest twice can put a
+  // value just past a 16-bit tie onto the tie, which then goes to even (65519.9999999 to fp16
+  // would be Inf); an odd last bit on every inexact fp32 leaves the second rounding no such tie.
+  if constexpr (!std::is_same_v<T, float>) {
+    if (std::isfinite(wide) && static_cast<double>(wide) != v && (float_bits(wide) & 1u) == 0) {
+      wide = std::nextafter(wide, v < static_cast<double>(wide) ? -kInf : kInf);
+    }
+  }
+  const T out = from_float<T>(wide);
+  if (finite && std::isinf(to_float(out))) {
+    constexpr float kLargest = std::is_same_v<T, float> ? std::numeric_limits<float>::max()
+                               : std::is_same_v<T, fp16> ? 65504.0f
+                                                         : 0x1.fep+127f;
+    fail(ErrorCode::unsupported, where, element(), " is outside the finite range of ", to_string(dtype_of<T>),
+         " (largest ", kLargest, ")");
+  }
+  rounded_to_zero = v != 0 && to_float(out) == 0;
+  return out;
 }
 
 // The Format of each owning matrix type.

@@ -54,10 +54,12 @@ TWELL_FOR_EACH_VALUE_TYPE(TWELL_DECLARE_CONVERT)
 
 // Dense -> TwELL into a caller-owned TwELL: the hot path, nothing allocated for the result.
 // dst has src's rows and cols (ErrorCode::shape_mismatch), a valid layout, which is the target
-// (ErrorCode::invalid_argument), and lives where src lives (ErrorCode::space_mismatch); every
-// slot of dst is written, so it needs no zeroing. Overflow policy error or drop as to_twell
-// (hybrid is refused). On the device the work is queued on options.stream and the host waits
-// only under OverflowPolicy::error or when a report is requested (one small read at the end).
+// (ErrorCode::invalid_argument), shares no byte with src (ErrorCode::invalid_argument) and lives
+// where src lives (ErrorCode::space_mismatch); every slot of dst is written, so it needs no
+// zeroing. Overflow policy error or drop as to_twell (hybrid is refused); an overflow under error
+// throws and leaves dst all zeros (a valid TwELL without entries), never half written. On the
+// device the work is queued on options.stream and the host waits only under
+// OverflowPolicy::error or when a report is requested (one small read at the end).
 #define TWELL_DECLARE_CONVERT_INTO(T) \
   void to_twell_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& options = {});
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_DECLARE_CONVERT_INTO)

@@ -39,15 +39,18 @@ struct ReadOptions {
 
 // What a Matrix Market read found besides the matrix.
 struct MtxReport {
-  std::string field;                // "real", "integer" or "pattern"
-  std::int64_t entries = 0;         // entries in the file
-  std::int64_t explicit_zeros = 0;  // entries whose value is 0 or -0, dropped (twell stores no zeros)
+  std::string field;                 // "real", "integer" or "pattern"
+  std::int64_t entries = 0;          // entries in the file
+  std::int64_t explicit_zeros = 0;   // entries whose value is 0 or -0, dropped (twell stores no zeros)
+  std::int64_t rounded_to_zero = 0;  // nonzero entries that round to zero in the value type, dropped
 };
 
 // Matrix Market "coordinate real|integer|pattern general|symmetric|skew-symmetric" ->
 // CsrMatrix<options.dtype> (the stored lower triangle of a symmetric file is mirrored).
 // Duplicate entries are an error (ErrorCode::malformed), never summed; explicit zeros are dropped
-// and counted in *report. Values are parsed as fp64 and rounded to the value type.
+// and counted in *report. Values are parsed as fp64 and rounded to the value type (twell::narrow):
+// a finite value beyond its range is ErrorCode::unsupported naming the line; a nonzero that rounds
+// to zero is dropped and counted in report->rounded_to_zero.
 AnyMatrix read_mtx(std::span<const std::byte> bytes, const ReadOptions& options = {}, MtxReport* report = nullptr);
 AnyMatrix read_mtx(const std::filesystem::path& path, const ReadOptions& options = {}, MtxReport* report = nullptr);
 // "coordinate real general", 1-based, row-major order, each value printed as the shortest

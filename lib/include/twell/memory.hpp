@@ -29,7 +29,8 @@ void* allocate_bytes(std::size_t bytes, MemorySpace space);
 void free_bytes(void* p, MemorySpace space) noexcept;
 // Copies between any two spaces; synchronous with respect to the host.
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes);
-void zero_bytes(void* p, MemorySpace space, std::size_t bytes);
+// Sets every byte to `value` (synchronous on the device, like the copies).
+void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t bytes);
 // Device buffers this process has allocated so far (cudaMalloc calls of Buffer), for tests and
 // diagnostics that check a steady state allocates nothing; 0 in a build without the cuda backend.
 std::uint64_t device_allocation_count() noexcept;
@@ -58,7 +59,7 @@ class Buffer {
     if (n == 0) return;
     const std::size_t bytes = detail::checked_bytes(n, sizeof(T));
     data_ = static_cast<T*>(detail::allocate_bytes(bytes, space));
-    detail::zero_bytes(data_, space, bytes);
+    detail::fill_bytes(data_, space, 0, bytes);
   }
   // No zero fill (no memset, so nothing for a later stream to be ordered after).
   Buffer(std::size_t n, MemorySpace space, Uninitialized) : size_(n), space_(space) {

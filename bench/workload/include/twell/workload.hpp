@@ -40,6 +40,10 @@ struct ActivationOptions {
   std::uint64_t seed = 1;
 };
 
+// Throws twell::Error(invalid_argument), naming `where`, for options that activations() and
+// ffn_inputs() refuse (a command line checks them before any work).
+void check_options(const ActivationOptions& options, const char* where);
+
 // Dense M x N host matrix of ReLU-like activations (nonzeros positive, exponential magnitudes).
 template <Value T>
 DenseMatrix<T> activations(const ActivationOptions& options);

@@ -4,12 +4,14 @@
 
 #include <twell/error.hpp>
 #include <twell/formats/dense.hpp>
+#include <twell/formats/dense_checks.hpp>
 #include <twell/formats/twell_matrix.hpp>
 
 namespace twell::detail {
 
 // dst must live in `space` (the backend's), have src's shape and a valid layout, and point at
-// storage when it has any slots (fp32 also at its value plane).
+// storage when it has any slots (fp32 also at its value plane) that shares no byte with src: the
+// conversion writes dst while it still reads src, so an overlap would convert overwritten values.
 template <class T>
 void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpace space, const char* where) {
   require(dst.space == space, ErrorCode::space_mismatch, where, "dst lives in ",
@@ -18,12 +20,19 @@ void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpa
   require(dst.rows == src.rows && dst.cols == src.cols, ErrorCode::shape_mismatch, where, "dst is ", dst.rows, " x ",
           dst.cols, " but src is ", src.rows, " x ", src.cols);
   check_layout(dst.layout, where);
-  if (dst.rows * dst.layout.packed_width(dst.cols) == 0) return;
+  const std::int64_t words = dst.rows * dst.layout.packed_width(dst.cols);
+  if (words == 0) return;
   require(dst.packed != nullptr, ErrorCode::invalid_argument, where, "dst.packed is null for a ", dst.rows, " x ",
           dst.cols, " TwELL");
-  if constexpr (!ValueTraits<T>::packs_in_slot)
+  const ByteRange source = byte_range(src);
+  require(!byte_range(dst.packed, words).overlaps(source), ErrorCode::invalid_argument, where,
+          "dst.packed overlaps the source; convert into storage of its own");
+  if constexpr (!ValueTraits<T>::packs_in_slot) {
     require(dst.value_plane != nullptr, ErrorCode::invalid_argument, where,
             "dst.value_plane is null, but fp32 TwELL keeps its values there");
+    require(!byte_range(dst.value_plane, words).overlaps(source), ErrorCode::invalid_argument, where,
+            "dst.value_plane overlaps the source; convert into storage of its own");
+  }
 }
 
 }  // namespace twell::detail

@@ -34,4 +34,13 @@ struct ConvertOptions {
   ConvertReport* report = nullptr;
 };
 
+// What every converter of both backends checks first, naming `where`: a threshold that is a
+// non-negative number (NaN refused) and a policy that is one of the enumerators (also where the
+// target ignores it: a value outside the enum is a caller's bug, whatever it converts to).
+inline void check_convert_options(const ConvertOptions& options, const char* where) {
+  require(options.threshold >= 0.0f, ErrorCode::invalid_argument, where, "options.threshold = ", options.threshold,
+          " must be a non-negative number");
+  check_overflow_policy(options.overflow, where);
+}
+
 }  // namespace twell

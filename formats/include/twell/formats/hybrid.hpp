@@ -33,11 +33,16 @@ template <Value T>
 class HybridMatrix {
  public:
   HybridMatrix() = default;
+  // Every row maps to -1 (in no block row) and every value is zero: at overflow_rows = 0 the valid
+  // all-zero matrix. The block holds whole rows, at most one per row, for a producer that fills it
+  // and both maps.
   HybridMatrix(std::int64_t rows, std::int64_t cols, TwellLayout layout, std::int64_t overflow_rows,
                MemorySpace space = MemorySpace::host)
-      : twell_(rows, cols, layout, space), overflow_(overflow_rows, cols, space),
-        row_to_overflow_(static_cast<std::size_t>(rows), space),
-        overflow_to_row_(static_cast<std::size_t>(overflow_rows), space) {}
+      : twell_(rows, cols, layout, space), overflow_(checked_block(rows, overflow_rows), cols, space),
+        row_to_overflow_(static_cast<std::size_t>(rows), space, Uninitialized{}),
+        overflow_to_row_(static_cast<std::size_t>(overflow_rows), space) {
+    detail::fill_bytes(row_to_overflow_.data(), space, 0xff, row_to_overflow_.bytes());  // all bits set: -1
+  }
 
   std::int64_t rows() const { return twell_.rows(); }
   std::int64_t cols() const { return twell_.cols(); }
@@ -69,6 +74,12 @@ class HybridMatrix {
   }
 
  private:
+  static std::int64_t checked_block(std::int64_t rows, std::int64_t overflow_rows) {
+    require(overflow_rows >= 0 && overflow_rows <= rows, ErrorCode::invalid_argument, "twell::HybridMatrix",
+            overflow_rows, " overflow rows for ", rows, " rows; a block holds whole rows, each at most once");
+    return overflow_rows;
+  }
+
   TwellMatrix<T> twell_;
   DenseMatrix<T> overflow_;
   Buffer<std::int32_t> row_to_overflow_;

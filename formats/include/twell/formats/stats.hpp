@@ -54,6 +54,12 @@ struct StatsOptions {
   TwellLayout default_layout{};
 };
 
+// Throws ErrorCode::invalid_argument, naming `where`, for options that stats() refuses: a default
+// layout that check_layout refuses, a candidate tile that no layout has (not a multiple of 8 in
+// [8, kMaxTile]) or a candidate C that is not a power of two. (A candidate pair whose C does not
+// divide the tile or leaves fewer than two slots is skipped, not refused.)
+void check_stats_options(const StatsOptions& options, const char* where);
+
 struct MatrixStats {
   DType dtype = DType::fp32;
   std::int64_t rows = 0;
@@ -73,6 +79,8 @@ struct MatrixStats {
   FormatBytes bytes;
 };
 
+// Throws ErrorCode::unsupported for a matrix whose byte figures pass 2^63 - 1 (a dense copy of
+// 2^31 x 2^31 values), which no int64 field can hold.
 #define TWELL_DECLARE_STATS(T) MatrixStats stats(CsrView<const T> m, const StatsOptions& options = {});
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_DECLARE_STATS)
 #undef TWELL_DECLARE_STATS

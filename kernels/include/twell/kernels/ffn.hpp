@@ -63,7 +63,7 @@ void ffn_forward(DenseView<const T> x, DenseView<const T> wu, DenseView<const T>
 //   dx  = dg wg^T + du wu^T,  dwg = x^T dg,  dwu = x^T du
 // For ReLU, act' = 1 on P, which gives DESIGN.md's dg = dh * u and du = dh * g. At g exactly 0
 // ReLU gives a = 0, which is outside P, so no gradient flows there (the subgradient taken is 0);
-// the threshold likewise acts as a hard mask. lambda must be >= 0.
+// the threshold likewise acts as a hard mask. lambda must be finite and >= 0.
 template <Value T>
 GatedFfnGradients<T> gated_ffn_backward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
                                         DenseView<const T> wd, DenseView<const T> dy, ActivationSpec act, float lambda,

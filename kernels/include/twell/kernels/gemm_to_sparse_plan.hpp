@@ -11,6 +11,7 @@
 #include <twell/formats/dense.hpp>
 #include <twell/formats/hybrid.hpp>
 #include <twell/formats/layout.hpp>
+#include <twell/kernels/backends.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/memory.hpp>
 
@@ -120,7 +121,15 @@ class GemmToSparsePlan {
  private:
   enum class State : std::uint8_t { idle, queued, synced, taken };
 
-  void run_generic();
+  // gemm_to_sparse runs a plan, but its caller called gemm_to_sparse: these name `where` in their
+  // errors (the public run / sync_overflow_count name themselves).
+  template <Value U>
+  friend HybridMatrix<U> gemm_to_sparse(DenseView<const U> x, DenseView<const U> w, ActivationSpec act,
+                                        TwellLayout layout, const ConvertOptions& convert,
+                                        const KernelOptions& options);
+  void run(DenseView<const T> x, DenseView<const T> w, const char* where);
+  OverflowCount sync_overflow_count(const char* where);
+  void run_generic(const char* where);
 
   std::int64_t m_ = 0, k_ = 0, n_ = 0;
   ActivationSpec act_{};

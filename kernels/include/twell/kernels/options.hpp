@@ -1,9 +1,11 @@
 // Options shared by the sparse-dense kernels of both backends.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
+#include <twell/error.hpp>
 #include <twell/memory.hpp>
 
 namespace twell {
@@ -21,6 +23,15 @@ struct ActivationSpec {
 
 // Normalisation Z of the L1 term lambda * sum(|h|) / Z of the FFN training loss.
 enum class L1Normalization : std::uint8_t { per_token /* Z = M */, per_entry /* Z = M * N */ };
+
+// Throws invalid_argument, naming `where`, unless lambda is a finite number >= 0 (an infinite one
+// would make every gradient of the sparse activations infinite) and norm one of the enum's values.
+inline void check_l1_penalty(float lambda, L1Normalization norm, const char* where) {
+  require(std::isfinite(lambda) && lambda >= 0.0f, ErrorCode::invalid_argument, where, "lambda ", lambda,
+          " must be a finite non-negative number");
+  require(norm == L1Normalization::per_token || norm == L1Normalization::per_entry, ErrorCode::invalid_argument, where,
+          "L1 normalization ", static_cast<int>(norm), " is unknown");
+}
 
 // Filled by a kernel when asked: which implementation path ran (for tests and benchmarks).
 struct KernelReport {

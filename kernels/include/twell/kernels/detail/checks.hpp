@@ -35,12 +35,7 @@ void check_dense_transpose(DenseView<const T> a, DenseView<T> out, const char* w
   require(out.rows == a.cols && out.cols == a.rows, ErrorCode::shape_mismatch, where, "out is ",
           shape(out.rows, out.cols), " but the transpose of a (", shape(a.rows, a.cols), ") is ",
           shape(a.cols, a.rows));
-  if (a.rows == 0 || a.cols == 0) return;
-  const auto a_begin = reinterpret_cast<std::uintptr_t>(a.data);
-  const auto a_end = reinterpret_cast<std::uintptr_t>(a.data + (a.rows - 1) * a.ld + a.cols);
-  const auto o_begin = reinterpret_cast<std::uintptr_t>(out.data);
-  const auto o_end = reinterpret_cast<std::uintptr_t>(out.data + (out.rows - 1) * out.ld + out.cols);
-  require(o_end <= a_begin || a_end <= o_begin, ErrorCode::invalid_argument, where,
+  require(!byte_range(out).overlaps(byte_range(a)), ErrorCode::invalid_argument, where,
           "out overlaps a; a transpose cannot be done in place");
 }
 
