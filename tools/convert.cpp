@@ -24,7 +24,7 @@ AnyMatrix cast_to(const AnyMatrix& m, const std::string& path, std::int64_t& zer
         const auto ci = src.col_idx().host_span();
         const auto v = src.values().host_span();
         std::vector<U> narrowed(v.size());
-        std::int64_t dropped = 0;
+        std::int64_t dropped = 0, kept = 0;
         for (std::size_t r = 0; r + 1 < rp.size(); ++r) {
           for (auto k = rp[r]; k < rp[r + 1]; ++k) {
             const auto idx = static_cast<std::size_t>(k);
@@ -34,10 +34,11 @@ AnyMatrix cast_to(const AnyMatrix& m, const std::string& path, std::int64_t& zer
               return detail::concat("row ", r, ", column ", ci[idx], ": value ", value);
             }, to_zero);
             dropped += to_zero ? 1 : 0;
+            kept += is_stored(narrowed[idx]) ? 1 : 0;  // a zero stored in the source is not kept either
           }
         }
         zeroed += dropped;
-        CsrMatrix<U> out(src.rows(), src.cols(), src.nnz() - dropped);
+        CsrMatrix<U> out(src.rows(), src.cols(), kept);
         auto orp = out.row_ptr().host_span();
         auto oci = out.col_idx().host_span();
         auto ov = out.values().host_span();

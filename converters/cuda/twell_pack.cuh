@@ -374,8 +374,9 @@ inline void require_twell_policy(const ConvertOptions& options, const char* wher
 
 // After a packing kernel under error / drop whose counters must come back (error policy, or a
 // report): one read of the counters, then throws on the first overflowed (row, tile) (one more
-// read, for its count) or fills the report. Before it throws, `out` is cleared in stream order,
-// as the reference backend leaves it: never half written (all zeros is a TwELL without entries).
+// read, for its count) or fills the report. Before it throws, `out` is cleared (and the stream
+// waited for), as the reference backend leaves it: never half written (all zeros is a TwELL
+// without entries).
 template <class T>
 void conclude_twell(const DeviceCounters& counters, TwellView<T> out, const ConvertOptions& options,
                     const char* where) {
@@ -391,7 +392,11 @@ void conclude_twell(const DeviceCounters& counters, TwellView<T> out, const Conv
     const std::uint32_t count = read_value(out.packed + layout.slot_offset(row, tile, out.cols), stream);
     const auto words = static_cast<std::size_t>(out.rows * out.packed_width());
     check_cuda(cudaMemsetAsync(out.packed, 0, words * sizeof(std::uint32_t), stream), where);
-    if (out.value_plane != nullptr) check_cuda(cudaMemsetAsync(out.value_plane, 0, words * sizeof(T), stream), where);
+    if constexpr (!ValueTraits<T>::packs_in_slot) {
+      check_cuda(cudaMemsetAsync(out.value_plane, 0, words * sizeof(T), stream), where);
+    }
+    // The error path may wait: the caller gets the exception with dst already cleared.
+    check_cuda(cudaStreamSynchronize(stream), where);
     fail(ErrorCode::overflow, where, "row ", row, ", tile ", tile, " (columns ", layout.tile_begin(tile), "..",
          layout.tile_begin(tile) + layout.tile_cols(tile, out.cols) - 1, ") holds ", count,
          " nonzeros but layout (tile ", layout.tile, ", C ", layout.compression, ") has capacity S-1 = ",

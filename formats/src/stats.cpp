@@ -92,7 +92,8 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
   s.nnz = m.nnz;
   s.density = m.rows > 0 && m.cols > 0 ? static_cast<double>(m.nnz) / (static_cast<double>(m.rows) * static_cast<double>(m.cols)) : 0.0;
   s.default_layout = options.default_layout;
-  // The figures of the shape alone first, so that a matrix too large to count fails before the walk.
+  // The figures of the shape alone first (and the TwELL bytes below), so that a matrix too large
+  // to count fails before the walk over its rows.
   const std::int64_t vsize = value_size(s.dtype);
   s.bytes.dense = checked_sum("dense bytes", {{m.rows, m.cols, vsize}});
   s.bytes.csr = checked_sum("CSR bytes", {{m.rows, 8}, {8}, {m.nnz, 4 + vsize}});
@@ -105,6 +106,10 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
       if (tile % c == 0 && c <= tile / 2) s.candidates.push_back(LayoutStats{.layout = TwellLayout{tile, c}});
     }
   }
+  // TwELL bytes depend on the shape alone too (at C = 1 in fp32 they are twice the dense bytes).
+  s.at_default.twell_bytes = twell_bytes(m.rows, m.cols, s.at_default.layout, s.dtype);
+  for (auto& c : s.candidates) c.twell_bytes = twell_bytes(m.rows, m.cols, c.layout, s.dtype);
+  const std::int64_t default_tiles = checked_sum("(row, tile) count", {{m.rows, options.default_layout.tiles(m.cols)}});
 
   std::vector<TileFamily> families;
   const auto family_of = [&](std::int32_t tile) -> TileFamily& {
@@ -162,13 +167,11 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
     }
   }
 
-  const std::int64_t default_tiles = checked_sum("(row, tile) count", {{m.rows, options.default_layout.tiles(m.cols)}});
   add_sample(tile_frequency, 0, default_tiles - nonempty_default_tiles);
   s.per_row = from_frequencies(row_frequency);
   s.per_row_tile = from_frequencies(tile_frequency);
 
   const auto finish = [&](LayoutStats& ls) {
-    ls.twell_bytes = twell_bytes(m.rows, m.cols, ls.layout, s.dtype);
     ls.hybrid_bytes = checked_sum("Hybrid bytes", {{ls.twell_bytes}, {ls.overflow_rows, m.cols, vsize}, {4, m.rows}, {4, ls.overflow_rows}});
   };
   finish(s.at_default);

@@ -248,11 +248,8 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
       }
       if (!ok) lines.fail_here(ErrorCode::malformed, t.at(), "value '", s, "' is not ", field == Field::integer ? "an integer" : "a real number");
     }
-    const auto element = [&] {
-      return detail::concat("line ", lines.number(), " (byte ", lines.start() + t.at(), "): value ", s);
-    };
-    bool to_zero = false;
-    const T value = narrow<T>(v, kWhere, element, to_zero);
+    const std::string_view value_text = s;
+    const auto value_byte = lines.start() + t.at();
     if (t.next(s)) lines.fail_here(ErrorCode::malformed, t.at(), "unexpected '", s, "' after the entry");
     ++got;
     const auto line_no =
@@ -261,6 +258,10 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
       lines.fail_here(ErrorCode::malformed, 0, "entry (", r, ", ", c, ") is not in the ",
                       symmetry == Symmetry::skew ? "strictly " : "", "lower triangle of a ", tok[4], " matrix");
     }
+    // Rounded once the line is known to be well formed: a structural error is reported first.
+    const auto element = [&] { return detail::concat("line ", lines.number(), " (byte ", value_byte, "): value ", value_text); };
+    bool to_zero = false;
+    const T value = narrow<T>(v, kWhere, element, to_zero);
     entry_row.push_back(r - 1);
     entry.push_back(Entry<T>{static_cast<std::int32_t>(c - 1), line_no, value});
     rounded_to_zero += to_zero ? 1 : 0;

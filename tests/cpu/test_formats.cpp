@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <twell/twell.hpp>
@@ -317,10 +318,12 @@ TEST_CASE_TEMPLATE("a fresh HybridMatrix maps no row to its block and holds at m
   const HybridMatrix<T> full_block(5, 40, layout, 5);
   CHECK(std::all_of(full_block.row_to_overflow().data(), full_block.row_to_overflow().data() + 5,
                     [](std::int32_t r) { return r == -1; }));
-  for (const std::int64_t r : {std::int64_t{6}, std::int64_t{-1}}) {
+  // R is checked before any storage: the last shape's TwELL part alone would take 2^44 bytes or more.
+  for (const auto& [rows, cols, r] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{5, 40, 6}, {5, 40, -1},
+                                      {std::int64_t{1} << 21, std::int64_t{1} << 22, -1}}) {
     CAPTURE(r);
     try {
-      (void)HybridMatrix<T>(5, 40, layout, r);
+      (void)HybridMatrix<T>(rows, cols, layout, r);
       FAIL("overflow rows outside [0, rows] accepted");
     } catch (const Error& e) {
       const std::string what = e.what();

@@ -54,7 +54,7 @@ TWELL_FOR_EACH_VALUE_TYPE(TWELL_DECLARE_CONVERT)
 
 // Dense -> TwELL into a caller-owned TwELL: the hot path, nothing allocated for the result.
 // dst has src's rows and cols (ErrorCode::shape_mismatch), a valid layout, which is the target
-// (ErrorCode::invalid_argument), shares no byte with src (ErrorCode::invalid_argument) and lives
+// (ErrorCode::invalid_argument), lies outside src's span (ErrorCode::invalid_argument) and lives
 // where src lives (ErrorCode::space_mismatch); every slot of dst is written, so it needs no
 // zeroing. Overflow policy error or drop as to_twell (hybrid is refused); an overflow under error
 // throws and leaves dst all zeros (a valid TwELL without entries), never half written. On the

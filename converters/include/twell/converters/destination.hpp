@@ -10,7 +10,7 @@
 namespace twell::detail {
 
 // dst must live in `space` (the backend's), have src's shape and a valid layout, and point at
-// storage when it has any slots (fp32 also at its value plane) that shares no byte with src: the
+// storage when it has any slots (fp32 also at its value plane) that lies outside src's span: the
 // conversion writes dst while it still reads src, so an overlap would convert overwritten values.
 template <class T>
 void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpace space, const char* where) {

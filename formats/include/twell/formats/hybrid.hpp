@@ -38,7 +38,7 @@ class HybridMatrix {
   // and both maps.
   HybridMatrix(std::int64_t rows, std::int64_t cols, TwellLayout layout, std::int64_t overflow_rows,
                MemorySpace space = MemorySpace::host)
-      : twell_(rows, cols, layout, space), overflow_(checked_block(rows, overflow_rows), cols, space),
+      : twell_(rows_with_block(rows, overflow_rows), cols, layout, space), overflow_(overflow_rows, cols, space),
         row_to_overflow_(static_cast<std::size_t>(rows), space, Uninitialized{}),
         overflow_to_row_(static_cast<std::size_t>(overflow_rows), space) {
     detail::fill_bytes(row_to_overflow_.data(), space, 0xff, row_to_overflow_.bytes());  // all bits set: -1
@@ -74,10 +74,12 @@ class HybridMatrix {
   }
 
  private:
-  static std::int64_t checked_block(std::int64_t rows, std::int64_t overflow_rows) {
+  // rows, once R is known to fit them: checked in the first member's initializer, before any
+  // storage is allocated.
+  static std::int64_t rows_with_block(std::int64_t rows, std::int64_t overflow_rows) {
     require(overflow_rows >= 0 && overflow_rows <= rows, ErrorCode::invalid_argument, "twell::HybridMatrix",
             overflow_rows, " overflow rows for ", rows, " rows; a block holds whole rows, each at most once");
-    return overflow_rows;
+    return rows;
   }
 
   TwellMatrix<T> twell_;
