@@ -15,6 +15,7 @@ std::string_view to_string(ErrorCode code) {
     case ErrorCode::io: return "io";
     case ErrorCode::unsupported: return "unsupported";
     case ErrorCode::no_device: return "no_device";
+    case ErrorCode::out_of_memory: return "out_of_memory";
   }
   return "unknown";
 }

@@ -11,7 +11,7 @@ namespace twell::detail {
 void* allocate_host_bytes(std::size_t bytes) {
   constexpr std::size_t kAlign = 64;
   void* p = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-  if (p == nullptr) fail(ErrorCode::invalid_argument, "twell::Buffer", "cannot allocate ", bytes, " bytes of host memory");
+  if (p == nullptr) fail(ErrorCode::out_of_memory, "twell::Buffer", "cannot allocate ", bytes, " bytes of host memory");
   return p;
 }
 

@@ -147,6 +147,18 @@ TEST_CASE("check_layout rejects every bad layout with invalid_argument") {
   CHECK(code_of([] { EllMatrix<float>(2, 3, -4); }) == ErrorCode::invalid_argument);
 }
 
+TEST_CASE("an allocation the machine cannot serve is out_of_memory, apart from a bad size") {
+  // 2^52 bytes: a valid size (below PTRDIFF_MAX) that no host maps (x86-64 user space is 2^47).
+  try {
+    DenseMatrix<float> huge(std::int64_t{1} << 40, std::int64_t{1} << 10);
+    FAIL("a 4 PiB matrix was allocated");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::out_of_memory);
+    CHECK(std::string(e.what()).find("cannot allocate 4503599627370496 bytes of host memory") != std::string::npos);
+  }
+  CHECK(to_string(ErrorCode::out_of_memory) == "out_of_memory");
+}
+
 TEST_CASE("sizes that overflow a 64-bit count or the address space are refused, not wrapped") {
   // Each of these once wrapped to a small (or zero-byte) block that the first write overran.
   constexpr std::int64_t k31 = std::int64_t{1} << 31;

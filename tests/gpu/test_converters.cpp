@@ -527,6 +527,22 @@ TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination of the wrong 
         ErrorCode::invalid_argument);
 }
 
+// A request no GPU can serve is out_of_memory (not a generic cuda error), and it leaves no error
+// behind: the next conversion runs and matches the reference.
+TEST_CASE("cuda: an allocation the device cannot serve is out_of_memory, and the device stays usable") {
+  try {
+    const DenseMatrix<float> huge(std::int64_t{1} << 38, std::int64_t{1} << 10, kDevice);  // 2^50 bytes
+    FAIL("a 1 PiB device matrix was allocated");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::out_of_memory);
+    CHECK(std::string(e.what()).find("out of device memory") != std::string::npos);
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+  const auto dense = random_sparse_dense<float>(7, 300, SparseDenseOptions{}, fresh_seed());
+  const auto got = twell::cuda::dense_to_csr<float>(dense.to(kDevice).view());
+  expect_same(got.to(kHost), twell::reference::dense_to_csr<float>(dense.view()));
+}
+
 TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination on its source and leaves dst empty on overflow", T,
                    bf16, fp16, float) {
   namespace gpu = twell::cuda;

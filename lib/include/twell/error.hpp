@@ -22,6 +22,8 @@ enum class ErrorCode : std::uint8_t {
   io,                // a file that cannot be read or written, or is truncated/corrupt
   unsupported,       // a valid request this build or device cannot serve
   no_device,         // device memory or a GPU kernel requested in a build or machine without one
+  out_of_memory,     // a host or device allocation failed (the library's or cuBLAS/cuSPARSE's); the device
+                     // stays usable (the CUDA error is cleared): a caller may free memory and retry
 };
 
 std::string_view to_string(ErrorCode code);
