@@ -130,7 +130,6 @@ int run_stats(std::span<const std::string> argv) {
     read.dtype = parse_dtype(args.get("dtype", "fp32"));
     file_type_of(path);
     options.default_layout.tile = static_cast<std::int32_t>(args.get_int("tile", 256, 8, TwellLayout::kMaxTile));
-    check_layout(options.default_layout, "--tile");
     // In the order given, each value once.
     const auto distinct = [](const std::vector<std::int64_t>& v) {
       std::vector<std::int32_t> out;
@@ -140,7 +139,7 @@ int run_stats(std::span<const std::string> argv) {
     };
     options.tiles = distinct(args.get_int_list("tiles", {128, 256}, 1, TwellLayout::kMaxTile));
     options.compressions = distinct(args.get_int_list("compressions", {2, 4, 8, 16, 32}, 1, TwellLayout::kMaxTile));
-    check_stats_options(options, "--tiles/--compressions");
+    check_stats_options(options, "--tile/--tiles/--compressions");
   } catch (const Error& e) {
     throw UsageError(e.what());
   }

@@ -34,13 +34,12 @@ class TwellMatrix {
   TwellMatrix() = default;
   TwellMatrix(std::int64_t rows, std::int64_t cols, TwellLayout layout, MemorySpace space = MemorySpace::host)
       : rows_(rows), cols_(cols), layout_(checked(rows, cols, layout)),
-        packed_(detail::checked_elements(rows, layout.packed_width(cols), "twell::TwellMatrix"), space),
-        value_plane_(kHasValuePlane ? static_cast<std::size_t>(rows * layout.packed_width(cols)) : 0, space) {}
+        packed_(words(rows, cols, layout), space), value_plane_(kHasValuePlane ? words(rows, cols, layout) : 0, space) {}
   // Slots left undefined (Buffer's Uninitialized): for a producer that writes every slot.
   TwellMatrix(std::int64_t rows, std::int64_t cols, TwellLayout layout, MemorySpace space, Uninitialized tag)
       : rows_(rows), cols_(cols), layout_(checked(rows, cols, layout)),
-        packed_(detail::checked_elements(rows, layout.packed_width(cols), "twell::TwellMatrix"), space, tag),
-        value_plane_(kHasValuePlane ? static_cast<std::size_t>(rows * layout.packed_width(cols)) : 0, space, tag) {}
+        packed_(words(rows, cols, layout), space, tag),
+        value_plane_(kHasValuePlane ? words(rows, cols, layout) : 0, space, tag) {}
 
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }
@@ -77,6 +76,10 @@ class TwellMatrix {
     require(cols <= INT64_MAX - layout.tile + 1, ErrorCode::invalid_argument, "twell::TwellMatrix", "cols = ", cols,
             " is too large to round up to tiles of ", layout.tile);
     return layout;
+  }
+  // Slot words of the shape (after checked(), which layout_ runs first), refused past 2^63 - 1.
+  static std::size_t words(std::int64_t rows, std::int64_t cols, TwellLayout layout) {
+    return detail::checked_elements(rows, layout.packed_width(cols), "twell::TwellMatrix");
   }
 
   std::int64_t rows_ = 0;
