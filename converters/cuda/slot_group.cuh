@@ -11,6 +11,8 @@
 #include <twell/formats/layout.hpp>
 #include <twell/types.hpp>
 
+#include "warp_scan.cuh"
+
 namespace twell::cuda::detail {
 
 // A lane's kPerLane consecutive 16-bit values (16 or 8: two or one 16-byte loads).
@@ -56,31 +58,25 @@ __device__ __forceinline__ void clip_flags(int col0, int cols, std::uint32_t (&f
 
 // Each half-warp writes the whole slot group of its (row, tile), `group` = its slot 0, from its
 // lanes' chunks and stored flags; a half with `live` false (no tile: its flags must be zero) writes
-// nothing. A lane ranks its entries by an exclusive prefix over the lanes of its half (one ballot
-// per bit of its count, shared by both halves); lane order is column order and a lane walks its
-// own columns upward, so slots come out in column order. The first `capacity` entries are
-// written, then slot 0 (the true count, or min(count, capacity) when `clamp`) and zeros in the
-// slots past the entries: every word of the group is written, so the output needs no
-// initialisation. Returns the true count of the lane's half. Called by the whole warp.
+// nothing. A lane ranks its entries by an exclusive prefix sum of the lanes' counts over its half
+// (a 16-wide shuffle scan: 4 steps, where a ballot per bit of the count took 5 ballots and twice
+// the instructions); lane order is column order and a lane walks its own columns upward, so slots
+// come out in column order. The first `capacity` entries are written, then slot 0 (the true
+// count, or min(count, capacity) when `clamp`) and zeros in the slots past the entries: every word
+// of the group is written, so the output needs no initialisation. Returns the true count of the
+// lane's half. Called by the whole warp.
 template <int kPerLane>
 __device__ __forceinline__ int pack_slot_groups(const LaneChunk<kPerLane>& chunk,
                                                 const std::uint32_t (&flags)[kPerLane / 2], std::uint32_t* group,
                                                 bool live, int slots, int capacity, bool clamp, int lane) {
   constexpr int kWords = kPerLane / 2;
-  constexpr int kCountBits = kPerLane == 16 ? 5 : 4;  // a lane holds 0 .. kPerLane entries
-  std::uint32_t merged = 0;                           // the flags at distinct bits: 15 - k and 31 - k
+  std::uint32_t merged = 0;  // the flags at distinct bits: 15 - k and 31 - k
 #pragma unroll
   for (int k = 0; k < kWords; ++k) merged |= flags[k] >> k;
   const int mine = __popc(merged);
-  const unsigned half = (lane & 16) != 0 ? 0xffff0000u : 0x0000ffffu;
-  const unsigned lanes_below = ((1u << lane) - 1u) & half;
-  int pos = 0, count = 0;
-#pragma unroll
-  for (int b = 0; b < kCountBits; ++b) {
-    const unsigned ballot = __ballot_sync(0xffffffffu, (mine >> b) & 1);
-    pos += __popc(ballot & lanes_below) << b;
-    count += __popc(ballot & half) << b;
-  }
+  const int inclusive = warp_inclusive_sum<int, 16>(mine, lane);
+  const int count = __shfl_sync(0xffffffffu, inclusive, 15, 16);
+  int pos = inclusive - mine;
   if (mine != 0) {  // at low density few lanes, and few of their words, hold entries
     const auto col0 = static_cast<std::uint32_t>((lane & 15) * kPerLane);
 #pragma unroll
@@ -98,10 +94,18 @@ __device__ __forceinline__ int pack_slot_groups(const LaneChunk<kPerLane>& chunk
       }
     }
   }
-  const int written = min(count, capacity);
-  if (live)
-    for (int s = lane & 15; s < slots; s += 16)
-      if (s == 0 || s > written) group[s] = s == 0 ? static_cast<std::uint32_t>(clamp ? written : count) : 0u;
+  if (live) {  // lane s of the half writes slots s, s + 16, ...: slot 0 and the padding
+    const int written = min(count, capacity);
+    const int s0 = lane & 15;
+    if (s0 == 0) {
+      group[0] = static_cast<std::uint32_t>(clamp ? written : count);
+    } else if (s0 < slots && s0 > written) {
+      group[s0] = 0u;
+    }
+#pragma unroll 1
+    for (int s = s0 + 16; s < slots; s += 16)
+      if (s > written) group[s] = 0u;
+  }
   return count;
 }
 

@@ -207,12 +207,13 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
   };
   PairWalk at{global_warp(), 0};  // the pair this half packs next
   if (lane >= 16) at.advance(geo.tiles, warps);
-  PairWalk ahead = at;  // the pair this half loads next
+  PairWalk ahead = at;  // the pair this half loads next: the one after `at` from here on
   LaneChunk<kPerLane> chunk = load(ahead);
   step(ahead);
   std::int64_t held = 0;
 #pragma unroll 1
   while (__any_sync(0xffffffffu, at.row < src.rows)) {
+    const PairWalk loaded = ahead;  // the next `at`
     const LaneChunk<kPerLane> next = load(ahead);
     step(ahead);
     const bool live = at.row < src.rows;
@@ -228,7 +229,7 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
                                        live, geo.slots, geo.capacity, clamp, lane);
     if ((lane & 15) == 0 && live) held += account_tile(count, geo.capacity, at.row, at.row * geo.tiles + at.tile, overflow);
     chunk = next;
-    step(at);
+    at = loaded;
   }
   if (overflow.counters != nullptr && (lane & 15) == 0)
     atomicAdd(&overflow.counters->nnz, static_cast<unsigned long long>(held));

@@ -17,6 +17,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/gemm_to_sparse_plan.hpp>
 
+#include "cp_async.cuh"
 #include "cuda_check.hpp"
 #include "gemm_to_sparse.cuh"
 #include "gemm_to_sparse_sm90.cuh"
@@ -63,19 +64,13 @@ struct GemmArgs {
   const unsigned long long* m_limit = nullptr;
 };
 
+using detail::cp_async16_or_zero;
+using detail::cp_async_commit_group;
+using detail::cp_async_wait_groups;
 using detail::mma16816;
+using detail::shared_address;
 using detail::sparsified;
 using detail::TwellOut;
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
   const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -108,7 +103,7 @@ __device__ __forceinline__ void load_stage(const GemmArgs& g, const std::int64_t
     const int kc = (c % kAChunksPerRow) * 8;
     const std::int64_t gk = k0 + kc;
     const bool inside = a_rows[r] >= 0 && gk < g.k;
-    cp_async16(as + r * P::kALd + kc, inside ? g.x + a_rows[r] * g.ldx + gk : g.x, inside ? 16 : 0);
+    cp_async16_or_zero(shared_address(as + r * P::kALd + kc), inside ? g.x + a_rows[r] * g.ldx + gk : g.x, inside);
   }
   constexpr int kBChunksPerRow = BN / 8;
 #pragma unroll
@@ -119,7 +114,7 @@ __device__ __forceinline__ void load_stage(const GemmArgs& g, const std::int64_t
     const std::int64_t gk = k0 + r;
     const std::int64_t gn = n0 + nc;
     const bool inside = gk < g.k && gn < g.n;
-    cp_async16(bs + r * P::kBLd + nc, inside ? g.w + gk * g.ldw + gn : g.w, inside ? 16 : 0);
+    cp_async16_or_zero(shared_address(bs + r * P::kBLd + nc), inside ? g.w + gk * g.ldw + gn : g.w, inside);
   }
 }
 
@@ -191,21 +186,21 @@ __device__ __forceinline__ void mainloop(const GemmArgs& g, std::uint16_t* smem,
 #pragma unroll
   for (int s = 0; s < P::kStages - 1; ++s) {
     if (s < ktiles) load_stage<BN>(g, a_rows, a_base + s * kAStage, b_base + s * kBStage, n0, std::int64_t{s} * P::kBK, tid);
-    cp_async_commit();
+    cp_async_commit_group();
   }
   for (int kt = 0; kt < ktiles; ++kt) {
-    cp_async_wait<P::kStages - 2>();
+    cp_async_wait_groups<P::kStages - 2>();
     __syncthreads();  // stage kt landed for all threads; stage kt-1 is no longer read by anyone
     const int next = kt + P::kStages - 1;
     if (next < ktiles) {
       const int s = next % P::kStages;
       load_stage<BN>(g, a_rows, a_base + s * kAStage, b_base + s * kBStage, n0, std::int64_t{next} * P::kBK, tid);
     }
-    cp_async_commit();
+    cp_async_commit_group();
     const int s = kt % P::kStages;
     mma_stage<T, BN>(a_base + s * kAStage, b_base + s * kBStage, acc, warp >> 2, warp & 3, lane);
   }
-  cp_async_wait<0>();
+  cp_async_wait_groups<0>();
   __syncthreads();
 }
 
