@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
   };
   PairWalk at{global_warp(), 0};  // the pair this half packs next
   if (lane >= 16) at.advance(geo.tiles, warps);
-  PairWalk ahead = at;  // the pair this half loads next: the one after `at` from here on
+  PairWalk ahead = at;  // the pair this half loads next (one past `at` at each loop top)
   LaneChunk<kPerLane> chunk = load(ahead);
   step(ahead);
   std::int64_t held = 0;
