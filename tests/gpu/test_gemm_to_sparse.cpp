@@ -591,7 +591,9 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: random dense
   }
 }
 
-TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: workload patterns, 0.3 % to 20 %", T, bf16, fp16) {
+// GemmToSparsePlan against gemm_to_sparse on the workload patterns, through mainloop `ml`.
+template <class T>
+void check_plan_workloads(cuda::FusedMainloop ml) {
   for (testing::WorkloadSetting s : testing::sweep(kWorkloadSettings)) {
     s.m = testing::sweep_size(s.m, 128);  // under the sanitizer: 128 tokens, a CTA's rows
     const std::uint64_t seed = testing::fresh_seed();
@@ -601,19 +603,28 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: workload pat
     const auto other = workload_case<T>(s, seed + 5);
     const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
     const auto od = other.x.to(MemorySpace::device);
-    for (const cuda::FusedMainloop ml : kMainloops)
-      for (const std::int32_t tile : {256, 128}) {
-        CAPTURE(tile);
-        for (const std::int32_t compression : {8, 16}) {
-          check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
-                        OverflowPolicy::hybrid, cuda::GemmToSparsePlan<T>::kDefaultCapacity, true, ml);
-          check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
-                        OverflowPolicy::hybrid, 4, true, ml);
-        }
-        check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, 16}, OverflowPolicy::drop, 4, true,
-                      ml);
+    for (const std::int32_t tile : {256, 128}) {
+      CAPTURE(tile);
+      for (const std::int32_t compression : {8, 16}) {
+        check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
+                      OverflowPolicy::hybrid, cuda::GemmToSparsePlan<T>::kDefaultCapacity, true, ml);
+        check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
+                      OverflowPolicy::hybrid, 4, true, ml);
       }
+      check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, 16}, OverflowPolicy::drop, 4, true, ml);
+    }
   }
+}
+
+// One case per mainloop, so that each finishes under compute-sanitizer's racecheck in one call.
+TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: workload patterns, 0.3 % to 20 %, best mainloop", T,
+                   bf16, fp16) {
+  check_plan_workloads<T>(cuda::FusedMainloop::best);
+}
+
+TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: workload patterns, 0.3 % to 20 %, portable mainloop",
+                   T, bf16, fp16) {
+  check_plan_workloads<T>(cuda::FusedMainloop::portable);
 }
 
 TEST_CASE_TEMPLATE("GemmToSparsePlan on the generic path equals gemm_to_sparse bitwise", T, bf16, fp16, float) {
