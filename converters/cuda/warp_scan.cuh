@@ -1,5 +1,5 @@
-// The inclusive prefix sum over the lanes of a warp or of its segments (lane order) by shuffles, for any integer
-// type. Self-contained, so kernels/cuda includes it too. Not installed.
+// The inclusive prefix sum over the lanes of a warp or of its segments (lane order) by shuffles,
+// for any integer type. Self-contained, so kernels/cuda includes it too. Not installed.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -73,13 +73,13 @@ using detail::sparsified;
 using detail::TwellOut;
 
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const std::uint32_t s = shared_address(smem);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* smem) {
-  const auto s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const std::uint32_t s = shared_address(smem);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
