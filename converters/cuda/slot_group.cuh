@@ -60,7 +60,8 @@ __device__ __forceinline__ void clip_flags(int col0, int cols, std::uint32_t (&f
 // lanes' chunks and stored flags; a half with `live` false (no tile: its flags must be zero) writes
 // nothing. A lane ranks its entries by an exclusive prefix sum of the lanes' counts over its half
 // (a 16-wide shuffle scan: 4 steps; the ballot per bit of the count before it, 4 or 5 ballots,
-// took 76 instructions a warp for 16 values a lane by Nsight Compute's counts); lane order
+// took 76 instructions a warp for 16 values a lane by Nsight Compute's counts), or, when no lane
+// of the warp holds two entries (most trips at low density), by one ballot; lane order
 // is column order and a lane walks its own columns upward, so slots come out in column order. The
 // first `capacity` entries are written, then slot 0 (the true count, or min(count, capacity) when
 // `clamp`) and zeros in the slots past the entries: every word of the group is written, so the
@@ -75,11 +76,31 @@ __device__ __forceinline__ int pack_slot_groups(const LaneChunk<kPerLane>& chunk
 #pragma unroll
   for (int k = 0; k < kWords; ++k) merged |= flags[k] >> k;
   const int mine = __popc(merged);
-  const int inclusive = warp_inclusive_sum<int, 16>(mine, lane);
-  const int count = __shfl_sync(0xffffffffu, inclusive, 15, 16);
-  int pos = inclusive - mine;
-  if (mine != 0) {  // at low density few lanes, and few of their words, hold entries
-    const auto col0 = static_cast<std::uint32_t>((lane & 15) * kPerLane);
+  // Warp-uniform, so both halves take the same branch and the shuffles stay converged.
+  const bool single = __all_sync(0xffffffffu, mine <= 1);
+  int pos, count;
+  if (single) {
+    const unsigned holding = __ballot_sync(0xffffffffu, mine != 0) & ((lane & 16) != 0 ? 0xffff0000u : 0x0000ffffu);
+    pos = __popc(holding & ((1u << lane) - 1u));
+    count = __popc(holding);
+  } else {
+    const int inclusive = warp_inclusive_sum<int, 16>(mine, lane);
+    count = __shfl_sync(0xffffffffu, inclusive, 15, 16);
+    pos = inclusive - mine;
+  }
+  const auto col0 = static_cast<std::uint32_t>((lane & 15) * kPerLane);
+  if (single) {
+    if (mine != 0 && pos < capacity) {  // its one entry from merged's one bit
+      const int b = 31 - __clz(merged);
+      const bool high = b >= 16;
+      const int k = (high ? 31 : 15) - b;
+      std::uint32_t w = chunk.w[0];
+#pragma unroll
+      for (int i = 1; i < kWords; ++i) w = k == i ? chunk.w[i] : w;
+      group[1 + pos] = TwellLayout::pack(static_cast<std::uint16_t>(high ? w >> 16 : w & 0xffffu),
+                                         col0 + 2 * k + (high ? 1 : 0));
+    }
+  } else if (mine != 0) {  // a lane walks its words in column order
 #pragma unroll
     for (int k = 0; k < kWords; ++k) {
       if (flags[k] == 0u) continue;

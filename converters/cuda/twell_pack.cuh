@@ -193,9 +193,9 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
   const int col0 = (lane & 15) * kPerLane;
   const bool clamp = overflow.policy == OverflowPolicy::drop;
   const std::int64_t warps = warp_count();
-  const auto tile_width = [&](const PairWalk& p) {
-    return static_cast<int>(min(static_cast<std::int64_t>(kTile), geo.cols - static_cast<std::int64_t>(p.tile) * kTile));
-  };
+  // Only the last tile of a row can be narrower: one 32-bit compare a pair instead of 64-bit math.
+  const int last_width = static_cast<int>(geo.cols - static_cast<std::int64_t>(geo.tiles - 1) * kTile);
+  const auto tile_width = [&](const PairWalk& p) { return p.tile == geo.tiles - 1 ? last_width : kTile; };
   const auto load = [&](const PairWalk& p) {
     return p.row < src.rows ? load_chunk<T, kPerLane>(src.data + p.row * src.ld + static_cast<std::int64_t>(p.tile) * kTile,
                                                       col0, tile_width(p))
