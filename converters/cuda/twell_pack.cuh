@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
   const int col0 = (lane & 15) * kPerLane;
   const bool clamp = overflow.policy == OverflowPolicy::drop;
   const std::int64_t warps = warp_count();
-  // Only the last tile of a row can be narrower: one 32-bit compare a pair instead of 64-bit math.
+  // Only the last tile of a row can be narrower: one 32-bit compare per use instead of 64-bit math.
   const int last_width = static_cast<int>(geo.cols - static_cast<std::int64_t>(geo.tiles - 1) * kTile);
   const auto tile_width = [&](const PairWalk& p) { return p.tile == geo.tiles - 1 ? last_width : kTile; };
   const auto load = [&](const PairWalk& p) {

@@ -226,8 +226,9 @@ __device__ __forceinline__ void stage_tile(std::uint16_t* vals, int ld, const fl
 // tile of BN columns (blockIdx.x), so the (row, tile) slot groups it writes are its own and no
 // CTA waits for another. 8 warps run the mainloop (2 x 4 warp grid); in the epilogue the CTA
 // stages the activated tile in shared memory and each warp packs 16 of its rows
-// (pack_twell_rows: a half-warp per row, a lane owns BN / 16 consecutive columns, a ballot
-// prefix gives its slots, so slots come out in column order). Every slot of every (row, tile)
+// (pack_twell_rows: a half-warp per row, a lane owns BN / 16 consecutive columns, a 16-lane
+// prefix sum, or one ballot when no lane holds two entries, gives its slots, so slots come out in
+// column order). Every slot of every (row, tile)
 // is written (unused ones zero), so the output needs no initialisation. Preconditions: T
 // 16-bit, layout.tile == BN, K % 8 == 0, N % 8 == 0, 16-byte aligned x, w and leading
 // dimensions; row_flags zeroed (the plan's ranking kernel clears them after each run).

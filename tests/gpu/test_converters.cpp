@@ -696,3 +696,53 @@ TEST_CASE("cuda DenseToHybridPlan runs on options.stream and refuses bad request
   CHECK(code_of([&] { gpu::DenseToHybridPlan<bf16>(10, 10, layout, -1); }) == ErrorCode::invalid_argument);
   CHECK(gpu::DenseToHybridPlan<bf16>(10, 10, layout, 50).overflow_capacity() == 10);  // at most every row
 }
+
+// The tiled 16-bit kernel packs a warp whose lanes each hold at most one stored entry by one
+// ballot (pack_slot_groups' fast path), else by a scan. Here every lane's chunk of every tile holds
+// one large value (at a word and half that move with the lane and the row, so every position of a
+// chunk is the lone entry somewhere) and, in odd rows, a small one: threshold 0 stores both (the
+// scan), threshold 0.5 only the large one (the fast path). Even rows fill all 16 lanes of a tile,
+// past the capacities of 15 and 7, so the fast path's overflow runs too; 520 columns give a last
+// tile of 8 (chunks cut by the row's end) and an odd number of tiles a row (a half-warp without a
+// pair).
+TEST_CASE_TEMPLATE("cuda dense -> TwELL: one entry per lane's chunk, every position, tiles past capacity", T, bf16,
+                   fp16) {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  constexpr std::int64_t kRows = 7, kCols = 520;
+  for (const TwellLayout layout : {TwellLayout{256, 16}, TwellLayout{256, 8}, TwellLayout{128, 16}, TwellLayout{128, 8}}) {
+    CAPTURE(layout.tile);
+    CAPTURE(layout.compression);
+    const std::int64_t per_lane = layout.tile / 16;
+    DenseMatrix<T> filled(kRows, kCols);
+    const auto v = filled.view();
+    for (std::int64_t i = 0; i < kRows; ++i)
+      for (std::int64_t j = 0; j < kCols; j += per_lane) {
+        const std::int64_t lane = (j % layout.tile) / per_lane;
+        if (i % 2 == 1 && (lane + i) % 3 == 0) continue;  // odd rows: some lanes empty
+        const std::int64_t big = (lane + 3 * i) % per_lane;
+        if (j + big < kCols) v.at(i, j + big) = from_float<T>((lane % 2 == 0 ? 1.0f : -1.5f) * static_cast<float>(1 + i));
+        const std::int64_t small = (big + 1 + i) % per_lane;
+        if (i % 2 == 1 && j + small < kCols) v.at(i, j + small) = from_float<T>(0.25f);
+      }
+    const DenseMatrix<T>& dense = filled;
+    const auto d_dense = dense.to(kDevice);
+    TwellMatrix<T> dst(kRows, kCols, layout, kDevice);
+    for (float threshold : {0.0f, 0.5f}) {
+      CAPTURE(threshold);
+      COMPARE_CONVERSION(dense_to_hybrid, with(threshold, OverflowPolicy::error), dense.view(), d_dense.view(), layout);
+      for (OverflowPolicy policy : kPolicies) {
+        CAPTURE(static_cast<int>(policy));
+        const ConvertOptions o = with(threshold, policy);
+        COMPARE_CONVERSION(dense_to_twell, o, dense.view(), d_dense.view(), layout);
+        compare(
+            "dense_to_twell_into", o, [&](auto opts) { return ref::dense_to_twell(dense.view(), layout, opts); },
+            [&](auto opts) {
+              poison(dst);
+              gpu::dense_to_twell_into(d_dense.view(), dst.view(), opts);
+              return dst.to(kDevice);
+            });
+      }
+    }
+  }
+}
