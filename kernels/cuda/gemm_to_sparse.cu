@@ -228,10 +228,10 @@ __device__ __forceinline__ void stage_tile(std::uint16_t* vals, int ld, const fl
 // stages the activated tile in shared memory and each warp packs 16 of its rows
 // (pack_twell_rows: a half-warp per row, a lane owns BN / 16 consecutive columns, a 16-lane
 // prefix sum, or one ballot when no lane holds two entries, gives its slots, so slots come out in
-// column order). Every slot of every (row, tile)
-// is written (unused ones zero), so the output needs no initialisation. Preconditions: T
-// 16-bit, layout.tile == BN, K % 8 == 0, N % 8 == 0, 16-byte aligned x, w and leading
-// dimensions; row_flags zeroed (the plan's ranking kernel clears them after each run).
+// column order). Every slot of every (row, tile) is written (unused ones zero), so the output
+// needs no initialisation. Preconditions: T 16-bit, layout.tile == BN, K % 8 == 0, N % 8 == 0,
+// 16-byte aligned x, w and leading dimensions; row_flags zeroed (the plan's ranking kernel clears
+// them after each run).
 // Benchmark: bench/suites/gemm_to_sparse.cpp.
 template <class T, int BN>
 __global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_twell_kernel(GemmArgs g, TwellOut o) {

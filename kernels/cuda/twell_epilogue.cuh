@@ -184,8 +184,8 @@ __device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_stage
 // zeroes its row's group (16-byte stores where the layout allows), then walks the marked chunks
 // upward and writes the first `capacity` entries over the zeros, then slot 0: this thread's stores
 // to one word land in program order. Where rows are sparse this issues a fraction of the
-// instructions of the half-warp packer (which ranks every row's entries by a shuffle scan or a ballot), and no lane
-// waits for another. Each lane keeps its own totals (flush_lane_totals).
+// instructions of the half-warp packer (which ranks every row's entries by a shuffle scan or a
+// ballot), and no lane waits for another. Each lane keeps its own totals (flush_lane_totals).
 template <int BN>
 __device__ __forceinline__ void pack_twell_rows_by_lane(const std::uint16_t* first_staged, int staged_step, int rows,
                                                         std::uint32_t* first_group, std::int64_t group_step,
