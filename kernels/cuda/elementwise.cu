@@ -8,6 +8,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/per_format.hpp>
 
+#include "hybrid_shadow.cuh"
 #include "sparse_common.cuh"
 #include "vec16.cuh"
 
@@ -196,6 +197,7 @@ void run(HybridView<const T> x, const HybridView<const T>* y, HybridView<T> out,
         r, x.cols(), x.overflow.data, x.overflow.ld, y->overflow.data, y->overflow.ld, out.overflow.data,
         out.overflow.ld, f);
     detail::check_launch(where);
+    detail::copy_dense_rows_into_shadows(x.twell, x.overflow_to_row, out, stream, where);
   }
   if (x.rows() > 0 && out.row_to_overflow != x.row_to_overflow)
     detail::check_cuda(

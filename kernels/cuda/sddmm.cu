@@ -27,6 +27,7 @@
 #include <twell/kernels/detail/per_format.hpp>
 
 #include "dense_transpose.cuh"
+#include "hybrid_shadow.cuh"
 #include "sparse_common.cuh"
 #include "vec16.cuh"
 
@@ -377,6 +378,8 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const
         r, pattern.cols(), pattern.overflow_to_row, pattern.rows(), pattern.overflow.data, pattern.overflow.ld,
         out.overflow.data, out.overflow.ld, a.data, p.b(), p.operands(), alpha, beta);
     detail::check_launch("twell::cuda::sddmm (overflow kernel)");
+    detail::copy_dense_rows_into_shadows(pattern.twell, pattern.overflow_to_row, out, stream,
+                                         "twell::cuda::sddmm (shadow slots)");
   }
   if (pattern.rows() > 0 && out.row_to_overflow != pattern.row_to_overflow)
     detail::check_cuda(cudaMemcpyAsync(out.row_to_overflow, pattern.row_to_overflow,

@@ -347,7 +347,10 @@ void write_on_pattern(TwellView<const T> pattern, TwellView<T> out, const char* 
 }
 
 // `also` (a Hybrid of the pattern's structure, or null) widens the overflow rows' pattern to the
-// elements where either stores a value: dense rows hold no explicit zeros.
+// elements where either stores a value: dense rows hold no explicit zeros. In an overflow row the
+// dense row is computed and the shadow slots copy it, so a slot whose place the dense row does
+// not visit (a pattern value that came out exactly zero earlier) holds zero, as the dense row
+// does, instead of a value that no later reader of the dense row would see.
 template <class T, class F>
 void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char* where, F&& value,
                       const HybridView<const T>* also = nullptr) {
@@ -361,8 +364,11 @@ void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char
   for (std::int64_t i = 0; i < pattern.rows(); ++i) {
     const std::int64_t r = overflow_row(pattern, i, where);
     if (r < 0) require_no_overflow(pattern.twell, i, where);
-    for_each_slot_in_row(pattern.twell, i, where, [&](const Entry& e) { values.emplace_back(e, value(e)); });
-    if (r < 0) continue;
+    if (r < 0) {
+      for_each_slot_in_row(pattern.twell, i, where, [&](const Entry& e) { values.emplace_back(e, value(e)); });
+      continue;
+    }
+    for_each_slot_in_row(pattern.twell, i, where, [&](const Entry& e) { values.emplace_back(e, 0.0f); });
     for (std::int64_t j = 0; j < pattern.cols(); ++j)
       if (is_stored(pattern.overflow.data[r * pattern.overflow.ld + j]) ||
           (also != nullptr && is_stored(also->overflow.data[r * also->overflow.ld + j])))
@@ -373,7 +379,10 @@ void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char
     std::memmove(out.row_to_overflow, pattern.row_to_overflow, static_cast<std::size_t>(pattern.rows()) * 4);
   if (pattern.overflow.rows > 0)
     std::memmove(out.overflow_to_row, pattern.overflow_to_row, static_cast<std::size_t>(pattern.overflow.rows) * 4);
-  for (const auto& [e, x] : values) store(out.twell, e, x);
+  for (const auto& [e, x] : values) {
+    const std::int64_t r = pattern.row_to_overflow[e.row];
+    store(out.twell, e, r < 0 ? x : overflow[static_cast<std::size_t>(r * pattern.cols() + e.col)]);
+  }
   for (std::int64_t r = 0; r < pattern.overflow.rows; ++r)
     for (std::int64_t j = 0; j < pattern.cols(); ++j)
       out.overflow.data[r * out.overflow.ld + j] =

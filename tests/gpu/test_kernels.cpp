@@ -17,6 +17,7 @@
 #include <twell/convert.hpp>
 #include <twell/converters/backends.hpp>
 #include <twell/formats/copy.hpp>
+#include <twell/formats/validate.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/spmm_plan.hpp>
 #include <twell/ops.hpp>
@@ -801,4 +802,61 @@ TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, 
   CHECK(testing::code_of([&] { cuda::transpose<T>(a_dev.view(), wrong.view()); }) == ErrorCode::shape_mismatch);
   DenseMatrix<T> host_out(6, 4);
   CHECK(testing::code_of([&] { twell::transpose<T>(a_dev.view(), host_out.view()); }) == ErrorCode::space_mismatch);
+}
+
+TEST_CASE_TEMPLATE("cuda Hybrid results stay valid when their pattern holds exact zeros in overflow rows", T, bf16,
+                   float) {
+  // x sampled with the even rows of A zero has exact zeros in its structure that its dense
+  // overflow rows cannot store; sddmm and multiply_on_pattern on x's pattern compute those slots
+  // (a nonzero sample, 0 * Inf = NaN) but not the dense elements, and the shadow must still equal
+  // the dense row. The reference is checked the same way in tests/cpu/test_kernels.cpp.
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const std::int64_t m = 300, n = 520, k = 8;
+  const auto yd = testing::random_sparse_dense<T>(m, n, testing::SparseDenseOptions{.density = 0.4}, seed);
+  const HybridMatrix<T> y = ref::dense_to_hybrid<T>(yd.view(), TwellLayout{16, 4}, hybrid_overflow());
+  REQUIRE(y.overflow_rows() > 0);
+  auto a = testing::random_dense<T>(m, k, 1.0f, seed + 1);
+  const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 2);
+  for (std::int64_t i = 0; i < m; i += 2)
+    for (std::int64_t p = 0; p < k; ++p) a.view().at(i, p) = T{};
+  HybridMatrix<T> x(m, n, y.layout(), y.overflow_rows());
+  ref::sddmm<T>(a.view(), Op::none, b.view(), y.view(), x.view(), 1.0f, 0.0f);
+  const ValidateOptions zeros_allowed{.allow_explicit_zeros = true};
+  const auto x_dev = x.to(kDevice);
+  const auto b_dev = b.to(kDevice);
+
+  const auto a2 = testing::random_dense<T>(m, k, 1.0f, seed + 3);
+  HybridMatrix<T> resampled_want(m, n, y.layout(), y.overflow_rows());
+  ref::sddmm<T>(a2.view(), Op::none, b.view(), x.view(), resampled_want.view(), 1.0f, 0.0f);
+  auto resampled = device_out(x, true);
+  dev::sddmm<T>(a2.to(kDevice).view(), Op::none, b_dev.view(), x_dev.view(), resampled.view(), 1.0f, 0.0f);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const auto resampled_got = resampled.to(kHost);
+  CHECK(find_violation(resampled_got.view(), zeros_allowed) == "");
+  check_structure(resampled_got, resampled_want);
+  CHECK(rel(to_dense(resampled_got), to_dense(resampled_want)) <= 1e-5);
+
+  auto big = testing::random_dense<T>(m, k, 1.0f, seed + 4);
+  for (std::int64_t i = 0; i < m; ++i) big.view().at(i, 0) = from_float<T>(std::numeric_limits<float>::infinity());
+  HybridMatrix<T> infinite(m, n, y.layout(), y.overflow_rows());
+  ref::sddmm<T>(big.view(), Op::none, b.view(), x.view(), infinite.view(), 1.0f, 0.0f);
+  HybridMatrix<T> product_want(m, n, y.layout(), y.overflow_rows());
+  ref::multiply_on_pattern<T>(x.view(), infinite.view(), product_want.view());
+  auto product = device_out(x, true);
+  dev::multiply_on_pattern<T>(x_dev.view(), infinite.to(kDevice).view(), product.view());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const auto product_got = product.to(kHost);
+  CHECK(find_violation(product_got.view(), zeros_allowed) == "");
+  check_structure(product_got, product_want);
+  // One rounding of x * y on both sides: the same bits, except that NaN's bits differ by device.
+  const auto got_d = to_dense(product_got), want_d = to_dense(product_want);
+  std::int64_t differing = 0;
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const T g = got_d.view().at(i, j), w = want_d.view().at(i, j);
+      const bool both_nan = std::isnan(to_float(g)) && std::isnan(to_float(w));
+      if (!both_nan && std::memcmp(&g, &w, sizeof(T)) != 0) ++differing;
+    }
+  CHECK(differing == 0);
 }
