@@ -30,4 +30,19 @@ const Command* find_command(std::string_view name) {
   return nullptr;
 }
 
+Format output_format(FileType type, const std::optional<std::string>& to, std::optional<Format> twell_default) {
+  if (type == FileType::twell) {
+    if (to) return as_usage([&] { return parse_format(*to); });
+    if (!twell_default) throw UsageError("--to FORMAT is required for a .twell output");
+    return *twell_default;
+  }
+  const Format implied = type == FileType::mtx ? Format::csr : Format::dense;
+  if (!to) return implied;
+  const Format asked = as_usage([&] { return parse_format(*to); });
+  if (asked != implied)
+    throw UsageError(detail::concat("a .", to_string(type), " file holds ", to_string(implied),
+                                    " matrices; use a .twell output for --to ", to_string(asked)));
+  return asked;
+}
+
 }  // namespace twell::cli

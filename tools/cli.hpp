@@ -2,13 +2,16 @@
 // registers itself at start-up, so adding one touches no other file.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <twell/any_matrix.hpp>
 #include <twell/error.hpp>
+#include <twell/io.hpp>
 
 namespace twell::cli {
 
@@ -46,5 +49,10 @@ auto as_usage(F&& parse) {
     throw UsageError(e.what());
   }
 }
+
+// The format an output file of `type` will hold, from --to (`to`, when given): a .mtx file holds
+// CSR and a .npy file dense, and --to naming another format is a usage error; a .twell file holds
+// any format, --to's or else `twell_default` (none: --to is required). Throws UsageError.
+Format output_format(FileType type, const std::optional<std::string>& to, std::optional<Format> twell_default);
 
 }  // namespace twell::cli

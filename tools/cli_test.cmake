@@ -34,6 +34,9 @@ expect(0 "Hybrid(128, 4)" demo --shape small --tokens 128 --repeats 1 --dtype fp
        --distribution uniform --seed 7)
 expect(2 "needs more than 90 % of the live units" demo --shape small --tokens 64 --density 0.9)
 expect(2 "needs more than 90 % of the live units" generate "${CMAKE_CURRENT_BINARY_DIR}/cli_test_unwritten.npy" --shape small --tokens 64 --density 0.9)
+# The output's extension sets the format as in convert: .mtx holds CSR, .npy dense.
+expect(0 "bf16 csr to" generate "${CMAKE_CURRENT_BINARY_DIR}/cli_test_generated.mtx" --shape small --tokens 64)
+expect(2 "a .npy file holds dense matrices; use a .twell output for --to csr" generate "${CMAKE_CURRENT_BINARY_DIR}/cli_test_unwritten.npy" --shape small --tokens 64 --to csr)
 # generate -> stats: a workload written to a file and read back by another subcommand.
 set(generated "${CMAKE_CURRENT_BINARY_DIR}/cli_test_generated.twell")
 expect(0 "wrote 256 x 2816 bf16 hybrid" generate "${generated}" --shape small --tokens 256 --to hybrid)

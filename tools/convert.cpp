@@ -121,18 +121,7 @@ int run_convert(std::span<const std::string> argv) {
       cast = true;
       read.dtype = want_dtype;
     }
-    const Format implied = out_type == FileType::mtx ? Format::csr : Format::dense;
-    if (args.has("to")) {
-      to = parse_format(args.get("to", ""));
-      if (out_type != FileType::twell && to != implied) {
-        throw UsageError(detail::concat("a .", to_string(out_type), " file holds ", to_string(implied),
-                                        " matrices; use a .twell output for --to ", to_string(to)));
-      }
-    } else if (out_type == FileType::twell) {
-      throw UsageError("--to FORMAT is required for a .twell output");
-    } else {
-      to = implied;
-    }
+    to = output_format(out_type, args.has("to") ? std::optional(args.get("to", "")) : std::nullopt, std::nullopt);
     layout.tile = static_cast<std::int32_t>(args.get_int("tile", TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile));
     layout.compression = static_cast<std::int32_t>(args.get_int("compression", TwellLayout::kDefaultCompression, 1, 65536));
     // Checked whatever the output format: a bad value is refused, never ignored.

@@ -30,7 +30,7 @@ const Spec kSpec{
         {"dead-fraction", "F", "share of units that never fire (skewed distributions); default 0.3"},
         {"dtype", "TYPE", "bf16 (default), fp16 or fp32"},
         {"seed", "S", "workload seed; default 1"},
-        {"to", "FORMAT", "format stored in a .twell file: dense (default), csr, ell, twell or hybrid"},
+        {"to", "FORMAT", "format in a .twell file: dense (default), csr, ell, twell or hybrid (.mtx: csr, .npy: dense)"},
     }};
 
 int run_generate(std::span<const std::string> argv) {
@@ -47,9 +47,10 @@ int run_generate(std::span<const std::string> argv) {
   w.dead_fraction = args.get_double("dead-fraction", w.dead_fraction, 0.0, 1.0);
   w.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
   const DType dtype = as_usage([&] { return parse_dtype(args.get("dtype", "bf16")); });
-  const Format format = as_usage([&] { return parse_format(args.get("to", "dense")); });
-  as_usage([&] { workload::check_options(w, "--density/--distribution/--dead-fraction"); });
   const std::string& out = args.positional()[0];
+  const Format format = output_format(as_usage([&] { return file_type_of(out); }),
+                                      args.has("to") ? std::optional(args.get("to", "")) : std::nullopt, Format::dense);
+  as_usage([&] { workload::check_options(w, "--density/--distribution/--dead-fraction"); });
 
   AnyMatrix m = dispatch_dtype(dtype, [&]<class T>() { return AnyMatrix(workload::activations<T>(w)); });
   if (format != Format::dense) m = convert(m, format);
