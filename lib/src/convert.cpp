@@ -103,7 +103,7 @@ MemorySpace space_of(const auto& view) {
 // Runs f with the backend of `space` (f takes the backend type as a tag argument).
 template <class F>
 auto on_backend(MemorySpace space, [[maybe_unused]] const char* where, F&& f) {
-  if (space == MemorySpace::host) return f(ReferenceBackend{});
+  if (space == MemorySpace::host) return detail::map_host_allocation_failure(where, [&] { return f(ReferenceBackend{}); });
 #if TWELL_HAS_CUDA
   require_cuda_device(where);
   return f(CudaBackend{});

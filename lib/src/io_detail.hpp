@@ -76,15 +76,14 @@ AnyMatrix read_path(const std::filesystem::path& path, Read&& read) {
 }
 
 // Runs a reader, turning a failed allocation (a size the caller allowed but the machine cannot
-// serve) into ErrorCode::io rather than letting std::bad_alloc escape.
+// serve) into ErrorCode::out_of_memory, as the readers' own Buffers report it, rather than
+// letting std::bad_alloc or std::length_error escape.
 template <class Read>
 AnyMatrix guard_allocation(std::string_view where, Read&& read) {
   try {
-    return read();
-  } catch (const std::bad_alloc&) {
-    fail(ErrorCode::io, where, "out of memory while reading");
+    return detail::map_host_allocation_failure(where, read);
   } catch (const std::length_error&) {
-    fail(ErrorCode::io, where, "sizes exceed what this machine can allocate");
+    fail(ErrorCode::out_of_memory, where, "sizes exceed what this machine can allocate");
   }
 }
 

@@ -45,19 +45,20 @@ MemorySpace common_space(const char* where, const Operand& first, const Ops&... 
 
 }  // namespace
 
-// Runs `call` on the backend of `space`: twell::reference for host, twell::cuda for device.
+// Runs `call` on the backend of `space`: twell::reference for host (a std::bad_alloc inside it
+// is out_of_memory), twell::cuda for device.
 #if TWELL_HAS_CUDA
-#define TWELL_DISPATCH(space, where, call)                    \
-  do {                                                        \
-    if ((space) == MemorySpace::host) return reference::call; \
-    require_cuda_device(where);                               \
-    return cuda::call;                                        \
+#define TWELL_DISPATCH(space, where, call)                                                                      \
+  do {                                                                                                         \
+    if ((space) == MemorySpace::host) return detail::map_host_allocation_failure(where, [&] { return reference::call; }); \
+    require_cuda_device(where);                                                                                \
+    return cuda::call;                                                                                         \
   } while (false)
 #else
-#define TWELL_DISPATCH(space, where, call)                    \
-  do {                                                        \
-    if ((space) == MemorySpace::host) return reference::call; \
-    fail(ErrorCode::no_device, where,                         \
+#define TWELL_DISPATCH(space, where, call)                                                                      \
+  do {                                                                                                         \
+    if ((space) == MemorySpace::host) return detail::map_host_allocation_failure(where, [&] { return reference::call; }); \
+    fail(ErrorCode::no_device, where,                                                                          \
          "operands live in device memory but this build of twell has no cuda backend"); \
   } while (false)
 #endif

@@ -157,6 +157,15 @@ TEST_CASE("an allocation the machine cannot serve is out_of_memory, apart from a
     CHECK(std::string(e.what()).find("cannot allocate 4503599627370496 bytes of host memory") != std::string::npos);
   }
   CHECK(to_string(ErrorCode::out_of_memory) == "out_of_memory");
+  // A std::bad_alloc inside the reference backend (its std::vectors) takes the same code.
+  try {
+    detail::map_host_allocation_failure("twell::test", []() -> int { throw std::bad_alloc(); });
+    FAIL("std::bad_alloc was swallowed");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::out_of_memory);
+    CHECK(std::string(e.what()) == "twell::test: a host allocation failed (std::bad_alloc)");
+  }
+  CHECK(detail::map_host_allocation_failure("twell::test", [] { return 7; }) == 7);
 }
 
 TEST_CASE("sizes that overflow a 64-bit count or the address space are refused, not wrapped") {

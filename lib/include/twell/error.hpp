@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -57,5 +58,19 @@ template <class... Args>
 void require(bool condition, ErrorCode code, std::string_view where, Args&&... what) {
   if (!condition) fail(code, where, std::forward<Args>(what)...);
 }
+
+namespace detail {
+// Runs f; a std::bad_alloc from it (a host allocation the machine cannot serve, such as a
+// std::vector inside the reference backend) becomes ErrorCode::out_of_memory naming `where`, as
+// a failed Buffer allocation does, instead of escaping as a non-twell exception.
+template <class F>
+decltype(auto) map_host_allocation_failure(std::string_view where, F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (const std::bad_alloc&) {
+    fail(ErrorCode::out_of_memory, where, "a host allocation failed (std::bad_alloc)");
+  }
+}
+}  // namespace detail
 
 }  // namespace twell
