@@ -22,7 +22,9 @@ __global__ void shadows_from_dense_rows_kernel(std::int64_t r_rows, const std::i
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < r_rows * width;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = idx / width, w = idx % width, t = w / slots, s = w % slots;
-    const std::int64_t row_word = static_cast<std::int64_t>(overflow_to_row[r]) * width;
+    const std::int64_t row = overflow_to_row[r];
+    if (row < 0 || row >= out.rows) continue;  // a malformed map: as the overflow kernels, skip it
+    const std::int64_t row_word = row * width;
     const std::uint32_t count = structure[row_word + t * slots];
     if (s == 0 || s > static_cast<std::int64_t>(min(count, static_cast<std::uint32_t>(out.layout.capacity()))))
       continue;
