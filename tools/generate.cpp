@@ -30,7 +30,8 @@ const Spec kSpec{
         {"dead-fraction", "F", "share of units that never fire (skewed distributions); default 0.3"},
         {"dtype", "TYPE", "bf16 (default), fp16 or fp32"},
         {"seed", "S", "workload seed; default 1"},
-        {"to", "FORMAT", "format in a .twell file: dense (default), csr, ell, twell or hybrid (.mtx: csr, .npy: dense)"},
+        {"to", "FORMAT", "format in a .twell file: dense (default), csr, ell, twell or hybrid (.mtx: csr,"
+                         " .npy: dense)"},
     }};
 
 int run_generate(std::span<const std::string> argv) {

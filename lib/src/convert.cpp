@@ -103,7 +103,8 @@ MemorySpace space_of(const auto& view) {
 // Runs f with the backend of `space` (f takes the backend type as a tag argument).
 template <class F>
 auto on_backend(MemorySpace space, [[maybe_unused]] const char* where, F&& f) {
-  if (space == MemorySpace::host) return detail::map_host_allocation_failure(where, [&] { return f(ReferenceBackend{}); });
+  if (space == MemorySpace::host)
+    return detail::map_host_allocation_failure(where, [&] { return f(ReferenceBackend{}); });
 #if TWELL_HAS_CUDA
   require_cuda_device(where);
   return f(CudaBackend{});
@@ -325,7 +326,8 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
     check_overflow_policy(o.overflow, kWhere);                                                               \
     require(src.space == dst.space, ErrorCode::space_mismatch, kWhere, "src and dst live in different memory " \
             "spaces; copy one of them first");                                                               \
-    if (src.space == MemorySpace::host) return reference::dense_to_twell_into<T>(src, dst, o);               \
+    if (src.space == MemorySpace::host)                                                                      \
+      return detail::map_host_allocation_failure(kWhere, [&] { reference::dense_to_twell_into<T>(src, dst, o); }); \
     to_twell_into_device(src, dst, o, kWhere);                                                               \
   }
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_DEFINE_CONVERT_INTO)

@@ -46,20 +46,21 @@ MemorySpace common_space(const char* where, const Operand& first, const Ops&... 
 }  // namespace
 
 // Runs `call` on the backend of `space`: twell::reference for host (a std::bad_alloc inside it
-// is out_of_memory), twell::cuda for device.
+// is out_of_memory), twell::cuda for device. `call` must hold no unparenthesised comma.
+#define TWELL_ON_HOST(where, call) detail::map_host_allocation_failure(where, [&] { return reference::call; })
 #if TWELL_HAS_CUDA
-#define TWELL_DISPATCH(space, where, call)                                                                      \
-  do {                                                                                                         \
-    if ((space) == MemorySpace::host) return detail::map_host_allocation_failure(where, [&] { return reference::call; }); \
-    require_cuda_device(where);                                                                                \
-    return cuda::call;                                                                                         \
+#define TWELL_DISPATCH(space, where, call)                                   \
+  do {                                                                      \
+    if ((space) == MemorySpace::host) return TWELL_ON_HOST(where, call);    \
+    require_cuda_device(where);                                             \
+    return cuda::call;                                                      \
   } while (false)
 #else
-#define TWELL_DISPATCH(space, where, call)                                                                      \
-  do {                                                                                                         \
-    if ((space) == MemorySpace::host) return detail::map_host_allocation_failure(where, [&] { return reference::call; }); \
-    fail(ErrorCode::no_device, where,                                                                          \
-         "operands live in device memory but this build of twell has no cuda backend"); \
+#define TWELL_DISPATCH(space, where, call)                                                 \
+  do {                                                                                    \
+    if ((space) == MemorySpace::host) return TWELL_ON_HOST(where, call);                  \
+    fail(ErrorCode::no_device, where,                                                     \
+         "operands live in device memory but this build of twell has no cuda backend");   \
   } while (false)
 #endif
 
@@ -164,6 +165,7 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, In<DenseView<const T>> w, A
 }
 
 #undef TWELL_DISPATCH
+#undef TWELL_ON_HOST
 
 #define TWELL_INSTANTIATE_FORMAT(T, View)                                                                              \
   template void spmm<T>(Op, In<View<const T>>, In<DenseView<const T>>, DenseView<T>, float, float,                     \

@@ -542,7 +542,8 @@ TEST_CASE_TEMPLATE("Hybrid results stay valid when their pattern holds exact zer
   auto big = testing::random_dense<T>(m, k, 1.0f, seed + 4);
   for (std::int64_t i = 0; i < m; ++i) big.view().at(i, 0) = from_float<T>(std::numeric_limits<float>::infinity());
   HybridMatrix<T> infinite(m, n, y.layout(), y.overflow_rows());
-  ref::sddmm<T>(big.view(), Op::none, b.view(), std::as_const(x).view(), infinite.view(), 1.0f, 0.0f);
+  // On y's pattern (x's structure, no zeros): Inf in the shadows where x's are exactly zero.
+  ref::sddmm<T>(big.view(), Op::none, b.view(), y.view(), infinite.view(), 1.0f, 0.0f);
   HybridMatrix<T> product(m, n, y.layout(), y.overflow_rows());
   ref::multiply_on_pattern<T>(std::as_const(x).view(), std::as_const(infinite).view(), product.view());
   CHECK(find_violation(std::as_const(product).view(), zeros_allowed) == "");

@@ -5,7 +5,8 @@
 // size before anything is allocated, and bad input is a twell::Error (ErrorCode::io for input
 // that is truncated, not of the expected kind or fails its checksum; ErrorCode::malformed for
 // input whose content is inconsistent; ErrorCode::unsupported for a valid variant twell does
-// not read) whose message names the problem and the byte offset. Sparse results pass
+// not read; ErrorCode::out_of_memory for a size the checks allow but the machine cannot
+// allocate) whose message names the problem and the byte offset. Sparse results pass
 // twell::validate before they are returned. Writers take host matrices only.
 #pragma once
 
