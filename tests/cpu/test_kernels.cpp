@@ -18,6 +18,7 @@
 #include <twell/ops.hpp>
 
 #include "checks.hpp"
+#include "fixtures.hpp"
 #include "fp64.hpp"
 #include "random.hpp"
 #include "shapes.hpp"
@@ -480,29 +481,22 @@ TEST_CASE_TEMPLATE("add_scaled_sign(x, s, y): where x is exactly zero in a Hybri
   // cannot store it, so the kernel must visit y's entries too.
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const std::int64_t m = 40, n = 96, k = 8;
-  const auto yd = testing::random_sparse_dense<T>(m, n, testing::SparseDenseOptions{.density = 0.4}, seed);
-  const HybridMatrix<T> y = ref::dense_to_hybrid<T>(yd.view(), TwellLayout{16, 4}, hybrid_overflow());
-  auto a = testing::random_dense<T>(m, k, 1.0f, seed + 1);
-  const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 2);
+  const std::int64_t m = 40, n = 96;
+  const auto s = testing::zero_row_sample<T>(m, n, 8, seed);
   bool zero_overflow_row = false;
-  for (std::int64_t i = 0; i < m; i += 2) {
-    for (std::int64_t p = 0; p < k; ++p) a.view().at(i, p) = T{};
-    zero_overflow_row = zero_overflow_row || y.row_to_overflow().host_span()[static_cast<std::size_t>(i)] >= 0;
-  }
+  for (std::int64_t i = 0; i < m; i += 2)
+    zero_overflow_row = zero_overflow_row || s.y.row_to_overflow().host_span()[static_cast<std::size_t>(i)] >= 0;
   REQUIRE(zero_overflow_row);
-  HybridMatrix<T> x(m, n, y.layout(), y.overflow_rows());
-  ref::sddmm<T>(a.view(), Op::none, b.view(), y.view(), x.view(), 1.0f, 0.0f);
   const float sc = 0.5f;
-  HybridMatrix<T> out(m, n, y.layout(), y.overflow_rows());
-  ref::add_scaled_sign<T>(x.view(), sc, y.view(), out.view());
+  HybridMatrix<T> out(m, n, s.y.layout(), s.y.overflow_rows());
+  ref::add_scaled_sign<T>(s.x.view(), sc, s.y.view(), out.view());
   const auto got = ref::hybrid_to_dense<T>(std::as_const(out).view());
-  const auto xd = ref::hybrid_to_dense<T>(std::as_const(x).view());
+  const auto xd = ref::hybrid_to_dense<T>(s.x.view());
   int bad = 0;
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < n; ++j) {
-      const float yv = to_float(yd.view().at(i, j));
-      const float want = is_stored(yd.view().at(i, j))
+      const float yv = to_float(s.yd.view().at(i, j));
+      const float want = is_stored(s.yd.view().at(i, j))
                              ? to_float(from_float<T>(to_float(xd.view().at(i, j)) + sc * (yv > 0 ? 1.0f : -1.0f)))
                              : 0.0f;
       if (to_float(got.view().at(i, j)) != want) ++bad;
@@ -512,40 +506,29 @@ TEST_CASE_TEMPLATE("add_scaled_sign(x, s, y): where x is exactly zero in a Hybri
 
 TEST_CASE_TEMPLATE("Hybrid results stay valid when their pattern holds exact zeros in overflow rows", T, bf16,
                    float) {
-  // x = sddmm on y's pattern with rows of A zero: exact zeros in x's structure, which x's dense
-  // overflow rows cannot store. Operations on x's pattern then visit those places in the shadow
-  // slots but not in the dense rows; the shadow must still equal the dense row (validate), for a
-  // second sddmm (nonzero values there) and for a product with Inf there (0 * Inf = NaN).
+  // Operations on the pattern of x (zero_row_sample: exact zeros in its structure) visit those
+  // places in the shadow slots but not in the dense rows; the shadow must still equal the dense
+  // row (validate), for a second sddmm (nonzero values there) and for a product with Inf there
+  // (0 * Inf = NaN).
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   const std::int64_t m = 40, n = 96, k = 8;
-  const auto yd = testing::random_sparse_dense<T>(m, n, testing::SparseDenseOptions{.density = 0.4}, seed);
-  const HybridMatrix<T> y = ref::dense_to_hybrid<T>(yd.view(), TwellLayout{16, 4}, hybrid_overflow());
-  auto a = testing::random_dense<T>(m, k, 1.0f, seed + 1);
-  const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 2);
-  bool zero_overflow_row = false;
-  for (std::int64_t i = 0; i < m; i += 2) {
-    for (std::int64_t p = 0; p < k; ++p) a.view().at(i, p) = T{};
-    zero_overflow_row = zero_overflow_row || y.row_to_overflow().host_span()[static_cast<std::size_t>(i)] >= 0;
-  }
-  REQUIRE(zero_overflow_row);
+  const auto s = testing::zero_row_sample<T>(m, n, k, seed);
   const ValidateOptions zeros_allowed{.allow_explicit_zeros = true};
-  HybridMatrix<T> x(m, n, y.layout(), y.overflow_rows());
-  ref::sddmm<T>(a.view(), Op::none, b.view(), y.view(), x.view(), 1.0f, 0.0f);
-  REQUIRE(find_violation(std::as_const(x).view(), zeros_allowed) == "");
+  REQUIRE(find_violation(s.x.view(), zeros_allowed) == "");
 
   const auto a2 = testing::random_dense<T>(m, k, 1.0f, seed + 3);
-  HybridMatrix<T> resampled(m, n, y.layout(), y.overflow_rows());
-  ref::sddmm<T>(a2.view(), Op::none, b.view(), std::as_const(x).view(), resampled.view(), 1.0f, 0.0f);
+  HybridMatrix<T> resampled(m, n, s.y.layout(), s.y.overflow_rows());
+  ref::sddmm<T>(a2.view(), Op::none, s.b.view(), s.x.view(), resampled.view(), 1.0f, 0.0f);
   CHECK(find_violation(std::as_const(resampled).view(), zeros_allowed) == "");
 
   auto big = testing::random_dense<T>(m, k, 1.0f, seed + 4);
   for (std::int64_t i = 0; i < m; ++i) big.view().at(i, 0) = from_float<T>(std::numeric_limits<float>::infinity());
-  HybridMatrix<T> infinite(m, n, y.layout(), y.overflow_rows());
+  HybridMatrix<T> infinite(m, n, s.y.layout(), s.y.overflow_rows());
   // On y's pattern (x's structure, no zeros): Inf in the shadows where x's are exactly zero.
-  ref::sddmm<T>(big.view(), Op::none, b.view(), y.view(), infinite.view(), 1.0f, 0.0f);
-  HybridMatrix<T> product(m, n, y.layout(), y.overflow_rows());
-  ref::multiply_on_pattern<T>(std::as_const(x).view(), std::as_const(infinite).view(), product.view());
+  ref::sddmm<T>(big.view(), Op::none, s.b.view(), s.y.view(), infinite.view(), 1.0f, 0.0f);
+  HybridMatrix<T> product(m, n, s.y.layout(), s.y.overflow_rows());
+  ref::multiply_on_pattern<T>(s.x.view(), std::as_const(infinite).view(), product.view());
   CHECK(find_violation(std::as_const(product).view(), zeros_allowed) == "");
 }
 

@@ -652,24 +652,17 @@ TEST_CASE_TEMPLATE("cuda elementwise kernels and reductions match the reference"
 
 TEST_CASE_TEMPLATE("cuda add_scaled_sign(x, s, y): an exactly-zero x in a Hybrid's dense rows keeps y's sign", T,
                    bf16, float) {
-  // x sampled on y's pattern with the even rows of A zero, as dh for tokens outside the loss;
-  // layout {16, 4} at 40 % makes most rows dense overflow rows, which cannot store x's zeros.
+  // x sampled on y's pattern with the even rows of A zero, as dh for tokens outside the loss
+  // (zero_row_sample): most rows are dense overflow rows, which cannot store x's zeros.
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const std::int64_t m = 300, n = 520, k = 8;
-  const auto yd = testing::random_sparse_dense<T>(m, n, testing::SparseDenseOptions{.density = 0.4}, seed);
-  const HybridMatrix<T> y = ref::dense_to_hybrid<T>(yd.view(), TwellLayout{16, 4}, hybrid_overflow());
-  REQUIRE(y.overflow_rows() > 0);
-  auto a = testing::random_dense<T>(m, k, 1.0f, seed + 1);
-  const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 2);
-  for (std::int64_t i = 0; i < m; i += 2)
-    for (std::int64_t p = 0; p < k; ++p) a.view().at(i, p) = T{};
-  HybridMatrix<T> x(m, n, y.layout(), y.overflow_rows());
-  ref::sddmm<T>(a.view(), Op::none, b.view(), y.view(), x.view(), 1.0f, 0.0f);
-  HybridMatrix<T> want(m, n, y.layout(), y.overflow_rows());
-  ref::add_scaled_sign<T>(x.view(), 0.5f, y.view(), want.view());
-  const auto x_dev = x.to(kDevice), y_dev = y.to(kDevice);
-  auto out = device_out(x, true);
+  const std::int64_t m = 300, n = 520;
+  const auto s = testing::zero_row_sample<T>(m, n, 8, seed);
+  REQUIRE(s.y.overflow_rows() > 0);
+  HybridMatrix<T> want(m, n, s.y.layout(), s.y.overflow_rows());
+  ref::add_scaled_sign<T>(s.x.view(), 0.5f, s.y.view(), want.view());
+  const auto x_dev = s.x.to(kDevice), y_dev = s.y.to(kDevice);
+  auto out = device_out(s.x, true);
   dev::add_scaled_sign<T>(x_dev.view(), 0.5f, y_dev.view(), out.view());
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const auto got = out.to(kHost);
@@ -806,30 +799,23 @@ TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, 
 
 TEST_CASE_TEMPLATE("cuda Hybrid results stay valid when their pattern holds exact zeros in overflow rows", T, bf16,
                    float) {
-  // x sampled with the even rows of A zero has exact zeros in its structure that its dense
-  // overflow rows cannot store; sddmm and multiply_on_pattern on x's pattern compute those slots
-  // (a nonzero sample, 0 * Inf = NaN) but not the dense elements, and the shadow must still equal
-  // the dense row. The reference is checked the same way in tests/cpu/test_kernels.cpp.
+  // sddmm and multiply_on_pattern on the pattern of x (zero_row_sample: exact zeros in its
+  // structure) compute those places' slots (a nonzero sample, 0 * Inf = NaN) but not the dense
+  // elements, and the shadow must still equal the dense row. The reference is checked the same way
+  // in tests/cpu/test_kernels.cpp.
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   const std::int64_t m = 300, n = 520, k = 8;
-  const auto yd = testing::random_sparse_dense<T>(m, n, testing::SparseDenseOptions{.density = 0.4}, seed);
-  const HybridMatrix<T> y = ref::dense_to_hybrid<T>(yd.view(), TwellLayout{16, 4}, hybrid_overflow());
-  REQUIRE(y.overflow_rows() > 0);
-  auto a = testing::random_dense<T>(m, k, 1.0f, seed + 1);
-  const auto b = testing::random_dense<T>(k, n, 1.0f, seed + 2);
-  for (std::int64_t i = 0; i < m; i += 2)
-    for (std::int64_t p = 0; p < k; ++p) a.view().at(i, p) = T{};
-  HybridMatrix<T> x(m, n, y.layout(), y.overflow_rows());
-  ref::sddmm<T>(a.view(), Op::none, b.view(), y.view(), x.view(), 1.0f, 0.0f);
+  const auto s = testing::zero_row_sample<T>(m, n, k, seed);
+  REQUIRE(s.y.overflow_rows() > 0);
   const ValidateOptions zeros_allowed{.allow_explicit_zeros = true};
-  const auto x_dev = x.to(kDevice);
-  const auto b_dev = b.to(kDevice);
+  const auto x_dev = s.x.to(kDevice);
+  const auto b_dev = s.b.to(kDevice);
 
   const auto a2 = testing::random_dense<T>(m, k, 1.0f, seed + 3);
-  HybridMatrix<T> resampled_want(m, n, y.layout(), y.overflow_rows());
-  ref::sddmm<T>(a2.view(), Op::none, b.view(), x.view(), resampled_want.view(), 1.0f, 0.0f);
-  auto resampled = device_out(x, true);
+  HybridMatrix<T> resampled_want(m, n, s.y.layout(), s.y.overflow_rows());
+  ref::sddmm<T>(a2.view(), Op::none, s.b.view(), s.x.view(), resampled_want.view(), 1.0f, 0.0f);
+  auto resampled = device_out(s.x, true);
   dev::sddmm<T>(a2.to(kDevice).view(), Op::none, b_dev.view(), x_dev.view(), resampled.view(), 1.0f, 0.0f);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const auto resampled_got = resampled.to(kHost);
@@ -839,12 +825,12 @@ TEST_CASE_TEMPLATE("cuda Hybrid results stay valid when their pattern holds exac
 
   auto big = testing::random_dense<T>(m, k, 1.0f, seed + 4);
   for (std::int64_t i = 0; i < m; ++i) big.view().at(i, 0) = from_float<T>(std::numeric_limits<float>::infinity());
-  HybridMatrix<T> infinite(m, n, y.layout(), y.overflow_rows());
+  HybridMatrix<T> infinite(m, n, s.y.layout(), s.y.overflow_rows());
   // On y's pattern (x's structure, no zeros): Inf in the shadows where x's are exactly zero.
-  ref::sddmm<T>(big.view(), Op::none, b.view(), y.view(), infinite.view(), 1.0f, 0.0f);
-  HybridMatrix<T> product_want(m, n, y.layout(), y.overflow_rows());
-  ref::multiply_on_pattern<T>(x.view(), infinite.view(), product_want.view());
-  auto product = device_out(x, true);
+  ref::sddmm<T>(big.view(), Op::none, s.b.view(), s.y.view(), infinite.view(), 1.0f, 0.0f);
+  HybridMatrix<T> product_want(m, n, s.y.layout(), s.y.overflow_rows());
+  ref::multiply_on_pattern<T>(s.x.view(), std::as_const(infinite).view(), product_want.view());
+  auto product = device_out(s.x, true);
   dev::multiply_on_pattern<T>(x_dev.view(), infinite.to(kDevice).view(), product.view());
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const auto product_got = product.to(kHost);

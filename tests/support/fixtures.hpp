@@ -6,9 +6,14 @@
 #include <limits>
 #include <type_traits>
 
+#include <twell/converters/backends.hpp>
 #include <twell/formats/dense.hpp>
+#include <twell/formats/hybrid.hpp>
+#include <twell/kernels/backends.hpp>
 #include <twell/types.hpp>
 #include <twell/workload.hpp>
+
+#include "random.hpp"
 
 namespace twell::testing {
 
@@ -30,6 +35,34 @@ double relative_bound() {
   if constexpr (std::is_same_v<T, bf16>) return 1e-2;
   if constexpr (std::is_same_v<T, fp16>) return 2e-3;
   return 1e-5;
+}
+
+// A sampled Hybrid with exact zeros in its structure: y is m x n at 40 % density in layout
+// (16, 4) (capacity 3, so most rows are dense overflow rows), and x = A B on y's pattern with the
+// even rows of A (m x k) zero, as dh for tokens outside the loss. x's TwELL slots keep those
+// zeros; its dense overflow rows cannot store them. Host matrices from the reference backend.
+template <Value T>
+struct ZeroRowSample {
+  DenseMatrix<T> yd;  // y as dense
+  HybridMatrix<T> y;
+  DenseMatrix<T> a, b;
+  HybridMatrix<T> x;
+};
+
+template <Value T>
+ZeroRowSample<T> zero_row_sample(std::int64_t m, std::int64_t n, std::int64_t k, std::uint64_t seed) {
+  ZeroRowSample<T> s;
+  s.yd = random_sparse_dense<T>(m, n, SparseDenseOptions{.density = 0.4}, seed);
+  ConvertOptions hybrid;
+  hybrid.overflow = OverflowPolicy::hybrid;
+  s.y = reference::dense_to_hybrid<T>(s.yd.view(), TwellLayout{16, 4}, hybrid);
+  s.a = random_dense<T>(m, k, 1.0f, seed + 1);
+  s.b = random_dense<T>(k, n, 1.0f, seed + 2);
+  for (std::int64_t i = 0; i < m; i += 2)
+    for (std::int64_t p = 0; p < k; ++p) s.a.view().at(i, p) = T{};
+  s.x = HybridMatrix<T>(m, n, s.y.layout(), s.y.overflow_rows());
+  reference::sddmm<T>(s.a.view(), Op::none, s.b.view(), s.y.view(), s.x.view(), 1.0f, 0.0f);
+  return s;
 }
 
 // One FFN-shaped workload: x is m x k, the sparse hidden state m x n.
