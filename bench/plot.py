@@ -20,10 +20,11 @@ from collections import OrderedDict
 TWELL_VARIANTS = {
     "spmm": ["twell", "twell+convert", "cusparse_csr", "cusparse_coo"],
     "sddmm": ["twell"],
-    "convert": ["dense->hybrid", "dense->twell", "dense->twell_into_async"],
-    "gemm_to_sparse": ["twell"],
+    "convert": ["dense->hybrid", "dense->hybrid_plan", "dense->twell", "dense->twell_into",
+                "dense->twell_into_async"],
+    "gemm_to_sparse": ["twell", "twell_run_and_count", "twell_allocating"],
     "ffn": ["fused", "unfused", "fused_plain"],
-    "training": ["twell", "twell_plan", "twell_backward"],
+    "training": ["twell", "twell_plan", "twell_backward", "twell_plan_backward"],
 }
 SUITE_ORDER = ["spmm", "sddmm", "convert", "gemm_to_sparse", "ffn", "training"]
 # Ops a suite times besides its main one, and how their variants are labelled.
@@ -37,8 +38,12 @@ def load(path):
 
 
 def ok_cases(report, suite=None):
+    """Cases that ran, with a usable median: the writer turns a NaN or Inf time into null, and
+    such a case is not a measurement (nor is a zero time)."""
     for c in report.get("cases", []):
-        if c.get("status") == "ok" and (suite is None or c.get("suite") == suite):
+        median = (c.get("ms") or {}).get("median")
+        usable = isinstance(median, (int, float)) and math.isfinite(median) and median > 0
+        if c.get("status") == "ok" and usable and (suite is None or c.get("suite") == suite):
             yield c
 
 
@@ -77,14 +82,21 @@ def series(report, suite):
     return out
 
 
-def break_even(points):
-    """Density where the speedup crosses 1 (log-linear interpolation), or None."""
+def break_evens(points):
+    """Every density where the speedup crosses 1, interpolated in log(density) and log(speedup)
+    (straight on the plots' log-log axes); points sorted by density, one per density."""
+    out = []
     for (d0, s0), (d1, s1) in zip(points, points[1:]):
-        if (s0 - 1) * (s1 - 1) <= 0 and s0 != s1:
-            l0, l1 = math.log(d0), math.log(d1)
-            t = (1 - s0) / (s1 - s0)
-            return math.exp(l0 + t * (l1 - l0))
-    return None
+        if d0 == d1 or s0 <= 0 or s1 <= 0:
+            continue
+        g0, g1 = math.log(s0), math.log(s1)
+        if g0 * g1 > 0 or g0 == g1:  # both on one side of 1, or a flat stretch at 1
+            continue
+        t = -g0 / (g1 - g0)
+        cross = math.exp(math.log(d0) + t * (math.log(d1) - math.log(d0)))
+        if not out or out[-1] != cross:
+            out.append(cross)
+    return out
 
 
 def draw_suite_rows(fig_axes, report, suite, start_row):
@@ -107,8 +119,7 @@ def draw_suite_rows(fig_axes, report, suite, start_row):
                 ys = [s for _, s in pts]
                 style = dict(linestyle="--", marker="x") if variant.startswith(FLOOR) else dict(marker="o")
                 (line,) = ax.plot(xs, ys, markersize=3, label=f"{variant} vs {baseline}", **style)
-                be = break_even(pts)
-                if be is not None:
+                for be in break_evens(pts):
                     ax.axvline(100 * be, color=line.get_color(), linewidth=0.6, linestyle=":")
                     ax.annotate(f"{100 * be:.2g}%", (100 * be, 1.0), fontsize=7, color=line.get_color(),
                                 xytext=(2, 4), textcoords="offset points")
@@ -207,16 +218,22 @@ def contract_rows(report):
                      f"{c['variant']} {fmt(c['ms']['median'])} ms vs {fmt(d['ms']['median'])} ms"
                      f"{err_text}{floor_text(c)}" if c and d else "not measured"))
 
-    pts = sorted((c["density_target"], c["speedup"]) for c in ok_cases(report, "ffn")
-                 if c["variant"] == "fused" and c["shape"] == "paper" and c["distribution"] == "uniform"
-                 and c.get("baseline") == "dense" and c.get("speedup"))
-    be = break_even(pts) if pts else None
-    if be is None and pts:
+    # One point per density at the largest M (the suite sweeps densities there only).
+    by_density = {}
+    for c in ok_cases(report, "ffn"):
+        if (c["variant"] == "fused" and c["shape"] == "paper" and c["distribution"] == "uniform" and c["M"] == big
+                and c.get("baseline") == "dense" and c.get("speedup")):
+            by_density.setdefault(c["density_target"], c["speedup"])
+    pts = sorted(by_density.items())
+    crossings = break_evens(pts)
+    if crossings:
+        be_text = ", ".join(f"{100 * be:.2g} %" for be in crossings)
+    elif pts:
         be_text = f"> {100 * pts[-1][0]:g} %" if pts[-1][1] > 1 else f"< {100 * pts[0][0]:g} %"
     else:
-        be_text = f"{100 * be:.2g} %" if be else "-"
+        be_text = "-"
     rows.append(("break-even density, gated FFN forward vs dense (uniform)", ">= 5 %", be_text,
-                 f"{len(pts)} densities" if pts else "not measured"))
+                 f"{len(pts)} densit{'y' if len(pts) == 1 else 'ies'} at M = {big}" if pts else "not measured"))
 
     c = find(report, "spmm", "twell", m=big, density=0.005)
     vs = (c or {}).get("extra", {}).get("speedup_vs", {}) if c else {}

@@ -316,6 +316,9 @@ if [ "$built" = 1 ] && [ "$sanitize" = 0 ] && [ -n "$profile_case" ]; then
   run_bench=0
 fi
 
+# An earlier call's results in OUTDIR must not pass for this one's (twell writes bench.json only
+# when it finishes, and a failed build runs no bench).
+if [ "$run_bench" = 1 ]; then rm -f "$out/bench.json" "$out/bench-summary.md" "$out/speedup.png"; fi
 if [ "$built" = 1 ] && [ "$run_bench" = 1 ]; then
   t0=$(now)
   args=(bench --suite "$suites" --out "$out/bench.json")
@@ -351,8 +354,8 @@ fi
 echo
 echo "gpu-check summary ($out):"
 for line in "${summary[@]}"; do echo "  $line"; done
-if [ -s "$out/bench-summary.md" ]; then
-  # The contract rows of the summary: the numbers the lead needs first.
+if [ "$run_bench" = 1 ] && [ -s "$out/bench-summary.md" ]; then
+  # The contract rows of this call's summary: the numbers the lead needs first.
   sed -n '/^| measure/,/^$/p' "$out/bench-summary.md"
 fi
 exit $failed

@@ -15,7 +15,30 @@ import sys
 import tempfile
 
 
+def check_break_evens(root):
+    """plot.break_evens on hand-made lines: every crossing of 1, placed where the straight segment
+    on log-log axes crosses it; none for a line on one side; a pair at one density skipped."""
+    sys.path.insert(0, os.path.join(root, "bench"))
+    import plot
+
+    def close(got, want):
+        return len(got) == len(want) and all(abs(g - w) <= 1e-12 * w for g, w in zip(got, want))
+
+    cases = [
+        ([(0.001, 0.5), (0.01, 2.0), (0.1, 0.5)], [0.001 * 10 ** 0.5, 0.01 * 10 ** 0.5]),
+        ([(0.001, 2.0), (0.01, 1.5)], []),
+        ([(0.005, 1.2), (0.005, 0.9), (0.01, 0.8)], []),
+        ([(0.01, 4.0), (0.02, 0.25)], [0.01 * 2 ** 0.5]),
+    ]
+    bad = [(pts, want, plot.break_evens(pts)) for pts, want in cases if not close(plot.break_evens(pts), want)]
+    for pts, want, got in bad:
+        print(f"plot_check.py: break_evens({pts}) = {got}, expected {want}")
+    return not bad
+
+
 def main(root, draw):
+    if not check_break_evens(root):
+        return 1
     reports = sorted(glob.glob(os.path.join(root, "docs", "benchmarks", "*.json")))
     if not reports:
         print("plot_check.py: no benchmark report under docs/benchmarks")
