@@ -188,6 +188,10 @@ void set_up(State& s, const char* where, std::int64_t tokens, DenseView<const T>
             const KernelOptions& options) {
   check_layer<T>(where, tokens, wg, wu, wd, kGated);
   check_layout(layout, where);
+  // Checked here whatever the backend, so that a host layer refuses what a device one does.
+  twell::detail::check_activation(act, where);
+  require(overflow_capacity >= 0 || overflow_capacity == kDefaultFfnCapacity, ErrorCode::invalid_argument, where,
+          "overflow capacity ", overflow_capacity, " is negative");
   s.assign(tokens, wg, wu, wd, act, layout, options);
 #if TWELL_HAS_CUDA
   // Past the fused kernels' K the layer composes the public operations on the device instead
@@ -292,6 +296,7 @@ template <Value T>
 GatedFfn<T>::~GatedFfn() = default;
 template <Value T>
 const std::string& GatedFfn<T>::path() const {
+  require(impl_ != nullptr, ErrorCode::invalid_argument, "twell::GatedFfn::path", "the layer was moved from");
   return impl_->path;
 }
 template <Value T>
@@ -302,6 +307,7 @@ template <Value T>
 Ffn<T>::~Ffn() = default;
 template <Value T>
 const std::string& Ffn<T>::path() const {
+  require(impl_ != nullptr, ErrorCode::invalid_argument, "twell::Ffn::path", "the layer was moved from");
   return impl_->path;
 }
 

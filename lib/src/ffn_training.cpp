@@ -7,6 +7,7 @@
 
 #include <twell/config.hpp>
 #include <twell/ffn.hpp>
+#include <twell/formats/dense_checks.hpp>
 #include <twell/instantiate.hpp>
 #if TWELL_HAS_CUDA
 #include <twell/kernels/gemm_to_sparse_plan.hpp>
@@ -249,6 +250,8 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
             shape(view.rows, view.cols), " but must be ", shape(want[i].first, want[i].second));
     require(view.space == s.space, ErrorCode::space_mismatch, where, "x is in ", to_string(s.space), " memory but ",
             name, " is in ", to_string(view.space), " memory");
+    // Here, not in the operation that writes it: a refused gradient must leave the others unwritten.
+    twell::detail::check_dense_geometry(view, where, name);
   }
   const ffn_detail::L1Scale l1 = ffn_detail::l1_scale(where, lambda, norm, s.m, s.n);
   const std::int64_t rows = s.overflow_rows;

@@ -2,6 +2,7 @@
 // reference; the backward against central finite differences of the loss in fp64.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -204,6 +205,22 @@ TEST_CASE_TEMPLATE("FFN layers on the host: GatedFfn / Ffn equal the composed fo
   DenseView<const T> wd_dev = w.wd.view();
   wd_dev.space = MemorySpace::device;
   CHECK(testing::code_of([&] { Ffn<T>(4, w.wu.view(), wd_dev); }) == ErrorCode::space_mismatch);
+  // A host layer refuses at construction what a device layer refuses: a negative overflow
+  // capacity, an unknown activation, a negative threshold.
+  CHECK(testing::code_of([&] { GatedFfn<T>(4, w.wg.view(), w.wu.view(), w.wd.view(), {}, {}, -7); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(testing::code_of([&] { Ffn<T>(4, w.wu.view(), w.wd.view(), {}, {}, -7); }) == ErrorCode::invalid_argument);
+  CHECK(testing::code_of([&] {
+          GatedFfn<T>(4, w.wg.view(), w.wu.view(), w.wd.view(), ActivationSpec{static_cast<Activation>(9), 0.0f});
+        }) == ErrorCode::invalid_argument);
+  CHECK(testing::code_of([&] { Ffn<T>(4, w.wu.view(), w.wd.view(), ActivationSpec{Activation::relu, -1.0f}); }) ==
+        ErrorCode::invalid_argument);
+  // A moved-from layer says so, from path() too (it dereferenced null before).
+  GatedFfn<T> gated_moved = std::move(layer);
+  CHECK(testing::code_of([&] { layer.path(); }) == ErrorCode::invalid_argument);
+  Ffn<T> plain(4, w.wu.view(), w.wd.view());
+  Ffn<T> plain_moved = std::move(plain);
+  CHECK(testing::code_of([&] { plain.path(); }) == ErrorCode::invalid_argument);
 }
 
 namespace {
@@ -571,6 +588,14 @@ TEST_CASE("GatedFfnTraining rejects bad calls with twell::Error") {
   DenseView<float> dwd_dev = dwd.view();
   dwd_dev.space = MemorySpace::device;
   CHECK(code_of([&] { backward({dx.view(), dwg.view(), dwu.view(), dwd_dev}); }) == ErrorCode::space_mismatch);
+  // A dx whose rows overlap is refused before any gradient is written (dwd is written first).
+  DenseView<float> dx_overlapping = dx.view();
+  dx_overlapping.ld = s.k - 1;
+  std::fill(dwd.values().data(), dwd.values().data() + dwd.values().size(), 42.0f);
+  CHECK(code_of([&] { backward({dx_overlapping, dwg.view(), dwu.view(), dwd.view()}); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(std::all_of(dwd.values().data(), dwd.values().data() + dwd.values().size(),
+                    [](float v) { return v == 42.0f; }));
   CHECK(code_of([&] {
           step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), -1.0f,
                         L1Normalization::per_token, grads);
