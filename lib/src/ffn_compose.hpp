@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
+#include <utility>
 
 #include <twell/error.hpp>
 #include <twell/ffn.hpp>
@@ -19,37 +21,42 @@ inline std::string shape(std::int64_t rows, std::int64_t cols) {
   return std::to_string(rows) + " x " + std::to_string(cols);
 }
 
-// Checked here so that a mistake is reported with the FFN's names, not an inner operation's.
+// Checked here so that a mistake is reported with the FFN's names, not an inner operation's;
+// y_name names the M x K operand (y, or dy in the backward).
 template <class T>
 void check_shapes(const char* where, DenseView<const T> x, DenseView<const T> w_in, DenseView<const T> wd,
-                  In<DenseView<const T>> y) {
+                  In<DenseView<const T>> y, const char* y_name) {
   const std::int64_t m = x.rows, k = x.cols, n = w_in.cols;
   require(w_in.rows == k, ErrorCode::shape_mismatch, where, "x is ", shape(m, k), " but wu is ",
           shape(w_in.rows, w_in.cols));
   require(wd.rows == n && wd.cols == k, ErrorCode::shape_mismatch, where, "wd is ", shape(wd.rows, wd.cols),
           " but x and wu need ", shape(n, k));
-  require(y.rows == m && y.cols == k, ErrorCode::shape_mismatch, where, "y is ", shape(y.rows, y.cols), " but x needs ",
-          shape(m, k));
+  require(y.rows == m && y.cols == k, ErrorCode::shape_mismatch, where, y_name, " is ", shape(y.rows, y.cols),
+          " but x needs ", shape(m, k));
+}
+
+// Every operand in x's memory space; a mismatch names the operand.
+inline void check_spaces(const char* where, MemorySpace x,
+                         std::initializer_list<std::pair<const char*, MemorySpace>> rest) {
+  for (const auto& [name, space] : rest)
+    require(space == x, ErrorCode::space_mismatch, where, "x is in ", to_string(x), " memory but ", name, " is in ",
+            to_string(space), " memory");
 }
 
 template <class T>
 void check_gated(const char* where, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
-                 DenseView<const T> wd, In<DenseView<const T>> y) {
-  check_shapes(where, x, wu, wd, y);
+                 DenseView<const T> wd, In<DenseView<const T>> y, const char* y_name = "y") {
+  check_shapes(where, x, wu, wd, y, y_name);
   require(wg.rows == wu.rows && wg.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ", shape(wg.rows, wg.cols),
           " but wu is ", shape(wu.rows, wu.cols));
-  for (const auto s : {wg.space, wu.space, wd.space, y.space})
-    require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
-            " memory but a weight or y is in ", to_string(s), " memory");
+  check_spaces(where, x.space, {{"wg", wg.space}, {"wu", wu.space}, {"wd", wd.space}, {y_name, y.space}});
 }
 
 template <class T>
 void check_plain(const char* where, DenseView<const T> x, DenseView<const T> wu, DenseView<const T> wd,
                  DenseView<T> y) {
-  check_shapes(where, x, wu, wd, y);
-  for (const auto s : {wu.space, wd.space, y.space})
-    require(s == x.space, ErrorCode::space_mismatch, where, "x is in ", to_string(x.space),
-            " memory but a weight or y is in ", to_string(s), " memory");
+  check_shapes(where, x, wu, wd, y, "y");
+  check_spaces(where, x.space, {{"wu", wu.space}, {"wd", wd.space}, {"y", y.space}});
 }
 
 // An empty Hybrid with `like`'s shape, layout and overflow row count, in its memory space.

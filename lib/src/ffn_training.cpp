@@ -51,7 +51,7 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
                                                In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
                                                L1Normalization norm, const KernelOptions& options) {
   constexpr const char* where = "twell::sparse_gated_ffn_backward";
-  check_gated(where, x, wg, wu, wd, dy);
+  check_gated(where, x, wg, wu, wd, dy, "dy");
   const std::int64_t m = x.rows, k = x.cols, n = wu.cols;
   const MemorySpace space = x.space;
   ffn_detail::check_saved(where, saved.view(), m, n, space);
@@ -238,7 +238,7 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
                                      L1Normalization norm, const GatedFfnGradientViews<T>& out) {
   constexpr const char* where = "twell::GatedFfnTraining::backward";
   Impl& s = state_of(impl_, where);
-  check_gated(where, x, wg, wu, wd, dy);
+  check_gated(where, x, wg, wu, wd, dy, "dy");
   s.check_call(where, x, wu);
   const GatedFfnActivationViews<T> saved = activations();
   const std::pair<const char*, DenseView<T>> grads[] = {

@@ -588,6 +588,18 @@ TEST_CASE("GatedFfnTraining rejects bad calls with twell::Error") {
   DenseView<float> dwd_dev = dwd.view();
   dwd_dev.space = MemorySpace::device;
   CHECK(code_of([&] { backward({dx.view(), dwg.view(), dwu.view(), dwd_dev}); }) == ErrorCode::space_mismatch);
+  // Errors name the operand: dy (not "y"), and which operand is in the other memory space.
+  const DenseView<const float> dy_short{dy.view().data, s.m - 1, s.k, s.k, MemorySpace::host};
+  CHECK(testing::message_of([&] {
+          step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy_short, 0.1f, L1Normalization::per_token,
+                        grads);
+        }).find("dy is 3 x 8 but x needs 4 x 8") != std::string::npos);
+  DenseView<const float> wd_elsewhere = w.wd.view();
+  wd_elsewhere.space = MemorySpace::device;
+  CHECK(testing::message_of([&] {
+          step.backward(w.x.view(), w.wg.view(), w.wu.view(), wd_elsewhere, dy.view(), 0.1f, L1Normalization::per_token,
+                        grads);
+        }).find("but wd is in device memory") != std::string::npos);
   // A dx whose rows overlap is refused before any gradient is written (dwd is written first).
   DenseView<float> dx_overlapping = dx.view();
   dx_overlapping.ld = s.k - 1;

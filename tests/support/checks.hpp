@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -27,6 +28,18 @@ ErrorCode code_of(F&& f) {
   }
   FAIL("no twell::Error thrown");
   return ErrorCode::invalid_argument;
+}
+
+// The message of the twell::Error that f() throws ("" and a failed test case when none is thrown).
+template <class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  FAIL("no twell::Error thrown");
+  return "";
 }
 
 // v starting one byte into its buffer, shape unchanged: no longer on a value boundary, which every
