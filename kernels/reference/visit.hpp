@@ -363,26 +363,24 @@ void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char
   std::vector<float> overflow(static_cast<std::size_t>(pattern.overflow.rows * pattern.cols()), 0.0f);
   for (std::int64_t i = 0; i < pattern.rows(); ++i) {
     const std::int64_t r = overflow_row(pattern, i, where);
-    if (r < 0) require_no_overflow(pattern.twell, i, where);
     if (r < 0) {
+      require_no_overflow(pattern.twell, i, where);
       for_each_slot_in_row(pattern.twell, i, where, [&](const Entry& e) { values.emplace_back(e, value(e)); });
       continue;
     }
-    for_each_slot_in_row(pattern.twell, i, where, [&](const Entry& e) { values.emplace_back(e, 0.0f); });
+    float* dense = overflow.data() + r * pattern.cols();
     for (std::int64_t j = 0; j < pattern.cols(); ++j)
       if (is_stored(pattern.overflow.data[r * pattern.overflow.ld + j]) ||
           (also != nullptr && is_stored(also->overflow.data[r * also->overflow.ld + j])))
-        overflow[static_cast<std::size_t>(r * pattern.cols() + j)] = value(Entry{i, j, r, true});
+        dense[j] = value(Entry{i, j, r, true});
+    for_each_slot_in_row(pattern.twell, i, where, [&](const Entry& e) { values.emplace_back(e, dense[e.col]); });
   }
   copy_twell_structure(pattern.twell, out.twell);
   if (pattern.rows() > 0)
     std::memmove(out.row_to_overflow, pattern.row_to_overflow, static_cast<std::size_t>(pattern.rows()) * 4);
   if (pattern.overflow.rows > 0)
     std::memmove(out.overflow_to_row, pattern.overflow_to_row, static_cast<std::size_t>(pattern.overflow.rows) * 4);
-  for (const auto& [e, x] : values) {
-    const std::int64_t r = pattern.row_to_overflow[e.row];
-    store(out.twell, e, r < 0 ? x : overflow[static_cast<std::size_t>(r * pattern.cols() + e.col)]);
-  }
+  for (const auto& [e, x] : values) store(out.twell, e, x);
   for (std::int64_t r = 0; r < pattern.overflow.rows; ++r)
     for (std::int64_t j = 0; j < pattern.cols(); ++j)
       out.overflow.data[r * out.overflow.ld + j] =

@@ -190,8 +190,7 @@ void set_up(State& s, const char* where, std::int64_t tokens, DenseView<const T>
   check_layout(layout, where);
   // Checked here whatever the backend, so that a host layer refuses what a device one does.
   twell::detail::check_activation(act, where);
-  require(overflow_capacity >= 0 || overflow_capacity == kDefaultFfnCapacity, ErrorCode::invalid_argument, where,
-          "overflow capacity ", overflow_capacity, " is negative");
+  ffn_detail::check_overflow_capacity(overflow_capacity, where);
   s.assign(tokens, wg, wu, wd, act, layout, options);
 #if TWELL_HAS_CUDA
   // Past the fused kernels' K the layer composes the public operations on the device instead

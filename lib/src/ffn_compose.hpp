@@ -35,6 +35,12 @@ void check_shapes(const char* where, DenseView<const T> x, DenseView<const T> w_
           " but x needs ", shape(m, k));
 }
 
+// An FFN object's overflow block: at least 0 rows, or kDefaultFfnCapacity (the object picks it).
+inline void check_overflow_capacity(std::int64_t capacity, const char* where) {
+  require(capacity >= 0 || capacity == kDefaultFfnCapacity, ErrorCode::invalid_argument, where, "overflow capacity ",
+          capacity, " is negative");
+}
+
 // Every operand in x's memory space; a mismatch names the operand.
 inline void check_spaces(const char* where, MemorySpace x,
                          std::initializer_list<std::pair<const char*, MemorySpace>> rest) {

@@ -184,8 +184,7 @@ GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, 
   constexpr const char* where = "twell::GatedFfnTraining";
   require(tokens >= 0 && hidden >= 0 && intermediate >= 0, ErrorCode::invalid_argument, where, "tokens ", tokens,
           ", hidden ", hidden, " and intermediate ", intermediate, " must not be negative");
-  require(overflow_capacity >= 0 || overflow_capacity == kDefaultFfnCapacity, ErrorCode::invalid_argument, where,
-          "overflow capacity ", overflow_capacity, " is negative");
+  ffn_detail::check_overflow_capacity(overflow_capacity, where);
   check_layout(layout, where);
   twell::detail::check_activation(act, where);
   Impl& s = *impl_;
