@@ -163,10 +163,12 @@ __device__ __forceinline__ LaneChunk<kPerLane> load_chunk(const T* in, int col0,
 }
 
 // A walk over (row, tile) pairs in row-major order over the rows first, first + row_step, ...
+// Rows are 32-bit (the launch checks that they, ld and the packed width fit): unsigned, so that a
+// walk past the last row stays above it instead of wrapping negative.
 struct PairWalk {
-  std::int64_t row;
+  std::uint32_t row;
   int tile;
-  __device__ void advance(int tiles, std::int64_t row_step) {
+  __device__ void advance(int tiles, std::uint32_t row_step) {
     if (++tile == tiles) {
       tile = 0;
       row += row_step;
@@ -182,8 +184,9 @@ struct PairWalk {
 // one is packed, and the loop is not unrolled, so the code stays in the instruction cache; index
 // arithmetic is a few adds per pair, no division. Stored flags by the 16-bit bit rule at
 // threshold 0 (kZeroThreshold), else through is_stored. Every slot of every (row, tile) is
-// written. Preconditions: device operands, 16-bit T, layout.tile == kTile, src.data and src.ld *
-// sizeof(T) 16-byte aligned. Benchmark: bench/suites/convert.cpp.
+// written. Preconditions: device operands, 16-bit T, layout.tile == kTile, rows, ld and the packed
+// width at most 2^31 - 1, src.data and src.ld * sizeof(T) 16-byte aligned. Benchmark:
+// bench/suites/convert.cpp.
 template <class T, int kTile, bool kZeroThreshold>
 __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
     dense_to_twell_tiles_kernel(DenseView<const T> src, TwellGeometry geo, std::uint32_t* packed, float threshold,
@@ -192,31 +195,35 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
   const int lane = lane_id();
   const int col0 = (lane & 15) * kPerLane;
   const bool clamp = overflow.policy == OverflowPolicy::drop;
-  const std::int64_t warps = warp_count();
+  const auto warps = static_cast<std::uint32_t>(warp_count());
+  // 32-bit index math: a row's offset is one 32 x 32 -> 64-bit multiply.
+  const auto rows = static_cast<std::uint32_t>(src.rows);
+  const auto ld = static_cast<std::uint32_t>(src.ld);
+  const auto width = static_cast<std::uint32_t>(geo.width);
   // Only the last tile of a row can be narrower: one 32-bit compare per use instead of 64-bit math.
   const int last_width = static_cast<int>(geo.cols - static_cast<std::int64_t>(geo.tiles - 1) * kTile);
   const auto tile_width = [&](const PairWalk& p) { return p.tile == geo.tiles - 1 ? last_width : kTile; };
   const auto load = [&](const PairWalk& p) {
-    return p.row < src.rows ? load_chunk<T, kPerLane>(src.data + p.row * src.ld + static_cast<std::int64_t>(p.tile) * kTile,
-                                                      col0, tile_width(p))
-                            : LaneChunk<kPerLane>{};
+    return p.row < rows ? load_chunk<T, kPerLane>(src.data + static_cast<std::uint64_t>(p.row) * ld + p.tile * kTile,
+                                                  col0, tile_width(p))
+                        : LaneChunk<kPerLane>{};
   };
   const auto step = [&](PairWalk& p) {  // to the half's next pair: two along the warp's walk
     p.advance(geo.tiles, warps);
     p.advance(geo.tiles, warps);
   };
-  PairWalk at{global_warp(), 0};  // the pair this half packs next
+  PairWalk at{static_cast<std::uint32_t>(global_warp()), 0};  // the pair this half packs next
   if (lane >= 16) at.advance(geo.tiles, warps);
   PairWalk ahead = at;  // the pair this half loads next (one past `at` at each loop top)
   LaneChunk<kPerLane> chunk = load(ahead);
   step(ahead);
   std::int64_t held = 0;
 #pragma unroll 1
-  while (__any_sync(0xffffffffu, at.row < src.rows)) {
+  while (__any_sync(0xffffffffu, at.row < rows)) {
     const PairWalk loaded = ahead;  // the next `at`
     const LaneChunk<kPerLane> next = load(ahead);
     step(ahead);
-    const bool live = at.row < src.rows;
+    const bool live = at.row < rows;
     const int cols = tile_width(at);
     std::uint32_t flags[kPerLane / 2];
     if constexpr (kZeroThreshold) {
@@ -225,9 +232,10 @@ __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
       threshold_flags<T>(chunk, threshold, flags);
     }
     if (cols < kTile) clip_flags<kPerLane>(col0, cols, flags);
-    const int count = pack_slot_groups(chunk, flags, packed + at.row * geo.width + static_cast<std::int64_t>(at.tile) * geo.slots,
+    const int count = pack_slot_groups(chunk, flags, packed + static_cast<std::uint64_t>(at.row) * width + at.tile * geo.slots,
                                        live, geo.slots, geo.capacity, clamp, lane);
-    if ((lane & 15) == 0 && live) held += account_tile(count, geo.capacity, at.row, at.row * geo.tiles + at.tile, overflow);
+    if ((lane & 15) == 0 && live)
+      held += account_tile(count, geo.capacity, at.row, static_cast<std::int64_t>(at.row) * geo.tiles + at.tile, overflow);
     chunk = next;
     at = loaded;
   }
@@ -338,8 +346,10 @@ void launch_dense_to_twell(DenseView<const T> src, TwellView<T> out, float thres
   if (blocks == 0) return;
   const bool aligned = reinterpret_cast<std::uintptr_t>(src.data) % 16 == 0 &&
                        (static_cast<std::uint64_t>(src.ld) * sizeof(T)) % 16 == 0;
+  constexpr std::int64_t kMax32 = std::numeric_limits<std::int32_t>::max();
+  const bool indices_32bit = src.rows <= kMax32 && src.ld <= kMax32 && layout.packed_width(src.cols) <= kMax32;
   if constexpr (ValueTraits<T>::packs_in_slot) {
-    if (aligned && (layout.tile == 256 || layout.tile == 128)) {
+    if (aligned && indices_32bit && (layout.tile == 256 || layout.tile == 128)) {
       launch_dense_to_twell_tiles(src, out, threshold, overflow, stream, where);
       return;
     }
