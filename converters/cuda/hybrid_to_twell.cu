@@ -13,6 +13,7 @@ TwellMatrix<T> hybrid_to_twell(HybridView<const T> src, TwellLayout layout, cons
   check_convert_options(options, where);
   check_layout(src.twell.layout, where);
   check_layout(layout, where);
+  detail::check_relayout_range(src.cols(), where);
   detail::require_twell_policy(options, where);
   const CsrMatrix<T> csr =
       detail::rows_to_csr<T>(detail::HybridRows<T>(src), src.rows(), src.cols(), detail::quiet(options), where);

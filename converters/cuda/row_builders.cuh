@@ -16,6 +16,14 @@ inline void check_index_range(std::int64_t cols, const char* where) {
           " does not fit the 32-bit column indices of CSR and ELL");
 }
 
+// The cuda TwELL <-> Hybrid re-layouts go through CSR, so they share its column limit; the formats
+// themselves (and the reference backend) have none, hence `unsupported` naming the route.
+inline void check_relayout_range(std::int64_t cols, const char* where) {
+  require(cols <= std::numeric_limits<std::int32_t>::max(), ErrorCode::unsupported, where, "cols = ", cols,
+          " is past 2^31 - 1: the cuda backend re-lays TwELL and Hybrid out through CSR's 32-bit column indices "
+          "(the reference backend has no such limit)");
+}
+
 template <class T, class Rows>
 CsrMatrix<T> rows_to_csr(Rows rows, std::int64_t n_rows, std::int64_t cols, const ConvertOptions& options,
                          const char* where) {

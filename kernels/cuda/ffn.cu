@@ -1249,6 +1249,7 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
 
 template <Value T>
 void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* stats) {
+  twell::detail::require_live(live_, where_);
   check_io<T>(x, y, k_, where_);
   require(x.rows == m_, ErrorCode::shape_mismatch, where_, "the plan is for ", m_, " tokens but x has ", x.rows,
           " rows");

@@ -378,7 +378,8 @@ enum StatusWord : int {
 // the maps, coalesced. Deterministic; one CTA because M is at most a few hundred thousand.
 // When no tile overflowed (the excess accumulator is 0) and the previous pass found no flagged
 // row either, the maps already hold -1 everywhere and no flag is set: only the totals move (a
-// few microseconds less per run). A new plan's R word is 1, so its first run takes the full pass.
+// few microseconds less per run). A new plan's maps hold -1 and its words 0, so that holds from
+// its first run.
 __global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* flags, std::int64_t m, bool route,
                                                                   std::int64_t capacity, std::int32_t* row_to_overflow,
                                                                   std::int32_t* overflow_to_row,
@@ -605,14 +606,15 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
           : std::min(m, overflow_capacity == kDefaultCapacity ? default_capacity(m) : overflow_capacity);
   twell_ = TwellMatrix<T>(m, n, layout, MemorySpace::device);
   overflow_ = DenseMatrix<T>(capacity, n, MemorySpace::device);
-  row_to_overflow_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
+  // -1 everywhere, as the ranking kernel's fast path (no flagged row) leaves the map: then a first
+  // run without an overflowed tile may take that path too. Set synchronously (fill_bytes), so that
+  // no copy is in flight when a run is queued on a non-blocking stream.
+  row_to_overflow_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device, Uninitialized{});
+  ::twell::detail::fill_bytes(row_to_overflow_.data(), MemorySpace::device, 0xff, row_to_overflow_.bytes());
   overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(capacity), MemorySpace::device);
   flags_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
   status_ = Buffer<std::uint64_t>(kStatusWords, MemorySpace::device);
   if (hopper_ && capacity > 0) gathered_x_ = DenseMatrix<T>(capacity, k, MemorySpace::device);
-  const std::uint64_t unranked = 1;  // the maps were never written: the first run ranks in full
-  ::twell::detail::check_cuda(
-      cudaMemcpy(status_.data() + kFlaggedRows, &unranked, sizeof unranked, cudaMemcpyHostToDevice), kWhere);
 }
 
 template <Value T>
@@ -632,7 +634,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
 template <Value T>
 void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const char* where) {
   require(state_ != State::taken, ErrorCode::invalid_argument, where,
-          "the plan's storage was moved out by take_result(); build a new plan");
+          "the plan's storage was moved out (by take_result() or a move of the plan); build a new plan");
   check_operands<T>(x, w, act_, where);
   require(x.rows == m_ && x.cols == k_ && w.cols == n_, ErrorCode::shape_mismatch, where, "the plan is for x ", m_,
           " x ", k_, " and w ", k_, " x ", n_, "; got x ", x.rows, " x ", x.cols, " and w ", w.rows, " x ", w.cols);
@@ -760,7 +762,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where) {
     if (flagged > capacity) {
       count_.exceeded_capacity = true;
       count_.second_pass = true;
-      const std::int64_t grown = std::max(flagged, 2 * capacity);
+      const std::int64_t grown = std::min(m_, std::max(flagged, 2 * capacity));
       DenseMatrix<T> block(grown, n_, MemorySpace::device);
       Buffer<std::int32_t> map(static_cast<std::size_t>(grown), MemorySpace::device);
       if (capacity > 0) {

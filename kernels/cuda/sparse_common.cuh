@@ -113,7 +113,8 @@ void check_view(EllView<T> v, const char* where, const char* name) {
   require_device(v.space, where, name);
   require(v.rows >= 0 && v.cols >= 0 && v.width >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
           shape(v.rows, v.cols), " and width ", v.width);
-  require(v.rows == 0 || v.row_count != nullptr, ErrorCode::malformed, where, name, " has no row_count");
+  require(v.rows == 0 || (v.row_count != nullptr && (v.width == 0 || (v.col_idx != nullptr && v.values != nullptr))),
+          ErrorCode::malformed, where, name, " has a null array with ", v.rows, " rows and width ", v.width);
 }
 template <class T>
 void check_view(TwellView<T> v, const char* where, const char* name) {
@@ -134,7 +135,10 @@ void check_view(HybridView<T> v, const char* where, const char* name) {
           shape(v.rows(), v.cols()));
   require(v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
           " overflow block has leading dimension ", v.overflow.ld, " below its ", v.overflow.cols, " columns");
-  require(v.rows() == 0 || v.row_to_overflow != nullptr, ErrorCode::malformed, where, name, " has no row_to_overflow");
+  require((v.rows() == 0 || v.row_to_overflow != nullptr) &&
+              (v.overflow.rows == 0 || (v.overflow_to_row != nullptr && v.overflow.data != nullptr)),
+          ErrorCode::malformed, where, name, " has a null map or overflow block with ", v.overflow.rows,
+          " overflow rows");
 }
 
 // Bytes of shared memory a block of the current device may opt in to.

@@ -480,6 +480,7 @@ void check_operands(std::int64_t m, std::int64_t k, DenseView<const T> b, DenseV
           detail::shape(b.rows, b.cols));
   require(c.rows == m && c.cols == b.cols, ErrorCode::shape_mismatch, kWhere, "C is ", detail::shape(c.rows, c.cols),
           " but op(A) B is ", detail::shape(m, b.cols));
+  twell::detail::check_c_apart_from_b(b, c, kWhere);
 }
 
 // C = beta * C (or zero) when op(A) B has no terms: K == 0.
@@ -604,30 +605,32 @@ cublasHandle_t cublas_handle() {
   return holder.handle;
 }
 
+// Bytes of the fp32 product of a Hybrid's overflow rows with b_cols columns of B.
+template <class T>
+std::size_t overflow_tmp_bytes(HybridView<const T> a, std::int64_t b_cols) {
+  return static_cast<std::size_t>(a.overflow.rows * b_cols) * sizeof(float);
+}
+
 // Overflow rows: tmp = overflow * B in fp32 by cuBLAS (`blas`), then scattered into C with
 // alpha/beta. `tmp` holds r x Nb floats, or is null and then allocated here (stream-ordered).
 template <class T>
 void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
                    cudaStream_t stream, float* tmp, cublasHandle_t blas) {
   const std::int64_t r = a.overflow.rows;
-  if (r == 0 || b.cols == 0) return;
-  const std::size_t bytes = static_cast<std::size_t>(r * b.cols) * sizeof(float);
-  detail::Scratch own(tmp == nullptr ? bytes : 0, stream, "twell::cuda::spmm (overflow)");
+  // At K = 0 the TwELL kernel has already scaled every row of C, these included.
+  if (r == 0 || b.cols == 0 || a.cols() == 0) return;
+  detail::Scratch own(tmp == nullptr ? overflow_tmp_bytes(a, b.cols) : 0, stream, "twell::cuda::spmm (overflow)");
   if (tmp == nullptr) tmp = own.as<float>();
   const cudaDataType_t type =
       std::is_same_v<T, bf16> ? CUDA_R_16BF : (std::is_same_v<T, fp16> ? CUDA_R_16F : CUDA_R_32F);
-  if (a.cols() == 0) {
-    detail::check_cuda(cudaMemsetAsync(tmp, 0, bytes, stream), "twell::cuda::spmm (overflow)");
-  } else {
-    detail::check_cublas(cublasSetStream(blas, stream), "twell::cuda::spmm (cublasSetStream)");
-    const float one = 1.0f, zero = 0.0f;
-    // Row-major tmp (r x nb) = overflow (r x K) B (K x nb) is column-major tmp^T = B^T overflow^T.
-    detail::check_cublas(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(b.cols), static_cast<int>(r),
-                                      static_cast<int>(a.cols()), &one, b.data, type, static_cast<int>(b.ld),
-                                      a.overflow.data, type, static_cast<int>(a.overflow.ld), &zero, tmp, CUDA_R_32F,
-                                      static_cast<int>(b.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                         "twell::cuda::spmm (cublasGemmEx of the overflow block)");
-  }
+  detail::check_cublas(cublasSetStream(blas, stream), "twell::cuda::spmm (cublasSetStream)");
+  const float one = 1.0f, zero = 0.0f;
+  // Row-major tmp (r x nb) = overflow (r x K) B (K x nb) is column-major tmp^T = B^T overflow^T.
+  detail::check_cublas(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(b.cols), static_cast<int>(r),
+                                    static_cast<int>(a.cols()), &one, b.data, type, static_cast<int>(b.ld),
+                                    a.overflow.data, type, static_cast<int>(a.overflow.ld), &zero, tmp, CUDA_R_32F,
+                                    static_cast<int>(b.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       "twell::cuda::spmm (cublasGemmEx of the overflow block)");
   scatter_rows_kernel<T><<<detail::grid_for(r * b.cols, 256), 256, 0, stream>>>(
       r, b.cols, tmp, a.overflow_to_row, c.data, c.ld, c.rows, alpha, beta);
   detail::check_launch("twell::cuda::spmm (overflow scatter)");
@@ -665,8 +668,14 @@ constexpr const char* kStreamPath = "tile_stream";
 constexpr std::int64_t kPairMaxRows = 768, kPairMaxRowsDense = 2048, kStreamMaxRows = 4096;
 constexpr int kStreamMaxSlots = 16;
 
+void check_algorithm(SpmmAlgorithm algorithm, const char* where) {
+  require(algorithm <= SpmmAlgorithm::slice_reuse, ErrorCode::invalid_argument, where, "spmm algorithm ",
+          static_cast<int>(algorithm), " is unknown");
+}
+
 template <class T>
 SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, SpmmAlgorithm requested) {
+  check_algorithm(requested, kWhere);
   if (a.rows == 0 || a.cols == 0 || b.cols == 0) return SpmmAlgorithm::pair_balanced;  // nothing or C *= beta
   switch (requested) {
     case SpmmAlgorithm::pair_balanced:
@@ -780,6 +789,13 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
     side->run([&](cudaStream_t s, cublasHandle_t blas) { overflow_rows(a, b, c, alpha, beta, s, overflow_tmp, blas); },
               stream);
   };
+  // After the kernel, what the overflow rows need is taken first: an out_of_memory then leaves C
+  // as it was, so that a caller may free memory and call again, beta != 0 included.
+  const bool after = !beside && has_overflow_product(a, b.cols);
+  detail::Scratch own_tmp(after && overflow_tmp == nullptr ? overflow_tmp_bytes(a, b.cols) : 0, stream,
+                          "twell::cuda::spmm (overflow)");
+  if (after && overflow_tmp == nullptr) overflow_tmp = own_tmp.as<float>();
+  const cublasHandle_t blas = after ? cublas_handle() : nullptr;
   if (beside) side->fork(stream);
   // The slice-reuse path queues them between its pre-pass and its product (the hook, which it
   // always calls); after the other kernels they run beside them. (A std::function is made only
@@ -791,7 +807,7 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   if (beside && !before_product) {
     overflow_on_side();
   } else if (!beside) {
-    overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp, cublas_handle());
+    overflow_rows(a, b, c, alpha, beta, stream, overflow_tmp, blas);
   }
   return "cuda/spmm/hybrid/" + path + (a.overflow.rows > 0 ? "+cublas_overflow" : "");
 }
@@ -971,10 +987,12 @@ SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream
   constexpr const char* where = "twell::cuda::SpmmPlan";
   require(m >= 0 && k >= 0, ErrorCode::invalid_argument, where, "shape ", detail::shape(m, k), " is negative");
   check_layout(layout, where);
+  check_algorithm(algorithm, where);
 }
 
 template <Value T>
 void SpmmPlan<T>::check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const {
+  twell::detail::require_live(live_, "twell::cuda::SpmmPlan::run");
   require(rows == m_ && cols == k_ && layout.tile == layout_.tile && layout.compression == layout_.compression,
           ErrorCode::shape_mismatch, "twell::cuda::SpmmPlan::run", "A is ", detail::shape(rows, cols), " in tiles of ",
           layout.tile, " (C = ", layout.compression, ") but the plan was made for ", detail::shape(m_, k_),

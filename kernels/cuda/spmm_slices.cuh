@@ -15,7 +15,7 @@
 namespace twell::cuda::detail {
 
 // Whether spmm_twell_slices takes these operands: 16-bit T, a non-empty product, A with at most
-// 2^25 rows and 65534 columns, tiles of at most 256 columns and at most 128 tiles, at most 32768
+// 2^25 rows and 65534 columns, tiles of at most 256 columns and at most 128 tiles, at most 2048
 // entries per row (capacity x tiles), B and C 16-byte aligned with leading dimensions multiples
 // of 8, a device that stages two 8-column (else 4-column) slices of B in shared memory
 // (2 x (K + 2) x 16 bytes, else x 8, plus 12 KB), B's columns a multiple of that slice width, and

@@ -251,7 +251,13 @@ CountReadBack::CountReadBack(const std::int64_t* count_device, cudaStream_t stre
   check_cuda(cudaEventRecord(done_, stream), "twell::cuda::transpose (cudaEventRecord)");
 }
 
-CountReadBack::~CountReadBack() { cudaEventDestroy(done_); }
+// Waits for the copy even when wait() was not called (an exception left the caller after the copy
+// was queued): the pinned word is the thread's, and a copy still in flight would overwrite the
+// count that the thread's next read-back reads.
+CountReadBack::~CountReadBack() {
+  cudaEventSynchronize(done_);
+  cudaEventDestroy(done_);
+}
 
 std::int64_t CountReadBack::wait() const {
   check_cuda(cudaEventSynchronize(done_), "twell::cuda::transpose (read back)");

@@ -667,6 +667,16 @@ TEST_CASE("every bad input throws twell::Error with the right code") {
   const DenseView<const T> b3{b.view().data + 1, 9, 3, 4, MemorySpace::host};
   const DenseView<T> c3{c.view().data, 6, 3, 4, MemorySpace::host};
   twell::spmm<T>(Op::none, csr.view(), b3, c3);  // an offset of whole values is fine
+  // C over B (here a square product, C = B, and C one row into B) is refused on both backends: the
+  // GPU kernels read B while they write C.
+  const auto square = ref::dense_to_csr<T>(testing::random_sparse_dense<T>(9, 9, so, testing::fresh_seed()).view());
+  DenseMatrix<T> bc = testing::random_dense<T>(10, 4, 1.0f, testing::fresh_seed());
+  const DenseView<T> top{bc.view().data, 9, 4, 4, MemorySpace::host};
+  const DenseView<T> below{bc.view().data + 4, 9, 4, 4, MemorySpace::host};
+  CHECK(code_of([&] { ref::spmm<T>(Op::none, square.view(), DenseView<const T>(top), top, 1, 0); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(code_of([&] { twell::spmm<T>(Op::transpose, square.view(), DenseView<const T>(top), below); }) ==
+        ErrorCode::invalid_argument);
 
   // Device operands: the reference backend refuses them; the public API has no device here
   // (this build's tests run without CUDA) or dispatches; mixing spaces is refused either way.

@@ -417,6 +417,23 @@ TEST_CASE("cuda converters refuse bad requests like the reference") {
   CHECK(code_of([&] { (void)gpu::dense_to_ell(shifted); }) == ErrorCode::misaligned);
 }
 
+// The cuda re-layouts go through CSR and share its 32-bit column indices; the formats do not, so a
+// wider matrix is `unsupported` there (the check comes first: the slots' contents do not matter).
+TEST_CASE("cuda TwELL <-> Hybrid re-layouts refuse more than 2^31 - 1 columns, naming the route") {
+  namespace gpu = twell::cuda;
+  constexpr std::int64_t kCols = (std::int64_t{1} << 31) + 5;
+  const TwellLayout wide{256, 128};  // 2 slots a tile: 64 MB of slots for one row
+  const TwellMatrix<fp16> twell(1, kCols, wide, kDevice);
+  const HybridMatrix<fp16> hybrid(1, kCols, wide, 0, kDevice);
+  for (const std::string& message : {testing::message_of([&] { (void)gpu::twell_to_hybrid(twell.view(), wide); }),
+                                     testing::message_of([&] { (void)gpu::hybrid_to_twell(hybrid.view(), wide); })}) {
+    CAPTURE(message);
+    CHECK(message.find("2147483653 is past 2^31 - 1") != std::string::npos);
+    CHECK(message.find("through CSR") != std::string::npos);
+  }
+  CHECK(testing::code_of([&] { (void)gpu::twell_to_hybrid(twell.view(), wide); }) == ErrorCode::unsupported);
+}
+
 namespace {
 
 // Every byte of a device TwELL set to 0xFF, so a slot that dense_to_twell_into leaves unwritten
@@ -695,6 +712,9 @@ TEST_CASE("cuda DenseToHybridPlan runs on options.stream and refuses bad request
   CHECK(code_of([&] { gpu::DenseToHybridPlan<bf16>(10, 10, TwellLayout{256, 3}); }) == ErrorCode::invalid_argument);
   CHECK(code_of([&] { gpu::DenseToHybridPlan<bf16>(10, 10, layout, -1); }) == ErrorCode::invalid_argument);
   CHECK(gpu::DenseToHybridPlan<bf16>(10, 10, layout, 50).overflow_capacity() == 10);  // at most every row
+  gpu::DenseToHybridPlan<bf16> moved_to = std::move(plan);
+  CHECK(code_of([&] { (void)plan.run(d_dense.view()); }) == ErrorCode::invalid_argument);  // NOLINT(bugprone-use-after-move)
+  expect_same(copy_to(moved_to.run(d_dense.view()), kHost), want);
 }
 
 // The tiled 16-bit kernel packs a warp whose lanes each hold at most one stored entry by one
@@ -742,6 +762,65 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL: one entry per lane's chunk, every posit
               gpu::dense_to_twell_into(d_dense.view(), dst.view(), opts);
               return dst.to(kDevice);
             });
+      }
+    }
+  }
+}
+
+// The tiled 16-bit kernel launches at most kMaxBlocks x 8 = 32768 warps (converters/cuda/common.cuh)
+// and walks rows past that grid-stride, so only more rows than that make a warp pack a second row
+// (and, with an odd number of tiles a row, its two halves pack pairs of different rows). 33001 rows
+// do: warps 0-232 take rows 32768-33000. 520 columns give 3 tiles of 256 (the last 8 wide) or 5 of
+// 128. Every path the kernel feeds: dense_to_twell, dense_to_twell_into (poisoned), dense_to_hybrid
+// and DenseToHybridPlan, at a density that fits and one whose full rows overflow, thresholds 0 and
+// 0.5.
+TEST_CASE_TEMPLATE("cuda dense -> TwELL: more rows than the launch has warps", T, bf16, fp16) {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  constexpr std::int64_t kRows = 33001, kCols = 520;
+  struct Data {
+    double density, full_rows;
+  };
+  for (const Data data : {Data{0.005, 0.0}, Data{0.05, 0.01}}) {
+    const std::uint64_t seed = fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(data.density);
+    SparseDenseOptions spec;
+    spec.density = data.density;
+    spec.full_row_share = data.full_rows;
+    spec.specials = true;
+    const auto dense = random_sparse_dense<T>(kRows, kCols, spec, seed);
+    const auto d_dense = dense.to(kDevice);
+    for (const TwellLayout layout : {TwellLayout{256, 8}, TwellLayout{128, 16}}) {
+      CAPTURE(layout.tile);
+      CAPTURE(layout.compression);
+      TwellMatrix<T> dst(kRows, kCols, layout, kDevice);
+      gpu::DenseToHybridPlan<T> plan(kRows, kCols, layout);
+      for (float threshold : {0.0f, 0.5f}) {
+        CAPTURE(threshold);
+        const ConvertOptions hybrid_options = with(threshold, OverflowPolicy::error);
+        COMPARE_CONVERSION(dense_to_hybrid, hybrid_options, dense.view(), d_dense.view(), layout);
+        compare(
+            "DenseToHybridPlan::run", hybrid_options,
+            [&](auto o) { return ref::dense_to_hybrid(dense.view(), layout, o); },
+            [&](auto o) {
+              const HybridView<T> got = plan.run(d_dense.view(), o);
+              auto copy = copy_to(got, kDevice);
+              poison(got);
+              return copy;
+            });
+        for (OverflowPolicy policy : kPolicies) {
+          CAPTURE(static_cast<int>(policy));
+          const ConvertOptions o = with(threshold, policy);
+          COMPARE_CONVERSION(dense_to_twell, o, dense.view(), d_dense.view(), layout);
+          compare(
+              "dense_to_twell_into", o, [&](auto opts) { return ref::dense_to_twell(dense.view(), layout, opts); },
+              [&](auto opts) {
+                poison(dst);
+                gpu::dense_to_twell_into(d_dense.view(), dst.view(), opts);
+                return dst.to(kDevice);
+              });
+        }
       }
     }
   }

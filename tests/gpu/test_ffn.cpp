@@ -700,6 +700,9 @@ TEST_CASE("FFN plans reject bad input") {
   CHECK(code_of([&] { plan.forward(seven, y7.view()); }) == ErrorCode::shape_mismatch);
   CHECK(code_of([&] { plan.forward(testing::off_boundary<bf16>(x.view()), y.view()); }) == ErrorCode::misaligned);
   CHECK(code_of([&] { plan.forward(in.x.view(), y.view()); }) == ErrorCode::space_mismatch);
+  cuda::GatedFfnPlan<bf16> moved_to = std::move(plan);
+  CHECK(code_of([&] { plan.forward(x.view(), y.view()); }) == ErrorCode::invalid_argument);  // NOLINT(bugprone-use-after-move)
+  moved_to.forward(x.view(), y.view());
   GatedFfn<bf16> layer(8, wg.view(), wu.view(), wd.view());
   CHECK(code_of([&] { layer.forward(seven, y7.view()); }) == ErrorCode::shape_mismatch);
   CHECK(code_of([&] { GatedFfn<bf16>(8, in.wg.view(), wu.view(), wd.view()); }) == ErrorCode::space_mismatch);

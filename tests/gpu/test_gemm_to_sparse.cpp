@@ -548,7 +548,8 @@ void check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x
       CHECK(c.exceeded_capacity == (c.rows > cap_before));
       CHECK(c.second_pass == c.exceeded_capacity);
       CHECK(plan.overflow_capacity() >= c.rows);
-      CHECK(plan.overflow_capacity() == (c.exceeded_capacity ? std::max(c.rows, 2 * cap_before) : cap_before));
+      CHECK(plan.overflow_capacity() ==
+            (c.exceeded_capacity ? std::min(x.rows, std::max(c.rows, 2 * cap_before)) : cap_before));
     }
     const HybridMatrix<T> got = to_host(plan.result());
     check_bitwise_equal(got, expect);
@@ -720,4 +721,10 @@ TEST_CASE("GemmToSparsePlan: error policy, misuse and bad input") {
         ErrorCode::invalid_argument);
   CHECK(code_of([&] { cuda::GemmToSparsePlan<bf16>(200, 64, 512, {Activation::relu, -1.0f}, TwellLayout{}); }) ==
         ErrorCode::invalid_argument);
+  // A moved-from plan has no storage: it refuses to run (not a kernel on null pointers).
+  cuda::GemmToSparsePlan<bf16> moved_to = std::move(plan);
+  CHECK(code_of([&] { plan.run(xd.view(), wd.view()); }) == ErrorCode::invalid_argument);  // NOLINT(bugprone-use-after-move)
+  CHECK(code_of([&] { (void)plan.sync_overflow_count(); }) == ErrorCode::invalid_argument);
+  moved_to.run(xd.view(), wd.view());
+  CHECK(code_of([&] { (void)moved_to.sync_overflow_count(); }) == ErrorCode::overflow);
 }

@@ -302,6 +302,22 @@ TEST_CASE_TEMPLATE("cuda spmm on misaligned B and C takes the scalar path and st
   CHECK(rel(got, want) <= relative_bound<T>());
 }
 
+// K = 0: op(A) B has no terms, and the kernel scales every row of C by beta, a Hybrid's overflow
+// rows included; they must not be scaled again by the overflow product. (Overflow rows at K = 0
+// make no valid Hybrid, but spmm does not validate its operands.)
+TEST_CASE("cuda spmm at K = 0 scales every row of C by beta once, a Hybrid's overflow rows included") {
+  HybridMatrix<float> a(2, 0, TwellLayout{8, 4}, 1);
+  a.row_to_overflow().host_span()[0] = 0;
+  a.overflow_to_row().host_span()[0] = 0;
+  const auto a_dev = a.to(kDevice);
+  const DenseMatrix<float> b(0, 4, kDevice);
+  DenseMatrix<float> c(2, 4);
+  for (float& v : c.values().host_span()) v = 1.0f;
+  auto c_dev = c.to(kDevice);
+  dev::spmm<float>(Op::none, a_dev.view(), b.view(), c_dev.view(), 1.0f, 2.0f);
+  for (const float v : c_dev.to(kHost).values().host_span()) CHECK(v == 2.0f);
+}
+
 TEST_CASE("cuda spmm rejects host operands and bad shapes") {
   const auto a = ref::dense_to_csr<float>(testing::random_dense<float>(4, 5, 1.0f, testing::fresh_seed()).view());
   const auto a_dev = a.to(kDevice);
@@ -325,6 +341,32 @@ TEST_CASE("cuda spmm rejects host operands and bad shapes") {
         ErrorCode::misaligned);
   CHECK(testing::code_of([&] { twell::spmm<float>(Op::none, a_dev.view(), shifted, c.view()); }) ==
         ErrorCode::misaligned);
+
+  // C over B: refused before any launch (the kernels read B while they write C).
+  const auto square = ref::dense_to_csr<float>(testing::random_dense<float>(5, 5, 1.0f, testing::fresh_seed()).view());
+  const auto square_dev = square.to(kDevice);
+  DenseMatrix<float> bc(5, 3, kDevice);
+  CHECK(testing::code_of([&] {
+          dev::spmm<float>(Op::none, square_dev.view(), DenseView<const float>(bc.view()), bc.view(), 1.0f, 0.0f);
+        }) == ErrorCode::invalid_argument);
+
+  // Null arrays that the shape says exist are malformed here as in the reference, not a device
+  // fault: a Hybrid's overflow map or block, an ELL's entries.
+  const auto dense = testing::random_dense<float>(4, 5, 1.0f, testing::fresh_seed());
+  const auto hybrid = ref::dense_to_hybrid<float>(dense.view(), TwellLayout{8, 4}, ConvertOptions{}).to(kDevice);
+  REQUIRE(hybrid.overflow_rows() > 0);
+  HybridView<const float> no_map = hybrid.view(), no_block = hybrid.view();
+  no_map.overflow_to_row = nullptr;
+  no_block.overflow.data = nullptr;
+  const auto ell = ref::dense_to_ell<float>(dense.view(), ConvertOptions{}).to(kDevice);
+  EllView<const float> no_entries = ell.view();
+  REQUIRE(no_entries.width > 0);
+  no_entries.col_idx = nullptr;
+  CHECK(testing::code_of([&] { dev::spmm<float>(Op::none, no_map, b.view(), c.view(), 1, 0); }) == ErrorCode::malformed);
+  CHECK(testing::code_of([&] { dev::spmm<float>(Op::none, no_block, b.view(), c.view(), 1, 0); }) ==
+        ErrorCode::malformed);
+  CHECK(testing::code_of([&] { dev::spmm<float>(Op::none, no_entries, b.view(), c.view(), 1, 0); }) ==
+        ErrorCode::malformed);
 }
 
 namespace {

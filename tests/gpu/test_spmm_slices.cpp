@@ -446,6 +446,19 @@ TEST_CASE("cuda SpmmPlan is reusable and checks its shape") {
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::shape_mismatch);
   }
+  // A moved-from plan refuses to run; an algorithm outside the enum is refused by the plan and by
+  // spmm() alike.
+  const auto a = ref::dense_to_hybrid<bf16>(testing::random_dense<bf16>(m, k, 1.0f, 6).view(), layout).to(kDevice);
+  dev::SpmmPlan<bf16> moved_to = std::move(plan);
+  CHECK(testing::code_of([&] { plan.run(a.view(), b.view(), c.view()); }) ==  // NOLINT(bugprone-use-after-move)
+        ErrorCode::invalid_argument);
+  moved_to.run(a.view(), b.view(), c.view());
+  const auto unknown = static_cast<SpmmAlgorithm>(9);
+  CHECK(testing::code_of([&] { dev::SpmmPlan<bf16>(m, k, layout, {}, unknown); }) == ErrorCode::invalid_argument);
+  KernelOptions options;
+  options.spmm_algorithm = unknown;
+  CHECK(testing::code_of([&] { dev::spmm<bf16>(Op::none, a.view(), b.view(), c.view(), 1.0f, 0.0f, options); }) ==
+        ErrorCode::invalid_argument);
 }
 
 // Operands outside the slice-reuse path's preconditions take the pair-balanced kernel and stay

@@ -164,7 +164,9 @@ struct OutIn {
 // allocates; forward(x, y) then runs on the weights' backend:
 //   - device: twell::cuda::GatedFfnPlan / FfnPlan (<twell/kernels/ffn_cuda.hpp>): the gate through
 //     a GemmToSparsePlan whose overflow block holds `overflow_capacity` rows (default min(M, max(64, M/64))),
-//     then the fused up/down kernel; nothing allocated and no host wait. Overflow rows past the
+//     then the fused up/down kernel; nothing allocated and no host wait where the gate takes its
+//     fused path (path() does not start with "gate:generic"). The gated plan copies Wu^T once at
+//     construction: after wu changes, build a new layer (wg and wd are read at each call). Overflow rows past the
 //     block are still exact (the kernel recomputes their gate rows); a forward() with stats waits
 //     for the device, reports them, and lets the block grow so later calls avoid that slow path.
 //     K (the hidden size) above cuda::kFusedFfnMaxK (8192) is past the fused kernels: such a layer

@@ -38,6 +38,38 @@ std::uint64_t device_allocation_count() noexcept;
 // Bytes of n elements of `size` bytes each; throws invalid_argument when they exceed the address
 // space (a wrapped product would allocate a small block and be overrun).
 std::size_t checked_bytes(std::size_t n, std::size_t size);
+
+// A member value that a move carries to its destination and resets to kMovedFrom in its source,
+// so that a class with defaulted moves can tell a moved-from object (whose buffers are gone) from
+// a live one and refuse to run it instead of handing null pointers to a kernel.
+template <class V, V kMovedFrom>
+class ResetOnMove {
+ public:
+  ResetOnMove(V v) : v_(v) {}  // NOLINT(google-explicit-constructor): initialised like the value
+  ResetOnMove(const ResetOnMove&) = delete;
+  ResetOnMove& operator=(const ResetOnMove&) = delete;
+  ResetOnMove(ResetOnMove&& o) noexcept : v_(std::exchange(o.v_, kMovedFrom)) {}
+  ResetOnMove& operator=(ResetOnMove&& o) noexcept {
+    v_ = std::exchange(o.v_, kMovedFrom);
+    return *this;
+  }
+  ~ResetOnMove() = default;
+  ResetOnMove& operator=(V v) {
+    v_ = v;
+    return *this;
+  }
+  operator V() const { return v_; }  // NOLINT(google-explicit-constructor)
+
+ private:
+  V v_;
+};
+
+// True in an object built by its constructor, false in the source of a move.
+using LiveFlag = ResetOnMove<bool, false>;
+
+inline void require_live(bool live, const char* where) {
+  require(live, ErrorCode::invalid_argument, where, "this object was moved from; use the one it was moved into");
+}
 // rows x cols elements of a shape, both non-negative; throws invalid_argument naming `where` when
 // the count exceeds a 64-bit index.
 std::size_t checked_elements(std::int64_t rows, std::int64_t cols, const char* where);

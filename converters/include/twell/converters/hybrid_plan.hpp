@@ -21,15 +21,16 @@ namespace twell::cuda {
 // Storage: the constructor allocates the TwELL part, the per-row flags, their scan and its
 // temporary storage, row_to_overflow, and a dense block with its map for `overflow_capacity` rows
 // (at most `rows`). A run whose matrix has more overflow rows than the block holds enlarges it to
-// max(R, twice the block), at most `rows` (growths() counts these; each is a cudaMalloc and a
-// cudaFree, which synchronise the device), and keeps it. With options.report set, a run also takes
-// a small stream-ordered block for the entry count (cudaMallocAsync).
+// max(R, twice the block), at most `rows` (growths() counts these; each reallocates the block and
+// its map: two cudaMalloc and two cudaFree, which synchronise the device), and keeps it. With
+// options.report set, a run also takes a small stream-ordered block for the entry count
+// (cudaMallocAsync).
 //
 // run() queues on options.stream and waits once, for R (a 4-byte read-back), plus once more for
 // the entry count when options.report is set. It returns a view of the result that stays valid
 // until the next run() or the plan's destruction (a view with R = 0 has null overflow pointers, as
 // dense_to_hybrid's result). Runs reuse the storage: two runs of one plan must not execute
-// concurrently on different streams, and a moved-from plan must not run. options.threshold and
+// concurrently on different streams; a moved-from plan refuses to run (invalid_argument). options.threshold and
 // options.report mean what they mean for dense_to_hybrid; options.overflow is not consulted (a
 // Hybrid holds every row). Errors: the constructor refuses a layout dense_to_hybrid refuses, more
 // rows than the 32-bit row maps index, and negative sizes (invalid_argument); run() a source not
@@ -66,6 +67,7 @@ class DenseToHybridPlan {
   Buffer<T> overflow_;                    // capacity x cols values
   std::int64_t capacity_ = 0;
   std::int64_t growths_ = 0;
+  twell::detail::LiveFlag live_ = true;
 };
 
 }  // namespace twell::cuda

@@ -32,14 +32,16 @@ inline constexpr std::int64_t kFusedFfnMaxK = 8192;
 //
 // forward(x, y) queues, on the plan's stream, the gate GEMM (TwELL epilogue, ranking of overflow
 // rows, dense recompute of the overflow rows that fit the block) and the up/down kernel, and
-// returns: no allocation, no host wait. The kernel reads the gate's row_to_overflow on the
+// returns: no allocation, no host wait (on the fused gate path; where the gate plan runs its
+// generic path, path() "gate:generic...", each call allocates and waits). The kernel reads the gate's row_to_overflow on the
 // device: TwELL rows from their slots, overflow rows inside the block from their dense rows, and
 // overflow rows past the block's capacity (unknown to the host) by recomputing the gate row
 // densely itself (act(x Wg) in fp32, the same threshold and rounding), so y is exact whatever the
 // overflow count. With stats, forward() then waits for the device: it reads the overflow count
 // (the gate plan grows its block when the count exceeded it, so later calls stay on the fast
 // path) and the per-token counts. x must stay unchanged until the queued work has run.
-// Deterministic: same inputs, same bits.
+// Deterministic: same inputs and the same gate block capacity, same bits (a forward with stats may
+// grow the block: rows past the old block then take another kernel's summation order).
 template <Value T>
 class FfnPlanBase {
  public:
@@ -78,6 +80,7 @@ class FfnPlanBase {
   ActivationSpec act_{};
   Stream stream_{};
   const char* where_ = "";
+  twell::detail::LiveFlag live_ = true;
   GemmToSparsePlan<T> gate_;
   DenseMatrix<T> wu_t_;             // N x K, gated only
   Buffer<std::int32_t> row_nnz_;    // M

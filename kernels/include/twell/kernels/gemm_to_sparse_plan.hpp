@@ -48,15 +48,15 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 //   - in stream order after run(): the TwELL part and row_to_overflow are final, and so are
 //     overflow rows r < min(R, capacity) and overflow_to_row[r]; device_overflow_count() holds R.
 //   - R on the host is known only after sync_overflow_count() (one 32-byte copy + a stream sync).
-//     If R > capacity (hybrid), that call grows the block and the map to max(R, 2 * capacity)
-//     rows (an allocation, off the hot path) and computes rows capacity .. R-1 by a second pass,
+//     If R > capacity (hybrid), that call grows the block and the map to min(M, max(R,
+//     2 * capacity)) rows (an allocation, off the hot path) and computes rows capacity .. R-1 by a second pass,
 //     and says so; the grown block stays for later runs. Under OverflowPolicy::error it throws
 //     ErrorCode::overflow naming the first overflowed row and tile; under drop, R is 0 and slot 0
 //     holds min(count, S-1).
 //   - result() is valid only between sync_overflow_count() and the next run(); it throws
 //     ErrorCode::invalid_argument otherwise. Its overflow view has exactly R rows.
-// x and w must stay alive and unchanged from run() until sync_overflow_count() returns (the
-// second pass reads them). run() while a previous result is still read by queued work on another
+// x and w must stay alive and unchanged from run() until the work sync_overflow_count() queues
+// has run, in the plan's stream order (its second pass reads them after the call returns). run() while a previous result is still read by queued work on another
 // stream is the caller's race to avoid, as with any output buffer.
 //
 // Paths: the fused kernel needs a 16-bit T, layout.tile 128 or 256, K and N multiples of 8 and
@@ -64,7 +64,9 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 // run() takes the generic path (dense GEMM into a temporary, then the converter): it allocates
 // and synchronises inside run(), which then also throws the overflow error; fused() and path()
 // say which ran. The calling sequence and validity rules are the same on both paths.
-// Deterministic: same inputs, same bits, on either path. `mainloop` picks the fused kernel's
+// Deterministic: same inputs, same bits, on either path. The fused path's grid holds at most 65535
+// blocks of 128 rows on the portable kernel and of 64 on the generic one (M up to ~8.4 M and
+// ~4.2 M rows); the Hopper kernel has no such limit. A run past it throws unsupported. `mainloop` picks the fused kernel's
 // mainloop (FusedMainloop above).
 template <Value T>
 class GemmToSparsePlan {
@@ -153,7 +155,7 @@ class GemmToSparsePlan {
   HybridMatrix<T> generic_;  // the generic path's result
   OverflowCount count_{};
   std::string path_;
-  State state_ = State::idle;
+  twell::detail::ResetOnMove<State, State::taken> state_ = State::idle;  // a moved-from plan reads as taken
 };
 
 }  // namespace twell::cuda

@@ -38,10 +38,12 @@ struct KernelReport {
   std::string path;
 };
 
-// The kernel of a cuda spmm with a TwELL or Hybrid A and op(A) = A (other formats, ops and the
-// reference backend ignore it). automatic picks by rows, layout and operands (docs/api.md, "spmm
-// paths"); the others force one kernel and raise ErrorCode::unsupported, naming the condition,
-// where it does not take the operands. pair_balanced takes every operand.
+// The kernel of a cuda spmm with a TwELL or Hybrid A: for op(A) = A, and for op(A) = A^T the
+// product on A^T where the GPU transposes A (other formats and the reference backend ignore it).
+// automatic picks by rows, layout and operands (docs/api.md, "spmm paths"); the others force one
+// kernel and raise ErrorCode::unsupported, naming the condition, where it does not take the
+// operands; a value outside the enum is invalid_argument. pair_balanced takes every operand within
+// its grid (at most 65535 row blocks) and shared memory (its per-row tile prefix).
 enum class SpmmAlgorithm : std::uint8_t { automatic, pair_balanced, tile_stream, slice_reuse };
 
 struct KernelOptions {

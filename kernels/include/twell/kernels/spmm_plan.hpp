@@ -41,7 +41,9 @@ struct SpmmSideLaneDeleter {
 // workspace and slice-major copy of B (m + 2 rows of Nb values), where spmm() takes them from
 // stream-ordered scratch per call. All grow to the largest run seen and stay.
 //
-// run() queues on the plan's stream and never waits for the device. It picks its kernel as spmm()
+// run() with op none queues on the plan's stream and, once its buffers have grown, neither
+// allocates nor waits for the device; op transpose waits once for A^T's dense-row count (and its
+// CSR route, for layouts it does not transpose directly, synchronises). It picks its kernel as spmm()
 // does for KernelOptions::spmm_algorithm = `algorithm` (automatic: by rows and layout, and for a
 // Hybrid with overflow rows by B's columns and the SM count too, docs/api.md; a forced kernel
 // that does not take the operands raises unsupported), so only slice-reuse runs use the workspace
@@ -105,6 +107,7 @@ class SpmmPlan {
   Buffer<std::uint64_t> transposed_workspace_;  // op transpose: the slice-reuse kernel's on A^T
   Buffer<std::uint64_t> transposed_staged_b_;   // op transpose: B slice-major for A^T's product
   std::string path_;
+  twell::detail::LiveFlag live_ = true;
   std::unique_ptr<detail::SpmmSideLane, detail::SpmmSideLaneDeleter> side_;  // last: destroyed first
 };
 

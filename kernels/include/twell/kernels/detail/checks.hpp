@@ -39,4 +39,11 @@ void check_dense_transpose(DenseView<const T> a, DenseView<T> out, const char* w
           "out overlaps a; a transpose cannot be done in place");
 }
 
+// spmm's C shares no byte with B: the GPU kernels read B while they write C.
+template <class T>
+void check_c_apart_from_b(DenseView<const T> b, DenseView<T> c, const char* where) {
+  require(!byte_range(c).overlaps(byte_range(b)), ErrorCode::invalid_argument, where,
+          "C overlaps B; spmm cannot write its result over an operand");
+}
+
 }  // namespace twell::detail
