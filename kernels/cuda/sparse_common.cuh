@@ -136,7 +136,8 @@ void check_view(HybridView<T> v, const char* where, const char* name) {
   require(v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
           " overflow block has leading dimension ", v.overflow.ld, " below its ", v.overflow.cols, " columns");
   require((v.rows() == 0 || v.row_to_overflow != nullptr) &&
-              (v.overflow.rows == 0 || (v.overflow_to_row != nullptr && v.overflow.data != nullptr)),
+              (v.overflow.rows == 0 ||
+               (v.overflow_to_row != nullptr && (v.overflow.cols == 0 || v.overflow.data != nullptr))),
           ErrorCode::malformed, where, name, " has a null map or overflow block with ", v.overflow.rows,
           " overflow rows");
 }

@@ -315,7 +315,8 @@ TEST_CASE("cuda spmm at K = 0 scales every row of C by beta once, a Hybrid's ove
   for (float& v : c.values().host_span()) v = 1.0f;
   auto c_dev = c.to(kDevice);
   dev::spmm<float>(Op::none, a_dev.view(), b.view(), c_dev.view(), 1.0f, 2.0f);
-  for (const float v : c_dev.to(kHost).values().host_span()) CHECK(v == 2.0f);
+  const DenseMatrix<float> got = c_dev.to(kHost);
+  for (const float v : got.values().host_span()) CHECK(v == 2.0f);
 }
 
 TEST_CASE("cuda spmm rejects host operands and bad shapes") {
