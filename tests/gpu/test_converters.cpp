@@ -623,6 +623,42 @@ void poison(HybridView<T> v) {
   cuda_ok(cudaDeviceSynchronize());
 }
 
+// plan.run(device, options) against the reference dense_to_hybrid of `host`; the plan's storage
+// is poisoned once its result is copied, so the next run must write every word itself.
+template <Value T>
+void check_plan_run(cuda::DenseToHybridPlan<T>& plan, DenseView<const T> host, DenseView<const T> device,
+                    TwellLayout layout, const ConvertOptions& options) {
+  compare(
+      "DenseToHybridPlan::run", options, [&](auto o) { return reference::dense_to_hybrid(host, layout, o); },
+      [&](auto o) {
+        const HybridView<T> got = plan.run(device, o);
+        auto copy = copy_to(got, kDevice);
+        poison(got);
+        return copy;
+      });
+}
+
+// dense_to_twell and dense_to_twell_into (into dst, poisoned first) against the reference under
+// both policies TwELL takes, at `threshold`.
+template <Value T>
+void check_into_twell(DenseView<const T> host, DenseView<const T> device, TwellMatrix<T>& dst, float threshold) {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  const TwellLayout layout = dst.layout();
+  for (OverflowPolicy policy : kPolicies) {
+    CAPTURE(static_cast<int>(policy));
+    const ConvertOptions o = with(threshold, policy);
+    COMPARE_CONVERSION(dense_to_twell, o, host, device, layout);
+    compare(
+        "dense_to_twell_into", o, [&](auto opts) { return ref::dense_to_twell(host, layout, opts); },
+        [&](auto opts) {
+          poison(dst);
+          gpu::dense_to_twell_into(device, dst.view(), opts);
+          return dst.to(kDevice);
+        });
+  }
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda DenseToHybridPlan equals dense_to_hybrid run after run, growing only when R does", T, bf16,
@@ -660,15 +696,7 @@ TEST_CASE_TEMPLATE("cuda DenseToHybridPlan equals dense_to_hybrid run after run,
         const auto d_dense = dense.to(kDevice);
         ConvertOptions options;
         options.threshold = step.threshold;
-        compare(
-            "DenseToHybridPlan::run", options,
-            [&](auto o) { return ref::dense_to_hybrid(dense.view(), layout, o); },
-            [&](auto o) {
-              const HybridView<T> got = plan.run(d_dense.view(), o);
-              auto copy = copy_to(got, kDevice);
-              poison(got);
-              return copy;
-            });
+        check_plan_run<T>(plan, dense.view(), d_dense.view(), layout, options);
         // Without a report the result is the same (no counters are read back).
         const auto want = ref::dense_to_hybrid(dense.view(), layout, options);
         expect_same(copy_to(plan.run(d_dense.view(), options), kHost), want);
@@ -751,18 +779,7 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL: one entry per lane's chunk, every posit
     for (float threshold : {0.0f, 0.5f}) {
       CAPTURE(threshold);
       COMPARE_CONVERSION(dense_to_hybrid, with(threshold, OverflowPolicy::error), dense.view(), d_dense.view(), layout);
-      for (OverflowPolicy policy : kPolicies) {
-        CAPTURE(static_cast<int>(policy));
-        const ConvertOptions o = with(threshold, policy);
-        COMPARE_CONVERSION(dense_to_twell, o, dense.view(), d_dense.view(), layout);
-        compare(
-            "dense_to_twell_into", o, [&](auto opts) { return ref::dense_to_twell(dense.view(), layout, opts); },
-            [&](auto opts) {
-              poison(dst);
-              gpu::dense_to_twell_into(d_dense.view(), dst.view(), opts);
-              return dst.to(kDevice);
-            });
-      }
+      check_into_twell<T>(dense.view(), d_dense.view(), dst, threshold);
     }
   }
 }
@@ -800,27 +817,8 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL: more rows than the launch has warps", T
         CAPTURE(threshold);
         const ConvertOptions hybrid_options = with(threshold, OverflowPolicy::error);
         COMPARE_CONVERSION(dense_to_hybrid, hybrid_options, dense.view(), d_dense.view(), layout);
-        compare(
-            "DenseToHybridPlan::run", hybrid_options,
-            [&](auto o) { return ref::dense_to_hybrid(dense.view(), layout, o); },
-            [&](auto o) {
-              const HybridView<T> got = plan.run(d_dense.view(), o);
-              auto copy = copy_to(got, kDevice);
-              poison(got);
-              return copy;
-            });
-        for (OverflowPolicy policy : kPolicies) {
-          CAPTURE(static_cast<int>(policy));
-          const ConvertOptions o = with(threshold, policy);
-          COMPARE_CONVERSION(dense_to_twell, o, dense.view(), d_dense.view(), layout);
-          compare(
-              "dense_to_twell_into", o, [&](auto opts) { return ref::dense_to_twell(dense.view(), layout, opts); },
-              [&](auto opts) {
-                poison(dst);
-                gpu::dense_to_twell_into(d_dense.view(), dst.view(), opts);
-                return dst.to(kDevice);
-              });
-        }
+        check_plan_run<T>(plan, dense.view(), d_dense.view(), layout, hybrid_options);
+        check_into_twell<T>(dense.view(), d_dense.view(), dst, threshold);
       }
     }
   }
