@@ -675,7 +675,6 @@ void check_algorithm(SpmmAlgorithm algorithm, const char* where) {
 
 template <class T>
 SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, SpmmAlgorithm requested) {
-  check_algorithm(requested, kWhere);
   if (a.rows == 0 || a.cols == 0 || b.cols == 0) return SpmmAlgorithm::pair_balanced;  // nothing or C *= beta
   switch (requested) {
     case SpmmAlgorithm::pair_balanced:
@@ -953,6 +952,7 @@ void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, flo
 template <Value T>
 void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
+  check_algorithm(options.spmm_algorithm, kWhere);  // before any route, the transposed ones included
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     if (via_transpose<T>(a, "twell", b, c, alpha, beta, options)) return;
     transposed<T>("twell", [&](const ConvertOptions& o) { return cuda::twell_to_csr(a, o); }, b, c, alpha, beta,
@@ -967,6 +967,7 @@ void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, f
 template <Value T>
 void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
+  check_algorithm(options.spmm_algorithm, kWhere);  // before any route, the transposed ones included
   if (check_spmm(op_a, a, a.rows(), a.cols(), b, c)) {
     if (via_transpose<T>(a, "hybrid", b, c, alpha, beta, options)) return;
     transposed<T>("hybrid", [&](const ConvertOptions& o) { return cuda::hybrid_to_csr(a, o); }, b, c, alpha, beta,

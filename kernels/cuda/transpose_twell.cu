@@ -246,9 +246,15 @@ CountReadBack::CountReadBack(const std::int64_t* count_device, cudaStream_t stre
                "twell::cuda::transpose (cudaHostAlloc)");
   host_ = pinned.word;
   check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "twell::cuda::transpose (cudaEventCreate)");
-  check_cuda(cudaMemcpyAsync(host_, count_device, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream),
-             "twell::cuda::transpose (read back)");
-  check_cuda(cudaEventRecord(done_, stream), "twell::cuda::transpose (cudaEventRecord)");
+  // A constructor that throws runs no destructor: a copy queued into the thread's word is waited
+  // for and the event destroyed here instead.
+  cudaError_t status = cudaMemcpyAsync(host_, count_device, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream);
+  if (status == cudaSuccess) status = cudaEventRecord(done_, stream);
+  if (status != cudaSuccess) {
+    cudaStreamSynchronize(stream);
+    cudaEventDestroy(done_);
+    check_cuda(status, "twell::cuda::transpose (read back)");
+  }
 }
 
 // Waits for the copy even when wait() was not called (an exception left the caller after the copy

@@ -22,7 +22,7 @@ namespace twell::cuda {
 // temporary storage, row_to_overflow, and a dense block with its map for `overflow_capacity` rows
 // (at most `rows`). A run whose matrix has more overflow rows than the block holds enlarges it to
 // max(R, twice the block), at most `rows` (growths() counts these; each reallocates the block and
-// its map: two cudaMalloc and two cudaFree, which synchronise the device), and keeps it. With
+// its map: up to two cudaMalloc and two cudaFree, which synchronise the device), and keeps it. With
 // options.report set, a run also takes a small stream-ordered block for the entry count
 // (cudaMallocAsync).
 //

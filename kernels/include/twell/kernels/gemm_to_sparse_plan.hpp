@@ -64,9 +64,10 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 // run() takes the generic path (dense GEMM into a temporary, then the converter): it allocates
 // and synchronises inside run(), which then also throws the overflow error; fused() and path()
 // say which ran. The calling sequence and validity rules are the same on both paths.
-// Deterministic: same inputs, same bits, on either path. The fused path's grid holds at most 65535
-// blocks of 128 rows on the portable kernel and of 64 on the generic one (M up to ~8.4 M and
-// ~4.2 M rows); the Hopper kernel has no such limit. A run past it throws unsupported. `mainloop` picks the fused kernel's
+// Deterministic: same inputs, same bits, on either path. Grids of at most 65535 row blocks bound M:
+// 128-row blocks (~8.4 M rows) for the portable fused kernel, the dense GEMM of the generic path
+// and the second pass (over R - capacity rows), 64-row blocks (~4.2 M) for fp32 or unaligned
+// operands; the Hopper kernel itself has none. A run past a bound throws unsupported. `mainloop` picks the fused kernel's
 // mainloop (FusedMainloop above).
 template <Value T>
 class GemmToSparsePlan {
