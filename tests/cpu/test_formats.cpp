@@ -186,6 +186,28 @@ TEST_CASE("sizes that overflow a 64-bit count or the address space are refused, 
   CHECK(TwellMatrix<bf16>(0, 4096, TwellLayout{}).packed().size() == 0);
 }
 
+// The plans' guard against running after a move (their buffers are gone): a move carries the
+// value and leaves the source reset; assigning into a moved-from object makes it live again.
+TEST_CASE("ResetOnMove carries its value to a move's destination and resets the source") {
+  using twell::detail::LiveFlag;
+  LiveFlag a = true;
+  LiveFlag b = std::move(a);
+  CHECK(b);
+  CHECK_FALSE(a);  // NOLINT(bugprone-use-after-move): the point of the type
+  CHECK(code_of([&] { twell::detail::require_live(a, "test"); }) == ErrorCode::invalid_argument);
+  a = std::move(b);
+  CHECK(a);
+  CHECK_FALSE(b);  // NOLINT(bugprone-use-after-move)
+  LiveFlag& same = a;
+  a = std::move(same);  // self-move keeps the value
+  CHECK(a);
+  enum class State { idle, taken };
+  twell::detail::ResetOnMove<State, State::taken> s = State::idle;
+  const auto t = std::move(s);
+  CHECK(t == State::idle);
+  CHECK(s == State::taken);  // NOLINT(bugprone-use-after-move)
+}
+
 TEST_CASE("bf16: every bit pattern round-trips through float") {
   for (std::uint32_t b = 0; b < 0x10000u; ++b) {
     const bf16 h{static_cast<std::uint16_t>(b)};

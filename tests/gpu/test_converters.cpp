@@ -623,6 +623,18 @@ void poison(HybridView<T> v) {
   cuda_ok(cudaDeviceSynchronize());
 }
 
+// A random matrix at `density` whose rows are full with probability `full_rows`, NaN, Inf and -0.0
+// among its values.
+template <Value T>
+DenseMatrix<T> random_with_full_rows(std::int64_t rows, std::int64_t cols, double density, double full_rows,
+                                     std::uint64_t seed) {
+  SparseDenseOptions spec;
+  spec.density = density;
+  spec.full_row_share = full_rows;
+  spec.specials = true;
+  return random_sparse_dense<T>(rows, cols, spec, seed);
+}
+
 // plan.run(device, options) against the reference dense_to_hybrid of `host`; the plan's storage
 // is poisoned once its result is copied, so the next run must write every word itself.
 template <Value T>
@@ -688,11 +700,7 @@ TEST_CASE_TEMPLATE("cuda DenseToHybridPlan equals dense_to_hybrid run after run,
         const std::uint64_t seed = fresh_seed();
         CAPTURE(seed);
         CAPTURE(step.density);
-        SparseDenseOptions spec;
-        spec.density = step.density;
-        spec.full_row_share = step.full_rows;
-        spec.specials = true;
-        const auto dense = random_sparse_dense<T>(rows, cols, spec, seed);
+        const auto dense = random_with_full_rows<T>(rows, cols, step.density, step.full_rows, seed);
         const auto d_dense = dense.to(kDevice);
         ConvertOptions options;
         options.threshold = step.threshold;
@@ -802,11 +810,7 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL: more rows than the launch has warps", T
     const std::uint64_t seed = fresh_seed();
     CAPTURE(seed);
     CAPTURE(data.density);
-    SparseDenseOptions spec;
-    spec.density = data.density;
-    spec.full_row_share = data.full_rows;
-    spec.specials = true;
-    const auto dense = random_sparse_dense<T>(kRows, kCols, spec, seed);
+    const auto dense = random_with_full_rows<T>(kRows, kCols, data.density, data.full_rows, seed);
     const auto d_dense = dense.to(kDevice);
     for (const TwellLayout layout : {TwellLayout{256, 8}, TwellLayout{128, 16}}) {
       CAPTURE(layout.tile);
