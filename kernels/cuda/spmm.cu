@@ -788,8 +788,9 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
     side->run([&](cudaStream_t s, cublasHandle_t blas) { overflow_rows(a, b, c, alpha, beta, s, overflow_tmp, blas); },
               stream);
   };
-  // After the kernel, what the overflow rows need is taken first: an out_of_memory then leaves C
-  // as it was, so that a caller may free memory and call again, beta != 0 included.
+  // What the overflow rows need after the kernel (their fp32 product, the cuBLAS handle) is taken
+  // before the kernel writes C: an out_of_memory then leaves C as it was, so that a caller may
+  // free memory and call again, beta != 0 included.
   const bool after = !beside && has_overflow_product(a, b.cols);
   detail::Scratch own_tmp(after && overflow_tmp == nullptr ? overflow_tmp_bytes(a, b.cols) : 0, stream,
                           "twell::cuda::spmm (overflow)");
