@@ -40,13 +40,18 @@ double relative_bound() {
 // A sampled Hybrid with exact zeros in its structure: y is m x n at 40 % density in layout
 // (16, 4) (capacity 3, so most rows are dense overflow rows), and x = A B on y's pattern with the
 // even rows of A (m x k) zero, as dh for tokens outside the loss. x's TwELL slots keep those
-// zeros; its dense overflow rows cannot store them. Host matrices from the reference backend.
+// zeros; its dense overflow rows cannot store them. Two operands for a second operation on x's
+// pattern: resample_a (m x k, no zero row), whose sddmm samples nonzeros at those places, and
+// infinite, sampled on y's pattern (no zeros) with an Inf in every value of A's column 0, so that
+// x * infinite is 0 * Inf = NaN there. Host matrices from the reference backend.
 template <Value T>
 struct ZeroRowSample {
   DenseMatrix<T> yd;  // y as dense
   HybridMatrix<T> y;
   DenseMatrix<T> a, b;
   HybridMatrix<T> x;
+  DenseMatrix<T> resample_a;
+  HybridMatrix<T> infinite;
 };
 
 template <Value T>
@@ -62,6 +67,11 @@ ZeroRowSample<T> zero_row_sample(std::int64_t m, std::int64_t n, std::int64_t k,
     for (std::int64_t p = 0; p < k; ++p) s.a.view().at(i, p) = T{};
   s.x = HybridMatrix<T>(m, n, s.y.layout(), s.y.overflow_rows());
   reference::sddmm<T>(s.a.view(), Op::none, s.b.view(), s.y.view(), s.x.view(), 1.0f, 0.0f);
+  s.resample_a = random_dense<T>(m, k, 1.0f, seed + 3);
+  auto big = random_dense<T>(m, k, 1.0f, seed + 4);
+  for (std::int64_t i = 0; i < m; ++i) big.view().at(i, 0) = from_float<T>(std::numeric_limits<float>::infinity());
+  s.infinite = HybridMatrix<T>(m, n, s.y.layout(), s.y.overflow_rows());
+  reference::sddmm<T>(big.view(), Op::none, s.b.view(), s.y.view(), s.infinite.view(), 1.0f, 0.0f);
   return s;
 }
 
