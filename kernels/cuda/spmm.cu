@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <cublas_v2.h>
 
@@ -592,17 +593,28 @@ void launch_twell(TwellView<const T> a, const std::int32_t* shadow, DenseView<co
   }
 }
 
-// The cuBLAS handle of this host thread, created on first use and kept for the thread's life.
+// The cuBLAS handle of this host thread for the current device, created on first use there and
+// kept for the thread's life. A cuBLAS handle belongs to the device it was made on, so a thread that
+// switches devices gets one per device.
 cublasHandle_t cublas_handle() {
-  struct Holder {
-    cublasHandle_t handle = nullptr;
-    ~Holder() {
-      if (handle != nullptr) cublasDestroy(handle);
+  constexpr const char* where = "twell::cuda::spmm (cuBLAS handle)";
+  struct PerDevice {
+    std::vector<cublasHandle_t> handles;  // by device ordinal; null until first used there
+    ~PerDevice() {
+      int current = 0;
+      if (cudaGetDevice(&current) != cudaSuccess) return;  // the runtime is gone with the process
+      for (std::size_t d = 0; d < handles.size(); ++d)
+        if (handles[d] != nullptr && cudaSetDevice(static_cast<int>(d)) == cudaSuccess) cublasDestroy(handles[d]);
+      cudaSetDevice(current);
     }
   };
-  thread_local Holder holder;
-  if (holder.handle == nullptr) detail::check_cublas(cublasCreate(&holder.handle), "twell::cuda::spmm (cublasCreate)");
-  return holder.handle;
+  thread_local PerDevice per_device;
+  int device = 0;
+  detail::check_cuda(cudaGetDevice(&device), where);
+  const auto slot = static_cast<std::size_t>(device);
+  if (slot >= per_device.handles.size()) per_device.handles.resize(slot + 1, nullptr);
+  if (per_device.handles[slot] == nullptr) detail::check_cublas(cublasCreate(&per_device.handles[slot]), where);
+  return per_device.handles[slot];
 }
 
 // Bytes of the fp32 product of a Hybrid's overflow rows with b_cols columns of B.

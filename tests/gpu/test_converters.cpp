@@ -827,3 +827,46 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL: more rows than the launch has warps", T
     }
   }
 }
+
+// The tiled 16-bit kernel walks rows with 32-bit indices, so the launch sends a source whose row
+// stride passes 2^31 - 1 to the generic kernel (converters/cuda/twell_pack.cuh,
+// launch_dense_to_twell); with the stride cut to 32 bits, rows 1 and 2 would read row 0's data
+// (2^31 + 8 wraps to 8). The stride keeps rows 16-byte aligned, so only that guard decides. Three
+// rows of 520 columns at a stride of 2^31 + 8 span 8 GiB; the rows past the data are never written
+// (no fill), only the 3 x 520 that the view holds are. Skipped, with a message, on a GPU with less
+// free memory.
+TEST_CASE("cuda dense sources with a row stride past 2^31 - 1 convert like the reference") {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  constexpr std::int64_t kRows = 3, kCols = 520, kLd = (std::int64_t{1} << 31) + 8;
+  const std::size_t elements = static_cast<std::size_t>((kRows - 1) * kLd + kCols);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < elements * sizeof(bf16) + (std::size_t{1} << 30)) {
+    MESSAGE("skipped: needs ", elements * sizeof(bf16) / (1 << 20), " MiB of free device memory, has ",
+            free_bytes / (1 << 20));
+    return;
+  }
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  // Full rows at 5 %: row 0 is not row 1 or row 2, and tiles of capacity 8 overflow.
+  const auto dense = random_with_full_rows<bf16>(kRows, kCols, 0.05, 0.34, seed);
+  Buffer<bf16> strided(elements, kDevice, Uninitialized{});
+  for (std::int64_t i = 0; i < kRows; ++i)
+    cuda_ok(cudaMemcpy(strided.data() + i * kLd, dense.view().data + i * dense.view().ld, kCols * sizeof(bf16),
+                       cudaMemcpyHostToDevice));
+  const DenseView<const bf16> device{strided.data(), kRows, kCols, kLd, kDevice};
+  const DenseView<const bf16> host = dense.view();
+  const ConvertOptions plain;
+  COMPARE_CONVERSION(dense_to_csr, plain, host, device);
+  COMPARE_CONVERSION(dense_to_ell, plain, host, device);
+  for (const TwellLayout layout : {TwellLayout{256, 8}, TwellLayout{128, 16}}) {
+    CAPTURE(layout.tile);
+    CAPTURE(layout.compression);
+    COMPARE_CONVERSION(dense_to_hybrid, plain, host, device, layout);
+    gpu::DenseToHybridPlan<bf16> plan(kRows, kCols, layout);
+    check_plan_run<bf16>(plan, host, device, layout, plain);
+    TwellMatrix<bf16> dst(kRows, kCols, layout, kDevice);
+    for (float threshold : {0.0f, 0.5f}) check_into_twell<bf16>(host, device, dst, threshold);
+  }
+}

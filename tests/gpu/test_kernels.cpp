@@ -319,6 +319,35 @@ TEST_CASE("cuda spmm at K = 0 scales every row of C by beta once, a Hybrid's ove
   for (const float v : got.values().host_span()) CHECK(v == 2.0f);
 }
 
+// The cuBLAS handle behind a Hybrid's overflow rows is kept per host thread and device: one
+// thread running spmm on device 0, then 1, then 0 again must get each device's own handle (a
+// handle of device 0 fails on device 1's streams). Every device there is takes part; with one,
+// the case runs there alone and says the switch went untested.
+TEST_CASE("cuda spmm's Hybrid overflow rows on every device from one host thread") {
+  int devices = 0;
+  testing::cuda_ok(cudaGetDeviceCount(&devices));
+  if (devices < 2) MESSAGE("one device: the switch between devices is not tested");
+  std::vector<int> order;
+  for (int d = 0; d < devices; ++d) order.push_back(d);
+  order.push_back(0);
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const testing::SparseDenseOptions so{.density = 0.05, .full_row_share = 0.1};
+  const auto a = ref::dense_to_hybrid<float>(testing::random_sparse_dense<float>(70, 130, so, seed).view(), kNarrow);
+  REQUIRE(a.overflow_rows() > 0);
+  const auto b = testing::random_dense<float>(130, 33, 1.0f, seed + 1);
+  const auto c0 = testing::random_dense<float>(70, 33, 1.0f, seed + 2);
+  const auto bt = testing::random_dense<float>(70, 33, 1.0f, seed + 3);
+  const auto ct = testing::random_dense<float>(130, 33, 1.0f, seed + 4);
+  for (const int d : order) {
+    CAPTURE(d);
+    testing::cuda_ok(cudaSetDevice(d));
+    check_spmm<float>("hybrid", Op::none, a, b, c0, 1.5f, -2.0f);
+    check_spmm<float>("hybrid", Op::transpose, a, bt, ct, 1.5f, -2.0f);
+  }
+  testing::cuda_ok(cudaSetDevice(0));
+}
+
 TEST_CASE("cuda spmm rejects host operands and bad shapes") {
   const auto a = ref::dense_to_csr<float>(testing::random_dense<float>(4, 5, 1.0f, testing::fresh_seed()).view());
   const auto a_dev = a.to(kDevice);
