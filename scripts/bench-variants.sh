@@ -140,7 +140,8 @@ for ((r = 1; r <= rounds; ++r)); do
   for i in "${order[@]}"; do
     file="$out/${names[$i]}.json"
     [ "$r" -gt 1 ] && file="$out/${names[$i]}.r$r.json"
-    if "$builds/${names[$i]}/tools/twell" bench --suite "$suites" "${bench_args[@]}" --out "$file" \
+    # meta.source_commit: the variant's name and folder (a variant's tree need not be a commit).
+    if TWELL_SOURCE_COMMIT="variant ${names[$i]} (${sources[$i]})" "$builds/${names[$i]}/tools/twell" bench --suite "$suites" "${bench_args[@]}" --out "$file" \
       >"$builds/${names[$i]}.bench.log" 2>&1; then
       files+=("$file")
     else

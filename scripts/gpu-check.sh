@@ -48,7 +48,8 @@
 #                   (bench/suites/common.hpp, run_case): profile.csv (ncu's CSV) and profile.md
 #                   (each launch's kernel, grid and time, and their sum)
 #
-# Environment: TWELL_GPU_CHECK_TEST_JOBS (default 4) gpu test suites run at once;
+# Environment: TWELL_SOURCE_COMMIT names the commit in the benchmarks' JSON where the tree has no
+# .git (git's HEAD otherwise); TWELL_GPU_CHECK_TEST_JOBS (default 4) gpu test suites run at once;
 # TWELL_GPU_CHECK_BUILD (and TWELL_GPU_CHECK_BUILD_80) put the build folders
 # elsewhere, e.g. /tmp/gcb: a folder outside a re-sent source tree survives between two calls on
 # the same machine, so "--skip-bench" then "--skip-tests --suites ..." builds only once (one full
@@ -123,6 +124,14 @@ jobs="${TWELL_GPU_CHECK_JOBS:-16}"
 test_jobs="${TWELL_GPU_CHECK_TEST_JOBS:-4}"
 summary=()
 failed=0
+# The commit the benchmarks' JSON names (meta.source_commit): from git where the tree is a clone,
+# else as the caller exported it (a copied working tree has no .git), with "+changes" when the
+# tracked files differ from it.
+if [ -z "${TWELL_SOURCE_COMMIT:-}" ] && git -C "$root" rev-parse HEAD >/dev/null 2>&1; then
+  TWELL_SOURCE_COMMIT="$(git -C "$root" rev-parse --short=12 HEAD)"
+  git -C "$root" diff --quiet HEAD -- 2>/dev/null || TWELL_SOURCE_COMMIT+="+changes"
+fi
+export TWELL_SOURCE_COMMIT="${TWELL_SOURCE_COMMIT:-unknown}"
 
 say() { echo "$*" | tee -a "$log"; }
 now() { date +%s; }
@@ -158,7 +167,7 @@ run_gpu_tests() {  # BUILD_DIR LOG
 # ctest's own summary line, e.g. "100% tests passed, 0 tests failed out of 12".
 tests_line() { grep -E 'tests passed|No tests were found' "$1" | tail -1; }
 
-say "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), repository $root, output $out"
+say "gpu-check: $(date -u +%Y-%m-%dT%H:%M:%SZ), repository $root (commit $TWELL_SOURCE_COMMIT), output $out"
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.draw,power.limit,temperature.gpu,persistence_mode \
     --format=csv 2>&1 | tee -a "$log"

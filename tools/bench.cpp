@@ -41,7 +41,7 @@ int run_bench(std::span<const std::string> argv) {
                     "match of the regular expression RE (ECMAScript), e.g. 'spmm spmm (twell|cusparse_csr) "
                     "paper 16384 uniform 0.005 ': a short A/B run; the report lists those and the cases they "
                     "need"},
-                   {"reps", "N", "timed runs per case (default 50; 10 with --quick)"},
+                   {"reps", "N", "timed runs per case (default 50, the fewest for a result; 10 with --quick)"},
                    {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},
                    {"seed", "S", "workload seed (default 1)"}}};
   const Args args(spec, argv);
@@ -88,6 +88,10 @@ int run_bench(std::span<const std::string> argv) {
   if (cuda_available()) {
     report = bench::run_suites(config);
     bench::print_table(std::cout, report);
+    if (config.quick || config.reps < bench::kResultReps)
+      std::cerr << "twell bench: " << config.reps << " timed runs" << (config.quick ? ", --quick shapes" : "")
+                << ": a diagnostic, not a result (DESIGN.md: the median of at least " << bench::kResultReps
+                << " runs); meta.grade says so\n";
     if (!config.cases.empty() && report.cases.empty()) status = 1;  // run_suites said why
   } else {
     nothing_measured("no CUDA device is visible", "no CUDA device");

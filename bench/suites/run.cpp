@@ -1,5 +1,6 @@
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include <twell/bench/harness.hpp>
@@ -17,6 +18,15 @@ Report run_suites(const Config& config) {
   report.meta["quick"] = config.quick;
   report.meta["contract_points_only"] = config.contract;
   report.meta["reps"] = config.reps;
+  // DESIGN.md: a result is the median of at least 50 timed runs at the full shapes; fewer runs (an
+  // A/B or diagnostic call on a lent GPU) are labelled so that no one quotes them as one.
+  report.meta["grade"] = !config.quick && config.reps >= kResultReps
+                             ? "result"
+                             : "diagnostic: fewer than 50 timed runs or --quick shapes, not a result (DESIGN.md)";
+  // The commit the binary was built from, when the caller says (scripts/gpu-check.sh sets it from
+  // git): the bench cannot know which tree a copied working tree came from.
+  const char* commit = std::getenv("TWELL_SOURCE_COMMIT");
+  report.meta["source_commit"] = commit != nullptr && *commit != '\0' ? commit : "unknown";
   report.meta["warmup"] = config.warmup;
   report.meta["seed"] = static_cast<std::int64_t>(config.seed);
   report.selection = CaseFilter(config.cases);

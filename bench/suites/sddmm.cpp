@@ -71,12 +71,13 @@ void run_sddmm(Harness& h, Report& report) {
       detail::sddmm_baselines(h, report, base, DenseView<const T>(dy.view()), DenseView<const T>(wd.view()), a_dense,
                               flops, dense_in);
 #else
-      detail::not_built(report, detail::with_variant(base, "cusparse_sddmm"),
-                        "kernels/include/twell/kernels/baselines.hpp is not in this build");
+      for (const char* name : {"cusparse_sddmm_fp32_inputs", "cusparse_sddmm"})
+        detail::not_built(report, detail::with_variant(base, name),
+                          "kernels/include/twell/kernels/baselines.hpp is not in this build");
 #endif
     }
   }
-  detail::link_baselines(report, "sddmm", {"twell"}, {"cusparse_sddmm"});
+  detail::link_baselines(report, "sddmm", {"twell"}, {"cusparse_sddmm_fp32_inputs", "cusparse_sddmm"});
 }
 
 }  // namespace twell::bench

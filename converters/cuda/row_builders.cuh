@@ -24,6 +24,11 @@ inline void check_relayout_range(std::int64_t cols, const char* where) {
           "(the reference backend has no such limit)");
 }
 
+// A threshold under zero stores every entry, exact zeros included (is_stored): for internal
+// re-packings that must keep a matrix's entries as they are (the ELL transpose). The public
+// options refuse it.
+inline constexpr float kKeepEveryEntry = -1.0f;
+
 template <class T, class Rows>
 CsrMatrix<T> rows_to_csr(Rows rows, std::int64_t n_rows, std::int64_t cols, const ConvertOptions& options,
                          const char* where) {

@@ -91,13 +91,13 @@ struct EllRows {
 };
 
 template <class T>
-struct TwellRows {
+struct TwellSlotRows {
   std::int64_t cols;
   TwellLayout layout;
   const std::uint32_t* packed;
   const T* value_plane;
 
-  explicit TwellRows(TwellView<const T> v)
+  explicit TwellSlotRows(TwellView<const T> v)
       : cols(v.cols), layout(v.layout), packed(v.packed), value_plane(v.value_plane) {}
   template <class F>
   __device__ void for_each_chunk(std::int64_t row, F&& f) const {
@@ -128,7 +128,7 @@ struct TwellRows {
 
 template <class T>
 struct HybridRows {
-  TwellRows<T> twell;
+  TwellSlotRows<T> twell;
   DenseRows<T> overflow;
   std::int64_t overflow_rows;
   const std::int32_t* row_to_overflow;

@@ -11,7 +11,7 @@ CsrMatrix<T> twell_to_csr(TwellView<const T> src, const ConvertOptions& options)
   detail::require_device(src.space, where);
   check_convert_options(options, where);
   check_layout(src.layout, where);
-  return detail::rows_to_csr<T>(detail::TwellRows<T>(src), src.rows, src.cols, options, where);
+  return detail::rows_to_csr<T>(detail::TwellSlotRows<T>(src), src.rows, src.cols, options, where);
 }
 
 #define TWELL_INSTANTIATE(T) template CsrMatrix<T> twell_to_csr<T>(TwellView<const T>, const ConvertOptions&);

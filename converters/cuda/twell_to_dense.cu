@@ -11,7 +11,7 @@ DenseMatrix<T> twell_to_dense(TwellView<const T> src, const ConvertOptions& opti
   detail::require_device(src.space, where);
   check_convert_options(options, where);
   check_layout(src.layout, where);
-  return detail::rows_to_dense<T>(detail::TwellRows<T>(src), src.rows, src.cols, options, where);
+  return detail::rows_to_dense<T>(detail::TwellSlotRows<T>(src), src.rows, src.cols, options, where);
 }
 
 #define TWELL_INSTANTIATE(T) template DenseMatrix<T> twell_to_dense<T>(TwellView<const T>, const ConvertOptions&);

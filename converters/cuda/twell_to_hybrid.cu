@@ -15,7 +15,7 @@ HybridMatrix<T> twell_to_hybrid(TwellView<const T> src, TwellLayout layout, cons
   check_layout(layout, where);
   detail::check_relayout_range(src.cols, where);
   const CsrMatrix<T> csr =
-      detail::rows_to_csr<T>(detail::TwellRows<T>(src), src.rows, src.cols, detail::quiet(options), where);
+      detail::rows_to_csr<T>(detail::TwellSlotRows<T>(src), src.rows, src.cols, detail::quiet(options), where);
   return detail::csr_to_hybrid_as(csr.view(), layout, options, where);
 }
 

@@ -254,12 +254,22 @@ struct SddmmPlan<T>::Impl {
   cusparseOperation_t op_b = CUSPARSE_OPERATION_NON_TRANSPOSE;
   float alpha = 1.0f, beta = 0.0f;
   bool native = true;
+  Fp32Copies copies = Fp32Copies::every_run;
   CsrView<T> target;
   DeviceBytes offsets;             // 32-bit row offsets
   DeviceBytes a32, b32, values32;  // fp32 copies when cuSPARSE refuses 16-bit operands
   std::int64_t lda32 = 0, ldb32 = 0;
   DenseView<const T> a_src, b_src;
   DeviceBytes buffer;
+  // A and B into their fp32 copies, on `stream`.
+  void convert_inputs(cudaStream_t stream, const char* where) {
+    convert_kernel<T, float><<<blocks_for(a_src.rows * a_src.cols), 256, 0, stream>>>(
+        a_src.data, static_cast<float*>(a32.get()), a_src.rows, a_src.cols, a_src.ld, lda32);
+    detail::check_launch(where);
+    convert_kernel<T, float><<<blocks_for(b_src.rows * b_src.cols), 256, 0, stream>>>(
+        b_src.data, static_cast<float*>(b32.get()), b_src.rows, b_src.cols, b_src.ld, ldb32);
+    detail::check_launch(where);
+  }
   void destroy() {
     if (out != nullptr) cusparseDestroySpMat(out);
     if (b != nullptr) cusparseDestroyDnMat(b);
@@ -294,7 +304,7 @@ cusparseStatus_t sddmm_setup(typename SddmmPlan<T>::Impl& p, cudaDataType_t type
 
 template <Value T>
 SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<T> out,
-                        float alpha, float beta)
+                        float alpha, float beta, Fp32Copies copies)
     : impl_(std::make_unique<Impl>()) {
   constexpr const char* where = "twell::baseline::SddmmPlan";
   detail::check_dense(a, where, "A");
@@ -311,6 +321,7 @@ SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseVi
   p.op_b = t ? CUSPARSE_OPERATION_TRANSPOSE : CUSPARSE_OPERATION_NON_TRANSPOSE;
   p.alpha = alpha;
   p.beta = beta;
+  p.copies = copies;
   p.target = out;
   p.a_src = a;
   p.b_src = b;
@@ -337,6 +348,7 @@ SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseVi
   }
   check_supported(status, where, "cusparseSDDMM_bufferSize");
   p.buffer = DeviceBytes(bytes, where);
+  if (!p.native && p.copies == Fp32Copies::once) p.convert_inputs(stream, where);
   if (p.native) {
     check_supported(
         cusparseSDDMM_preprocess(handles.impl().sparse, CUSPARSE_OPERATION_NON_TRANSPOSE, p.op_b, &p.alpha, p.a, p.b,
@@ -357,20 +369,15 @@ bool SddmmPlan<T>::native() const {
   return impl_->native;
 }
 
-// Converted runs copy A, B and out's values to fp32 each time (the conversion is part of what a
-// user of cuSPARSE would pay), run SDDMM, and round the values back once.
+// Converted runs copy A and B to fp32 (each time, or once at construction: Fp32Copies) and out's
+// values each time, run SDDMM, and round the values back once.
 template <Value T>
 void SddmmPlan<T>::run() {
   constexpr const char* where = "twell::baseline::SddmmPlan::run";
   Impl& p = *impl_;
   const cudaStream_t stream = p.handles->impl().stream;
   if (!p.native) {
-    convert_kernel<T, float><<<blocks_for(p.a_src.rows * p.a_src.cols), 256, 0, stream>>>(
-        p.a_src.data, static_cast<float*>(p.a32.get()), p.a_src.rows, p.a_src.cols, p.a_src.ld, p.lda32);
-    detail::check_launch(where);
-    convert_kernel<T, float><<<blocks_for(p.b_src.rows * p.b_src.cols), 256, 0, stream>>>(
-        p.b_src.data, static_cast<float*>(p.b32.get()), p.b_src.rows, p.b_src.cols, p.b_src.ld, p.ldb32);
-    detail::check_launch(where);
+    if (p.copies == Fp32Copies::every_run) p.convert_inputs(stream, where);
     if (p.beta == 0.0f) {
       // The fp32 copy is ours: clear it so that a cuSPARSE read of C under beta = 0 sees zeros.
       if (p.target.nnz > 0)

@@ -846,16 +846,17 @@ void transposed(const char* format, ToCsr to_csr, DenseView<const T> b, DenseVie
 // op = transpose for 16-bit TwELL and Hybrid: A^T as a Hybrid in tiles of 256 (transpose_twell.cu),
 // then the op-none Hybrid path on it, whose kernels are much faster than the CSR row kernels. A^T
 // gets A's slots per 256 columns, at least 16; beyond 32 (layouts for ~2 % density and up, where
-// A^T's storage would grow past A's CSR) the CSR route is taken: transposed_layout says none.
+// A^T's storage would grow past A's CSR), or where the direct transpose's grid does not cover A,
+// the CSR route is taken: transposed_layout says none.
 template <class T>
-std::optional<TwellLayout> transposed_layout(TwellLayout in) {
+std::optional<TwellLayout> transposed_layout(TwellLayout in, std::int64_t m, std::int64_t k) {
   constexpr std::int64_t kTile = 256, kMinSlots = 16, kMaxSlots = 32;
   const auto slots = std::max<std::int64_t>(
       kMinSlots, static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(
                      (static_cast<std::int64_t>(in.slots()) * kTile + in.tile - 1) / in.tile))));
   if (slots > kMaxSlots) return std::nullopt;
   const TwellLayout layout{static_cast<std::int32_t>(kTile), static_cast<std::int32_t>(kTile / slots)};
-  if (!detail::twell_transpose_applies<T>(in, layout)) return std::nullopt;
+  if (!detail::twell_transpose_applies<T>(in, m, k, layout)) return std::nullopt;
   return layout;
 }
 
@@ -893,6 +894,8 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
   const TwellView<T> at{k, m, layout, packed, nullptr, MemorySpace::device};
   detail::twell_transpose_groups(a, at, row_to_overflow, overflow_to_row, max_count, r_device, stream);
   const detail::CountReadBack r_back(r_device, stream);
+  // Taken before C is written (created at a thread's first use on a device: it may fail).
+  const cublasHandle_t blas = cublas_handle();
   const TwellView<const T> at_const = at;
   const SpmmAlgorithm kernel = choose_twell_path(at_const, b, c, algorithm);
   const auto [workspace, staged_b] =
@@ -904,7 +907,7 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
   const HybridView<T> hybrid{at, DenseView<T>{dense_rows(r), r, m, m, MemorySpace::device}, row_to_overflow,
                              overflow_to_row};
   detail::twell_transpose_dense_rows(a, hybrid, stream);
-  overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream, overflow_tmp(r), cublas_handle());
+  overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream, overflow_tmp(r), blas);
   return path + "+cublas_overflow";
 }
 
@@ -914,7 +917,7 @@ template <class T, class View>
 bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
                    const KernelOptions& options) {
   const detail::TwellRows<T> rows = detail::twell_rows<T>(a);
-  const std::optional<TwellLayout> layout = transposed_layout<T>(rows.twell.layout);
+  const std::optional<TwellLayout> layout = transposed_layout<T>(rows.twell.layout, rows.twell.rows, rows.twell.cols);
   if (!layout) return false;
   const cudaStream_t stream = detail::stream_of(options);
   const std::int64_t m = rows.twell.rows;
@@ -1064,7 +1067,7 @@ void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> 
                                  float beta) {
   const detail::TwellRows<T> rows = detail::twell_rows<T>(a);
   check_a(rows.twell.rows, rows.twell.cols, rows.twell.layout);
-  const std::optional<TwellLayout> layout = transposed_layout<T>(rows.twell.layout);
+  const std::optional<TwellLayout> layout = transposed_layout<T>(rows.twell.layout, rows.twell.rows, rows.twell.cols);
   if (!layout) {  // the CSR route, as spmm() takes it
     KernelReport report;
     cuda::spmm<T>(Op::transpose, a, b, c, alpha, beta, KernelOptions{stream_, &report, false, algorithm_});

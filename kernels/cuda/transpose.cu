@@ -12,6 +12,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/per_format.hpp>
 
+#include "../../converters/cuda/row_builders.cuh"
 #include "dense_transpose.cuh"
 #include "sparse_common.cuh"
 #include "transpose_twell.cuh"
@@ -83,7 +84,7 @@ HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOpti
   const detail::TwellRows<T> rows = detail::twell_rows<T>(a);
   check_layout(layout, kWhere);
   const cudaStream_t stream = detail::stream_of(options);
-  if (detail::twell_transpose_applies<T>(rows.twell.layout, layout)) {
+  if (detail::twell_transpose_applies<T>(rows.twell.layout, rows.twell.rows, rows.twell.cols, layout)) {
     const std::int64_t k = rows.twell.cols, m = rows.twell.rows;
     const auto words = static_cast<std::size_t>(k);
     HybridMatrix<T> out(k, m, layout, 0, MemorySpace::device);  // the dense block once R is known
@@ -167,10 +168,12 @@ EllMatrix<T> transpose(EllView<const T> a, const KernelOptions& options) {
   detail::check_view(a, kWhere, "A");
   KernelOptions inner = options;
   inner.report = nullptr;
-  const ConvertOptions convert{.stream = options.stream};
-  const CsrMatrix<T> csr = cuda::ell_to_csr(a, convert);
+  // Stored zeros are entries (an sddmm result may hold some): kept, as the reference keeps them,
+  // where the public converters would drop them.
+  const ConvertOptions convert{.threshold = detail::kKeepEveryEntry, .stream = options.stream};
+  const CsrMatrix<T> csr = detail::rows_to_csr<T>(detail::EllRows<T>(a), a.rows, a.cols, convert, kWhere);
   const CsrMatrix<T> t = transpose(csr.view(), inner);
-  EllMatrix<T> out = cuda::csr_to_ell(t.view(), convert);
+  EllMatrix<T> out = detail::rows_to_ell<T>(detail::CsrRows<T>(t.view()), t.rows(), t.cols(), convert, kWhere);
   detail::report_path(options, "cuda/transpose/ell/via_csr");
   return out;
 }

@@ -186,20 +186,21 @@ __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> 
 }  // namespace
 
 template <class T>
-bool twell_transpose_applies(TwellLayout a_layout, TwellLayout out_layout) {
-  return sizeof(T) == 2 && a_layout.tile <= kMaxTile && out_layout.tile <= kMaxTile && out_layout.slots() <= kMaxSlots;
+bool twell_transpose_applies(TwellLayout a_layout, std::int64_t m, std::int64_t k, TwellLayout out_layout) {
+  if (sizeof(T) != 2 || a_layout.tile > kMaxTile || out_layout.tile > kMaxTile || out_layout.slots() > kMaxSlots)
+    return false;
+  const std::int64_t blocks = (m + out_layout.tile - 1) / out_layout.tile;
+  return blocks <= 0x7fffffffLL && a_layout.tiles(k) <= 65535 && k <= 0x7fffffffLL;
 }
 
 template <class T>
 void twell_transpose_groups(TwellRows<T> a, TwellView<T> out, std::int32_t* row_to_overflow,
                             std::int32_t* overflow_to_row, std::uint32_t* max_count, std::int64_t* r_device,
                             cudaStream_t stream) {
-  require(twell_transpose_applies<T>(a.twell.layout, out.layout), ErrorCode::invalid_argument, kWhere,
-          "the direct TwELL transpose was called on layouts it does not take");
   const std::int64_t m = a.twell.rows, k = a.twell.cols;
+  require(twell_transpose_applies<T>(a.twell.layout, m, k, out.layout), ErrorCode::invalid_argument, kWhere,
+          "the direct TwELL transpose was called on operands it does not take (A is ", shape(m, k), ")");
   const std::int64_t blocks = (m + out.layout.tile - 1) / out.layout.tile, tiles = a.twell.layout.tiles(k);
-  require(blocks <= 0x7fffffffLL && tiles <= 65535 && k <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, "A is ",
-          shape(m, k), "; the direct transpose takes at most 2^31 - 1 row blocks and 65535 column tiles");
   check_cuda(cudaMemsetAsync(max_count, 0, static_cast<std::size_t>(k) * sizeof(std::uint32_t), stream),
              "twell::cuda::transpose (memset)");
   if constexpr (sizeof(T) == 2) {
@@ -271,7 +272,7 @@ std::int64_t CountReadBack::wait() const {
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                        \
-  template bool twell_transpose_applies<T>(TwellLayout, TwellLayout);                                               \
+  template bool twell_transpose_applies<T>(TwellLayout, std::int64_t, std::int64_t, TwellLayout);                                               \
   template void twell_transpose_groups<T>(TwellRows<T>, TwellView<T>, std::int32_t*, std::int32_t*, std::uint32_t*, \
                                           std::int64_t*, cudaStream_t);                                             \
   template void twell_transpose_dense_rows<T>(TwellRows<T>, HybridView<T>, cudaStream_t);

@@ -31,10 +31,12 @@ TwellRows<T> twell_rows(HybridView<const T> a) {
   return {a.twell, a.overflow.rows > 0 ? a.row_to_overflow : nullptr, a.overflow};
 }
 
-// Whether the direct transpose takes A's layout and the output's: 16-bit values, tiles of at most
-// 256 columns on both sides, at most 32 slots per output group.
+// Whether the direct transpose takes an M x K A of `a_layout` into `out_layout`: 16-bit values,
+// tiles of at most 256 columns on both sides, at most 32 slots per output group, and a grid that
+// fits (at most 65535 column tiles of A, 2^31 - 1 blocks of output rows, K at most 2^31 - 1).
+// Where it does not, the callers take the CSR route.
 template <class T>
-bool twell_transpose_applies(TwellLayout a_layout, TwellLayout out_layout);
+bool twell_transpose_applies(TwellLayout a_layout, std::int64_t m, std::int64_t k, TwellLayout out_layout);
 
 // Pass 1 of A^T (K x M) into `out` (K x M in its layout): every slot group in full (the true count,
 // the first entries in increasing row of A, zeros); which rows of A^T have a group past capacity

@@ -17,6 +17,7 @@
 
 #include "checks.hpp"
 #include "random.hpp"
+#include "same.hpp"
 
 using namespace twell;
 using testing::bitwise_equal;
@@ -117,36 +118,7 @@ std::vector<std::int32_t> overflowing_rows(DenseView<const T> d, TwellLayout l) 
   return rows;
 }
 
-template <class U>
-bool same_buffer(const Buffer<U>& a, const Buffer<U>& b) {
-  return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
-}
-
-template <class T>
-bool same(const DenseMatrix<T>& a, const DenseMatrix<T>& b) {
-  return bitwise_equal<T>(a.view(), b.view());
-}
-template <class T>
-bool same(const CsrMatrix<T>& a, const CsrMatrix<T>& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() && same_buffer(a.row_ptr(), b.row_ptr()) &&
-         same_buffer(a.col_idx(), b.col_idx()) && same_buffer(a.values(), b.values());
-}
-template <class T>
-bool same(const EllMatrix<T>& a, const EllMatrix<T>& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() && a.width() == b.width() &&
-         same_buffer(a.row_count(), b.row_count()) && same_buffer(a.col_idx(), b.col_idx()) &&
-         same_buffer(a.values(), b.values());
-}
-template <class T>
-bool same(const TwellMatrix<T>& a, const TwellMatrix<T>& b) {
-  return a.rows() == b.rows() && a.cols() == b.cols() && a.layout() == b.layout() &&
-         same_buffer(a.packed(), b.packed()) && same_buffer(a.value_plane(), b.value_plane());
-}
-template <class T>
-bool same(const HybridMatrix<T>& a, const HybridMatrix<T>& b) {
-  return same(a.twell(), b.twell()) && same(a.overflow(), b.overflow()) &&
-         same_buffer(a.row_to_overflow(), b.row_to_overflow()) && same_buffer(a.overflow_to_row(), b.overflow_to_row());
-}
+using testing::identical;
 
 enum Fmt { kDense, kCsr, kEll, kTwell, kHybrid };
 const char* const kFmtName[] = {"dense", "csr", "ell", "twell", "hybrid"};
@@ -176,7 +148,7 @@ bool same_any(const Any<T>& a, const Any<T>& b) {
   return std::visit(
       [&](const auto& x) {
         using M = std::remove_cvref_t<decltype(x)>;
-        return same(x, std::get<M>(b));
+        return identical(x, std::get<M>(b));
       },
       a);
 }
@@ -238,7 +210,7 @@ TEST_CASE_TEMPLATE("Dense -> X -> Dense is the identity (up to -0.0 -> +0) for e
         validate_any(x);
         CHECK(report.nnz == nnz);
         CHECK(report.dropped == 0);
-        CHECK(same(densify(x), expected));
+        CHECK(identical(densify(x), expected));
         if (fmt == kHybrid) {
           const auto& h = std::get<HybridMatrix<T>>(x);
           const auto rows = overflowing_rows<T>(d.view(), layout);
@@ -261,11 +233,11 @@ TEST_CASE_TEMPLATE("large ragged shapes round-trip through CSR and Hybrid", T, b
     CAPTURE(seed);
     const auto d = random_sparse_dense<T>(shape.rows, shape.cols, {.density = density, .specials = true}, seed);
     const auto expected = canonical<T>(d.view());
-    CHECK(same(to_dense(to_csr(d)), expected));
+    CHECK(identical(to_dense(to_csr(d)), expected));
     const auto h = to_hybrid(d, TwellLayout{256, 16});
     validate(h);
-    CHECK(same(to_dense(h), expected));
-    CHECK(same(to_csr(h), to_csr(d)));
+    CHECK(identical(to_dense(h), expected));
+    CHECK(identical(to_csr(h), to_csr(d)));
   }
 }
 
@@ -307,27 +279,27 @@ TEST_CASE_TEMPLATE("same-format conversion: deep copy, or re-layout / re-width",
   const auto d = random_sparse_dense<T>(70, 333, {.density = 0.08, .specials = true}, fresh_seed());
   const auto csr = to_csr(d);
   const auto csr2 = to_csr(csr);
-  CHECK(same(csr, csr2));
+  CHECK(identical(csr, csr2));
   CHECK(csr2.values().data() != csr.values().data());
   const auto ell = to_ell(d);
-  CHECK(same(to_ell(ell), to_ell(d, {.ell_width = ell.width()})));
-  CHECK(same(to_ell(ell, {.ell_width = ell.width() + 5}), to_ell(d, {.ell_width = ell.width() + 5})));
+  CHECK(identical(to_ell(ell), to_ell(d, {.ell_width = ell.width()})));
+  CHECK(identical(to_ell(ell, {.ell_width = ell.width() + 5}), to_ell(d, {.ell_width = ell.width() + 5})));
   const auto h = to_hybrid(d, TwellLayout{32, 8});
-  CHECK(same(to_hybrid(h, TwellLayout{32, 8}), h));
-  CHECK(same(to_hybrid(h, TwellLayout{128, 2}), to_hybrid(d, TwellLayout{128, 2})));
+  CHECK(identical(to_hybrid(h, TwellLayout{32, 8}), h));
+  CHECK(identical(to_hybrid(h, TwellLayout{128, 2}), to_hybrid(d, TwellLayout{128, 2})));
   const auto tw = to_twell(d, TwellLayout{64, 2});
-  CHECK(same(to_twell(tw, TwellLayout{64, 2}), tw));
-  CHECK(same(to_twell(tw, TwellLayout{256, 2}), to_twell(d, TwellLayout{256, 2})));
-  CHECK(same(to_twell(h, TwellLayout{64, 2}), tw));
-  CHECK(same(to_hybrid(tw, TwellLayout{8, 4}), to_hybrid(d, TwellLayout{8, 4})));
+  CHECK(identical(to_twell(tw, TwellLayout{64, 2}), tw));
+  CHECK(identical(to_twell(tw, TwellLayout{256, 2}), to_twell(d, TwellLayout{256, 2})));
+  CHECK(identical(to_twell(h, TwellLayout{64, 2}), tw));
+  CHECK(identical(to_hybrid(tw, TwellLayout{8, 4}), to_hybrid(d, TwellLayout{8, 4})));
   // Dense -> dense: -0.0 comes out as +0 (canonical), a canonical source is copied as it is.
   const auto dd = to_dense(d);
-  CHECK(same(dd, canonical<T>(d.view())));
-  CHECK(same(to_dense(dd), dd));
+  CHECK(identical(dd, canonical<T>(d.view())));
+  CHECK(identical(to_dense(dd), dd));
   CHECK(to_dense(dd).values().data() != dd.values().data());
   // A mutable view converts too.
   auto mutable_copy = to_dense(d);
-  CHECK(same(to_csr(mutable_copy.view()), csr));
+  CHECK(identical(to_csr(mutable_copy.view()), csr));
 }
 
 TEST_CASE_TEMPLATE("threshold: |v| <= t is not stored, through every path", T, bf16, fp16, float) {
@@ -345,7 +317,7 @@ TEST_CASE_TEMPLATE("threshold: |v| <= t is not stored, through every path", T, b
       ConvertReport report;
       const Any<T> x = convert_any<T>(src, b, layout, {.threshold = t, .report = &report});
       validate_any(x);
-      CHECK(same(densify(x), expected));
+      CHECK(identical(densify(x), expected));
       CHECK(report.nnz == nnz);
     }
   }
@@ -377,7 +349,7 @@ TEST_CASE_TEMPLATE("TwELL overflow policies: error names the first overflow, dro
       ConvertReport report;
       const Any<T> x = convert_any<T>(src, kTwell, layout, {.overflow = OverflowPolicy::drop, .report = &report});
       validate_any(x);
-      CHECK(same(densify(x), kept));
+      CHECK(identical(densify(x), kept));
       CHECK(report.dropped == dropped);
       CHECK(report.nnz == count_stored<T>(d.view()) - dropped);
 
@@ -409,7 +381,7 @@ TEST_CASE_TEMPLATE("ELL width: -1 is the longest row, a smaller width follows th
   const auto wide = to_ell(d, {.ell_width = longest + 3});
   CHECK(wide.width() == longest + 3);
   validate(wide);
-  CHECK(same(to_dense(wide), canon));
+  CHECK(identical(to_dense(wide), canon));
   // A policy outside the enum is an error, not a silent drop (nor a silent error policy).
   const auto unknown = static_cast<OverflowPolicy>(7);
   CHECK(error_of([&] { (void)to_ell(d, {.overflow = unknown, .ell_width = 2}); }).code() ==
@@ -443,7 +415,7 @@ TEST_CASE_TEMPLATE("ELL width: -1 is the longest row, a smaller width follows th
     const Any<T> x = convert_any<T>(src, kEll, {}, {.overflow = OverflowPolicy::drop, .ell_width = width, .report = &report});
     validate_any(x);
     CHECK(std::get<EllMatrix<T>>(x).width() == width);
-    CHECK(same(densify(x), kept));
+    CHECK(identical(densify(x), kept));
     CHECK(report.dropped == dropped);
     CHECK(error_of([&] { (void)convert_any<T>(src, kEll, {}, {.overflow = OverflowPolicy::hybrid, .ell_width = width}); })
               .code() == ErrorCode::invalid_argument);
@@ -527,11 +499,11 @@ TEST_CASE("global16 import/export: the paper's layout, bit-exact both ways") {
         }
       }
     const auto back = import_global16<bf16>(tw.rows(), cols, layout, g.host_span());
-    CHECK(same(back, tw));
+    CHECK(identical(back, tw));
   }
   const auto f16 = to_twell(random_sparse_dense<fp16>(7, 900, {.density = 0.01}, fresh_seed()), TwellLayout{});
   const auto g16 = export_global16(f16.view());
-  CHECK(same(import_global16<fp16>(7, 900, TwellLayout{}, g16.host_span()), f16));
+  CHECK(identical(import_global16<fp16>(7, 900, TwellLayout{}, g16.host_span()), f16));
 
   // Error paths.
   const auto wide = to_twell(DenseMatrix<bf16>(1, 65537), TwellLayout{});

@@ -114,9 +114,16 @@ TEST_CASE_TEMPLATE("cuSPARSE SpMM plans match the reference for every accepted a
   }
 }
 
+// Both Fp32Copies modes; with `once`, A and B are poisoned after the plan is built, so a run that
+// still read them (or fp32 copies never made) gives NaN.
 TEST_CASE_TEMPLATE("cuSPARSE SDDMM plan matches the reference", T, bf16, float) {
   baseline::Handles handles;
-  for (const Op op_b : {Op::none, Op::transpose}) {
+  const std::pair<baseline::Fp32Copies, Op> runs[] = {{baseline::Fp32Copies::every_run, Op::none},
+                                                      {baseline::Fp32Copies::every_run, Op::transpose},
+                                                      {baseline::Fp32Copies::once, Op::none},
+                                                      {baseline::Fp32Copies::once, Op::transpose}};
+  for (const auto& [copies, op_b] : runs) {
+    CAPTURE(static_cast<int>(copies));
     for (const double density : {0.0, 0.01, 0.2, 1.0}) {
       const std::uint64_t seed = testing::fresh_seed();
       CAPTURE(seed);
@@ -135,10 +142,15 @@ TEST_CASE_TEMPLATE("cuSPARSE SDDMM plan matches the reference", T, bf16, float) 
         ref::sddmm<T>(a.view(), op_b, b.view(), pattern.view(), want.view(), alpha, beta);
         CsrMatrix<T> out = pattern.to(kDevice);
         if (beta == 0.0f) testing::poison_device(out.values());
-        const auto a_dev = a.to(kDevice);
-        const auto b_dev = b.to(kDevice);
-        baseline::SddmmPlan<T> plan(handles, a_dev.view(), op_b, b_dev.view(), out.view(), alpha, beta);
+        auto a_dev = a.to(kDevice);
+        auto b_dev = b.to(kDevice);
+        baseline::SddmmPlan<T> plan(handles, a_dev.view(), op_b, b_dev.view(), out.view(), alpha, beta, copies);
         MESSAGE(to_string(dtype_of<T>), plan.native() ? ": native SDDMM" : ": SDDMM through fp32 copies");
+        if (!plan.native() && copies == baseline::Fp32Copies::once) {
+          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the copies are made on the handles' stream
+          testing::poison_device(a_dev.values());
+          testing::poison_device(b_dev.values());
+        }
         plan.run();
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
         const auto got = ref::csr_to_dense<T>(out.to(kHost).view());

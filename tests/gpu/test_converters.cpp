@@ -21,12 +21,14 @@
 #include "checks.hpp"
 #include "device.hpp"
 #include "random.hpp"
+#include "same.hpp"
 #include "sweep.hpp"
 
 namespace {
 
 using namespace twell;
 using twell::testing::cuda_ok;
+using twell::testing::expect_same;
 using twell::testing::fresh_seed;
 using twell::testing::random_sparse_dense;
 using twell::testing::SparseDenseOptions;
@@ -44,73 +46,6 @@ void dirty_device_memory() {
   cuda_ok(cudaMemset(p, 0xff, bytes));
   cuda_ok(cudaDeviceSynchronize());
   cuda_ok(cudaFree(p));
-}
-
-template <class U>
-bool same_bytes(const Buffer<U>& a, const Buffer<U>& b) {
-  return a.size() == b.size() && (a.size() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
-}
-
-template <class U>
-std::string first_difference(const Buffer<U>& a, const Buffer<U>& b) {
-  if (a.size() != b.size()) return "sizes " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
-  const auto* x = reinterpret_cast<const unsigned char*>(a.data());
-  const auto* y = reinterpret_cast<const unsigned char*>(b.data());
-  for (std::size_t i = 0; i < a.bytes(); ++i)
-    if (x[i] != y[i]) return "element " + std::to_string(i / sizeof(U));
-  return "none";
-}
-
-#define EXPECT_SAME_BUFFER(a, b) CHECK_MESSAGE(same_bytes(a, b), #a, ": first difference at ", first_difference(a, b))
-
-template <class M>
-void expect_same_shape(const M& got, const M& want) {
-  CHECK(got.rows() == want.rows());
-  CHECK(got.cols() == want.cols());
-}
-
-// CSR and ELL keep their entries in the col_idx and values arrays.
-template <class M>
-void expect_same_entries(const M& got, const M& want) {
-  EXPECT_SAME_BUFFER(got.col_idx(), want.col_idx());
-  EXPECT_SAME_BUFFER(got.values(), want.values());
-}
-
-template <Value T>
-void expect_same(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
-  expect_same_shape(got, want);
-  EXPECT_SAME_BUFFER(got.values(), want.values());
-}
-
-template <Value T>
-void expect_same(const CsrMatrix<T>& got, const CsrMatrix<T>& want) {
-  expect_same_shape(got, want);
-  EXPECT_SAME_BUFFER(got.row_ptr(), want.row_ptr());
-  expect_same_entries(got, want);
-}
-
-template <Value T>
-void expect_same(const EllMatrix<T>& got, const EllMatrix<T>& want) {
-  expect_same_shape(got, want);
-  CHECK(got.width() == want.width());
-  EXPECT_SAME_BUFFER(got.row_count(), want.row_count());
-  expect_same_entries(got, want);
-}
-
-template <Value T>
-void expect_same(const TwellMatrix<T>& got, const TwellMatrix<T>& want) {
-  expect_same_shape(got, want);
-  CHECK(got.layout() == want.layout());
-  EXPECT_SAME_BUFFER(got.packed(), want.packed());
-  EXPECT_SAME_BUFFER(got.value_plane(), want.value_plane());
-}
-
-template <Value T>
-void expect_same(const HybridMatrix<T>& got, const HybridMatrix<T>& want) {
-  expect_same(got.twell(), want.twell());
-  expect_same(got.overflow(), want.overflow());
-  EXPECT_SAME_BUFFER(got.row_to_overflow(), want.row_to_overflow());
-  EXPECT_SAME_BUFFER(got.overflow_to_row(), want.overflow_to_row());
 }
 
 // The message without its "twell::<backend>::<function>: " prefix.

@@ -27,6 +27,7 @@
 #include "device.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "same.hpp"
 #include "shapes.hpp"
 
 using namespace twell;
@@ -772,8 +773,8 @@ void check_transpose_bitwise(const char* name, const HostM& a) {
   const auto got = dev::transpose<T>(a_dev.view(), options);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(cuda_path(report));
-  const auto host = got.to(kHost);
-  CHECK(testing::bitwise_equal<T>(to_dense(host).view(), to_dense(want).view()));
+  // Every array: the entries' order within a row, ELL's width and padding, stored zeros.
+  testing::expect_same(got.to(kHost), want);
 }
 
 template <class T, class HostM>
@@ -808,6 +809,49 @@ TEST_CASE_TEMPLATE("cuda transpose matches the reference bit for bit", T, bf16, 
       check_transpose_hybrid<T>("hybrid", f.hybrid, kPaper);
     }
   }
+}
+
+// Stored zeros (an sddmm result on a CSR or ELL pattern may hold some) are entries: both backends
+// keep them in A^T, with the ELL width they give. Row 0 holds a stored zero and a one, row 1 two
+// stored zeros (one -0.0) and nothing else, row 2 no entries.
+TEST_CASE_TEMPLATE("cuda transpose keeps stored zeros of CSR and ELL", T, bf16, float) {
+  EllMatrix<T> ell(3, 4, 2);
+  const std::int32_t counts[] = {2, 2, 0};
+  const std::int32_t cols[] = {0, 3, 1, 3, 0, 0};
+  const float values[] = {0.0f, 1.0f, 0.0f, -0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < 3; ++i) ell.row_count().host_span()[i] = counts[i];
+  for (int e = 0; e < 6; ++e) {
+    ell.col_idx().host_span()[e] = cols[e];
+    ell.values().host_span()[e] = from_float<T>(values[e]);
+  }
+  const auto want = ref::transpose<T>(ell.view());
+  REQUIRE(want.width() == 2);  // column 3 of A holds a one and a -0.0
+  check_transpose_bitwise<T>("ell", ell);
+  CsrMatrix<T> csr(3, 4, 4);  // the same entries (the converters would drop the zeros)
+  const std::int64_t row_ptr[] = {0, 2, 4, 4};
+  const std::int32_t csr_cols[] = {0, 3, 1, 3};
+  for (int i = 0; i < 4; ++i) csr.row_ptr().host_span()[i] = row_ptr[i];
+  for (int e = 0; e < 4; ++e) {
+    csr.col_idx().host_span()[e] = csr_cols[e];
+    csr.values().host_span()[e] = from_float<T>(values[e]);
+  }
+  check_transpose_bitwise<T>("csr", csr);
+}
+
+// The direct TwELL transpose launches a CTA row per column tile of A, at most 65535: past that,
+// spmm with op = transpose and transpose() take the CSR route instead of refusing. Layout (16, 8)
+// maps to A^T in tiles of 256 with 32 slots, the direct route's choice; 65537 tiles of A.
+TEST_CASE("cuda transposes of a TwELL with more than 65535 column tiles take the CSR route") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  constexpr std::int64_t kRows = 3, kCols = 16 * 65537, kN = 8;
+  const testing::SparseDenseOptions so{.density = 0.002};
+  const auto dense = testing::random_sparse_dense<bf16>(kRows, kCols, so, seed);
+  const auto hybrid = ref::dense_to_hybrid<bf16>(dense.view(), TwellLayout{16, 8});
+  const auto b = testing::random_dense<bf16>(kRows, kN, 1.0f, seed + 1);
+  const auto c0 = testing::random_dense<bf16>(kCols, kN, 1.0f, seed + 2);
+  check_spmm<bf16>("hybrid", Op::transpose, hybrid, b, c0, 1.5f, -2.0f);
+  check_transpose_hybrid<bf16>("hybrid", hybrid, kPaper);
 }
 
 TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, bf16, fp16, float) {

@@ -16,13 +16,16 @@ const std::vector<std::string>& suite_names();
 // Splits "a,b" and checks each name; "all" or empty selects every suite. Throws invalid_argument.
 std::vector<std::string> parse_suites(const std::string& list);
 
+// Timed runs per case below which a report is not a result (DESIGN.md: median of at least 50).
+inline constexpr int kResultReps = 50;
+
 struct Config {
   std::vector<std::string> suites = suite_names();
   bool quick = false;  // smaller shapes and fewer repetitions: a smoke test, not a result
   // Only the points the performance contract names (paper shape, the large M, 0.5 %, uniform and
   // token-skewed): a short run for iterating on a kernel; the full sweep is the result.
   bool contract = false;
-  int reps = 50;  // timed runs per case (at least 50 for a result, DESIGN.md)
+  int reps = kResultReps;  // timed runs per case
   int warmup = 5;
   std::uint64_t seed = 1;
   // Only the cases whose case_name matches this regular expression (CaseFilter); empty: all. For

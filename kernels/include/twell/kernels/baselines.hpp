@@ -84,15 +84,21 @@ template <Value T>
 std::vector<SpmmAlgorithm> supported_spmm_algorithms(Handles& handles, Op op_a, CsrView<const T> a,
                                                      SparseStorage storage, DenseView<const T> b, DenseView<T> c);
 
+// When a plan whose cuSPARSE refuses 16-bit operands makes fp32 copies of A and B: at every run
+// (what a user holding 16-bit data pays), or once, at construction (cuSPARSE's best case: a user
+// who keeps fp32 copies of the dense operands; the plan then reads a and b only there).
+enum class Fp32Copies { every_run, once };
+
 // out = alpha * (A op(B)) at the pattern of `out` + beta * out through cusparseSDDMM (CSR).
 // `out` holds the pattern (row_ptr, col_idx) and receives the values. cuSPARSE documents SDDMM
 // for fp32/fp64 only: 16-bit operands are tried natively and, when refused, converted to fp32
-// copies owned by the plan (native() says which ran).
+// copies owned by the plan (native() says which ran; `copies` says when A and B are converted;
+// out's values are converted at every run).
 template <Value T>
 class SddmmPlan {
  public:
   SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<T> out, float alpha,
-            float beta);
+            float beta, Fp32Copies copies = Fp32Copies::every_run);
   ~SddmmPlan();
   SddmmPlan(SddmmPlan&&) noexcept;
   SddmmPlan& operator=(SddmmPlan&&) noexcept;
