@@ -33,8 +33,10 @@
 #include <twell/workload.hpp>
 
 #include "checks.hpp"
+#include "device.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "same.hpp"
 #include "spmm_runs.hpp"
 #include "sweep.hpp"
 
@@ -53,10 +55,7 @@ using testing::worst_row_error;
 
 template <class U>
 bool same_words(const Buffer<U>& got, const Buffer<U>& want) {
-  const Buffer<U> host = got.copy_to(kHost);
-  return host.size() == want.size() &&
-         std::equal(host.data(), host.data() + host.size(), want.data(),
-                    [](const U& x, const U& y) { return std::memcmp(&x, &y, sizeof(U)) == 0; });
+  return testing::same_bytes(got.copy_to(kHost), want);
 }
 
 // Whether a TwELL of `layout` holds every row of d.
@@ -332,6 +331,50 @@ TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: Inf
 
 // fp32, tiles over 256 columns and layouts of more than 32 slots per 256 columns go through CSR
 // (the paths are checked as prefixes: A^T may have overflow rows).
+// Empty shapes (the groups launch skipped, the map kernel at K = 0, C only scaled) and work on a
+// non-blocking stream, which does not wait for the legacy stream: the count of A^T's dense rows
+// is read back behind the stream's own work. Hybrid A in (256, 16) with full rows, so that A^T
+// has dense rows where M allows; B with 0 and 8 columns.
+TEST_CASE("cuda direct transpose and spmm with op(A) = A^T: empty shapes, on a non-blocking stream") {
+  cudaStream_t stream = nullptr;
+  testing::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  constexpr TwellLayout kLayout{256, 16};
+  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{0, 300}, {37, 0}, {0, 0}, {300, 70}};
+  for (const auto& [m, k] : kShapes) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(m);
+    CAPTURE(k);
+    testing::SparseDenseOptions so;
+    so.density = 0.05;
+    so.full_row_share = 0.1;
+    auto a_dense = testing::random_sparse_dense<bf16>(m, k, so, seed);
+    for (std::int64_t i = 0; k > 1 && i < m; i += 2) a_dense.view().at(i, 1) = from_float<bf16>(0.5f);  // a hot unit
+    const HybridMatrix<bf16> a = ref::dense_to_hybrid<bf16>(a_dense.view(), kLayout);
+    const auto a_dev = a.to(kDevice);
+    KernelReport report;
+    const KernelOptions options{Stream{stream}, &report};
+    const HybridMatrix<bf16> want_t = ref::transpose<bf16>(a.view(), kLayout);
+    const HybridMatrix<bf16> got_t = dev::transpose<bf16>(a_dev.view(), kLayout, options);
+    testing::cuda_ok(cudaStreamSynchronize(stream));
+    CHECK(report.path == "cuda/transpose/hybrid/direct");
+    testing::expect_same(got_t.to(kHost), want_t);
+    for (const std::int64_t nb : {std::int64_t{0}, std::int64_t{8}}) {
+      CAPTURE(nb);
+      const auto b = testing::random_dense<bf16>(m, nb, 1.0f, seed + 1);
+      const auto c0 = testing::random_dense<bf16>(k, nb, 1.0f, seed + 2);
+      const DenseMatrix<bf16> want = reference_spmm_t<bf16>(a, b, c0, 1.5f, -2.0f);
+      const auto b_dev = b.to(kDevice);
+      auto c_dev = c0.to(kDevice);
+      dev::spmm<bf16>(Op::transpose, a_dev.view(), b_dev.view(), c_dev.view(), 1.5f, -2.0f, options);
+      testing::cuda_ok(cudaStreamSynchronize(stream));
+      CHECK(report.path.rfind("cuda/spmm/hybrid/via_transpose+", 0) == 0);
+      CHECK(testing::relative_error<bf16, bf16>(c_dev.to(kHost).view(), want.view()) <= relative_bound<bf16>());
+    }
+  }
+  testing::cuda_ok(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("cuda spmm with op(A) = A^T takes the CSR route where the direct transpose does not apply") {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
