@@ -59,7 +59,7 @@ bool identical(const HybridMatrix<T>& a, const HybridMatrix<T>& b) {
 }
 
 // The same comparisons as checks, each array on its own, naming the first difference.
-#define TWELL_EXPECT_SAME_BUFFER(a, b)                                                 \
+#define TWELL_EXPECT_SAME_BUFFER(a, b)                                            \
   CHECK_MESSAGE(::twell::testing::same_bytes(a, b), #a, ": first difference at ", \
                 ::twell::testing::first_difference(a, b))
 
