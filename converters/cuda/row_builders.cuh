@@ -67,6 +67,8 @@ EllMatrix<T> rows_to_ell(Rows rows, std::int64_t n_rows, std::int64_t cols, cons
           " must be -1 (the longest row) or a width >= 0");
   require(options.ell_width == -1 || options.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, where,
           "options.overflow = hybrid has no meaning for ELL (it has no overflow block); use error or drop");
+  require(options.ell_width <= cols, ErrorCode::invalid_argument, where, "options.ell_width = ", options.ell_width,
+          " exceeds cols = ", cols, ": a row holds at most one entry per column");
   const cudaStream_t stream = stream_of(options);
   const unsigned blocks = blocks_for_warps(n_rows);
   std::int64_t width = options.ell_width;

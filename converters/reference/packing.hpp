@@ -252,6 +252,9 @@ EllMatrix<T> build_ell(const Source& src, const ConvertOptions& options, const c
           " must be -1 (the longest row) or a width >= 0");
   require(options.ell_width == -1 || options.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, where,
           "options.overflow = hybrid has no meaning for ELL (it has no overflow block); use error or drop");
+  require(options.ell_width <= src.cols(), ErrorCode::invalid_argument, where,
+          "options.ell_width = ", options.ell_width, " exceeds cols = ", src.cols(),
+          ": a row holds at most one entry per column");
   Row<T> row;
   std::int64_t width = options.ell_width;
   if (width < 0) {

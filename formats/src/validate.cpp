@@ -1,6 +1,7 @@
 #include <twell/formats/validate.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -40,6 +41,14 @@ std::string null_array(std::string_view format, std::string_view array, std::int
   return concat(format, ": ", array, " is null but must hold ", n, " elements");
 }
 
+// CSR and ELL column indices are int32: a wider matrix is one that no consumer can index (the
+// converters, readers and writers refuse it too; stats overflowed on it).
+std::string beyond_int32_cols(std::string_view format, std::int64_t cols) {
+  if (cols <= std::numeric_limits<std::int32_t>::max()) return {};
+  return concat(format, ": cols = ", cols, " exceeds ", std::numeric_limits<std::int32_t>::max(),
+                ", the most its 32-bit column indices serve");
+}
+
 // ---- dense ----
 
 template <class T>
@@ -56,6 +65,7 @@ template <class T>
 std::string csr_shape(CsrView<const T> m) {
   if (m.rows < 0 || m.cols < 0 || m.nnz < 0)
     return concat("CSR: shape ", m.rows, " x ", m.cols, " with nnz ", m.nnz, " is negative");
+  if (auto v = beyond_int32_cols("CSR", m.cols); !v.empty()) return v;
   if (m.row_ptr == nullptr) return null_array("CSR", "row_ptr", m.rows + 1);
   if (m.nnz > 0 && m.col_idx == nullptr) return null_array("CSR", "col_idx", m.nnz);
   if (m.nnz > 0 && m.values == nullptr) return null_array("CSR", "values", m.nnz);
@@ -94,6 +104,9 @@ template <class T>
 std::string ell_shape(EllView<const T> m) {
   if (m.rows < 0 || m.cols < 0 || m.width < 0)
     return concat("ELL: shape ", m.rows, " x ", m.cols, " with width ", m.width, " is negative");
+  if (auto v = beyond_int32_cols("ELL", m.cols); !v.empty()) return v;
+  if (m.width > m.cols)
+    return concat("ELL: width = ", m.width, " exceeds cols = ", m.cols, ": a row holds at most one entry per column");
   if (m.rows > 0 && m.row_count == nullptr) return null_array("ELL", "row_count", m.rows);
   if (m.rows * m.width > 0 && m.col_idx == nullptr) return null_array("ELL", "col_idx", m.rows * m.width);
   if (m.rows * m.width > 0 && m.values == nullptr) return null_array("ELL", "values", m.rows * m.width);
@@ -138,7 +151,13 @@ std::string twell_shape(TwellView<const T> m, std::string_view what) {
   } catch (const Error& e) {
     return e.what();
   }
-  const std::int64_t words = m.rows * m.packed_width();
+  // rows x tiles x S words, each step checked: TwellLayout's index math is int64.
+  std::int64_t words = 0;
+  if (m.cols > std::numeric_limits<std::int64_t>::max() - (m.layout.tile - 1) ||
+      __builtin_mul_overflow(m.layout.tiles(m.cols), std::int64_t{m.layout.slots()}, &words) ||
+      __builtin_mul_overflow(m.rows, words, &words))
+    return concat(what, ": shape ", m.rows, " x ", m.cols, " at tile ", m.layout.tile, ", C ", m.layout.compression,
+                  " holds more than 2^63 - 1 packed words");
   if (words > 0 && m.packed == nullptr) return null_array(what, "packed", words);
   if constexpr (ValueTraits<T>::packs_in_slot) {
     if (m.value_plane != nullptr)

@@ -1,10 +1,14 @@
 // File type by extension, whole-file reads and atomic writes, CRC-32, and the by-extension
 // read_matrix / write_matrix used by the twell tool.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <random>
 #include <system_error>
 
 #include <twell/formats/validate.hpp>
@@ -31,47 +35,93 @@ FileType file_type_of(const std::filesystem::path& path) {
        "'; expected .mtx, .npy or .twell");
 }
 
+namespace {
+
+// Closes a descriptor however the scope ends.
+struct Descriptor {
+  explicit Descriptor(int f) : fd(f) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+  int fd;
+};
+
+// A fresh file beside `path` ("<path>.partial.<64 random bits>"), created exclusively: never a
+// file that a planted link points at, nor one that another writer uses. Mode 0666 less the umask,
+// as fopen gives.
+Descriptor create_temporary(const std::filesystem::path& path, std::filesystem::path& tmp) {
+  std::random_device random;
+  const std::uint64_t suffix = (std::uint64_t{random()} << 32) ^ random();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(suffix));
+  tmp = path;
+  tmp += std::string(".partial.") + hex;
+  return Descriptor(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
+}
+
+}  // namespace
+
 std::vector<std::byte> read_file(const std::filesystem::path& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    fail(ErrorCode::io, "twell::read_file", "cannot open '", path.string(), "': ", std::strerror(errno));
+  constexpr std::string_view kWhere = "twell::read_file";
+  const Descriptor f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (f.fd < 0) {
+    const int err = errno;
+    fail(ErrorCode::io, kWhere, "cannot open '", path.string(), "': ", std::strerror(err));
   }
-  std::vector<std::byte> bytes;
-  std::array<std::byte, 1 << 16> chunk;
-  // Read in chunks rather than trusting a size from stat: the file may be a pipe or may change.
-  for (;;) {
-    const std::size_t got = std::fread(chunk.data(), 1, chunk.size(), f);
-    bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(got));
-    if (got < chunk.size()) break;
-  }
-  const bool failed = std::ferror(f) != 0;
-  const int err = errno;
-  std::fclose(f);
-  if (failed) fail(ErrorCode::io, "twell::read_file", "error reading '", path.string(), "': ", std::strerror(err));
-  return bytes;
+  // A file larger than the memory is out_of_memory, as in the readers, not a std::bad_alloc.
+  return io_detail::guard_allocation(kWhere, [&] {
+    std::vector<std::byte> bytes;
+    // A regular file's size is reserved up front (failing before any read when it cannot be had);
+    // the read still runs to the end, as the file may be a pipe or may have grown.
+    struct stat st {};
+    if (::fstat(f.fd, &st) == 0 && S_ISREG(st.st_mode)) bytes.reserve(static_cast<std::size_t>(st.st_size));
+    std::array<std::byte, 1 << 16> chunk;
+    for (;;) {
+      const ssize_t got = ::read(f.fd, chunk.data(), chunk.size());
+      if (got == 0) break;
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) {
+        const int err = errno;
+        fail(ErrorCode::io, kWhere, "error reading '", path.string(), "': ", std::strerror(err));
+      }
+      bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + got);
+    }
+    return bytes;
+  });
 }
 
 void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes) {
-  std::filesystem::path tmp = path;
-  tmp += ".partial";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    fail(ErrorCode::io, "twell::write_file", "cannot create '", tmp.string(), "': ", std::strerror(errno));
-  }
-  const bool wrote = bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  const int err = errno;
-  const bool closed = std::fclose(f) == 0;
-  if (!wrote || !closed) {
-    std::remove(tmp.c_str());
-    fail(ErrorCode::io, "twell::write_file", "error writing '", tmp.string(), "' (", bytes.size(),
-         " bytes): ", std::strerror(wrote ? errno : err));
+  constexpr std::string_view kWhere = "twell::write_file";
+  std::filesystem::path tmp;
+  {
+    const Descriptor f = create_temporary(path, tmp);
+    if (f.fd < 0) {
+      const int err = errno;
+      fail(ErrorCode::io, kWhere, "cannot create '", tmp.string(), "' to write '", path.string(),
+           "': ", std::strerror(err));
+    }
+    const auto fail_removing = [&](const char* what) {
+      const int err = errno;
+      ::unlink(tmp.c_str());
+      fail(ErrorCode::io, kWhere, "error ", what, " '", tmp.string(), "' (", bytes.size(),
+           " bytes): ", std::strerror(err));
+    };
+    // All of it, and on the disk before the rename: the target is never seen half written.
+    for (std::size_t done = 0; done < bytes.size();) {
+      const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) fail_removing("writing");
+      done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(f.fd) != 0) fail_removing("syncing");
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
-    std::remove(tmp.c_str());
-    fail(ErrorCode::io, "twell::write_file", "cannot rename '", tmp.string(), "' to '", path.string(),
-         "': ", ec.message());
+    ::unlink(tmp.c_str());
+    fail(ErrorCode::io, kWhere, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
   }
 }
 

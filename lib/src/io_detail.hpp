@@ -32,6 +32,16 @@ inline bool checked_add(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
   return !__builtin_add_overflow(a, b, &out);
 }
 
+// Whether `count` items of `size` bytes fit the bytes that a reader may take for an input of
+// `input_bytes`: the input's size plus ReadOptions::max_implicit_bytes.
+inline bool fits_implicit(std::uint64_t count, std::uint64_t size, std::size_t input_bytes,
+                          const ReadOptions& options) {
+  std::uint64_t need = 0;
+  std::uint64_t allowed = 0;
+  if (!checked_add(input_bytes, options.max_implicit_bytes, allowed)) allowed = UINT64_MAX;
+  return checked_mul(count, size, need) && need <= allowed;
+}
+
 // The widest sparse matrix a file may hold: its column indices are 32-bit, and the readers take
 // no column count they could not index (dense matrices have no such limit).
 constexpr std::int64_t kMaxSparseCols = std::numeric_limits<std::int32_t>::max();
@@ -79,7 +89,7 @@ AnyMatrix read_path(const std::filesystem::path& path, Read&& read) {
 // serve) into ErrorCode::out_of_memory, as the readers' own Buffers report it, rather than
 // letting std::bad_alloc or std::length_error escape.
 template <class Read>
-AnyMatrix guard_allocation(std::string_view where, Read&& read) {
+auto guard_allocation(std::string_view where, Read&& read) {
   try {
     return detail::map_host_allocation_failure(where, read);
   } catch (const std::length_error&) {

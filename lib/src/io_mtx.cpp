@@ -1,4 +1,6 @@
 // Matrix Market coordinate files <-> CsrMatrix.
+#include <locale.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -83,24 +85,36 @@ bool is_blank_line(std::string_view line) {
   return std::all_of(line.begin(), line.end(), [](char c) { return is_blank(c); });
 }
 
+// from_chars takes a '-' but no '+': drops one leading '+', and refuses a '-' after it ("+-5").
+bool drop_plus(std::string_view& token) {
+  if (token.empty() || token.front() != '+') return true;
+  token.remove_prefix(1);
+  return token.empty() || token.front() != '-';
+}
+
 template <class Int>
 bool parse_int(std::string_view token, Int& out) {
-  if (!token.empty() && token.front() == '+') token.remove_prefix(1);
+  if (!drop_plus(token)) return false;
   const auto [end, ec] = std::from_chars(token.data(), token.data() + token.size(), out);
   return ec == std::errc() && end == token.data() + token.size();
 }
 
 bool parse_real(std::string_view token, double& out) {
-  if (!token.empty() && token.front() == '+') token.remove_prefix(1);
-  if (token.empty() || token.front() == '+') return false;
-  const auto [end, ec] = std::from_chars(token.data(), token.data() + token.size(), out);
-  if (end != token.data() + token.size()) return false;
-  // A decimal beyond fp64 comes without a value from from_chars; strtod (C locale: the tools
-  // never set another) says on which side it fell. Past the largest fp64 it is kept as the largest,
-  // which no value type holds (narrow refuses it); below the smallest it is kept as the smallest
-  // subnormal, which every value type rounds to zero (narrow counts it): never as Inf or 0.
+  if (!drop_plus(token)) return false;
+  const char* const token_end = token.data() + token.size();
+  const auto [end, ec] = std::from_chars(token.data(), token_end, out);
+  if (end != token_end) return false;
+  // A decimal beyond fp64 comes without a value from from_chars; strtod_l in the C locale (strtod
+  // follows the process's, whose decimal point may be ',') says on which side it fell. Past the
+  // largest fp64 it is kept as the largest, which no value type holds (narrow refuses it); below
+  // the smallest it is kept as the smallest subnormal, which every value type rounds to zero
+  // (narrow counts it): never as Inf or 0.
   if (ec == std::errc::result_out_of_range) {
-    out = std::strtod(std::string(token).c_str(), nullptr);
+    static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", locale_t{});
+    const std::string text(token);
+    char* parsed = nullptr;
+    out = strtod_l(text.c_str(), &parsed, c_locale);
+    if (parsed != text.c_str() + text.size()) return false;
     if (std::isinf(out)) out = std::copysign(std::numeric_limits<double>::max(), out);
     if (out == 0) out = std::copysign(std::numeric_limits<double>::denorm_min(), out);
     return true;
@@ -200,12 +214,10 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     lines.fail_here(ErrorCode::io, 0, "declares ", entries, " entries but only ", lines.remaining(),
                     " bytes follow (truncated?)");
   }
-  std::uint64_t row_ptr_bytes = 0;
-  std::uint64_t allowed = 0;
-  if (!io_detail::checked_add(bytes.size(), options.max_implicit_bytes, allowed)) allowed = UINT64_MAX;
-  if (!io_detail::checked_mul(static_cast<std::uint64_t>(rows) + 1, sizeof(std::int64_t), row_ptr_bytes) ||
-      row_ptr_bytes > allowed) {
-    lines.fail_here(ErrorCode::io, 0, rows, " rows need (rows + 1) * 8 bytes of row pointers, more than the ",
+  // Three arrays of rows + 1 int64 (row_ptr and the bucket sort's start and fill below).
+  if (!io_detail::fits_implicit(static_cast<std::uint64_t>(rows) + 1, 3 * sizeof(std::int64_t), bytes.size(),
+                                options)) {
+    lines.fail_here(ErrorCode::io, 0, rows, " rows need 3 x (rows + 1) x 8 bytes of row offsets, more than the ",
                     bytes.size(), "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
   }
 

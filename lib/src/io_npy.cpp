@@ -195,12 +195,11 @@ AnyMatrix read_npy(std::span<const std::byte> bytes, const ReadOptions& options)
   }
   const std::int64_t rows = h.shape[0];
   const std::int64_t cols = h.shape[1];
-  // A (rows, 0) array has no data for any row count; rows still cost work, so they are capped
-  // like implicit allocations.
-  std::uint64_t limit = 0;
-  if (!io_detail::checked_add(size, options.max_implicit_bytes, limit)) limit = UINT64_MAX;
-  if (static_cast<std::uint64_t>(rows) > limit) {
-    fail(ErrorCode::io, kWhere, "header: ", rows, " rows exceed the ", size, "-byte input plus ReadOptions::max_implicit_bytes");
+  // A (rows, 0) array has no data for any row count, but its rows still cost work and memory
+  // downstream (a CSR's row pointers): each is charged 8 bytes, as a .mtx row pointer is.
+  if (cols == 0 && !io_detail::fits_implicit(static_cast<std::uint64_t>(rows), 8, size, options)) {
+    fail(ErrorCode::io, kWhere, "header: ", rows, " rows of 0 columns, at 8 bytes a row, exceed the ", size,
+         "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
   }
   const std::size_t item = dtype == DType::fp32 ? 4 : 2;
   const std::size_t data_start = header_start + header_len;

@@ -115,7 +115,7 @@ template <class... Args>
   fail(ErrorCode::malformed, kWhere, "byte ", offset, ": ", std::forward<Args>(what)...);
 }
 
-Header parse_header(std::span<const std::byte> bytes, std::uint64_t implicit_limit, std::vector<std::uint64_t>& sizes) {
+Header parse_header(std::span<const std::byte> bytes, const ReadOptions& options, std::vector<std::uint64_t>& sizes) {
   const Cursor c(bytes);
   if (bytes.size() < kMagic.size() || std::memcmp(bytes.data(), kMagic.data(), kMagic.size()) != 0) {
     fail(ErrorCode::io, kWhere, "bytes 0..7 are not the .twell magic 89 54 57 45 4C 4C 0D 0A (input has ",
@@ -146,12 +146,12 @@ Header parse_header(std::span<const std::byte> bytes, std::uint64_t implicit_lim
   if (h.rows < 0) bad(16, "rows = ", h.rows, " is negative");
   if (h.cols < 0) bad(24, "cols = ", h.cols, " is negative");
   if (h.aux < 0) bad(32, "aux = ", h.aux, " is negative");
-  // Rows cost work (and, in most formats, memory) even when no byte describes them: a dense or
-  // TwELL matrix with 0 columns has an empty payload for any row count. Cap them like the
-  // .mtx row pointers, by the input size plus ReadOptions::max_implicit_bytes.
-  if (static_cast<std::uint64_t>(h.rows) > implicit_limit) {
-    fail(ErrorCode::io, kWhere, "byte 16: rows = ", h.rows, " exceeds the ", bytes.size(),
-         "-byte input plus ReadOptions::max_implicit_bytes");
+  // Rows cost work and memory downstream (a CSR's row pointers) even when no byte describes them:
+  // a dense or TwELL matrix with 0 columns has an empty payload for any row count. With 0 columns
+  // each row is charged 8 bytes, as a .mtx row pointer is.
+  if (h.cols == 0 && !io_detail::fits_implicit(static_cast<std::uint64_t>(h.rows), 8, bytes.size(), options)) {
+    fail(ErrorCode::io, kWhere, "byte 16: rows = ", h.rows, " of 0 columns, at 8 bytes a row, exceed the ",
+         bytes.size(), "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
   }
   if (h.format != Format::dense && h.cols > io_detail::kMaxSparseCols) {
     bad(24, "cols = ", h.cols, " exceeds 32-bit column indices");
@@ -303,9 +303,7 @@ void require_host(MemorySpace s) {
 
 AnyMatrix read_twell(std::span<const std::byte> bytes, const ReadOptions& options) {
   std::vector<std::uint64_t> sizes;
-  std::uint64_t limit = 0;
-  if (!io_detail::checked_add(bytes.size(), options.max_implicit_bytes, limit)) limit = UINT64_MAX;
-  const Header h = parse_header(bytes, limit, sizes);
+  const Header h = parse_header(bytes, options, sizes);
   const std::size_t payload_start = kFixedHeader + 8 * sizes.size();
   std::uint64_t total = payload_start + 4;
   for (std::size_t k = 0; k < sizes.size(); ++k) {

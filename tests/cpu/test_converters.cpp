@@ -378,8 +378,9 @@ TEST_CASE_TEMPLATE("ELL width: -1 is the longest row, a smaller width follows th
   }
   const auto ell = to_ell(d);
   CHECK(ell.width() == longest);
-  const auto wide = to_ell(d, {.ell_width = longest + 3});
-  CHECK(wide.width() == longest + 3);
+  // Any width up to the columns (one entry per column at most) pads the shorter rows.
+  const auto wide = to_ell(d, {.ell_width = d.cols()});
+  CHECK(wide.width() == d.cols());
   validate(wide);
   CHECK(identical(to_dense(wide), canon));
   // A policy outside the enum is an error, not a silent drop (nor a silent error policy).

@@ -1,10 +1,14 @@
 // File formats: round trips of every format and value type through .twell, of CSR through
 // .mtx and of dense through .npy; and every kind of corrupted input giving the right ErrorCode.
 #include <doctest/doctest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <clocale>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <utility>
@@ -18,6 +22,15 @@
 #include "same.hpp"
 
 using namespace twell;
+
+// Under AddressSanitizer (gcc says so by a macro, clang by __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+#define TWELL_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TWELL_TEST_ASAN 1
+#endif
+#endif
 
 namespace {
 
@@ -276,6 +289,77 @@ TEST_CASE("Matrix Market reader: a value beyond the value type is an error, one 
   CHECK(below_fp64.rounded_to_zero == 1);
 }
 
+TEST_CASE("Matrix Market reader: a value carries at most one sign") {
+  // "+-5" once read as -5: the '+' was stripped and from_chars took the '-'.
+  const auto read = [](const std::string& field, const std::string& value) {
+    return read_mtx(bytes_of("%%MatrixMarket matrix coordinate " + field + " general\n1 1 1\n1 1 " + value + "\n"));
+  };
+  for (const std::string field : {"real", "integer"}) {
+    CAPTURE(field);
+    for (const std::string value : {"+-5", "++5", "-+5", "--5", "+"}) {
+      CAPTURE(value);
+      CHECK(code_of([&] { read(field, value); }) == ErrorCode::malformed);
+    }
+    CHECK(std::get<CsrMatrix<float>>(read(field, "+5")).values().host_span()[0] == 5.0f);
+    CHECK(std::get<CsrMatrix<float>>(read(field, "-5")).values().host_span()[0] == -5.0f);
+  }
+}
+
+TEST_CASE("Matrix Market reader: decimals beyond fp64 are read alike under every locale") {
+  const std::string head = "%%MatrixMarket matrix coordinate real general\n";
+  // Past the largest fp64: unsupported, naming the value as written; below the smallest nonzero:
+  // dropped and counted as rounded to zero (docs/io.md). Under a comma-decimal locale, strtod
+  // read "1.5e400" as 1 and "-2.5e-400" as -2.
+  const auto check_beyond_fp64 = [&] {
+    for (const std::string value : {"1.5e400", "-1.5e+400"}) {
+      CAPTURE(value);
+      try {
+        read_mtx(bytes_of(head + "1 1 1\n1 1 " + value + "\n"));
+        FAIL_CHECK("a value beyond fp64 was read");
+      } catch (const Error& e) {
+        CHECK(e.code() == ErrorCode::unsupported);
+        CHECK(std::string(e.what()).find(value) != std::string::npos);
+      }
+    }
+    MtxReport report;
+    const auto m = read_mtx(bytes_of(head + "1 2 2\n1 1 -2.5e-400\n1 2 0.5\n"), {}, &report);
+    const auto& c = std::get<CsrMatrix<float>>(m);
+    REQUIRE(c.nnz() == 1);
+    CHECK(c.values().host_span()[0] == 0.5f);
+    CHECK(report.rounded_to_zero == 1);
+  };
+  check_beyond_fp64();
+  struct RestoreLocale {
+    std::string saved = std::setlocale(LC_NUMERIC, nullptr);
+    ~RestoreLocale() { std::setlocale(LC_NUMERIC, saved.c_str()); }
+  } restore;
+  for (const char* name : {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "fr_FR.utf8", "de_DE", "fr_FR"}) {
+    if (std::setlocale(LC_NUMERIC, name) == nullptr) continue;
+    const std::string locale = name;
+    CAPTURE(locale);
+    REQUIRE(std::string(std::localeconv()->decimal_point) == ",");
+    check_beyond_fp64();
+    return;
+  }
+  MESSAGE("no comma-decimal locale (de_DE, fr_FR) is installed: the reader was checked under the C locale only");
+}
+
+TEST_CASE("Matrix Market reader: the row budget counts each of the three per-row int64 arrays it keeps") {
+  // row_ptr and the bucket sort's start and fill offsets: (rows + 1) x 8 bytes each, 24 a row.
+  // The budget used to be charged for row_ptr alone.
+  const std::string head = "%%MatrixMarket matrix coordinate real general\n";
+  const auto read = [&](std::int64_t n, std::uint64_t budget) {
+    ReadOptions o;
+    o.max_implicit_bytes = budget;
+    return read_mtx(bytes_of(head + std::to_string(n) + " 0 0\n"), o);
+  };
+  // A 55-byte input: 8190 rows pass the old cap (8191 x 8 <= 55 + 65536), 2700 the new one (2701 x 24).
+  CHECK(code_of([&] { read(8190, 65536); }) == ErrorCode::io);
+  CHECK(rows(read(2700, 65536)) == 2700);
+  // Just under the old cap of the default budget (2^27 x 8 bytes = 1 GiB): refused, not 3 GiB taken.
+  CHECK(code_of([&] { read((std::int64_t{1} << 27) - 1, ReadOptions{}.max_implicit_bytes); }) == ErrorCode::io);
+}
+
 TEST_CASE("matrix_as: the held matrix by type, or an error naming what is held") {
   const auto d = random_input<bf16>(Shape{5, 7}, 0.5, testing::fresh_seed());
   AnyMatrix any = read_npy(encode_npy<bf16>(d.view()));
@@ -434,6 +518,26 @@ TEST_CASE(".twell reader: truncation at every field, magic, checksum, sizes and 
   }
 }
 
+TEST_CASE(".npy and .twell: rows of 0 columns are charged 8 bytes each against max_implicit_bytes") {
+  // 2^30 - 24 rows of no bytes: the row count itself was compared with the input's size plus the
+  // 1 GiB budget and passed, and later steps spend 8 to 16 bytes a row (16.8 GB for a .npy of 79).
+  const std::int64_t many = (std::int64_t{1} << 30) - 24;
+  CHECK(code_of([&] { read_npy(encode_npy<float>(DenseMatrix<float>(many, 0).view())); }) == ErrorCode::io);
+  CHECK(code_of([&] { read_twell(encode_twell(AnyMatrix(DenseMatrix<fp16>(many, 0)))); }) == ErrorCode::io);
+  // The budget is exact: 8 bytes a row beyond the input's own size.
+  const auto at_budget = [](const std::vector<std::byte>& file, std::int64_t n, std::uint64_t extra) {
+    ReadOptions o;
+    o.max_implicit_bytes = static_cast<std::uint64_t>(n) * 8 - file.size() + extra;
+    return o;
+  };
+  const std::vector<std::byte> npy = encode_npy<float>(DenseMatrix<float>(1000, 0).view());
+  CHECK(rows(read_npy(npy, at_budget(npy, 1000, 0))) == 1000);
+  CHECK(code_of([&] { read_npy(npy, at_budget(npy, 999, 7)); }) == ErrorCode::io);
+  const std::vector<std::byte> tw = encode_twell(AnyMatrix(DenseMatrix<bf16>(1000, 0)));
+  CHECK(rows(read_twell(tw, at_budget(tw, 1000, 0))) == 1000);
+  CHECK(code_of([&] { read_twell(tw, at_budget(tw, 999, 7)); }) == ErrorCode::io);
+}
+
 TEST_CASE("writers refuse a view that breaks its format, before reading it") {
   // Each of these was once read out of bounds or written as a file that the readers refuse.
   const std::int64_t row_ptr[] = {0, 1000000, 1};
@@ -471,8 +575,8 @@ TEST_CASE("writers refuse a view that breaks its format, before reading it") {
 }
 
 TEST_CASE("writers refuse a sparse matrix wider than the readers take (2^31 - 1 columns)") {
-  // Valid in memory (its column indices are 32-bit, its width is not), but no reader takes the
-  // file: the writers used to write it.
+  // No reader takes the file, which the writers used to write: a TwELL or Hybrid is valid in memory
+  // at that width, a CSR or ELL is not (its column indices are 32-bit), and each is refused alike.
   constexpr std::int64_t kWidest = std::numeric_limits<std::int32_t>::max();
   const TwellLayout layout{TwellLayout::kMaxTile, TwellLayout::kMaxTile / 2};  // S = 2: 2^16 words a row
   const auto refused = [](auto&& encode) {
@@ -535,6 +639,76 @@ TEST_CASE("files: by extension, atomic writes, errors name the path") {
     CHECK(e.code() == ErrorCode::io);
     CHECK(std::string(e.what()).find("cut.twell") != std::string::npos);
   }
-  CHECK(!std::filesystem::exists(dir / "a.twell.partial"));
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+std::string text_of(const std::filesystem::path& path) {
+  const std::vector<std::byte> bytes = read_file(path);
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+std::size_t entries_in(const std::filesystem::path& dir) {
+  const std::filesystem::directory_iterator all(dir);
+  return static_cast<std::size_t>(std::distance(begin(all), end(all)));
+}
+
+}  // namespace
+
+TEST_CASE("write_file writes a fresh temporary beside the target, and leaves none behind") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("twell_test_write_" + std::to_string(testing::fresh_seed()));
+  std::filesystem::create_directories(dir);
+  // A link planted at the temporary's old fixed name: fopen("wb") followed it and truncated the
+  // file it points at, and the rename then made the target that link.
+  const auto victim = dir / "victim.txt";
+  std::ofstream(victim) << "keep me";
+  std::filesystem::create_symlink(victim, dir / "m.npy.partial");
+  write_file(dir / "m.npy", bytes_of("new"));
+  CHECK(text_of(victim) == "keep me");
+  CHECK(!std::filesystem::is_symlink(dir / "m.npy"));
+  CHECK(text_of(dir / "m.npy") == "new");
+  write_file(dir / "m.npy", bytes_of("newer"));  // replaces the target
+  CHECK(text_of(dir / "m.npy") == "newer");
+  CHECK(entries_in(dir) == 3);  // victim, link, target: no temporary left
+  // A failed rename (the target is a directory) removes the temporary too.
+  std::filesystem::create_directory(dir / "d.npy");
+  CHECK(code_of([&] { write_file(dir / "d.npy", bytes_of("x")); }) == ErrorCode::io);
+  CHECK(code_of([&] { write_file(dir / "missing" / "m.npy", bytes_of("x")); }) == ErrorCode::io);
+  CHECK(entries_in(dir) == 4);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("read_file: a file larger than the memory it may take is out_of_memory, not std::bad_alloc") {
+#if defined(TWELL_TEST_ASAN)
+  MESSAGE("skipped under AddressSanitizer, whose allocator aborts rather than throw std::bad_alloc");
+#else
+  const auto path =
+      std::filesystem::temp_directory_path() / ("twell_test_big_" + std::to_string(testing::fresh_seed()));
+  std::ofstream(path).close();
+  std::filesystem::resize_file(path, std::uintmax_t{1} << 30);  // sparse: no disk taken
+  // Address space for what the process maps now plus 256 MiB: the file's 1 GiB cannot be allocated.
+  std::uint64_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+  rlimit low = old;
+  low.rlim_cur = pages * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE)) + (std::uint64_t{256} << 20);
+  if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < low.rlim_cur) low.rlim_cur = old.rlim_cur;
+  REQUIRE(setrlimit(RLIMIT_AS, &low) == 0);
+  ErrorCode code = ErrorCode::invalid_argument;
+  bool other = false;
+  try {
+    (void)read_file(path);
+  } catch (const Error& e) {
+    code = e.code();
+  } catch (...) {
+    other = true;
+  }
+  setrlimit(RLIMIT_AS, &old);
+  std::filesystem::remove(path);
+  CHECK_FALSE(other);
+  CHECK(code == ErrorCode::out_of_memory);
+#endif
 }

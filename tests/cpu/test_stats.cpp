@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -210,6 +211,25 @@ TEST_CASE("stats: bad options and malformed input throw") {
   auto broken = to_csr(csr);
   broken.row_ptr().data()[5] = 0;
   CHECK(code_of([&] { (void)stats(broken); }) == ErrorCode::malformed);
+}
+
+// col_idx is 32-bit: a CSR of more columns is malformed, and stats says so before its figures
+// (TwellLayout::tiles overflowed on INT64_MAX columns). A TwELL has no such limit, but its packed
+// geometry must fit int64: the validation that its conversion to CSR starts with says so.
+TEST_CASE("stats: a CSR wider than 2^31 - 1 columns, or a TwELL past int64 index math, is refused first") {
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t row_ptr[] = {0};
+  const CsrView<const float> wide{0, kMax, 0, row_ptr, nullptr, nullptr, MemorySpace::host};
+  CHECK(testing::code_of([&] { (void)stats(wide); }) == ErrorCode::malformed);
+  CHECK(testing::message_of([&] { (void)stats(wide); }).find("cols = 9223372036854775807 exceeds 2147483647") !=
+        std::string::npos);
+  for (const TwellView<const bf16> tw : {TwellView<const bf16>{0, kMax, TwellLayout{}, nullptr, nullptr},
+                                         TwellView<const bf16>{kMax / 4, 1 << 20, TwellLayout{}, nullptr, nullptr}}) {
+    CAPTURE(tw.rows);
+    CHECK(testing::code_of([&] { (void)stats(tw); }) == ErrorCode::malformed);
+    CHECK(testing::message_of([&] { (void)stats(tw); }).find("holds more than 2^63 - 1 packed words") !=
+          std::string::npos);
+  }
 }
 
 // A CSR of 2^30 + 1 empty fp32 rows by 2^31 - 1 columns is valid, but its dense copy would take

@@ -5,11 +5,14 @@
 #include <cmath>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <random>
 #include <string>
 
+#include <twell/converters/backends.hpp>
 #include <twell/twell.hpp>
 
+#include "checks.hpp"
 #include "random.hpp"
 
 using namespace twell;
@@ -200,6 +203,44 @@ TEST_CASE_TEMPLATE("ELL: no stored zero unless allowed", T, bf16, fp16, float) {
   m.values().data()[4] = T{};
   expect_malformed(m.view(), "ELL row 1, slot 0 (column 9): stored value 0");
   CHECK(find_violation(m.view(), {.allow_explicit_zeros = true}) == "");
+}
+
+TEST_CASE_TEMPLATE("ELL: no wider than its columns, in the validator and the converters", T, bf16, fp16, float) {
+  // A row holds at most one entry per column: slots beyond cols are padding no row can use. The
+  // converters took any ell_width (the twell tool wrote 1.6 GB for a 2 x 3 matrix at 10^8).
+  const EllMatrix<T> wide(2, 3, 4);
+  expect_malformed(wide.view(), "ELL: width = 4 exceeds cols = 3");
+  CHECK(find_violation(EllMatrix<T>(2, 3, 3).view()) == "");
+  const auto d = base<T>();
+  const auto csr = to_csr(d);
+  for (const std::int64_t width : {std::int64_t{21}, std::int64_t{100000000}}) {
+    CAPTURE(width);
+    const std::string why = "options.ell_width = " + std::to_string(width) + " exceeds cols = 20";
+    const ConvertOptions o{.ell_width = width};
+    for (const auto& convert :
+         std::initializer_list<std::function<void()>>{[&] { (void)to_ell(d, o); }, [&] { (void)to_ell(csr, o); },
+                                                      [&] { (void)reference::dense_to_ell<T>(d.view(), o); },
+                                                      [&] { (void)reference::csr_to_ell<T>(csr.view(), o); }}) {
+      CHECK(testing::code_of(convert) == ErrorCode::invalid_argument);
+      CHECK(contains(testing::message_of(convert), why));
+    }
+  }
+  CHECK(to_ell(d, {.ell_width = 20}).width() == 20);
+}
+
+// ---- 32-bit column indices ----
+
+TEST_CASE("CSR and ELL: at most 2^31 - 1 columns, what their 32-bit column indices serve") {
+  constexpr std::int64_t kWidest = std::numeric_limits<std::int32_t>::max();
+  const std::int64_t row_ptr[] = {0};
+  for (const std::int64_t cols : {kWidest + 1, std::numeric_limits<std::int64_t>::max()}) {
+    CAPTURE(cols);
+    const std::string why = "cols = " + std::to_string(cols) + " exceeds 2147483647";
+    expect_malformed(CsrView<const float>{0, cols, 0, row_ptr, nullptr, nullptr}, "CSR: " + why);
+    expect_malformed(EllView<const float>{0, cols, 0, nullptr, nullptr, nullptr}, "ELL: " + why);
+  }
+  CHECK(find_violation(CsrView<const float>{0, kWidest, 0, row_ptr, nullptr, nullptr}) == "");
+  CHECK(find_violation(EllView<const float>{0, kWidest, 0, nullptr, nullptr, nullptr}) == "");
 }
 
 // ---- TwELL ----

@@ -32,9 +32,10 @@ struct ReadOptions {
   // Matrix Market only (the text carries no value type): the value type of the CSR returned.
   DType dtype = DType::fp32;
   // Memory a file may make the reader allocate beyond what its own bytes account for: a
-  // Matrix Market header can declare a billion rows in a 30-byte file, and row_ptr is 8 bytes a
-  // row. Past the limit the reader fails (ErrorCode::io) instead of allocating. The row count of
-  // a matrix whose rows take no bytes (N = 0 in .npy or .twell) is capped by the same sum.
+  // Matrix Market header can declare a billion rows in a 30-byte file, and its reader keeps 24
+  // bytes a row (row_ptr and two per-row offset arrays). Past the input's size plus this limit the
+  // reader fails (ErrorCode::io) instead of allocating. A matrix whose rows take no bytes (N = 0
+  // in .npy or .twell) is charged 8 bytes a row against the same sum.
   std::uint64_t max_implicit_bytes = std::uint64_t{1} << 30;
 };
 

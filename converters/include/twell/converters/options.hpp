@@ -29,7 +29,7 @@ inline void check_overflow_policy(OverflowPolicy policy, const char* where) {
 struct ConvertOptions {
   float threshold = 0.0f;  // |v| <= threshold counts as zero; 0 keeps every nonzero (and NaN)
   OverflowPolicy overflow = OverflowPolicy::error;
-  std::int64_t ell_width = -1;  // ELL width; -1: the longest row
+  std::int64_t ell_width = -1;  // ELL width, at most the columns; -1: the longest row
   Stream stream{};              // cuda backend: where the work is queued
   ConvertReport* report = nullptr;
 };
