@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <twell/any_matrix.hpp>
@@ -23,6 +24,35 @@ namespace twell::io_detail {
 
 static_assert(std::endian::native == std::endian::little,
               "twell's file formats are little-endian and its payloads are copied as they lie in memory");
+
+// Text taken from a file, as an error message shows it: bytes outside printable ASCII as \xNN
+// (a NUL or an escape sequence would cut or garble the message) and at most 64 of them.
+inline std::string printable(std::string_view text) {
+  constexpr std::size_t kShown = 64;
+  std::string out;
+  for (std::size_t i = 0; i < text.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      constexpr char kHex[] = "0123456789abcdef";
+      out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+    }
+  }
+  if (text.size() > kShown) out += "...";
+  return out;
+}
+
+// An argument of a reader's error message: strings (pieces of the file) through printable, the
+// rest (literals, numbers) as they are.
+template <class Arg>
+decltype(auto) shown(const Arg& arg) {
+  if constexpr (std::is_same_v<Arg, std::string_view> || std::is_same_v<Arg, std::string>) {
+    return printable(arg);
+  } else {
+    return (arg);
+  }
+}
 
 // a * b and a + b, or false when the result does not fit 64 bits.
 inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {

@@ -50,7 +50,7 @@ class Lines {
 
   template <class... Args>
   [[noreturn]] void fail_here(ErrorCode code, std::size_t column, Args&&... what) const {
-    fail(code, kWhere, "line ", number_, " (byte ", start_ + column, "): ", std::forward<Args>(what)...);
+    fail(code, kWhere, "line ", number_, " (byte ", start_ + column, "): ", io_detail::shown(what)...);
   }
 
  private:

@@ -87,7 +87,7 @@ class HeaderParser {
  private:
   template <class... Args>
   [[noreturn]] void bad(std::size_t at, Args&&... what) const {
-    fail(ErrorCode::malformed, kWhere, "header byte ", base_ + at, ": ", std::forward<Args>(what)...);
+    fail(ErrorCode::malformed, kWhere, "header byte ", base_ + at, ": ", io_detail::shown(what)...);
   }
   char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
   void skip_space() {
@@ -186,7 +186,7 @@ AnyMatrix read_npy(std::span<const std::byte> bytes, const ReadOptions& options)
   } else if (h.descr == "<u2") {
     dtype = DType::bf16;
   } else {
-    fail(ErrorCode::unsupported, kWhere, "header: descr '", h.descr,
+    fail(ErrorCode::unsupported, kWhere, "header: descr '", io_detail::printable(h.descr),
          "' is not '<f4' (fp32), '<f2' (fp16) or '<u2' (bf16 bits)");
   }
   if (h.fortran_order) fail(ErrorCode::unsupported, kWhere, "header: fortran_order is True; twell reads C-order arrays");

@@ -305,6 +305,25 @@ TEST_CASE("Matrix Market reader: a value carries at most one sign") {
   }
 }
 
+// Bytes of the file that an error message quotes are escaped and cut: a NUL once ended the
+// message where it stood, and a long token filled the terminal.
+TEST_CASE("readers' error messages show the file's bytes escaped and at most 64 of them") {
+  using namespace std::string_literals;
+  const std::string mtx = "%%MatrixMarket matrix coordinate real general\n1 1 1\n1 1 1\0x\x1b[2J\n"s;
+  const std::string m = testing::message_of([&] { read_mtx(bytes_of(mtx)); });
+  CHECK(m.find("value '1\\x00x\\x1b[2J' is not a real number") != std::string::npos);
+  CHECK(m.find('\0') == std::string::npos);
+  const std::string long_field = "%%MatrixMarket matrix coordinate " + std::string(100, 'q') + " general\n1 1 0\n";
+  const std::string f = testing::message_of([&] { read_mtx(bytes_of(long_field)); });
+  CHECK(f.find("field '" + std::string(64, 'q') + "...'") != std::string::npos);
+  // A .npy header of 118 bytes (10 + 118 = 128) whose descr holds a NUL.
+  std::string npy = "\x93NUMPY\x01\x00\x76\x00{'descr': '<f\x00" "8', 'fortran_order': False, 'shape': (1, 1), }"s;
+  npy += std::string(127 - npy.size(), ' ') + "\n" + std::string(4, '\0');
+  const std::string n = testing::message_of([&] { read_npy(bytes_of(npy)); });
+  CAPTURE(n);
+  CHECK(n.find("'<f\\x008'") != std::string::npos);
+}
+
 TEST_CASE("Matrix Market reader: decimals beyond fp64 are read alike under every locale") {
   const std::string head = "%%MatrixMarket matrix coordinate real general\n";
   // Past the largest fp64: unsupported, naming the value as written; below the smallest nonzero:
