@@ -153,8 +153,8 @@ void convert_baselines(Harness& h, Report& report, const Case& base, DenseView<c
 }
 
 // cuSPARSE's SDDMM twice where it refuses bf16: converting dy and Wd to fp32 in every timed run
-// (a user holding bf16 data), and from fp32 copies made once, outside the timing (a user keeping
-// fp32 copies: cuSPARSE's best case, the first baseline of the suite).
+// (a user holding bf16 data), and from fp32 copies made and preprocessed once, outside the timing
+// (a user keeping fp32 copies: the first baseline of the suite).
 void sddmm_baselines(Harness& h, Report& report, const Case& base, DenseView<const T> dy, DenseView<const T> wd,
                      DenseView<const T> pattern, double flops, double dense_bytes) {
   const std::pair<const char*, baseline::Fp32Copies> variants[] = {

@@ -348,8 +348,9 @@ SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseVi
   }
   check_supported(status, where, "cusparseSDDMM_bufferSize");
   p.buffer = DeviceBytes(bytes, where);
+  // Preprocessed on operands that stay: the native ones, or fp32 copies made once.
   if (!p.native && p.copies == Fp32Copies::once) p.convert_inputs(stream, where);
-  if (p.native) {
+  if (p.native || p.copies == Fp32Copies::once) {
     check_supported(
         cusparseSDDMM_preprocess(handles.impl().sparse, CUSPARSE_OPERATION_NON_TRANSPOSE, p.op_b, &p.alpha, p.a, p.b,
                                  &p.beta, p.out, CUDA_R_32F, CUSPARSE_SDDMM_ALG_DEFAULT, p.buffer.get()),

@@ -25,6 +25,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/spmm_plan.hpp>
 
+#include "../../converters/cuda/row_builders.cuh"
 #include "../../converters/cuda/warp_scan.cuh"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
@@ -953,7 +954,12 @@ template <Value T>
 void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
-    transposed<T>("ell", [&](const ConvertOptions& o) { return cuda::ell_to_csr(a, o); }, b, c, alpha, beta, options);
+    // Stored zeros stay entries of A^T (0 x Inf is NaN, as in the reference and op = none).
+    const auto keep_zeros = [&](const ConvertOptions& o) {
+      const ConvertOptions every{.threshold = detail::kKeepEveryEntry, .stream = o.stream};
+      return detail::rows_to_csr<T>(detail::EllRows<T>(a), a.rows, a.cols, every, kWhere);
+    };
+    transposed<T>("ell", keep_zeros, b, c, alpha, beta, options);
     return;
   }
   if (a.cols == 0) {

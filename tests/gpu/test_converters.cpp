@@ -255,13 +255,17 @@ TEST_CASE_TEMPLATE("cuda ELL with a fixed width: error names the same row, drop 
   const auto d_dense = dense.to(kDevice);
   const auto csr = ref::dense_to_csr(dense.view());
   const auto d_csr = csr.to(kDevice);
-  for (std::int64_t width : {0, 3, 12, 400})
+  // 300: padded far past the longest row, as wide as the columns; 301 and more is refused.
+  for (std::int64_t width : {0, 3, 12, 300})
     for (OverflowPolicy policy : {OverflowPolicy::error, OverflowPolicy::drop, OverflowPolicy::hybrid}) {
       CAPTURE(width);
       const ConvertOptions o = with(0.0f, policy, width);
       COMPARE_CONVERSION(dense_to_ell, o, dense.view(), d_dense.view());
       COMPARE_CONVERSION(csr_to_ell, o, csr.view(), d_csr.view());
     }
+  const ConvertOptions too_wide = with(0.0f, OverflowPolicy::drop, 301);
+  CHECK(testing::code_of([&] { (void)gpu::dense_to_ell(d_dense.view(), too_wide); }) == ErrorCode::invalid_argument);
+  CHECK(testing::code_of([&] { (void)gpu::csr_to_ell(d_csr.view(), too_wide); }) == ErrorCode::invalid_argument);
 }
 
 TEST_CASE_TEMPLATE("cuda dense -> TwELL reads strided and unaligned views", T, bf16, fp16, float) {

@@ -137,6 +137,17 @@ void check_spmm(const char* name, Op op, const HostM& a_host, const DenseMatrix<
   CHECK(err <= relative_bound<T>());  // NaN (poison leaked or unwritten) fails too
 }
 
+// C = A^T B on the device, C poisoned first; the result stays on the device.
+template <class T, class HostM>
+DenseMatrix<T> spmm_t_on_device(const HostM& a, const DenseMatrix<T>& b) {
+  const auto a_dev = a.to(kDevice);
+  const DenseMatrix<T> b_dev = b.to(kDevice);
+  DenseMatrix<T> c = nan_dense<T>(a.cols(), b.cols()).to(kDevice);
+  dev::spmm<T>(Op::transpose, a_dev.view(), b_dev.view(), c.view(), 1.0f, 0.0f);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda spmm matches the reference: formats, ops, densities, alpha/beta", T, bf16, fp16, float) {
@@ -322,8 +333,10 @@ TEST_CASE("cuda spmm at K = 0 scales every row of C by beta once, a Hybrid's ove
 
 // The cuBLAS handle behind a Hybrid's overflow rows is kept per host thread and device: one
 // thread running spmm on device 0, then 1, then 0 again must get each device's own handle (a
-// handle of device 0 fails on device 1's streams). Every device there is takes part; with one,
-// the case runs there alone and says the switch went untested.
+// handle of device 0 fails on device 1's streams). Two users of it: op = none on an fp32 Hybrid
+// with overflow rows, and op = transpose through the direct transpose (bf16, a hot unit, so A^T
+// has dense rows for cuBLAS). Every device there is takes part; with one, the case runs there
+// alone and says the switch went untested.
 TEST_CASE("cuda spmm's Hybrid overflow rows on every device from one host thread") {
   int devices = 0;
   testing::cuda_ok(cudaGetDeviceCount(&devices));
@@ -338,13 +351,16 @@ TEST_CASE("cuda spmm's Hybrid overflow rows on every device from one host thread
   REQUIRE(a.overflow_rows() > 0);
   const auto b = testing::random_dense<float>(130, 33, 1.0f, seed + 1);
   const auto c0 = testing::random_dense<float>(70, 33, 1.0f, seed + 2);
-  const auto bt = testing::random_dense<float>(70, 33, 1.0f, seed + 3);
-  const auto ct = testing::random_dense<float>(130, 33, 1.0f, seed + 4);
+  auto hot = testing::random_sparse_dense<bf16>(300, 130, {.density = 0.05}, seed + 3);
+  for (std::int64_t i = 0; i < 300; i += 2) hot.view().at(i, 1) = from_float<bf16>(0.5f);  // 150 > A^T's 15 a tile
+  const auto a16 = ref::dense_to_hybrid<bf16>(hot.view(), TwellLayout{256, 16});
+  const auto bt = testing::random_dense<bf16>(300, 32, 1.0f, seed + 4);
+  const auto ct = testing::random_dense<bf16>(130, 32, 1.0f, seed + 5);
   for (const int d : order) {
     CAPTURE(d);
     testing::cuda_ok(cudaSetDevice(d));
     check_spmm<float>("hybrid", Op::none, a, b, c0, 1.5f, -2.0f);
-    check_spmm<float>("hybrid", Op::transpose, a, bt, ct, 1.5f, -2.0f);
+    check_spmm<bf16>("hybrid", Op::transpose, a16, bt, ct, 1.5f, -2.0f);
   }
   testing::cuda_ok(cudaSetDevice(0));
 }
@@ -836,6 +852,20 @@ TEST_CASE_TEMPLATE("cuda transpose keeps stored zeros of CSR and ELL", T, bf16, 
     csr.values().host_span()[e] = from_float<T>(values[e]);
   }
   check_transpose_bitwise<T>("csr", csr);
+  // spmm with op = transpose keeps them too: 0 x Inf is NaN in C, as the reference has it.
+  DenseMatrix<T> b(3, 2);
+  for (T& v : b.values().host_span()) v = from_float<T>(1.0f);
+  b.view().at(1, 0) = from_float<T>(std::numeric_limits<float>::infinity());
+  for (const auto& [name, got] :
+       {std::pair{"ell", spmm_t_on_device<T>(ell, b)}, std::pair{"csr", spmm_t_on_device<T>(csr, b)}}) {
+    CAPTURE(name);
+    DenseMatrix<T> want(4, 2);
+    ref::spmm<T>(Op::transpose, ell.view(), b.view(), want.view(), 1.0f, 0.0f);
+    DenseMatrix<T> mine = got.to(kHost);
+    CHECK(std::isnan(to_float(want.view().at(1, 0))));  // column 1's stored zero meets B's Inf
+    CHECK(testing::split_non_finite<T>(mine, want).first == 0);
+    CHECK(testing::bitwise_equal<T>(mine.view(), want.view()));
+  }
 }
 
 // The direct TwELL transpose launches a CTA row per column tile of A, at most 65535: past that,

@@ -23,7 +23,8 @@ struct Config {
   std::vector<std::string> suites = suite_names();
   bool quick = false;  // smaller shapes and fewer repetitions: a smoke test, not a result
   // Only the points the performance contract names (paper shape, the large M, 0.5 %, uniform and
-  // token-skewed): a short run for iterating on a kernel; the full sweep is the result.
+  // token-skewed): a short run for iterating on a kernel or for the contract's figures (a result
+  // at 50 runs or more); the full sweep adds the densities, shapes and M of the plots.
   bool contract = false;
   int reps = kResultReps;  // timed runs per case
   int warmup = 5;

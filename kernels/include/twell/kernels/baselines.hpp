@@ -85,8 +85,9 @@ std::vector<SpmmAlgorithm> supported_spmm_algorithms(Handles& handles, Op op_a, 
                                                      SparseStorage storage, DenseView<const T> b, DenseView<T> c);
 
 // When a plan whose cuSPARSE refuses 16-bit operands makes fp32 copies of A and B: at every run
-// (what a user holding 16-bit data pays), or once, at construction (cuSPARSE's best case: a user
-// who keeps fp32 copies of the dense operands; the plan then reads a and b only there).
+// (what a user holding 16-bit data pays), or once, at construction, followed by
+// cusparseSDDMM_preprocess on them (a user who keeps fp32 copies of the dense operands; the plan
+// then reads a and b only there).
 enum class Fp32Copies { every_run, once };
 
 // out = alpha * (A op(B)) at the pattern of `out` + beta * out through cusparseSDDMM (CSR).
