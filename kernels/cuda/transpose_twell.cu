@@ -272,7 +272,7 @@ std::int64_t CountReadBack::wait() const {
 }
 
 #define TWELL_INSTANTIATE(T)                                                                                        \
-  template bool twell_transpose_applies<T>(TwellLayout, std::int64_t, std::int64_t, TwellLayout);                                               \
+  template bool twell_transpose_applies<T>(TwellLayout, std::int64_t, std::int64_t, TwellLayout);                   \
   template void twell_transpose_groups<T>(TwellRows<T>, TwellView<T>, std::int32_t*, std::int32_t*, std::uint32_t*, \
                                           std::int64_t*, cudaStream_t);                                             \
   template void twell_transpose_dense_rows<T>(TwellRows<T>, HybridView<T>, cudaStream_t);

@@ -33,7 +33,8 @@ TwellRows<T> twell_rows(HybridView<const T> a) {
 
 // Whether the direct transpose takes an M x K A of `a_layout` into `out_layout`: 16-bit values,
 // tiles of at most 256 columns on both sides, at most 32 slots per output group, and a grid that
-// fits (at most 65535 column tiles of A, 2^31 - 1 blocks of output rows, K at most 2^31 - 1).
+// fits (at most 65535 column tiles of A, 2^31 - 1 blocks of A's rows in the output's tile, K at
+// most 2^31 - 1).
 // Where it does not, the callers take the CSR route.
 template <class T>
 bool twell_transpose_applies(TwellLayout a_layout, std::int64_t m, std::int64_t k, TwellLayout out_layout);

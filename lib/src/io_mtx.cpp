@@ -111,6 +111,7 @@ bool parse_real(std::string_view token, double& out) {
   // (narrow counts it): never as Inf or 0.
   if (ec == std::errc::result_out_of_range) {
     static const locale_t c_locale = newlocale(LC_ALL_MASK, "C", locale_t{});
+    if (c_locale == locale_t{}) return false;  // no C locale object (out of memory): refused, not guessed
     const std::string text(token);
     char* parsed = nullptr;
     out = strtod_l(text.c_str(), &parsed, c_locale);

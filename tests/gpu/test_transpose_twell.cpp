@@ -329,8 +329,6 @@ TEST_CASE_TEMPLATE("cuda spmm with op(A) = A^T through the direct transpose: Inf
   }
 }
 
-// fp32, tiles over 256 columns and layouts of more than 32 slots per 256 columns go through CSR
-// (the paths are checked as prefixes: A^T may have overflow rows).
 // Empty shapes (the groups launch skipped, the map kernel at K = 0, C only scaled) and work on a
 // non-blocking stream, which does not wait for the legacy stream: the count of A^T's dense rows
 // is read back behind the stream's own work. Hybrid A in (256, 16) with full rows, so that A^T
@@ -375,6 +373,8 @@ TEST_CASE("cuda direct transpose and spmm with op(A) = A^T: empty shapes, on a n
   testing::cuda_ok(cudaStreamDestroy(stream));
 }
 
+// fp32, tiles over 256 columns and layouts of more than 32 slots per 256 columns go through CSR
+// (the paths are checked as prefixes: A^T may have overflow rows).
 TEST_CASE("cuda spmm with op(A) = A^T takes the CSR route where the direct transpose does not apply") {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
