@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <twell/converters/backends.hpp>
 #include <twell/io.hpp>
@@ -73,6 +76,28 @@ int main(int argc, char** argv) {
   for (const std::int32_t c : {0, 2}) raw(c);
   for (const float v : {1.0f, 2.0f}) raw(v);
   put(dir / "validate" / "csr_2x3", csr);
+  // Matrix Market variants the encoder never writes: symmetric and skew-symmetric (mirrored),
+  // pattern, integer, comments, CRLF, Inf / NaN and a decimal below fp64.
+  const std::string_view mtx_variants[] = {
+      "%%MatrixMarket matrix coordinate real symmetric\n% a comment\n3 3 3\n1 1 1.5\n2 1 -2\n3 3 4e-3\n",
+      "%%MatrixMarket matrix coordinate pattern general\n2 3 2\n1 2\n2 3\n",
+      "%%MatrixMarket matrix coordinate integer skew-symmetric\r\n3 3 2\r\n2 1 5\r\n3 2 -7\r\n",
+      "%%MatrixMarket matrix coordinate real general\n2 2 3\n1 1 inf\n1 2 nan\n2 2 1e-400\n"};
+  int v = 0;
+  for (const std::string_view text : mtx_variants) {
+    const auto* b = reinterpret_cast<const std::byte*>(text.data());
+    put(dir / "mtx" / ("variant" + std::to_string(++v) + ".mtx"), std::vector<std::byte>(b, b + text.size()));
+  }
+  // A version 2.0 .npy (a 4-byte header length): 2 x 2 fp32.
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }";
+  header += std::string(63 - (12 + header.size()) % 64, ' ') + "\n";
+  std::vector<std::byte> npy2;
+  io_append(npy2, "\x93NUMPY\x02\x00", 8);
+  const auto header_len = static_cast<std::uint32_t>(header.size());
+  io_append(npy2, &header_len, 4);
+  io_append(npy2, header.data(), header.size());
+  for (const float x : {1.0f, 0.0f, -2.5f, 4.0f}) io_append(npy2, &x, sizeof x);
+  put(dir / "npy" / "version2.npy", npy2);
   std::printf("wrote %d seed shapes into %s\n", n, dir.c_str());
   return 0;
 }
