@@ -25,7 +25,7 @@ inline void check_relayout_range(std::int64_t cols, const char* where) {
 }
 
 // A threshold under zero stores every entry, exact zeros included (is_stored): for internal
-// re-packings that must keep a matrix's entries as they are (the ELL transpose). The public
+// re-packings that must keep a matrix's entries as they are (the ELL transposes). The public
 // options refuse it.
 inline constexpr float kKeepEveryEntry = -1.0f;
 
@@ -57,6 +57,14 @@ CsrMatrix<T> rows_to_csr(Rows rows, std::int64_t n_rows, std::int64_t cols, cons
   }
   if (options.report != nullptr) *options.report = ConvertReport{nnz, 0, 0};
   return out;
+}
+
+// An ELL's entries as CSR, stored zeros included (the public ell_to_csr drops them): what
+// transpose() and spmm with op = transpose transpose, as the reference does.
+template <class T>
+CsrMatrix<T> ell_entries_to_csr(EllView<const T> a, Stream stream, const char* where) {
+  const ConvertOptions every{.threshold = kKeepEveryEntry, .stream = stream};
+  return rows_to_csr<T>(EllRows<T>(a), a.rows, a.cols, every, where);
 }
 
 template <class T, class Rows>

@@ -955,11 +955,9 @@ void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, flo
           const KernelOptions& options) {
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     // Stored zeros stay entries of A^T (0 x Inf is NaN, as in the reference and op = none).
-    const auto keep_zeros = [&](const ConvertOptions& o) {
-      const ConvertOptions every{.threshold = detail::kKeepEveryEntry, .stream = o.stream};
-      return detail::rows_to_csr<T>(detail::EllRows<T>(a), a.rows, a.cols, every, kWhere);
-    };
-    transposed<T>("ell", keep_zeros, b, c, alpha, beta, options);
+    transposed<T>(
+        "ell", [&](const ConvertOptions& o) { return detail::ell_entries_to_csr<T>(a, o.stream, kWhere); }, b, c, alpha,
+        beta, options);
     return;
   }
   if (a.cols == 0) {

@@ -170,10 +170,10 @@ EllMatrix<T> transpose(EllView<const T> a, const KernelOptions& options) {
   inner.report = nullptr;
   // Stored zeros are entries (an sddmm result may hold some): kept, as the reference keeps them,
   // where the public converters would drop them.
-  const ConvertOptions convert{.threshold = detail::kKeepEveryEntry, .stream = options.stream};
-  const CsrMatrix<T> csr = detail::rows_to_csr<T>(detail::EllRows<T>(a), a.rows, a.cols, convert, kWhere);
+  const CsrMatrix<T> csr = detail::ell_entries_to_csr<T>(a, options.stream, kWhere);
   const CsrMatrix<T> t = transpose(csr.view(), inner);
-  EllMatrix<T> out = detail::rows_to_ell<T>(detail::CsrRows<T>(t.view()), t.rows(), t.cols(), convert, kWhere);
+  const ConvertOptions every{.threshold = detail::kKeepEveryEntry, .stream = options.stream};
+  EllMatrix<T> out = detail::rows_to_ell<T>(detail::CsrRows<T>(t.view()), t.rows(), t.cols(), every, kWhere);
   detail::report_path(options, "cuda/transpose/ell/via_csr");
   return out;
 }
