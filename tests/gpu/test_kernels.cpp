@@ -943,6 +943,64 @@ TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, 
   CHECK(testing::code_of([&] { twell::transpose<T>(a_dev.view(), host_out.view()); }) == ErrorCode::space_mismatch);
 }
 
+// The dense transpose kernels take 64 rows of 16-bit values (32 of fp32) per CTA and at most 65535
+// CTAs down the rows. A taller matrix is refused with ErrorCode::unsupported and a message naming
+// the limit, before anything is written (the outputs keep their poison), where transpose() takes
+// it as A and where sddmm with op_b = none takes it as B (K x N, transposed first); at exactly the
+// limit both run and equal the reference bit for bit. Two columns: 16 MB per bf16 operand.
+// sddmm's operands hold +-1, so that its K-term dot products are exact integers in fp32 whatever
+// the order of the sum.
+TEST_CASE_TEMPLATE("cuda dense transpose refuses more rows than 65535 CTAs cover, naming the limit, and is exact at it",
+                   T, bf16, float) {
+  constexpr std::int64_t kLimit = 65535 * (sizeof(T) == 2 ? 64 : 32), kCols = 2;
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto signs = [](DenseMatrix<T> d) {
+    auto v = d.view();
+    for (std::int64_t i = 0; i < v.rows; ++i)
+      for (std::int64_t j = 0; j < v.cols; ++j) v.at(i, j) = from_float<T>(to_float(v.at(i, j)) < 0.0f ? -1.0f : 1.0f);
+    return d;
+  };
+  const CsrMatrix<T> pattern = ref::dense_to_csr<T>(signs(testing::random_dense<T>(1, kCols, 1.0f, seed)).view());
+  REQUIRE(pattern.nnz() == kCols);
+  for (const std::int64_t rows : {kLimit + 1, kLimit}) {
+    CAPTURE(rows);
+    const DenseMatrix<T> a = testing::random_dense<T>(rows, kCols, 1.0f, seed + 1);
+    const DenseMatrix<T> x = signs(testing::random_dense<T>(1, rows, 1.0f, seed + 2));
+    const DenseMatrix<T> y = signs(testing::random_dense<T>(rows, kCols, 1.0f, seed + 3));
+    const DenseMatrix<T> a_dev = copy_to(a.view(), MemorySpace::device);
+    DenseMatrix<T> t_dev(kCols, rows, MemorySpace::device);
+    poison_device(t_dev.values());
+    if (rows > kLimit) {
+      const auto expect_refused = [&](const auto& call) {
+        CHECK(testing::code_of(call) == ErrorCode::unsupported);
+        CHECK(testing::message_of(call).find(std::to_string(kLimit)) != std::string::npos);
+      };
+      expect_refused([&] { twell::transpose<T>(a_dev.view(), t_dev.view()); });
+      const auto x_dev = x.to(kDevice);
+      const auto y_dev = y.to(kDevice);
+      const auto p_dev = pattern.to(kDevice);
+      auto out = device_out(pattern, true);
+      expect_refused(
+          [&] { dev::sddmm<T>(x_dev.view(), Op::none, y_dev.view(), p_dev.view(), out.view(), 1.0f, 0.0f); });
+      CHECK(testing::still_poisoned(t_dev.values()));
+      CHECK(testing::still_poisoned(out.values()));
+      continue;
+    }
+    KernelReport report;
+    twell::transpose<T>(a_dev.view(), t_dev.view(), KernelOptions{{}, &report});
+    CHECK(report.path == "cuda/transpose/dense");
+    DenseMatrix<T> want(kCols, rows);
+    reference::transpose<T>(a.view(), want.view());
+    CHECK(testing::bitwise_equal<T>(copy_to(std::as_const(t_dev).view(), MemorySpace::host).view(),
+                                    std::as_const(want).view()));
+    CsrMatrix<T> want_sddmm = pattern.to(kHost);
+    ref::sddmm<T>(x.view(), Op::none, y.view(), pattern.view(), want_sddmm.view(), 1.0f, 0.0f);
+    CHECK(
+        testing::bitwise_equal<T>(device_sddmm_dense<T>(x, Op::none, y, pattern).view(), to_dense(want_sddmm).view()));
+  }
+}
+
 TEST_CASE_TEMPLATE("cuda Hybrid results stay valid when their pattern holds exact zeros in overflow rows", T, bf16,
                    float) {
   // sddmm and multiply_on_pattern on the pattern of x (zero_row_sample: exact zeros in its

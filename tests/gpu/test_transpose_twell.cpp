@@ -4,7 +4,9 @@
 // - transpose: the Hybrid must equal the reference's word for word (slot words, both row maps, the
 //   dense block's bits) for tiny and ragged shapes, densities 0 to 100 % with NaN, Inf and -0.0
 //   values, input tiles of 16 to 256 and output tiles of 16 to 256, TwELL and Hybrid inputs
-//   (Hybrid dense rows read as whole rows), columns of A hot enough to overflow A^T's groups.
+//   (Hybrid dense rows read as whole rows), columns of A hot enough to overflow A^T's groups; every
+//   output layout of 32 slots, with a group at exactly capacity and one past it; -0.0 written into
+//   a Hybrid's dense block, which is no entry (through spmm too).
 // - spmm: C = alpha A^T B + beta C (B: M x Nb, C: K x Nb) with beta = 0 into NaN-poisoned C, every
 //   row of C checked on its own (and, in the shapes, token-skewed and SpmmPlan cases, every
 //   element within one rounding into T of the reference's), the automatic choice and each op-none
@@ -28,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include <twell/converters/backends.hpp>
+#include <twell/formats/validate.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/spmm_plan.hpp>
 #include <twell/workload.hpp>
@@ -71,12 +74,14 @@ bool fits(DenseView<const T> d, TwellLayout layout) {
   return true;
 }
 
+// A^T from the cuda backend word for word as the reference's, which it returns (for the callers'
+// checks that the input reached what they test).
 template <class T, class HostM>
-void check_transpose(const HostM& a, TwellLayout out_layout, const std::string& format) {
+HybridMatrix<T> check_transpose(const HostM& a, TwellLayout out_layout, const std::string& format) {
   CAPTURE(format);
   CAPTURE(out_layout.tile);
   CAPTURE(out_layout.compression);
-  const HybridMatrix<T> want = ref::transpose<T>(a.view(), out_layout);
+  HybridMatrix<T> want = ref::transpose<T>(a.view(), out_layout);
   const auto a_dev = a.to(kDevice);
   KernelReport report;
   const HybridMatrix<T> got = dev::transpose<T>(a_dev.view(), out_layout, KernelOptions{{}, &report});
@@ -87,6 +92,7 @@ void check_transpose(const HostM& a, TwellLayout out_layout, const std::string& 
   CHECK(same_words(got.row_to_overflow(), want.row_to_overflow()));
   CHECK(same_words(got.overflow_to_row(), want.overflow_to_row()));
   CHECK(same_words(got.overflow().values(), want.overflow().values()));
+  return want;
 }
 
 using testing::kSpmmAlphaBeta;
@@ -211,6 +217,158 @@ TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the refere
           if (plain) check_transpose<T>(ref::dense_to_twell<T>(a_dense.view(), in), out, "twell");
         }
       }
+    }
+  }
+}
+
+// A^T in the four layouts of 32 slots per group, the most that the direct transpose builds in
+// shared memory (the case above reaches 16), word for word: A as a Hybrid with dense rows and,
+// where it fits, as TwELL; ragged shapes (M and K no multiple of any tile); densities that leave
+// A^T's groups sparse, near capacity (12 % puts 31 of 256 rows in a group on average) and past it;
+// and in every layout, column 1 of A with exactly capacity entries in A^T's first group (its last
+// slot used) and column 2 with one more (the first overflow).
+TEST_CASE_TEMPLATE("cuda direct transpose into 32 slots per group matches the reference word for word", T, bf16, fp16) {
+  constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{45, 37}, {300, 70}, {1000, 777}};
+  constexpr std::pair<double, double> kDensities[] = {{0.02, 0.0}, {0.12, 0.03}, {0.5, 0.0}};  // and full rows
+  constexpr TwellLayout kIn[] = {{256, 16}, {64, 2}};
+  constexpr TwellLayout kOut[] = {{256, 8}, {128, 4}, {64, 2}, {32, 1}};
+  constexpr std::int64_t kCapacity = 31;
+  constexpr std::int64_t kFirstGroup = 256;  // A's rows in A^T's first group: at most the largest tile
+  int plain_inputs = 0;
+  for (const auto& [m, k] : testing::sweep(kShapes)) {
+    for (const auto& [density, full_rows] : testing::sweep(kDensities)) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(m);
+      CAPTURE(k);
+      CAPTURE(density);
+      testing::SparseDenseOptions so;
+      so.density = density;
+      so.specials = true;
+      so.full_row_share = full_rows;
+      auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
+      for (std::int64_t i = 0; i < std::min(m, kFirstGroup); ++i) {
+        const float v = 0.5f + 0.001f * static_cast<float>(i);
+        a_dense.view().at(i, 1) = i < kCapacity ? from_float<T>(v) : T{};
+        a_dense.view().at(i, 2) = i < kCapacity + 1 ? from_float<T>(-v) : T{};
+      }
+      for (const TwellLayout in : kIn) {
+        CAPTURE(in.tile);
+        CAPTURE(in.compression);
+        const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), in);
+        const bool plain = fits<T>(a_dense.view(), in);
+        plain_inputs += plain ? 1 : 0;
+        for (const TwellLayout out : kOut) {
+          REQUIRE(out.capacity() == kCapacity);
+          const HybridMatrix<T> want = check_transpose<T>(hybrid, out, "hybrid");
+          // Columns 1 and 2 did their part: A^T's row 1 fills its first group, row 2 overflows it.
+          const std::uint32_t* words = want.twell().packed().data();
+          CHECK(words[out.slot_offset(1, 0, m)] == kCapacity);
+          CHECK(words[out.slot_offset(2, 0, m)] == kCapacity + 1);
+          CHECK(want.row_to_overflow().data()[2] >= 0);
+          if (plain) check_transpose<T>(ref::dense_to_twell<T>(a_dense.view(), in), out, "twell");
+        }
+      }
+    }
+  }
+  CHECK(plain_inputs > 0);  // TwELL input ran too (at 2 % in (64, 2))
+}
+
+namespace {
+
+// The -0.0 case below. A is 700 x 600: entries at 0.2 %; every 90th row from row 10 dense (about
+// 170 entries per 256 columns, past every layout's capacity) with a zero in every third column
+// (signs by row and column: rows 100 and 190 differ in sign wherever both hold an entry, so that
+// an Inf and a -Inf of B on them add up in C rather than cancel); the `hot` columns with an entry
+// in every even row (where a dense row holds what that row holds), which overflow A^T's groups:
+// A^T's dense rows. Any other column has at most three dense rows and a few sparse entries among
+// 256 rows of A, and stays in A^T's TwELL part.
+constexpr std::int64_t kZeroRows = 700, kZeroCols = 600, kZeroFirstDenseRow = 10, kZeroDenseRowStep = 90;
+
+template <class T>
+DenseMatrix<T> dense_rows_with_zeros(std::span<const std::int64_t> hot, std::uint64_t seed) {
+  testing::SparseDenseOptions so;
+  so.density = 0.002;
+  DenseMatrix<T> a = testing::random_sparse_dense<T>(kZeroRows, kZeroCols, so, seed);
+  for (const std::int64_t j : hot)
+    for (std::int64_t i = 0; i < kZeroRows; i += 2)
+      a.view().at(i, j) = from_float<T>(0.5f + 0.001f * static_cast<float>(i));
+  for (std::int64_t i = kZeroFirstDenseRow; i < kZeroRows; i += kZeroDenseRowStep)
+    for (std::int64_t j = 0; j < kZeroCols; ++j) {
+      const float sign = (i / kZeroDenseRowStep + j) % 3 == 0 ? -1.0f : 1.0f;
+      a.view().at(i, j) = j % 3 == 0 ? T{} : from_float<T>(sign * (0.25f + 0.001f * static_cast<float>(j)));
+    }
+  return a;
+}
+
+// a as a Hybrid in `layout` with every zero of its dense block set to -0.0: still zero, no entry
+// (the Hybrid stays valid), but not +0 bit for bit. The converters store no zero of either sign,
+// so -0.0 written into a dense source reaches the block as +0 (the Inf and NaN case below).
+template <class T>
+HybridMatrix<T> with_negative_zeros(DenseView<const T> a, TwellLayout layout) {
+  HybridMatrix<T> h = ref::dense_to_hybrid<T>(a, layout);
+  auto block = h.overflow().view();
+  std::int64_t negative = 0;
+  for (std::int64_t r = 0; r < block.rows; ++r)
+    for (std::int64_t j = 0; j < block.cols; ++j)
+      if (ValueTraits<T>::to_bits(block.at(r, j)) == 0) {
+        block.at(r, j) = from_float<T>(-0.0f);
+        ++negative;
+      }
+  REQUIRE(negative > 0);
+  REQUIRE(find_violation(std::as_const(h).view()) == "");
+  return h;
+}
+
+}  // namespace
+
+// -0.0 in a Hybrid's dense rows is zero, no entry: the reference's A^T has no slot for it and +0
+// in its dense rows, and the direct transpose must give that A^T word for word. A walk of A's
+// dense rows that tested values against +0 alone would add slots; a copy of their bits into A^T's
+// dense block would carry the sign, where hot column 3 (a dense row of A^T) meets A's dense rows
+// at their -0.0. spmm with op(A) = A^T takes the same route: an Inf, a -Inf and a NaN in B on
+// dense rows of A reach C through those rows' entries only, so the rows of C of every third
+// column stay finite (a -0.0 taken as an entry makes them NaN). There the hot columns meet the
+// dense rows at entries only: A^T's dense rows go through a dense cuBLAS product, where a zero
+// times Inf is NaN (test_spmm_slices.cpp).
+TEST_CASE_TEMPLATE("cuda direct transpose and spmm with op(A) = A^T: -0.0 in a Hybrid's dense rows is no entry", T,
+                   bf16, fp16) {
+  constexpr std::int64_t kHot[] = {3, 4, 301, 598};  // 3 meets the dense rows at their zeros, the rest at entries
+  constexpr std::int64_t kInfRow = 100, kMinusInfRow = 190, kNanRow = 280;  // dense rows of A
+  constexpr std::int64_t kN = 64;
+  constexpr TwellLayout kIn[] = {{256, 16}, {256, 8}};  // spmm's A^T: 16 and 32 slots per 256 columns
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const DenseMatrix<T> a_dense = dense_rows_with_zeros<T>(kHot, seed);
+  const DenseMatrix<T> a_dense_spmm = dense_rows_with_zeros<T>(std::span(kHot).subspan(1), seed);
+  auto b = testing::random_dense<T>(kZeroRows, kN, 1.0f, seed + 1);
+  b.view().at(kInfRow, 3) = from_float<T>(std::numeric_limits<float>::infinity());
+  b.view().at(kMinusInfRow, 3) = from_float<T>(-std::numeric_limits<float>::infinity());
+  b.view().at(kNanRow, 5) = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  const DenseMatrix<T> b_dev = b.to(kDevice);
+  const auto c0 = testing::random_dense<T>(kZeroCols, kN, 1.0f, seed + 2);
+  for (const TwellLayout in : kIn) {
+    CAPTURE(in.compression);
+    const HybridMatrix<T> a = with_negative_zeros<T>(a_dense.view(), in);
+    for (const TwellLayout out : {TwellLayout{256, 16}, TwellLayout{256, 8}, TwellLayout{16, 2}}) {
+      const HybridMatrix<T> want = check_transpose<T>(a, out, "hybrid");
+      REQUIRE(want.row_to_overflow().data()[3] >= 0);  // where a copied sign would show
+    }
+    const HybridMatrix<T> a_spmm = with_negative_zeros<T>(a_dense_spmm.view(), in);
+    for (const std::int64_t row : {kInfRow, kMinusInfRow, kNanRow}) REQUIRE(a_spmm.row_to_overflow().data()[row] >= 0);
+    const auto a_dev = a_spmm.to(kDevice);
+    for (const auto& [alpha, beta] : kSpmmAlphaBeta) {
+      CAPTURE(alpha);
+      CAPTURE(beta);
+      DenseMatrix<T> want = reference_spmm_t<T>(a_spmm, b, c0, alpha, beta);
+      auto [got, path] = run_spmm_t<T>(a_dev, b_dev, c0, alpha, beta, SpmmAlgorithm::automatic);
+      CHECK(path.rfind("cuda/spmm/hybrid/via_transpose+", 0) == 0);
+      CHECK(path.find("+cublas_overflow") != std::string::npos);  // A^T's dense rows were built
+      const auto [mismatched, non_finite] = testing::split_non_finite<T>(got, want);
+      CHECK(non_finite > 0);
+      CHECK(non_finite <= 2 * kZeroCols);  // B's columns 3 and 5 only (mismatched: no other element)
+      CHECK(mismatched == 0);
+      CHECK(worst_row_error<T>(got, want) <= relative_bound<T>());
     }
   }
 }

@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <cuda_runtime.h>
 
 #include <twell/memory.hpp>
@@ -16,6 +18,14 @@ inline void cuda_ok(cudaError_t status) { REQUIRE_MESSAGE(status == cudaSuccess,
 template <class U>
 void poison_device(Buffer<U>& b) {
   if (b.bytes() > 0) cuda_ok(cudaMemset(b.data(), 0xff, b.bytes()));
+}
+
+// Whether every byte of a device buffer still holds poison_device's 0xFF: nothing was written.
+template <class U>
+bool still_poisoned(const Buffer<U>& b) {
+  const Buffer<U> host = b.copy_to(MemorySpace::host);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
+  return std::all_of(bytes, bytes + host.bytes(), [](unsigned char c) { return c == 0xff; });
 }
 
 }  // namespace twell::testing
