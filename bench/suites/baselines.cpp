@@ -173,7 +173,7 @@ void sddmm_baselines(Harness& h, Report& report, const Case& base, DenseView<con
       if (!plan.native())
         cs.extra["includes"] = copies == baseline::Fp32Copies::every_run
                                    ? "dy and Wd converted to fp32 in every run; out's values to fp32 and back"
-                                   : "dy and Wd as fp32 copies made outside the timing; out's values to fp32 and back";
+                                   : "dy and Wd as fp32 copies made outside the timing; out's fp32 values rounded to bf16";
     });
   }
 }

@@ -270,6 +270,13 @@ struct SddmmPlan<T>::Impl {
         b_src.data, static_cast<float*>(b32.get()), b_src.rows, b_src.cols, b_src.ld, ldb32);
     detail::check_launch(where);
   }
+  // The fp32 values are ours: cleared so that a cuSPARSE read of C under beta = 0 sees zeros, not
+  // whatever the allocation held. With copies made once they are cleared once, at construction:
+  // later runs find the previous finite result there, as a user keeping fp32 buffers would.
+  void clear_values32(cudaStream_t stream, const char* where) {
+    if (target.nnz > 0)
+      detail::check_cuda(cudaMemsetAsync(values32.get(), 0, static_cast<std::size_t>(target.nnz) * 4, stream), where);
+  }
   void destroy() {
     if (out != nullptr) cusparseDestroySpMat(out);
     if (b != nullptr) cusparseDestroyDnMat(b);
@@ -349,7 +356,10 @@ SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseVi
   check_supported(status, where, "cusparseSDDMM_bufferSize");
   p.buffer = DeviceBytes(bytes, where);
   // Preprocessed on operands that stay: the native ones, or fp32 copies made once.
-  if (!p.native && p.copies == Fp32Copies::once) p.convert_inputs(stream, where);
+  if (!p.native && p.copies == Fp32Copies::once) {
+    p.convert_inputs(stream, where);
+    p.clear_values32(stream, where);
+  }
   if (p.native || p.copies == Fp32Copies::once) {
     check_supported(
         cusparseSDDMM_preprocess(handles.impl().sparse, CUSPARSE_OPERATION_NON_TRANSPOSE, p.op_b, &p.alpha, p.a, p.b,
@@ -370,21 +380,19 @@ bool SddmmPlan<T>::native() const {
   return impl_->native;
 }
 
-// Converted runs copy A and B to fp32 (each time, or once at construction: Fp32Copies) and out's
-// values each time, run SDDMM, and round the values back once.
+// Converted runs copy A and B to fp32 (each time, or once at construction: Fp32Copies) and, under
+// beta != 0, out's values each time; run SDDMM; and round the values back once.
 template <Value T>
 void SddmmPlan<T>::run() {
   constexpr const char* where = "twell::baseline::SddmmPlan::run";
   Impl& p = *impl_;
   const cudaStream_t stream = p.handles->impl().stream;
   if (!p.native) {
-    if (p.copies == Fp32Copies::every_run) p.convert_inputs(stream, where);
-    if (p.beta == 0.0f) {
-      // The fp32 copy is ours: clear it so that a cuSPARSE read of C under beta = 0 sees zeros.
-      if (p.target.nnz > 0)
-        detail::check_cuda(cudaMemsetAsync(p.values32.get(), 0, static_cast<std::size_t>(p.target.nnz) * 4, stream),
-                           where);
-    } else {
+    if (p.copies == Fp32Copies::every_run) {
+      p.convert_inputs(stream, where);
+      if (p.beta == 0.0f) p.clear_values32(stream, where);
+    }
+    if (p.beta != 0.0f) {
       convert_kernel<T, float><<<blocks_for(p.target.nnz), 256, 0, stream>>>(
           p.target.values, static_cast<float*>(p.values32.get()), 1, p.target.nnz, p.target.nnz, p.target.nnz);
       detail::check_launch(where);

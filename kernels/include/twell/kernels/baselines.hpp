@@ -94,7 +94,7 @@ enum class Fp32Copies { every_run, once };
 // `out` holds the pattern (row_ptr, col_idx) and receives the values. cuSPARSE documents SDDMM
 // for fp32/fp64 only: 16-bit operands are tried natively and, when refused, converted to fp32
 // copies owned by the plan (native() says which ran; `copies` says when A and B are converted;
-// out's values are converted at every run).
+// out's values are rounded back at every run, and read into fp32 first where beta != 0).
 template <Value T>
 class SddmmPlan {
  public:
