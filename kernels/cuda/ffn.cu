@@ -19,6 +19,7 @@
 #include "../../converters/cuda/slot_group.cuh"
 #include "../../converters/cuda/warp_scan.cuh"
 #include "cuda_check.hpp"
+#include "hybrid_shadow.cuh"
 #include "mma_sync.cuh"
 
 namespace twell::cuda {
@@ -67,6 +68,15 @@ struct FfnArgs {
   std::int32_t helpers = 0;     // the block kernel's first CTAs, which run the parts
   std::int64_t resident = 0;    // CTAs of the block kernel the GPU runs at once
   std::int32_t block_tokens = 0;  // tokens per block of the block kernel (block_tokens_for)
+  // Kept for training (16-bit T, gated, a complete gate: no row past block_rows), else null: u and
+  // h at the gate's entries, as sddmm and multiply_on_pattern round them (h = gate * round(u)),
+  // into the value halves of slot words copied from the gate's, and into dense blocks in the
+  // gate's block order (keep_u_and_h).
+  std::uint32_t* u_packed = nullptr;
+  std::uint32_t* h_packed = nullptr;
+  void* u_overflow = nullptr;
+  void* h_overflow = nullptr;
+  std::int64_t ld_u_overflow = 0, ld_h_overflow = 0;
 };
 
 // Hardware conversions (the portable ones in types.hpp round identically but cost registers).
@@ -160,6 +170,39 @@ __device__ __forceinline__ float gate_entry(float acc, Activation kind, float th
   }
 }
 
+// An entry's place in the saved u and h (FfnArgs::u_packed ...): its slot word in the row's packed
+// words (>= 0), or -(column + 1) in the row's dense block row.
+__device__ __forceinline__ std::int32_t slot_place(std::int64_t word) { return static_cast<std::int32_t>(word); }
+__device__ __forceinline__ std::int32_t dense_place(std::int64_t column) {
+  return static_cast<std::int32_t>(-column - 1);
+}
+
+// Returns h = gate * u for entry `place` of gate row `row`: as the inference kernel takes it (u in
+// fp32), or, where u and h are kept, rounded as the composed forward rounds them, after storing
+// both.
+template <class T>
+__device__ __forceinline__ float keep_u_and_h(const FfnArgs& a, std::int64_t row, std::int32_t place, float gate,
+                                              float u) {
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    if (a.u_packed == nullptr) return gate * u;
+    const std::uint16_t ub = float_to_bits<T>(u);
+    const std::uint16_t hb = float_to_bits<T>(gate * bits_to_float<T>(ub));
+    if (place >= 0) {
+      // A slot word's value is its high half (TwellLayout::slot_value_bits).
+      const std::int64_t word = row * a.layout.packed_width(a.n) + place;
+      reinterpret_cast<std::uint16_t*>(a.u_packed + word)[1] = ub;
+      reinterpret_cast<std::uint16_t*>(a.h_packed + word)[1] = hb;
+    } else {
+      const std::int64_t o = a.row_to_overflow[row], column = -std::int64_t{place} - 1;
+      static_cast<std::uint16_t*>(a.u_overflow)[o * a.ld_u_overflow + column] = ub;
+      static_cast<std::uint16_t*>(a.h_overflow)[o * a.ld_h_overflow + column] = hb;
+    }
+    return bits_to_float<T>(hb);
+  } else {
+    return gate * u;  // the host keeps u and h for 16-bit T only
+  }
+}
+
 // Sparse up and down projection of one token. CTA: one row of the gate (blockIdx.x) and the
 // whole output row y(row, :); a thread owns the output columns tid*V + c*256*V in registers.
 // The row's nonzeros are enumerated in column order, 256 candidates at a time, from one of three
@@ -173,7 +216,7 @@ __device__ __forceinline__ float gate_entry(float acc, Activation kind, float th
 // h_j * Wd(j, own columns) for each j, and thread 0 writes the row's nonzero count to row_nnz.
 // Deterministic: fixed order throughout. Preconditions: K <= kFusedFfnMaxK; V == 8 needs K, every leading
 // dimension and every pointer aligned to 8 elements (16 bytes for 16-bit types); dynamic shared
-// memory K floats + 2 x 256 words. The body is ffn_token (below), which the block kernel also
+// memory K floats + 3 x 256 words. The body is ffn_token (below), which the block kernel also
 // runs for the tokens it routes here (rows over kListCap entries, overflow rows past the block,
 // and all overflow rows when the block cannot be read 16 bytes at a time). Benchmark:
 // bench/suites/ffn.cpp.
@@ -186,6 +229,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
   float* xs = smem;                                                 // K floats
   auto* list_col = reinterpret_cast<std::int32_t*>(smem + a.k);     // kThreads
   float* list_val = reinterpret_cast<float*>(list_col + kThreads);  // kThreads
+  std::int32_t* list_place = reinterpret_cast<std::int32_t*>(list_val + kThreads);  // kThreads: keep_u_and_h's
   __shared__ std::int32_t warp_count[kThreads / 32];
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -214,7 +258,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
   for (std::int64_t c0 = 0; c0 < candidates; c0 += kThreads) {
     const std::int64_t v = c0 + tid;
     bool here = false;
-    std::int32_t col = 0;
+    std::int32_t col = 0, place = 0;
     float val = 0.0f;
     if (v < candidates) {
       if (recompute) {
@@ -228,6 +272,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
         const T g = static_cast<const T*>(a.overflow)[orow * a.ld_overflow + v];
         here = is_stored(g);
         col = static_cast<std::int32_t>(v);
+        place = dense_place(v);
         val = dev_float(g);
       } else {
         const std::int64_t t = v / slots;
@@ -236,6 +281,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
           const std::uint32_t word = packed_row[v];
           here = true;
           col = static_cast<std::int32_t>(a.layout.tile_begin(t) + TwellLayout::slot_column(word));
+          place = slot_place(v);
           if constexpr (ValueTraits<T>::packs_in_slot) {
             val = bits_to_float<T>(TwellLayout::slot_value_bits(word));
           } else {
@@ -257,6 +303,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
       const int at = offset + __popc(mask & ((1u << lane) - 1u));
       list_col[at] = col;
       list_val[at] = val;
+      list_place[at] = place;
     }
     __syncthreads();
     nnz += total;
@@ -273,7 +320,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
         }
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
-        if (lane == 0) list_val[e] *= s;
+        if (lane == 0) list_val[e] = keep_u_and_h<T>(a, row, list_place[e], list_val[e], s);
       }
       __syncthreads();
     }
@@ -385,7 +432,7 @@ __device__ __forceinline__ bool routed_row(const FfnArgs& a, std::int32_t o) {
 template <class T>
 __device__ __forceinline__ int list_dense_row(const uint4* row, std::int64_t v_begin, std::int64_t v_end, int t,
                                               int base, int lane, std::int32_t* e_col, float* e_val,
-                                              std::uint8_t* e_tok) {
+                                              std::uint8_t* e_tok, std::int32_t* e_place) {
   for (std::int64_t v0 = v_begin; v0 < v_end; v0 += 32) {
     const std::int64_t v = v0 + lane;
     const uint4 q = v < v_end ? row[v] : make_uint4(0, 0, 0, 0);
@@ -401,6 +448,7 @@ __device__ __forceinline__ int list_dense_row(const uint4* row, std::int64_t v_b
         e_col[at] = static_cast<std::int32_t>(v * 8 + i);
         e_val[at] = bits_to_float<T>(static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2))));
         e_tok[at] = static_cast<std::uint8_t>(t);
+        e_place[at] = dense_place(v * 8 + i);
         ++at;
       }
     }
@@ -414,8 +462,9 @@ __device__ __forceinline__ int list_dense_row(const uint4* row, std::int64_t v_b
 // Returns the position after the last entry.
 template <class T>
 __device__ __forceinline__ int list_twell_tiles(const std::uint32_t* pr, const TwellLayout& layout,
-                                                std::int64_t tau_begin, std::int64_t tau_end, int t, int base,
-                                                int lane, std::int32_t* e_col, float* e_val, std::uint8_t* e_tok) {
+                                                std::int64_t tau_begin, std::int64_t tau_end, int t, int base, int lane,
+                                                std::int32_t* e_col, float* e_val, std::uint8_t* e_tok,
+                                                std::int32_t* e_place) {
   const int slots = layout.slots();
   for (std::int64_t tau0 = tau_begin; tau0 < tau_end; tau0 += 32) {
     const std::int64_t tau = tau0 + lane;
@@ -432,6 +481,7 @@ __device__ __forceinline__ int list_twell_tiles(const std::uint32_t* pr, const T
         e_col[at] = static_cast<std::int32_t>(layout.tile_begin(ti) + TwellLayout::slot_column(word));
         e_val[at] = bits_to_float<T>(TwellLayout::slot_value_bits(word));
         e_tok[at] = static_cast<std::uint8_t>(t);
+        e_place[at] = slot_place(ti * slots + 1 + q);
       }
     }
     base += __shfl_sync(0xffffffffu, inc, 31);
@@ -445,10 +495,10 @@ __device__ __forceinline__ int list_twell_tiles(const std::uint32_t* pr, const T
 __host__ __device__ constexpr std::int64_t block_x_ld(std::int64_t k) { return (k + 63) / 64 * 64 + 32; }
 
 // Dynamic shared memory of the block kernel: x of its tokens (at most kMaxBlockTokens) as T, then
-// the round's entry list (column, gate value then h, sorted position, group start, token).
+// the round's entry list (column, gate value then h, place, sorted position, group start, token).
 __host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
   return static_cast<std::size_t>(kMaxBlockTokens) * static_cast<std::size_t>(block_x_ld(k)) * 2 +
-         static_cast<std::size_t>(kListCap) * (4 + 4 + 2) + static_cast<std::size_t>(kListCap + 2) * 2 +
+         static_cast<std::size_t>(kListCap) * (4 + 4 + 4 + 2) + static_cast<std::size_t>(kListCap + 2) * 2 +
          static_cast<std::size_t>(kListCap);
 }
 
@@ -461,14 +511,16 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
 // 2q+8, 2q+9) and then kk + 4..7.
 // 32 k per step, kSteps steps of weight loads in flight (8 rows x 64 contiguous bytes per load
 // instruction). Accumulator (g, 2q + i) is u of token g and unit 2q + i of the tile, so the lane
-// holding it scales that entry's gate value; tokens of the block outside the round (or absent:
+// holding it scales that entry's gate value (keep_u_and_h; token g is row row0 + g); tokens of the
+// block outside the round (or absent:
 // their shared rows are stale) only fill accumulators nobody reads.
 template <class T>
-__device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, std::int64_t k,
-                                            const std::uint16_t* xs, int groups,
+__device__ __forceinline__ void up_products(const FfnArgs& a, std::int64_t row0, const std::uint16_t* xs, int groups,
                                             const std::int16_t* g_start, const std::int16_t* s_pos,
-                                            const std::int32_t* e_col, const std::uint8_t* e_tok, float* e_val,
-                                            int warp, int lane) {
+                                            const std::int32_t* e_col, const std::uint8_t* e_tok,
+                                            const std::int32_t* e_place, float* e_val, int warp, int lane) {
+  const T* wu_t = static_cast<const T*>(a.wu_t);
+  const std::int64_t ldwu_t = a.ldwu_t, k = a.k;
   constexpr int kSteps = 8;
   const int g = lane >> 2, q = lane & 3;
   const std::uint16_t* x_row = xs + g * block_x_ld(k);
@@ -497,7 +549,7 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
       if (u >= groups) break;
       for (int p = g_start[u]; p < g_start[u + 1]; ++p) {
         const int e = s_pos[p];
-        if (e_tok[e] == g) e_val[e] *= c[i];
+        if (e_tok[e] == g) e_val[e] = keep_u_and_h<T>(a, row0 + g, e_place[e], e_val[e], c[i]);
       }
     }
   }
@@ -545,13 +597,14 @@ __device__ __forceinline__ void up_products(const T* wu_t, std::int64_t ldwu_t, 
 // 1.324 ms (-4.4 %), token-skewed 1.324 against 1.428 ms (-7 %); 4 CTAs per SM (64 registers,
 // spills) lost (1.363 ms), and dropping the unit dedup (one mma column per entry, no rank phase)
 // spilled at 80 registers and lost too (1.296 ms).
-// Shared memory (block_smem_bytes): 33 KB of x + 13 KB of list = 46 KB (K = 2048).
+// Shared memory (block_smem_bytes): 33 KB of x + 17 KB of list = 50 KB (K = 2048).
 // Benchmark: bench/suites/ffn.cpp.
 // The block kernel's dynamic shared memory (block_smem_bytes): x of its tokens, then the list.
 struct BlockLists {
   std::uint16_t* xs;       // kMaxBlockTokens rows of x as T, block_x_ld(k) apart
   std::int32_t* e_col;     // kListCap: the entries' columns
   float* e_val;            // kListCap: gate value, then h
+  std::int32_t* e_place;   // kListCap: the entry's place for keep_u_and_h
   std::int16_t* s_pos;     // kListCap: entries in (unit, token) order
   std::int16_t* g_start;   // kListCap + 1 used: first sorted position of each distinct unit
   std::uint8_t* e_tok;     // kListCap: the entry's token in the block
@@ -562,7 +615,8 @@ __device__ __forceinline__ BlockLists block_lists(unsigned char* smem, std::int6
   l.xs = reinterpret_cast<std::uint16_t*>(smem);
   l.e_col = reinterpret_cast<std::int32_t*>(smem + static_cast<std::size_t>(kMaxBlockTokens) * block_x_ld(k) * 2);
   l.e_val = reinterpret_cast<float*>(l.e_col + kListCap);
-  l.s_pos = reinterpret_cast<std::int16_t*>(l.e_val + kListCap);
+  l.e_place = reinterpret_cast<std::int32_t*>(l.e_val + kListCap);
+  l.s_pos = reinterpret_cast<std::int16_t*>(l.e_place + kListCap);
   l.g_start = l.s_pos + kListCap;
   l.e_tok = reinterpret_cast<std::uint8_t*>(l.g_start + kListCap + 2);
   return l;
@@ -733,10 +787,11 @@ __device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
       int end = 0;
       if (o >= 0) {
         const std::int64_t c0 = a.layout.tile_begin(tau0), c1 = min(a.n, a.layout.tile_begin(tau1));
-        end = list_dense_row<T>(dense_gate_row<T>(a, o), c0 / 8, c1 / 8, 0, 0, lane, l.e_col, l.e_val, l.e_tok);
+        end = list_dense_row<T>(dense_gate_row<T>(a, o), c0 / 8, c1 / 8, 0, 0, lane, l.e_col, l.e_val, l.e_tok,
+                                l.e_place);
       } else {
         end = list_twell_tiles<T>(a.packed + row * a.layout.packed_width(a.n), a.layout, tau0, tau1, 0, 0, lane,
-                                  l.e_col, l.e_val, l.e_tok);
+                                  l.e_col, l.e_val, l.e_tok, l.e_place);
       }
       if (lane == 0) total_s = end;
     }
@@ -749,8 +804,7 @@ __device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
         l.g_start[e] = static_cast<std::int16_t>(e);
       }
       __syncthreads();
-      up_products<T>(static_cast<const T*>(a.wu_t), a.ldwu_t, a.k, l.xs, total, l.g_start, l.s_pos, l.e_col, l.e_tok,
-                     l.e_val, warp, lane);
+      up_products<T>(a, row, l.xs, total, l.g_start, l.s_pos, l.e_col, l.e_tok, l.e_place, l.e_val, warp, lane);
       __syncthreads();
     }
     float acc[kChunks][8];
@@ -777,6 +831,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
   std::int16_t* s_pos = l.s_pos;
   std::int16_t* g_start = l.g_start;
   std::uint8_t* e_tok = l.e_tok;
+  std::int32_t* e_place = l.e_place;
   __shared__ std::int32_t cnt[kMaxBlockTokens], state[kMaxBlockTokens], offs[kMaxBlockTokens + 1];
   __shared__ std::int32_t dense_row[kMaxBlockTokens];  // the token's overflow-block row, -1: TwELL slots
   __shared__ std::int32_t warp_count[kThreads / 32];
@@ -832,10 +887,10 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
     for (int t = t0 + warp; t < t1; t += kThreads / 32) {
       const int base = offs[t - t0];
       if (dense_row[t] >= 0) {
-        list_dense_row<T>(dense_gate_row<T>(a, dense_row[t]), 0, a.n / 8, t, base, lane, e_col, e_val, e_tok);
+        list_dense_row<T>(dense_gate_row<T>(a, dense_row[t]), 0, a.n / 8, t, base, lane, e_col, e_val, e_tok, e_place);
       } else {
         list_twell_tiles<T>(a.packed + (r0 + t) * pw, a.layout, 0, a.layout.tiles(a.n), t, base, lane, e_col, e_val,
-                            e_tok);
+                            e_tok, e_place);
       }
     }
     __syncthreads();
@@ -882,8 +937,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
       if (tid == 0) g_start[groups] = static_cast<std::int16_t>(total);
       __syncthreads();
 
-      up_products<T>(static_cast<const T*>(a.wu_t), a.ldwu_t, k, xs, groups, g_start, s_pos, e_col, e_tok, e_val, warp,
-                     lane);
+      up_products<T>(a, r0, xs, groups, g_start, s_pos, e_col, e_tok, e_place, e_val, warp, lane);
       __syncthreads();
     }
 
@@ -1117,23 +1171,21 @@ bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
   }
 }
 
-// The plan's memory for the block kernel (FfnArgs::block_state, split_*); capacity 0: no split.
-struct BlockBuffers {
-  std::int32_t* state = nullptr;  // kStateSplitRows + capacity
-  int2* candidates = nullptr;     // M
-  std::int32_t* turn = nullptr;   // capacity, zero between calls
-  float* sum = nullptr;           // capacity x K
-  std::int64_t capacity = 0;
+// u and h for FfnArgs::u_packed ... (GatedUpDownPlan).
+template <class T>
+struct KeptUpDown {
+  HybridView<T> u, h;
 };
 
 // Queues the up/down kernel on the gate g: the block kernel, after count_and_order_kernel has
-// written the counts, the order into block_order (room for ceil(M / 4) blocks) and the split rows
-// into `blocks`, or ffn_rows_kernel; wu_t null for the non-gated FFN. Returns the path name.
+// written the counts, the block order and the split rows into `buffers`, or ffn_rows_kernel; wu_t
+// null for the non-gated FFN; `kept` null unless u and h are kept (then g must be complete).
+// Returns the path name.
 template <class T>
 std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<const T> w_gate, ActivationSpec act,
                         const T* wu_t, std::int64_t ldwu_t, DenseView<const T> wd, DenseView<T> y,
-                        std::int32_t* row_nnz, std::int32_t* block_order, const BlockBuffers& buffers,
-                        cudaStream_t stream, const char* where) {
+                        detail::UpDownBuffers<T>& buffers, const KeptUpDown<T>* kept, cudaStream_t stream,
+                        const char* where) {
   if (x.rows == 0) return "empty";
   FfnArgs a;
   a.m = x.rows;
@@ -1159,31 +1211,39 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   a.ld_w_gate = w_gate.ld;
   a.act = act.kind;
   a.threshold = act.threshold;
-  a.row_nnz = row_nnz;
+  a.row_nnz = buffers.row_nnz.data();
+  if (kept != nullptr) {
+    a.u_packed = kept->u.twell.packed;
+    a.h_packed = kept->h.twell.packed;
+    a.u_overflow = kept->u.overflow.data;
+    a.h_overflow = kept->h.overflow.data;
+    a.ld_u_overflow = kept->u.overflow.ld;
+    a.ld_h_overflow = kept->h.overflow.ld;
+  }
 
   const bool vec = x.cols % 8 == 0 && x.ld % 8 == 0 && wd.ld % 8 == 0 && y.ld % 8 == 0 && aligned16(x.data) &&
                    aligned16(wd.data) && aligned16(y.data) && (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t)));
   if constexpr (ValueTraits<T>::packs_in_slot) {
     BlockKernelFit fit;
-    if (vec && buffers.state != nullptr && block_kernel_fits<T>(x.cols, fit, where)) {
+    if (vec && buffers.block_state.data() != nullptr && block_kernel_fits<T>(x.cols, fit, where)) {
       const std::int64_t parts = split_parts(a.layout, a.n);
-      a.block_state = buffers.state;
+      a.block_state = buffers.block_state.data();
       a.resident = fit.resident;
-      if (buffers.capacity > 0 && parts > 0) {
-        a.split_candidates = buffers.candidates;
-        a.split_turn = buffers.turn;
-        a.split_sum = buffers.sum;
-        a.split_capacity = buffers.capacity;
+      if (buffers.split_capacity > 0 && parts > 0) {
+        a.split_candidates = reinterpret_cast<int2*>(buffers.split_candidates.data());
+        a.split_turn = buffers.split_turn.data();
+        a.split_sum = buffers.split_sum.data();
+        a.split_capacity = buffers.split_capacity;
         a.part_tiles = kPartColumns / a.layout.tile;
         a.parts = static_cast<std::int32_t>(parts);
         // One helper per SM: each claims parts until none is left.
-        a.helpers = static_cast<std::int32_t>(std::min(buffers.capacity * parts, fit.sms));
+        a.helpers = static_cast<std::int32_t>(std::min(buffers.split_capacity * parts, fit.sms));
       }
       a.block_tokens = block_tokens_for(x.rows, fit.resident);
-      count_and_order_kernel<T>
-          <<<static_cast<unsigned>((x.rows + kCountRows - 1) / kCountRows), kThreads, 0, stream>>>(a, block_order);
+      count_and_order_kernel<T><<<static_cast<unsigned>((x.rows + kCountRows - 1) / kCountRows), kThreads, 0, stream>>>(
+          a, buffers.block_order.data());
       ::twell::detail::check_launch(where);
-      a.block_order = block_order;
+      a.block_order = buffers.block_order.data();
       const auto blocks = static_cast<unsigned>((x.rows + a.block_tokens - 1) / a.block_tokens);
       block_kernel_for<T>(x.cols)<<<blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols),
                                     stream>>>(a);
@@ -1191,7 +1251,7 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
       return x.cols > kThreads * 8 ? "ffn_block_wide_v8" : "ffn_block_v8";
     }
   }
-  const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + 2 * kThreads * sizeof(std::int32_t);
+  const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + 3 * kThreads * sizeof(std::int32_t);
   const auto grid = static_cast<unsigned>(x.rows);
   if (vec) {
     ffn_rows_kernel<T, 8><<<grid, kThreads, smem, stream>>>(a);
@@ -1223,25 +1283,36 @@ GemmToSparsePlan<T> checked_gate(std::int64_t m, bool gated, DenseView<const T> 
 }  // namespace
 
 template <Value T>
+detail::UpDownBuffers<T>::UpDownBuffers(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout,
+                                        const char* where)
+    : row_nnz(static_cast<std::size_t>(m), MemorySpace::device),
+      block_order(static_cast<std::size_t>((m + kMinBlockTokens - 1) / kMinBlockTokens), MemorySpace::device) {
+  BlockKernelFit fit;
+  if (!block_kernel_fits<T>(k, fit, where)) return;
+  if (split_parts(layout, n) > 0) split_capacity = std::min(m, fit.resident);
+  const auto cap = static_cast<std::size_t>(split_capacity);
+  block_state = Buffer<std::int32_t>(kStateSplitRows + cap, MemorySpace::device);
+  if (cap == 0) return;
+  split_candidates = Buffer<std::int32_t>(2 * static_cast<std::size_t>(m), MemorySpace::device, Uninitialized{});
+  split_turn = Buffer<std::int32_t>(cap, MemorySpace::device);
+  split_sum = Buffer<float>(cap * static_cast<std::size_t>(k), MemorySpace::device, Uninitialized{});
+}
+
+template <Value T>
 FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gate, DenseView<const T> wu,
                             DenseView<const T> wd, ActivationSpec act, TwellLayout layout,
                             std::int64_t overflow_capacity, const KernelOptions& options, const char* where)
-    : m_(m), k_(w_gate.rows), n_(w_gate.cols), gated_(gated), w_gate_(w_gate), wd_(wd), act_(act),
-      stream_(options.stream), where_(where),
+    : m_(m),
+      k_(w_gate.rows),
+      n_(w_gate.cols),
+      gated_(gated),
+      w_gate_(w_gate),
+      wd_(wd),
+      act_(act),
+      stream_(options.stream),
+      where_(where),
       gate_(checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, overflow_capacity, options, where)),
-      row_nnz_(static_cast<std::size_t>(m), MemorySpace::device),
-      block_order_(static_cast<std::size_t>((m + kMinBlockTokens - 1) / kMinBlockTokens), MemorySpace::device) {
-  BlockKernelFit fit;
-  if (block_kernel_fits<T>(k_, fit, where)) {
-    if (split_parts(gate_.layout(), n_) > 0) split_capacity_ = std::min(m, fit.resident);
-    const auto cap = static_cast<std::size_t>(split_capacity_);
-    block_state_ = Buffer<std::int32_t>(kStateSplitRows + cap, MemorySpace::device);
-    if (cap > 0) {
-      split_candidates_ = Buffer<std::int32_t>(2 * static_cast<std::size_t>(m), MemorySpace::device, Uninitialized{});
-      split_turn_ = Buffer<std::int32_t>(cap, MemorySpace::device);
-      split_sum_ = Buffer<float>(cap * static_cast<std::size_t>(k_), MemorySpace::device, Uninitialized{});
-    }
-  }
+      buffers_(m, k_, n_, gate_.layout(), where) {
   if (!gated_) return;
   wu_t_ = DenseMatrix<T>(wu.cols, wu.rows, MemorySpace::device);
   cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});
@@ -1257,11 +1328,8 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   gate_.run(x, w_gate_);
   const HybridView<const T> g = gate_.queued_result();
   const std::int64_t block_rows = g.overflow.rows;
-  const BlockBuffers buffers{block_state_.data(), reinterpret_cast<int2*>(split_candidates_.data()),
-                             split_turn_.data(), split_sum_.data(), split_capacity_};
   const std::string kernel = sparse_rows<T>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr,
-                                            gated_ ? wu_t_.ld() : 0, wd_, y, row_nnz_.data(), block_order_.data(),
-                                            buffers, stream, where_);
+                                            gated_ ? wu_t_.ld() : 0, wd_, y, buffers_, nullptr, stream, where_);
   path_ = "gate:" + gate_.path() + "+" + kernel;
   if (stats == nullptr) return;
 
@@ -1270,13 +1338,13 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   s.tokens = m_;
   s.row_nnz.resize(static_cast<std::size_t>(m_));
   if (m_ > 0)
-    ::twell::detail::check_cuda(cudaMemcpyAsync(s.row_nnz.data(), row_nnz_.data(), row_nnz_.bytes(),
+    ::twell::detail::check_cuda(cudaMemcpyAsync(s.row_nnz.data(), buffers_.row_nnz.data(), buffers_.row_nnz.bytes(),
                                                 cudaMemcpyDeviceToHost, stream),
                                 where_);
   std::int32_t split_rows = 0;  // the state is written only by the block kernel's path
-  if (kernel.starts_with("ffn_block") && split_capacity_ > 0)
-    ::twell::detail::check_cuda(cudaMemcpyAsync(&split_rows, block_state_.data() + kStateListed, sizeof(split_rows),
-                                                cudaMemcpyDeviceToHost, stream),
+  if (kernel.starts_with("ffn_block") && buffers_.split_capacity > 0)
+    ::twell::detail::check_cuda(cudaMemcpyAsync(&split_rows, buffers_.block_state.data() + kStateListed,
+                                                sizeof(split_rows), cudaMemcpyDeviceToHost, stream),
                                 where_);
   ::twell::detail::check_cuda(cudaStreamSynchronize(stream), where_);
   for (const std::int32_t c : s.row_nnz) {
@@ -1302,6 +1370,97 @@ FfnPlan<T>::FfnPlan(std::int64_t m, DenseView<const T> wu, DenseView<const T> wd
     : FfnPlanBase<T>(m, false, wu, DenseView<const T>{}, wd, act, layout, overflow_capacity, options,
                      "twell::cuda::FfnPlan") {}
 
+namespace {
+// GatedUpDownPlan's arguments, checked before it allocates; returns M.
+template <class T>
+std::int64_t checked_up_down(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout,
+                             const char* where) {
+  require(m >= 0 && k >= 0 && n >= 0, ErrorCode::invalid_argument, where, "M = ", m, ", K = ", k, " and N = ", n,
+          " must not be negative");
+  require(m <= INT32_MAX, ErrorCode::unsupported, where, "M = ", m, " exceeds 2^31 - 1 rows");
+  require(GatedUpDownPlan<T>::applies(k), ErrorCode::unsupported, where,
+          "the kept up/down kernel takes 16-bit "
+          "values and K <= ",
+          kFusedFfnMaxK, "; this is ", to_string(dtype_of<T>), " with K = ", k);
+  check_layout(layout, where);
+  return m;
+}
+
+// Hybrid `part` (named) of an up/down run: M x N in device memory, in the plan's layout.
+template <class T>
+void check_part(HybridView<T> part, std::int64_t m, std::int64_t n, const TwellLayout& layout, const char* where,
+                const char* name) {
+  require(part.space() == MemorySpace::device, ErrorCode::space_mismatch, where, name,
+          " lives in host memory; the cuda backend takes device operands only");
+  require(part.rows() == m && part.cols() == n, ErrorCode::shape_mismatch, where, name, " is ", part.rows(), " x ",
+          part.cols(), " but the plan is for ", m, " x ", n);
+  require(part.twell.layout == layout, ErrorCode::shape_mismatch, where, name, "'s layout is not the plan's");
+}
+}  // namespace
+
+template <Value T>
+bool GatedUpDownPlan<T>::applies(std::int64_t k) {
+  return ValueTraits<T>::packs_in_slot && k <= kFusedFfnMaxK;
+}
+
+template <Value T>
+GatedUpDownPlan<T>::GatedUpDownPlan(std::int64_t m, std::int64_t k, std::int64_t n, TwellLayout layout,
+                                    const KernelOptions& options)
+    : m_(checked_up_down<T>(m, k, n, layout, "twell::cuda::GatedUpDownPlan")),
+      k_(k),
+      n_(n),
+      layout_(layout),
+      stream_(options.stream),
+      wu_t_(n, k, MemorySpace::device),
+      buffers_(m, k, n, layout, "twell::cuda::GatedUpDownPlan") {}
+
+template <Value T>
+void GatedUpDownPlan<T>::run(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
+                             HybridView<T> u, HybridView<T> h, DenseView<T> y) {
+  constexpr const char* where = "twell::cuda::GatedUpDownPlan::run";
+  twell::detail::require_live(live_, where);
+  check_io<T>(x, y, k_, where);
+  require(x.rows == m_, ErrorCode::shape_mismatch, where, "the plan is for ", m_, " tokens but x has ", x.rows,
+          " rows");
+  check_weights<T>(wu, wd, where);
+  require(wu.cols == n_, ErrorCode::shape_mismatch, where, "wu has ", wu.cols, " columns but the plan is for N = ", n_);
+  check_part(a, m_, n_, layout_, where, "a");
+  check_part(u, m_, n_, layout_, where, "u");
+  check_part(h, m_, n_, layout_, where, "h");
+  const std::int64_t r = a.overflow.rows;
+  require(u.overflow.rows == r && h.overflow.rows == r, ErrorCode::shape_mismatch, where, "u and h have ",
+          u.overflow.rows, " and ", h.overflow.rows, " overflow rows but a has ", r);
+  const std::int64_t words = m_ * layout_.packed_width(n_);
+  require(words == 0 || (u.twell.packed != a.twell.packed && h.twell.packed != a.twell.packed &&
+                         u.twell.packed != h.twell.packed),
+          ErrorCode::invalid_argument, where, "u and h must hold slot arrays of their own (they are written)");
+  const auto stream = static_cast<cudaStream_t>(stream_.handle);
+  cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});
+  // a's structure into u and h: the kernel writes the values of its entries only.
+  for (HybridView<T>* part : {&u, &h}) {
+    if (words > 0)
+      ::twell::detail::check_cuda(cudaMemcpyAsync(part->twell.packed, a.twell.packed, words * sizeof(std::uint32_t),
+                                                  cudaMemcpyDeviceToDevice, stream),
+                                  where);
+    if (m_ > 0 && part->row_to_overflow != a.row_to_overflow)
+      ::twell::detail::check_cuda(cudaMemcpyAsync(part->row_to_overflow, a.row_to_overflow, m_ * sizeof(std::int32_t),
+                                                  cudaMemcpyDeviceToDevice, stream),
+                                  where);
+    if (r > 0 && part->overflow_to_row != a.overflow_to_row)
+      ::twell::detail::check_cuda(cudaMemcpyAsync(part->overflow_to_row, a.overflow_to_row, r * sizeof(std::int32_t),
+                                                  cudaMemcpyDeviceToDevice, stream),
+                                  where);
+    if (r > 0 && n_ > 0)
+      ::twell::detail::check_cuda(
+          cudaMemset2DAsync(part->overflow.data, part->overflow.ld * sizeof(T), 0, n_ * sizeof(T), r, stream), where);
+  }
+  const KeptUpDown<T> kept{u, h};
+  path_ = sparse_rows<T>(x, a, DenseView<const T>{}, ActivationSpec{}, wu_t_.values().data(), wu_t_.ld(), wd, y,
+                         buffers_, &kept, stream, where);
+  for (const HybridView<T>& part : {u, h})
+    detail::copy_dense_rows_into_shadows<T>(a.twell, a.overflow_to_row, part, stream, where);
+}
+
 template <Value T>
 void gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
                        ActivationSpec act, DenseView<T> y, const KernelOptions& options) {
@@ -1320,13 +1479,14 @@ void ffn_forward(DenseView<const T> x, DenseView<const T> wu, DenseView<const T>
   if (options.report != nullptr) options.report->path = plan.path();
 }
 
-#define TWELL_INSTANTIATE(T)                                                                                        \
-  template class FfnPlanBase<T>;                                                                                    \
-  template class GatedFfnPlan<T>;                                                                                   \
-  template class FfnPlan<T>;                                                                                        \
+#define TWELL_INSTANTIATE(T)                                                                                         \
+  template class FfnPlanBase<T>;                                                                                     \
+  template class GatedFfnPlan<T>;                                                                                    \
+  template class FfnPlan<T>;                                                                                         \
+  template class GatedUpDownPlan<T>;                                                                                 \
   template void gated_ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, DenseView<const T>, \
-                                     ActivationSpec, DenseView<T>, const KernelOptions&);                           \
-  template void ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, ActivationSpec,          \
+                                     ActivationSpec, DenseView<T>, const KernelOptions&);                            \
+  template void ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, ActivationSpec,           \
                                DenseView<T>, const KernelOptions&);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE

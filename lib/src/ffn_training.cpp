@@ -10,6 +10,7 @@
 #include <twell/formats/dense_checks.hpp>
 #include <twell/instantiate.hpp>
 #if TWELL_HAS_CUDA
+#include <twell/kernels/ffn_cuda.hpp>
 #include <twell/kernels/gemm_to_sparse_plan.hpp>
 #include <twell/kernels/spmm_plan.hpp>
 #endif
@@ -22,6 +23,52 @@ using ffn_detail::check_gated;
 using ffn_detail::hybrid_like;
 using ffn_detail::shape;
 using ffn_detail::spmm_on_backend;
+
+namespace {
+
+#if TWELL_HAS_CUDA
+template <class T>
+using UpDownPlan = cuda::GatedUpDownPlan<T>;
+#else
+template <class T>
+struct UpDownPlan {};  // without a cuda backend none is made
+#endif
+
+// The kept up/down plan for M x K x N where one applies (device memory, 16-bit values, K within
+// the kernel's limit), else none.
+template <class T>
+std::optional<UpDownPlan<T>> up_down_for(std::int64_t m, std::int64_t k, std::int64_t n, MemorySpace space,
+                                         TwellLayout layout, const KernelOptions& options) {
+  std::optional<UpDownPlan<T>> plan;
+#if TWELL_HAS_CUDA
+  if (space == MemorySpace::device && cuda::GatedUpDownPlan<T>::applies(k)) plan.emplace(m, k, n, layout, options);
+#else
+  (void)m, (void)k, (void)n, (void)space, (void)layout, (void)options;
+#endif
+  return plan;
+}
+
+// The training forward after its gate a: u = x wu and h = a * u on a's pattern, g = x wg there
+// for SiLU and GELU, and y = h wd. With a kept up/down plan one kernel computes u, h and y (the
+// composition's values up to the order of fp32 sums); otherwise gated_after_gate composes them.
+// The free forward and GatedFfnTraining both come here, so they give the same bits.
+template <class T, class Spmm>
+void training_after_gate(UpDownPlan<T>* up_down, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+                         DenseView<const T> wd, HybridView<const T> a, HybridView<T> u, HybridView<T> h,
+                         const HybridView<T>* g, DenseView<T> y, const KernelOptions& options, Spmm&& spmm) {
+#if TWELL_HAS_CUDA
+  if (up_down != nullptr) {
+    up_down->run(x, a, wu, wd, u, h, y);
+    if (g != nullptr) sddmm<T>(x, Op::none, wg, a, *g, 1.0f, 0.0f, options);
+    return;
+  }
+#else
+  (void)up_down;
+#endif
+  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, a, u, h, g, y, options, std::forward<Spmm>(spmm));
+}
+
+}  // namespace
 
 template <Value T>
 GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg,
@@ -39,9 +86,9 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
   // ReLU's derivative is 1 on the pattern; the others need the pre-activation there.
   if (act.kind != Activation::relu) s.g = hybrid_like(s.a);
   HybridView<T> g = s.g.view();
-  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, s.a.view(), s.u.view(), s.h.view(),
-                                  act.kind != Activation::relu ? &g : nullptr, y, options,
-                                  spmm_on_backend<T>(options));
+  std::optional<UpDownPlan<T>> up_down = up_down_for<T>(x.rows, x.cols, wu.cols, x.space, layout, options);
+  training_after_gate<T>(up_down ? &*up_down : nullptr, x, wg, wu, wd, s.a.view(), s.u.view(), s.h.view(),
+                         act.kind != Activation::relu ? &g : nullptr, y, options, spmm_on_backend<T>(options));
   return s;
 }
 
@@ -96,6 +143,7 @@ struct GatedFfnTraining<T>::Impl {
   std::optional<cuda::GemmToSparsePlan<T>> gate_plan;
   std::optional<cuda::SpmmPlan<T>> spmm_plan;
 #endif
+  std::optional<UpDownPlan<T>> up_down;
 
   bool on_device() const { return space == MemorySpace::device; }
   bool needs_g() const { return act.kind != Activation::relu; }
@@ -204,6 +252,7 @@ GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, 
     require_cuda_device(where);
     s.gate_plan.emplace(tokens, hidden, intermediate, act, layout, capacity, OverflowPolicy::hybrid, options.stream);
     s.spmm_plan.emplace(tokens, intermediate, layout, options.stream, options.spmm_algorithm);
+    s.up_down = up_down_for<T>(tokens, hidden, intermediate, space, layout, s.options);
 #else
     fail(ErrorCode::no_device, where, "device memory asked for, but this build of twell has no cuda backend");
 #endif
@@ -225,8 +274,8 @@ void GatedFfnTraining<T>::forward(In<DenseView<const T>> x, In<DenseView<const T
   s.hold(rows);
   std::optional<HybridView<T>> g;
   if (s.needs_g()) g = Impl::first_rows(s.g, rows);
-  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, s.gate_result(), Impl::first_rows(s.u, rows),
-                                  Impl::first_rows(s.h, rows), g ? &*g : nullptr, y, s.options, s.spmm_fn());
+  training_after_gate<T>(s.up_down ? &*s.up_down : nullptr, x, wg, wu, wd, s.gate_result(), Impl::first_rows(s.u, rows),
+                         Impl::first_rows(s.h, rows), g ? &*g : nullptr, y, s.options, s.spmm_fn());
   s.overflow_rows = rows;
   s.path = s.on_device() ? "planned:cuda" : "composed:reference";
 }

@@ -25,6 +25,7 @@
 #include "device.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
+#include "same.hpp"
 #include "sweep.hpp"
 
 namespace {
@@ -673,6 +674,145 @@ TEST_CASE("GatedFfnTraining on the device: steady steps make no device allocatio
   testing::cuda_ok(cudaDeviceSynchronize());
   CHECK(twell::detail::device_allocation_count() == after_first);
   CHECK(error_of(y, c.ref_gated) < tolerance<bf16>());
+}
+
+namespace {
+
+// An M x N Hybrid of a's layout and overflow rows, on the device: u, h of the kept forward.
+template <class T>
+HybridMatrix<T> shaped_like(const HybridMatrix<T>& a) {
+  return HybridMatrix<T>(a.rows(), a.cols(), a.layout(), a.overflow_rows(), MemorySpace::device);
+}
+
+// Checks the u (or h) that GatedUpDownPlan kept against a's structure and against the composed
+// forward's `want` (sddmm, multiply_on_pattern on the same gate):
+//   - the maps and every slot-0 count, column half and padding word are a's, bit for bit;
+//   - a shadow slot of an overflow row holds the value its dense row holds at that column;
+//   - the values are the composition's up to fp32 summation order (relative error).
+template <class T>
+void check_kept(const HybridMatrix<T>& got_dev, const HybridMatrix<T>& a_dev, const HybridMatrix<T>& want_dev,
+                const char* name) {
+  CAPTURE(name);
+  const HybridMatrix<T> got = got_dev.to(MemorySpace::host), a = a_dev.to(MemorySpace::host);
+  REQUIRE(got.overflow_rows() == a.overflow_rows());
+  CHECK(testing::same_bytes(got.row_to_overflow(), a.row_to_overflow()));
+  CHECK(testing::same_bytes(got.overflow_to_row(), a.overflow_to_row()));
+  const TwellLayout layout = a.layout();
+  const std::int64_t pw = layout.packed_width(a.cols()), tiles = layout.tiles(a.cols());
+  const auto gw = got.twell().packed().host_span(), aw = a.twell().packed().host_span();
+  const auto map = a.row_to_overflow().host_span();
+  const auto dense = got.overflow().view();
+  std::int64_t mismatches = 0;
+  for (std::int64_t row = 0; row < a.rows(); ++row)
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      const std::int64_t g0 = row * pw + t * layout.slots();
+      const std::uint32_t count = std::min<std::uint32_t>(aw[g0], static_cast<std::uint32_t>(layout.capacity()));
+      mismatches += gw[g0] != aw[g0];
+      for (std::int64_t q = 1; q < layout.slots(); ++q) {
+        const std::uint32_t g = gw[g0 + q], w = aw[g0 + q];
+        if (static_cast<std::uint32_t>(q) > count) {
+          mismatches += g != w;  // padding
+        } else {
+          mismatches += TwellLayout::slot_column(g) != TwellLayout::slot_column(w);
+          const std::int32_t o = map[row];
+          if (o >= 0)
+            mismatches +=
+                TwellLayout::slot_value_bits(g) != dense.at(o, layout.tile_begin(t) + TwellLayout::slot_column(w)).bits;
+        }
+      }
+    }
+  CHECK(mismatches == 0);
+  const double err =
+      testing::relative_error<T, T>(to_dense(got).view(), to_dense(want_dev.to(MemorySpace::host)).view());
+  CAPTURE(err);
+  CHECK(err < 1e-2);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_pattern compose them", T, bf16, fp16) {
+  // Each setting reaches another path of the kernel: the block kernel's rounds (uniform), its split
+  // rows and overflow-block rows (token-skewed, paper shape), tokens routed to the per-token body
+  // (N = 1004: an overflow block not readable 16 bytes at a time; K = 60: not 8-aligned, so every
+  // token), and many overflow rows (4 slots per tile). Outputs poisoned, fresh inputs per setting.
+  struct Setting {
+    Shape s;
+    double density;
+    Distribution d;
+    TwellLayout layout;
+  };
+  const Setting settings[] = {{{1, 64, 136}, 0.05, Distribution::uniform, {}},
+                              {{300, 520, 1000}, 0.02, Distribution::uniform, {}},
+                              {{256, 2048, 5632}, 0.005, Distribution::token_skewed, {}},
+                              {{300, 520, 1004}, 0.02, Distribution::token_skewed, {128, 32}},
+                              {{33, 60, 300}, 0.05, Distribution::token_skewed, {16, 4}},
+                              {{300, 520, 1000}, 0.3, Distribution::neuron_skewed, {16, 4}}};
+  for (const Setting& st : settings) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(st.s.m);
+    CAPTURE(st.s.k);
+    CAPTURE(st.s.n);
+    CAPTURE(st.layout.tile);
+    const ActivationSpec relu{};
+    const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), relu);
+    ConvertOptions convert;
+    convert.overflow = OverflowPolicy::hybrid;
+    const HybridMatrix<T> a = gemm_to_sparse<T>(c.x.view(), c.wg.view(), relu, st.layout, convert);
+    if (st.layout.slots() == 4) CHECK(a.overflow_rows() > 0);
+
+    HybridMatrix<T> u_want = shaped_like(a), h_want = shaped_like(a);
+    sddmm<T>(c.x.view(), Op::none, c.wu.view(), a.view(), u_want.view());
+    multiply_on_pattern<T>(a.view(), u_want.view(), h_want.view());
+    DenseMatrix<T> y_want = poisoned<T>(c.m(), c.k());
+    spmm<T>(Op::none, h_want.view(), c.wd.view(), y_want.view());
+
+    HybridMatrix<T> u = shaped_like(a), h = shaped_like(a);
+    for (HybridMatrix<T>* part : {&u, &h}) {
+      testing::poison_device(part->twell().packed());
+      testing::poison_device(part->overflow().values());
+      testing::poison_device(part->row_to_overflow());
+      testing::poison_device(part->overflow_to_row());
+    }
+    DenseMatrix<T> y = poisoned<T>(c.m(), c.k());
+    cuda::GatedUpDownPlan<T> plan(c.m(), c.k(), st.s.n, st.layout);
+    plan.run(c.x.view(), a.view(), c.wu.view(), c.wd.view(), u.view(), h.view(), y.view());
+    testing::cuda_ok(cudaDeviceSynchronize());
+    CAPTURE(plan.path());
+    check_kept<T>(u, a, u_want, "u");
+    check_kept<T>(h, a, h_want, "h");
+    CHECK(error_of(y, y_want.to(MemorySpace::host)) < tolerance<T>());
+    CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+  }
+}
+
+TEST_CASE("GatedUpDownPlan rejects bad input") {
+  const auto in = workload_inputs<bf16>({8, 32, 64, 0.1, Distribution::uniform}, 5);
+  const auto x = in.x.to(MemorySpace::device), wg = in.wg.to(MemorySpace::device);
+  const auto wu = in.wu.to(MemorySpace::device), wd = in.wd.to(MemorySpace::device);
+  ConvertOptions convert;
+  convert.overflow = OverflowPolicy::hybrid;
+  const HybridMatrix<bf16> a = gemm_to_sparse<bf16>(x.view(), wg.view(), ActivationSpec{}, TwellLayout{}, convert);
+  HybridMatrix<bf16> u = shaped_like(a), h = shaped_like(a);
+  auto y = poisoned<bf16>(8, 32);
+  using testing::code_of;
+  CHECK(code_of([&] { cuda::GatedUpDownPlan<float>(8, 32, 64, TwellLayout{}); }) == ErrorCode::unsupported);
+  CHECK(code_of([&] { cuda::GatedUpDownPlan<bf16>(8, cuda::kFusedFfnMaxK + 8, 64, TwellLayout{}); }) ==
+        ErrorCode::unsupported);
+  CHECK(code_of([&] { cuda::GatedUpDownPlan<bf16>(-1, 32, 64, TwellLayout{}); }) == ErrorCode::invalid_argument);
+  cuda::GatedUpDownPlan<bf16> plan(8, 32, 64, TwellLayout{});
+  // u sharing a's slots would overwrite the gate.
+  HybridView<bf16> aliased = u.view();
+  aliased.twell.packed = const_cast<std::uint32_t*>(a.view().twell.packed);
+  CHECK(code_of([&] { plan.run(x.view(), a.view(), wu.view(), wd.view(), aliased, h.view(), y.view()); }) ==
+        ErrorCode::invalid_argument);
+  HybridMatrix<bf16> other_layout(8, 64, TwellLayout{32, 8}, a.overflow_rows(), MemorySpace::device);
+  CHECK(code_of([&] { plan.run(x.view(), a.view(), wu.view(), wd.view(), other_layout.view(), h.view(), y.view()); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code_of([&] { plan.run(x.view(), a.view(), wg.view(), in.wd.view(), u.view(), h.view(), y.view()); }) ==
+        ErrorCode::space_mismatch);
+  plan.run(x.view(), a.view(), wu.view(), wd.view(), u.view(), h.view(), y.view());  // the valid call runs
+  testing::cuda_ok(cudaDeviceSynchronize());
 }
 
 TEST_CASE("FFN plans reject bad input") {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include <twell/formats/dense.hpp>
+#include <twell/formats/hybrid.hpp>
 #include <twell/formats/layout.hpp>
 #include <twell/kernels/ffn.hpp>
 #include <twell/kernels/gemm_to_sparse_plan.hpp>
@@ -23,6 +24,24 @@ namespace twell::cuda {
 // in registers, K / 256 values per thread. Construction throws ErrorCode::unsupported above it;
 // twell::GatedFfn / twell::Ffn then run the composed forward on the device instead.
 inline constexpr std::int64_t kFusedFfnMaxK = 8192;
+
+namespace detail {
+// The up/down kernel's device memory for M tokens, allocated once by the plan that runs it: the
+// per-token gate counts, the order of the token blocks, and, where the block kernel takes K, its
+// state and split-row buffers (docs/gemm_to_sparse.md, "Heavy tokens").
+template <Value T>
+struct UpDownBuffers {
+  UpDownBuffers(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout, const char* where);
+  Buffer<std::int32_t> row_nnz;      // M
+  Buffer<std::int32_t> block_order;  // the token blocks, those with overflow rows first
+  Buffer<std::int32_t> block_state;  // counters, the split threshold and the split rows
+  // Rows split at once: min(M, CTAs the device runs at once); 0 turns splitting off.
+  std::int64_t split_capacity = 0;
+  Buffer<std::int32_t> split_candidates;  // 2 M: (row, entries) of the rows over 256 entries
+  Buffer<std::int32_t> split_turn;        // split_capacity
+  Buffer<float> split_sum;                // split_capacity x K, fp32 partial sums of y
+};
+}  // namespace detail
 
 // The part the gated and non-gated plans share: bound to M tokens, the weights (device views that
 // must outlive the plan), the activation, the gate layout and an overflow capacity; owns the
@@ -82,17 +101,8 @@ class FfnPlanBase {
   const char* where_ = "";
   twell::detail::LiveFlag live_ = true;
   GemmToSparsePlan<T> gate_;
-  DenseMatrix<T> wu_t_;             // N x K, gated only
-  Buffer<std::int32_t> row_nnz_;    // M
-  Buffer<std::int32_t> block_order_;  // the up/down kernel's token blocks, those with overflow rows first
-  // The block kernel's (16-bit T): counters, the split threshold and the split rows, tokens with
-  // many times the average gate entries whose parts run on several CTAs (at most min(M, CTAs the
-  // device runs at once); docs/gemm_to_sparse.md, "Heavy tokens").
-  Buffer<std::int32_t> block_state_;
-  std::int64_t split_capacity_ = 0;
-  Buffer<std::int32_t> split_candidates_;  // 2 M: (row, entries) of the rows over 256 entries
-  Buffer<std::int32_t> split_turn_;   // capacity
-  Buffer<float> split_sum_;           // capacity x K, fp32 partial sums of y
+  DenseMatrix<T> wu_t_;  // N x K, gated only
+  detail::UpDownBuffers<T> buffers_;
   std::string path_;
 };
 
@@ -113,6 +123,41 @@ class FfnPlan : public FfnPlanBase<T> {
   FfnPlan(std::int64_t m, DenseView<const T> wu, DenseView<const T> wd, ActivationSpec act = {},
           TwellLayout layout = {}, std::int64_t overflow_capacity = FfnPlanBase<T>::kDefaultCapacity,
           const KernelOptions& options = {});
+};
+
+// The sparse half of a gated forward that keeps its intermediates, for training: given a complete
+// gate a = act(x wg) (an M x N Hybrid whose block holds all its overflow rows), one kernel writes
+// u = x wu and h = a * u on a's pattern into u and h, rounded to T as sddmm and
+// multiply_on_pattern round them (h = a * round(u)), and y = h wd from those h, the same results
+// as that composition followed by spmm up to the order of the fp32 sums of u and y. u and h get
+// a's structure (slot counts and columns, maps, shadow slots), copied here; they must have a's
+// layout and overflow rows and hold their own arrays. wu is transposed into the plan's N x K
+// buffer at every run (training changes the weights between steps). 16-bit T only (applies()).
+// Asynchronous on the plan's stream, no allocation, no host wait.
+template <Value T>
+class GatedUpDownPlan {
+ public:
+  GatedUpDownPlan(std::int64_t m, std::int64_t k, std::int64_t n, TwellLayout layout,
+                  const KernelOptions& options = {});
+
+  // Whether the plan takes T and a hidden size K (16-bit T, K <= kFusedFfnMaxK).
+  static bool applies(std::int64_t k);
+
+  // x: M x K; a, u, h: M x N; wu: K x N; wd: N x K; y: M x K; all device-resident.
+  void run(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd, HybridView<T> u,
+           HybridView<T> h, DenseView<T> y);
+
+  // The up/down kernel of the latest run(), as FfnPlanBase::path() names it.
+  const std::string& path() const { return path_; }
+
+ private:
+  std::int64_t m_ = 0, k_ = 0, n_ = 0;
+  TwellLayout layout_{};
+  Stream stream_{};
+  twell::detail::LiveFlag live_ = true;
+  DenseMatrix<T> wu_t_;  // N x K
+  detail::UpDownBuffers<T> buffers_;
+  std::string path_;
 };
 
 // One-shot forms: build the plan for x's M (default layout and capacity), run it once, and
