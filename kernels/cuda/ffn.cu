@@ -1171,6 +1171,78 @@ bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
   }
 }
 
+// The up/down kernel's memory as sparse_rows takes it: a plan's UpDownBuffers (memory_of) or one
+// call's stream-ordered scratch (UpDownScratch). block_state null: the block kernel does not run.
+struct UpDownMemory {
+  std::int32_t* row_nnz = nullptr;
+  std::int32_t* block_order = nullptr;
+  std::int32_t* block_state = nullptr;
+  int2* split_candidates = nullptr;
+  std::int32_t* split_turn = nullptr;
+  float* split_sum = nullptr;
+  std::int64_t split_capacity = 0;
+};
+
+// What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order one per
+// 4-token block; where the block kernel takes K, block_state, and with split rows (capacity
+// min(M, resident CTAs)) 2 M candidate words, a turn per split row and its K fp32 partial sums.
+struct UpDownSizes {
+  std::size_t row_nnz = 0, block_order = 0, block_state = 0, capacity = 0, candidates = 0, sum = 0;
+  template <class T>
+  static UpDownSizes of(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout, const char* where) {
+    UpDownSizes z;
+    z.row_nnz = static_cast<std::size_t>(m);
+    z.block_order = static_cast<std::size_t>((m + kMinBlockTokens - 1) / kMinBlockTokens);
+    BlockKernelFit fit;
+    if (!block_kernel_fits<T>(k, fit, where)) return z;
+    if (split_parts(layout, n) > 0) z.capacity = static_cast<std::size_t>(std::min(m, fit.resident));
+    z.block_state = kStateSplitRows + z.capacity;
+    if (z.capacity > 0) {
+      z.candidates = 2 * static_cast<std::size_t>(m);
+      z.sum = z.capacity * static_cast<std::size_t>(k);
+    }
+    return z;
+  }
+};
+
+template <class T>
+UpDownMemory memory_of(detail::UpDownBuffers<T>& b) {
+  return {b.row_nnz.data(),     b.block_order.data(),
+          b.block_state.data(), reinterpret_cast<int2*>(b.split_candidates.data()),
+          b.split_turn.data(),  b.split_sum.data(),
+          b.split_capacity};
+}
+
+// UpDownBuffers for one call, from the stream's memory pool (cudaMallocAsync: no device-wide
+// wait, unlike a Buffer's cudaFree); the block kernel's state and turns zeroed as the plan's are.
+class UpDownScratch {
+ public:
+  UpDownScratch(const UpDownSizes& z, cudaStream_t stream, const char* where)
+      : row_nnz_(z.row_nnz * 4, stream, where),
+        order_(z.block_order * 4, stream, where),
+        state_(z.block_state * 4, stream, where),
+        candidates_(z.candidates * 4, stream, where),
+        turn_(z.capacity * 4, stream, where),
+        sum_(z.sum * 4, stream, where),
+        capacity_(z.capacity) {
+    for (const auto& [part, words] : {std::pair{&state_, z.block_state}, std::pair{&turn_, z.capacity}})
+      if (words > 0) ::twell::detail::check_cuda(cudaMemsetAsync(part->as<void>(), 0, words * 4, stream), where);
+  }
+  UpDownMemory memory() const {
+    return {row_nnz_.as<std::int32_t>(),
+            order_.as<std::int32_t>(),
+            state_.as<std::int32_t>(),
+            candidates_.as<int2>(),
+            turn_.as<std::int32_t>(),
+            sum_.as<float>(),
+            static_cast<std::int64_t>(capacity_)};
+  }
+
+ private:
+  detail::Scratch row_nnz_, order_, state_, candidates_, turn_, sum_;
+  std::size_t capacity_;
+};
+
 // u and h for FfnArgs::u_packed ... (GatedUpDownPlan).
 template <class T>
 struct KeptUpDown {
@@ -1184,7 +1256,7 @@ struct KeptUpDown {
 template <class T>
 std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<const T> w_gate, ActivationSpec act,
                         const T* wu_t, std::int64_t ldwu_t, DenseView<const T> wd, DenseView<T> y,
-                        detail::UpDownBuffers<T>& buffers, const KeptUpDown<T>* kept, cudaStream_t stream,
+                        const UpDownMemory& buffers, const KeptUpDown<T>* kept, cudaStream_t stream,
                         const char* where) {
   if (x.rows == 0) return "empty";
   FfnArgs a;
@@ -1211,7 +1283,7 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   a.ld_w_gate = w_gate.ld;
   a.act = act.kind;
   a.threshold = act.threshold;
-  a.row_nnz = buffers.row_nnz.data();
+  a.row_nnz = buffers.row_nnz;
   if (kept != nullptr) {
     a.u_packed = kept->u.twell.packed;
     a.h_packed = kept->h.twell.packed;
@@ -1225,14 +1297,14 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
                    aligned16(wd.data) && aligned16(y.data) && (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t)));
   if constexpr (ValueTraits<T>::packs_in_slot) {
     BlockKernelFit fit;
-    if (vec && buffers.block_state.data() != nullptr && block_kernel_fits<T>(x.cols, fit, where)) {
+    if (vec && buffers.block_state != nullptr && block_kernel_fits<T>(x.cols, fit, where)) {
       const std::int64_t parts = split_parts(a.layout, a.n);
-      a.block_state = buffers.block_state.data();
+      a.block_state = buffers.block_state;
       a.resident = fit.resident;
       if (buffers.split_capacity > 0 && parts > 0) {
-        a.split_candidates = reinterpret_cast<int2*>(buffers.split_candidates.data());
-        a.split_turn = buffers.split_turn.data();
-        a.split_sum = buffers.split_sum.data();
+        a.split_candidates = buffers.split_candidates;
+        a.split_turn = buffers.split_turn;
+        a.split_sum = buffers.split_sum;
         a.split_capacity = buffers.split_capacity;
         a.part_tiles = kPartColumns / a.layout.tile;
         a.parts = static_cast<std::int32_t>(parts);
@@ -1241,9 +1313,9 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
       }
       a.block_tokens = block_tokens_for(x.rows, fit.resident);
       count_and_order_kernel<T><<<static_cast<unsigned>((x.rows + kCountRows - 1) / kCountRows), kThreads, 0, stream>>>(
-          a, buffers.block_order.data());
+          a, buffers.block_order);
       ::twell::detail::check_launch(where);
-      a.block_order = buffers.block_order.data();
+      a.block_order = buffers.block_order;
       const auto blocks = static_cast<unsigned>((x.rows + a.block_tokens - 1) / a.block_tokens);
       block_kernel_for<T>(x.cols)<<<blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols),
                                     stream>>>(a);
@@ -1285,17 +1357,15 @@ GemmToSparsePlan<T> checked_gate(std::int64_t m, bool gated, DenseView<const T> 
 template <Value T>
 detail::UpDownBuffers<T>::UpDownBuffers(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout,
                                         const char* where)
-    : row_nnz(static_cast<std::size_t>(m), MemorySpace::device),
-      block_order(static_cast<std::size_t>((m + kMinBlockTokens - 1) / kMinBlockTokens), MemorySpace::device) {
-  BlockKernelFit fit;
-  if (!block_kernel_fits<T>(k, fit, where)) return;
-  if (split_parts(layout, n) > 0) split_capacity = std::min(m, fit.resident);
-  const auto cap = static_cast<std::size_t>(split_capacity);
-  block_state = Buffer<std::int32_t>(kStateSplitRows + cap, MemorySpace::device);
-  if (cap == 0) return;
-  split_candidates = Buffer<std::int32_t>(2 * static_cast<std::size_t>(m), MemorySpace::device, Uninitialized{});
-  split_turn = Buffer<std::int32_t>(cap, MemorySpace::device);
-  split_sum = Buffer<float>(cap * static_cast<std::size_t>(k), MemorySpace::device, Uninitialized{});
+    : split_capacity(0) {
+  const UpDownSizes z = UpDownSizes::of<T>(m, k, n, layout, where);
+  row_nnz = Buffer<std::int32_t>(z.row_nnz, MemorySpace::device);
+  block_order = Buffer<std::int32_t>(z.block_order, MemorySpace::device);
+  block_state = Buffer<std::int32_t>(z.block_state, MemorySpace::device);
+  split_capacity = static_cast<std::int64_t>(z.capacity);
+  split_candidates = Buffer<std::int32_t>(z.candidates, MemorySpace::device, Uninitialized{});
+  split_turn = Buffer<std::int32_t>(z.capacity, MemorySpace::device);
+  split_sum = Buffer<float>(z.sum, MemorySpace::device, Uninitialized{});
 }
 
 template <Value T>
@@ -1328,8 +1398,9 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   gate_.run(x, w_gate_);
   const HybridView<const T> g = gate_.queued_result();
   const std::int64_t block_rows = g.overflow.rows;
-  const std::string kernel = sparse_rows<T>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr,
-                                            gated_ ? wu_t_.ld() : 0, wd_, y, buffers_, nullptr, stream, where_);
+  const std::string kernel =
+      sparse_rows<T>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr, gated_ ? wu_t_.ld() : 0, wd_, y,
+                     memory_of(buffers_), nullptr, stream, where_);
   path_ = "gate:" + gate_.path() + "+" + kernel;
   if (stats == nullptr) return;
 
@@ -1379,9 +1450,8 @@ std::int64_t checked_up_down(std::int64_t m, std::int64_t k, std::int64_t n, con
           " must not be negative");
   require(m <= INT32_MAX, ErrorCode::unsupported, where, "M = ", m, " exceeds 2^31 - 1 rows");
   require(GatedUpDownPlan<T>::applies(k), ErrorCode::unsupported, where,
-          "the kept up/down kernel takes 16-bit "
-          "values and K <= ",
-          kFusedFfnMaxK, "; this is ", to_string(dtype_of<T>), " with K = ", k);
+          "the kept up/down kernel takes 16-bit values and K <= ", kFusedFfnMaxK, "; this is ", to_string(dtype_of<T>),
+          " with K = ", k);
   check_layout(layout, where);
   return m;
 }
@@ -1414,51 +1484,85 @@ GatedUpDownPlan<T>::GatedUpDownPlan(std::int64_t m, std::int64_t k, std::int64_t
       wu_t_(n, k, MemorySpace::device),
       buffers_(m, k, n, layout, "twell::cuda::GatedUpDownPlan") {}
 
-template <Value T>
-void GatedUpDownPlan<T>::run(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
-                             HybridView<T> u, HybridView<T> h, DenseView<T> y) {
-  constexpr const char* where = "twell::cuda::GatedUpDownPlan::run";
-  twell::detail::require_live(live_, where);
-  check_io<T>(x, y, k_, where);
-  require(x.rows == m_, ErrorCode::shape_mismatch, where, "the plan is for ", m_, " tokens but x has ", x.rows,
-          " rows");
+namespace {
+// The operands of a kept up/down run for M x K x N in `layout` (checked before anything is queued).
+template <class T>
+void check_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
+                HybridView<T> u, HybridView<T> h, DenseView<T> y, std::int64_t m, std::int64_t k, std::int64_t n,
+                const TwellLayout& layout, const char* where) {
+  check_io<T>(x, y, k, where);
+  require(x.rows == m, ErrorCode::shape_mismatch, where, "the plan is for ", m, " tokens but x has ", x.rows, " rows");
   check_weights<T>(wu, wd, where);
-  require(wu.cols == n_, ErrorCode::shape_mismatch, where, "wu has ", wu.cols, " columns but the plan is for N = ", n_);
-  check_part(a, m_, n_, layout_, where, "a");
-  check_part(u, m_, n_, layout_, where, "u");
-  check_part(h, m_, n_, layout_, where, "h");
+  require(wu.cols == n, ErrorCode::shape_mismatch, where, "wu has ", wu.cols, " columns but the plan is for N = ", n);
+  check_part(a, m, n, layout, where, "a");
+  check_part(u, m, n, layout, where, "u");
+  check_part(h, m, n, layout, where, "h");
   const std::int64_t r = a.overflow.rows;
   require(u.overflow.rows == r && h.overflow.rows == r, ErrorCode::shape_mismatch, where, "u and h have ",
           u.overflow.rows, " and ", h.overflow.rows, " overflow rows but a has ", r);
-  const std::int64_t words = m_ * layout_.packed_width(n_);
-  require(words == 0 || (u.twell.packed != a.twell.packed && h.twell.packed != a.twell.packed &&
-                         u.twell.packed != h.twell.packed),
+  require(m * layout.packed_width(n) == 0 || (u.twell.packed != a.twell.packed && h.twell.packed != a.twell.packed &&
+                                              u.twell.packed != h.twell.packed),
           ErrorCode::invalid_argument, where, "u and h must hold slot arrays of their own (they are written)");
-  const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});
-  // a's structure into u and h: the kernel writes the values of its entries only.
+}
+
+// Queues a checked kept up/down run: Wu^T into wu_t (N x K, leading dimension K), a's structure
+// into u and h (the kernel writes the values of its entries only), the kernel, then the shadow
+// slots of u and h from their dense rows. Returns the kernel's path name.
+template <class T>
+std::string queue_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
+                       HybridView<T> u, HybridView<T> h, DenseView<T> y, T* wu_t, const UpDownMemory& memory,
+                       cudaStream_t stream, const char* where) {
+  const std::int64_t m = a.rows(), n = a.cols(), k = x.cols, r = a.overflow.rows;
+  const std::int64_t words = m * a.twell.layout.packed_width(n);
+  cuda::transpose<T>(wu, DenseView<T>{wu_t, n, k, k, MemorySpace::device}, KernelOptions{Stream{stream}});
   for (HybridView<T>* part : {&u, &h}) {
     if (words > 0)
       ::twell::detail::check_cuda(cudaMemcpyAsync(part->twell.packed, a.twell.packed, words * sizeof(std::uint32_t),
                                                   cudaMemcpyDeviceToDevice, stream),
                                   where);
-    if (m_ > 0 && part->row_to_overflow != a.row_to_overflow)
-      ::twell::detail::check_cuda(cudaMemcpyAsync(part->row_to_overflow, a.row_to_overflow, m_ * sizeof(std::int32_t),
+    if (m > 0 && part->row_to_overflow != a.row_to_overflow)
+      ::twell::detail::check_cuda(cudaMemcpyAsync(part->row_to_overflow, a.row_to_overflow, m * sizeof(std::int32_t),
                                                   cudaMemcpyDeviceToDevice, stream),
                                   where);
     if (r > 0 && part->overflow_to_row != a.overflow_to_row)
       ::twell::detail::check_cuda(cudaMemcpyAsync(part->overflow_to_row, a.overflow_to_row, r * sizeof(std::int32_t),
                                                   cudaMemcpyDeviceToDevice, stream),
                                   where);
-    if (r > 0 && n_ > 0)
+    if (r > 0 && n > 0)
       ::twell::detail::check_cuda(
-          cudaMemset2DAsync(part->overflow.data, part->overflow.ld * sizeof(T), 0, n_ * sizeof(T), r, stream), where);
+          cudaMemset2DAsync(part->overflow.data, part->overflow.ld * sizeof(T), 0, n * sizeof(T), r, stream), where);
   }
   const KeptUpDown<T> kept{u, h};
-  path_ = sparse_rows<T>(x, a, DenseView<const T>{}, ActivationSpec{}, wu_t_.values().data(), wu_t_.ld(), wd, y,
-                         buffers_, &kept, stream, where);
+  std::string path =
+      sparse_rows<T>(x, a, DenseView<const T>{}, ActivationSpec{}, wu_t, k, wd, y, memory, &kept, stream, where);
   for (const HybridView<T>& part : {u, h})
     detail::copy_dense_rows_into_shadows<T>(a.twell, a.overflow_to_row, part, stream, where);
+  return path;
+}
+}  // namespace
+
+template <Value T>
+void GatedUpDownPlan<T>::run(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
+                             HybridView<T> u, HybridView<T> h, DenseView<T> y) {
+  constexpr const char* where = "twell::cuda::GatedUpDownPlan::run";
+  twell::detail::require_live(live_, where);
+  check_kept<T>(x, a, wu, wd, u, h, y, m_, k_, n_, layout_, where);
+  path_ = queue_kept<T>(x, a, wu, wd, u, h, y, wu_t_.values().data(), memory_of(buffers_),
+                        static_cast<cudaStream_t>(stream_.handle), where);
+}
+
+template <Value T>
+void gated_up_down(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
+                   HybridView<T> u, HybridView<T> h, DenseView<T> y, const KernelOptions& options) {
+  constexpr const char* where = "twell::cuda::gated_up_down";
+  const std::int64_t m = x.rows, k = x.cols, n = wu.cols;
+  checked_up_down<T>(m, k, n, a.twell.layout, where);
+  check_kept<T>(x, a, wu, wd, u, h, y, m, k, n, a.twell.layout, where);
+  const cudaStream_t stream = ::twell::cuda::detail::stream_of(options);
+  const UpDownScratch memory(UpDownSizes::of<T>(m, k, n, a.twell.layout, where), stream, where);
+  const detail::Scratch wu_t(static_cast<std::size_t>(n * k) * sizeof(T), stream, where);
+  const std::string path = queue_kept<T>(x, a, wu, wd, u, h, y, wu_t.as<T>(), memory.memory(), stream, where);
+  if (options.report != nullptr) options.report->path = path;
 }
 
 template <Value T>
@@ -1484,6 +1588,8 @@ void ffn_forward(DenseView<const T> x, DenseView<const T> wu, DenseView<const T>
   template class GatedFfnPlan<T>;                                                                                    \
   template class FfnPlan<T>;                                                                                         \
   template class GatedUpDownPlan<T>;                                                                                 \
+  template void gated_up_down<T>(DenseView<const T>, HybridView<const T>, DenseView<const T>, DenseView<const T>,    \
+                                 HybridView<T>, HybridView<T>, DenseView<T>, const KernelOptions&);                  \
   template void gated_ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, DenseView<const T>, \
                                      ActivationSpec, DenseView<T>, const KernelOptions&);                            \
   template void ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, ActivationSpec,           \

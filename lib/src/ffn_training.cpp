@@ -1,6 +1,7 @@
 // Sparse training of the gated FFN: the free forward and backward (storage allocated per call)
 // and GatedFfnTraining (storage held), both through the compositions of ffn_compose.hpp.
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,46 +27,36 @@ using ffn_detail::spmm_on_backend;
 
 namespace {
 
-#if TWELL_HAS_CUDA
+// Runs the kept up/down kernel of cuda::GatedUpDownPlan (u, h and y of the forward in one kernel)
+// into u, h, y; empty where the forward composes instead.
 template <class T>
-using UpDownPlan = cuda::GatedUpDownPlan<T>;
-#else
-template <class T>
-struct UpDownPlan {};  // without a cuda backend none is made
-#endif
+using KeptUpDown = std::function<void(HybridView<T> u, HybridView<T> h, DenseView<T> y)>;
 
-// The kept up/down plan for M x K x N where one applies (device memory, 16-bit values, K within
-// the kernel's limit), else none.
+// Whether the kept up/down kernel takes a forward of hidden size K in `space` (device memory,
+// 16-bit values, K within the kernel's limit).
 template <class T>
-std::optional<UpDownPlan<T>> up_down_for(std::int64_t m, std::int64_t k, std::int64_t n, MemorySpace space,
-                                         TwellLayout layout, const KernelOptions& options) {
-  std::optional<UpDownPlan<T>> plan;
+bool keeps_up_down([[maybe_unused]] std::int64_t k, [[maybe_unused]] MemorySpace space) {
 #if TWELL_HAS_CUDA
-  if (space == MemorySpace::device && cuda::GatedUpDownPlan<T>::applies(k)) plan.emplace(m, k, n, layout, options);
+  return space == MemorySpace::device && cuda::GatedUpDownPlan<T>::applies(k);
 #else
-  (void)m, (void)k, (void)n, (void)space, (void)layout, (void)options;
+  return false;
 #endif
-  return plan;
 }
 
 // The training forward after its gate a: u = x wu and h = a * u on a's pattern, g = x wg there
-// for SiLU and GELU, and y = h wd. With a kept up/down plan one kernel computes u, h and y (the
-// composition's values up to the order of fp32 sums); otherwise gated_after_gate composes them.
-// The free forward and GatedFfnTraining both come here, so they give the same bits.
+// for SiLU and GELU, and y = h wd. Through `kept` where given (the composition's values up to the
+// order of fp32 sums), otherwise composed by gated_after_gate. The free forward and
+// GatedFfnTraining both come here with the same kernel, so they give the same bits.
 template <class T, class Spmm>
-void training_after_gate(UpDownPlan<T>* up_down, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
+void training_after_gate(const KeptUpDown<T>& kept, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
                          DenseView<const T> wd, HybridView<const T> a, HybridView<T> u, HybridView<T> h,
                          const HybridView<T>* g, DenseView<T> y, const KernelOptions& options, Spmm&& spmm) {
-#if TWELL_HAS_CUDA
-  if (up_down != nullptr) {
-    up_down->run(x, a, wu, wd, u, h, y);
-    if (g != nullptr) sddmm<T>(x, Op::none, wg, a, *g, 1.0f, 0.0f, options);
+  if (!kept) {
+    ffn_detail::gated_after_gate<T>(x, wg, wu, wd, a, u, h, g, y, options, std::forward<Spmm>(spmm));
     return;
   }
-#else
-  (void)up_down;
-#endif
-  ffn_detail::gated_after_gate<T>(x, wg, wu, wd, a, u, h, g, y, options, std::forward<Spmm>(spmm));
+  kept(u, h, y);
+  if (g != nullptr) sddmm<T>(x, Op::none, wg, a, *g, 1.0f, 0.0f, options);
 }
 
 }  // namespace
@@ -86,8 +77,14 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
   // ReLU's derivative is 1 on the pattern; the others need the pre-activation there.
   if (act.kind != Activation::relu) s.g = hybrid_like(s.a);
   HybridView<T> g = s.g.view();
-  std::optional<UpDownPlan<T>> up_down = up_down_for<T>(x.rows, x.cols, wu.cols, x.space, layout, options);
-  training_after_gate<T>(up_down ? &*up_down : nullptr, x, wg, wu, wd, s.a.view(), s.u.view(), s.h.view(),
+  KeptUpDown<T> kept;
+#if TWELL_HAS_CUDA
+  if (keeps_up_down<T>(x.cols, x.space))
+    kept = [&](HybridView<T> u, HybridView<T> h, DenseView<T> y_out) {
+      cuda::gated_up_down<T>(x, s.a.view(), wu, wd, u, h, y_out, options);
+    };
+#endif
+  training_after_gate<T>(kept, x, wg, wu, wd, s.a.view(), s.u.view(), s.h.view(),
                          act.kind != Activation::relu ? &g : nullptr, y, options, spmm_on_backend<T>(options));
   return s;
 }
@@ -142,8 +139,8 @@ struct GatedFfnTraining<T>::Impl {
 #if TWELL_HAS_CUDA
   std::optional<cuda::GemmToSparsePlan<T>> gate_plan;
   std::optional<cuda::SpmmPlan<T>> spmm_plan;
+  std::optional<cuda::GatedUpDownPlan<T>> up_down;  // where the kept up/down kernel applies
 #endif
-  std::optional<UpDownPlan<T>> up_down;
 
   bool on_device() const { return space == MemorySpace::device; }
   bool needs_g() const { return act.kind != Activation::relu; }
@@ -252,7 +249,7 @@ GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, 
     require_cuda_device(where);
     s.gate_plan.emplace(tokens, hidden, intermediate, act, layout, capacity, OverflowPolicy::hybrid, options.stream);
     s.spmm_plan.emplace(tokens, intermediate, layout, options.stream, options.spmm_algorithm);
-    s.up_down = up_down_for<T>(tokens, hidden, intermediate, space, layout, s.options);
+    if (keeps_up_down<T>(hidden, space)) s.up_down.emplace(tokens, hidden, intermediate, layout, s.options);
 #else
     fail(ErrorCode::no_device, where, "device memory asked for, but this build of twell has no cuda backend");
 #endif
@@ -274,8 +271,14 @@ void GatedFfnTraining<T>::forward(In<DenseView<const T>> x, In<DenseView<const T
   s.hold(rows);
   std::optional<HybridView<T>> g;
   if (s.needs_g()) g = Impl::first_rows(s.g, rows);
-  training_after_gate<T>(s.up_down ? &*s.up_down : nullptr, x, wg, wu, wd, s.gate_result(), Impl::first_rows(s.u, rows),
-                         Impl::first_rows(s.h, rows), g ? &*g : nullptr, y, s.options, s.spmm_fn());
+  const HybridView<const T> a = s.gate_result();
+  KeptUpDown<T> kept;
+#if TWELL_HAS_CUDA
+  if (s.up_down)
+    kept = [&](HybridView<T> u, HybridView<T> h, DenseView<T> y_out) { s.up_down->run(x, a, wu, wd, u, h, y_out); };
+#endif
+  training_after_gate<T>(kept, x, wg, wu, wd, a, Impl::first_rows(s.u, rows), Impl::first_rows(s.h, rows),
+                         g ? &*g : nullptr, y, s.options, s.spmm_fn());
   s.overflow_rows = rows;
   s.path = s.on_device() ? "planned:cuda" : "composed:reference";
 }

@@ -160,6 +160,14 @@ class GatedUpDownPlan {
   std::string path_;
 };
 
+// The one-shot form of GatedUpDownPlan::run (the free training forward's): M, K, N from x and
+// wu, the layout a's; Wu^T and the kernel's buffers are stream-ordered scratch for this call
+// (cudaMallocAsync: no device-wide wait), so the results are a plan's bit for bit. Reports the
+// kernel in options.report.
+template <Value T>
+void gated_up_down(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
+                   HybridView<T> u, HybridView<T> h, DenseView<T> y, const KernelOptions& options = {});
+
 // One-shot forms: build the plan for x's M (default layout and capacity), run it once, and
 // report its path in options.report. Reuse a plan when the weights are reused.
 template <Value T>
