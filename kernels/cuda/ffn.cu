@@ -171,7 +171,9 @@ __device__ __forceinline__ float gate_entry(float acc, Activation kind, float th
 }
 
 // An entry's place in the saved u and h (FfnArgs::u_packed ...): its slot word in the row's packed
-// words (>= 0), or -(column + 1) in the row's dense block row.
+// words (>= 0), or -(column + 1) in the row's dense block row; kNowhere for a gate row recomputed
+// here (past the block: never with u and h kept, whose gate is complete; not stored if it were).
+constexpr std::int32_t kNowhere = INT32_MIN;
 __device__ __forceinline__ std::int32_t slot_place(std::int64_t word) { return static_cast<std::int32_t>(word); }
 __device__ __forceinline__ std::int32_t dense_place(std::int64_t column) {
   return static_cast<std::int32_t>(-column - 1);
@@ -184,7 +186,7 @@ template <class T>
 __device__ __forceinline__ float keep_u_and_h(const FfnArgs& a, std::int64_t row, std::int32_t place, float gate,
                                               float u) {
   if constexpr (ValueTraits<T>::packs_in_slot) {
-    if (a.u_packed == nullptr) return gate * u;
+    if (a.u_packed == nullptr || place == kNowhere) return gate * u;
     const std::uint16_t ub = float_to_bits<T>(u);
     const std::uint16_t hb = float_to_bits<T>(gate * bits_to_float<T>(ub));
     if (place >= 0) {
@@ -212,7 +214,8 @@ __device__ __forceinline__ float keep_u_and_h(const FfnArgs& a, std::int64_t row
 // column, as gemm_to_sparse's rule applied to x . Wg(:, j) in fp32 (sequential over K, so
 // deterministic). Candidates are compacted in order into shared memory by ballots; for the gated
 // FFN each warp then takes nonzeros j and reduces x . Wu^T(j, :) over K (x staged in shared
-// memory as fp32), h_j = gate_j * u_j stays in shared memory; finally every thread adds
+// memory as fp32), h_j = gate_j * u_j stays in shared memory (keep_u_and_h: also stored, rounded,
+// where u and h are kept); finally every thread adds
 // h_j * Wd(j, own columns) for each j, and thread 0 writes the row's nonzero count to row_nnz.
 // Deterministic: fixed order throughout. Preconditions: K <= kFusedFfnMaxK; V == 8 needs K, every leading
 // dimension and every pointer aligned to 8 elements (16 bytes for 16-bit types); dynamic shared
@@ -258,7 +261,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
   for (std::int64_t c0 = 0; c0 < candidates; c0 += kThreads) {
     const std::int64_t v = c0 + tid;
     bool here = false;
-    std::int32_t col = 0, place = 0;
+    std::int32_t col = 0, place = kNowhere;
     float val = 0.0f;
     if (v < candidates) {
       if (recompute) {
@@ -512,8 +515,8 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
 // 32 k per step, kSteps steps of weight loads in flight (8 rows x 64 contiguous bytes per load
 // instruction). Accumulator (g, 2q + i) is u of token g and unit 2q + i of the tile, so the lane
 // holding it scales that entry's gate value (keep_u_and_h; token g is row row0 + g); tokens of the
-// block outside the round (or absent:
-// their shared rows are stale) only fill accumulators nobody reads.
+// block outside the round (or absent: their shared rows are stale) only fill accumulators nobody
+// reads.
 template <class T>
 __device__ __forceinline__ void up_products(const FfnArgs& a, std::int64_t row0, const std::uint16_t* xs, int groups,
                                             const std::int16_t* g_start, const std::int16_t* s_pos,
@@ -572,7 +575,7 @@ __device__ __forceinline__ void up_products(const FfnArgs& a, std::int64_t row0,
 //      search in that token's sorted columns; the entries are placed by rank, group starts
 //      (first entry of each unit) compacted by ballots. up_products (above) then computes u for 8
 //      distinct units at a time on tensor cores, each Wu^T(j, :) loaded once per round, and
-//      scales each entry: h = gate * u.
+//      scales each entry: h = gate * u (keep_u_and_h).
 //   3. Down projection token by token: a thread owns 8 consecutive output columns per 2048
 //      (kChunks chunks) in registers and adds h_e * Wd(j_e, own columns) over the token's
 //      entries in column order, kBatchRows rows (8 x kChunks loads of 16 bytes) in flight per
@@ -1493,7 +1496,8 @@ void check_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> 
   check_io<T>(x, y, k, where);
   require(x.rows == m, ErrorCode::shape_mismatch, where, "the plan is for ", m, " tokens but x has ", x.rows, " rows");
   check_weights<T>(wu, wd, where);
-  require(wu.cols == n, ErrorCode::shape_mismatch, where, "wu has ", wu.cols, " columns but the plan is for N = ", n);
+  require(wu.rows == k && wu.cols == n, ErrorCode::shape_mismatch, where, "wu is ", wu.rows, " x ", wu.cols,
+          " but the plan is for K = ", k, " and N = ", n);
   check_part(a, m, n, layout, where, "a");
   check_part(u, m, n, layout, where, "u");
   check_part(h, m, n, layout, where, "h");
@@ -1503,6 +1507,9 @@ void check_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> 
   require(m * layout.packed_width(n) == 0 || (u.twell.packed != a.twell.packed && h.twell.packed != a.twell.packed &&
                                               u.twell.packed != h.twell.packed),
           ErrorCode::invalid_argument, where, "u and h must hold slot arrays of their own (they are written)");
+  require(r * n == 0 || (u.overflow.data != a.overflow.data && h.overflow.data != a.overflow.data &&
+                         u.overflow.data != h.overflow.data),
+          ErrorCode::invalid_argument, where, "u and h must hold dense blocks of their own (they are written)");
 }
 
 // Queues a checked kept up/down run: Wu^T into wu_t (N x K, leading dimension K), a's structure

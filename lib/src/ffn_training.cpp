@@ -46,7 +46,8 @@ bool keeps_up_down([[maybe_unused]] std::int64_t k, [[maybe_unused]] MemorySpace
 // The training forward after its gate a: u = x wu and h = a * u on a's pattern, g = x wg there
 // for SiLU and GELU, and y = h wd. Through `kept` where given (the composition's values up to the
 // order of fp32 sums), otherwise composed by gated_after_gate. The free forward and
-// GatedFfnTraining both come here with the same kernel, so they give the same bits.
+// GatedFfnTraining both come here with the same kernel and bit-identical gates (the gate plan
+// promises gemm_to_sparse's bits), so they give the same bits.
 template <class T, class Spmm>
 void training_after_gate(const KeptUpDown<T>& kept, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
                          DenseView<const T> wd, HybridView<const T> a, HybridView<T> u, HybridView<T> h,

@@ -688,7 +688,9 @@ HybridMatrix<T> shaped_like(const HybridMatrix<T>& a) {
 // forward's `want` (sddmm, multiply_on_pattern on the same gate):
 //   - the maps and every slot-0 count, column half and padding word are a's, bit for bit;
 //   - a shadow slot of an overflow row holds the value its dense row holds at that column;
-//   - the values are the composition's up to fp32 summation order (relative error).
+//   - every value is the composition's up to fp32 summation order: within 2^-6 of it relative (two
+//     ulps of bf16: u may round the other way, and h = a * round(u) with it) plus 2^-10 of the
+//     largest, element by element, so that one value in a wrong slot, or never written, fails.
 template <class T>
 void check_kept(const HybridMatrix<T>& got_dev, const HybridMatrix<T>& a_dev, const HybridMatrix<T>& want_dev,
                 const char* name) {
@@ -722,26 +724,39 @@ void check_kept(const HybridMatrix<T>& got_dev, const HybridMatrix<T>& a_dev, co
       }
     }
   CHECK(mismatches == 0);
-  const double err =
-      testing::relative_error<T, T>(to_dense(got).view(), to_dense(want_dev.to(MemorySpace::host)).view());
-  CAPTURE(err);
-  CHECK(err < 1e-2);
+  const DenseMatrix<T> got_values = to_dense(got), want_values = to_dense(want_dev.to(MemorySpace::host));
+  const auto gv = got_values.view(), wv = want_values.view();
+  double largest = 0.0;
+  for (std::int64_t i = 0; i < wv.rows; ++i)
+    for (std::int64_t j = 0; j < wv.cols; ++j) largest = std::max(largest, std::fabs(double(to_float(wv.at(i, j)))));
+  std::int64_t far = 0;
+  for (std::int64_t i = 0; i < wv.rows; ++i)
+    for (std::int64_t j = 0; j < wv.cols; ++j) {
+      const double g = to_float(gv.at(i, j)), w = to_float(wv.at(i, j));
+      far += !(std::fabs(g - w) <= std::ldexp(std::fabs(w), -6) + std::ldexp(largest, -10));  // NaN counts
+    }
+  CHECK(far == 0);
 }
 
 }  // namespace
 
 TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_pattern compose them", T, bf16, fp16) {
   // Each setting reaches another path of the kernel: the block kernel's rounds (uniform), its split
-  // rows and overflow-block rows (token-skewed, paper shape), tokens routed to the per-token body
-  // (N = 1004: an overflow block not readable 16 bytes at a time; K = 60: not 8-aligned, so every
-  // token), and many overflow rows (4 slots per tile). Outputs poisoned, fresh inputs per setting.
+  // rows (heavy TwELL rows and dense rows at 5 %, every token at 10 %: the sizes of "block kernel:
+  // heavy tokens split ...", which an inference plan's stats confirm here) and overflow-block rows
+  // (token-skewed), tokens routed to the per-token body (N = 1004: an overflow block not readable 16
+  // bytes at a time; K = 60: not 8-aligned, so every token), and many overflow rows (4 slots per
+  // tile), where u and h also view a's maps instead of copies. Outputs poisoned, fresh inputs.
   struct Setting {
     Shape s;
     double density;
     Distribution d;
     TwellLayout layout;
+    bool split = false;  // whether rows are split over CTAs here
   };
   const Setting settings[] = {{{1, 64, 136}, 0.05, Distribution::uniform, {}},
+                              {{testing::sweep_size(300, 120), 2048, 5632}, 0.05, Distribution::token_skewed, {}, true},
+                              {{100, 520, 5632}, 0.1, Distribution::uniform, {}, true},
                               {{300, 520, 1000}, 0.02, Distribution::uniform, {}},
                               {{256, 2048, 5632}, 0.005, Distribution::token_skewed, {}},
                               {{300, 520, 1004}, 0.02, Distribution::token_skewed, {128, 32}},
@@ -775,42 +790,96 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_patte
       testing::poison_device(part->overflow_to_row());
     }
     DenseMatrix<T> y = poisoned<T>(c.m(), c.k());
+    HybridView<T> u_view = u.view(), h_view = h.view();
+    const bool share_maps = st.layout.slots() == 4;
+    if (share_maps)
+      for (HybridView<T>* v : {&u_view, &h_view}) {
+        v->row_to_overflow = const_cast<std::int32_t*>(a.row_to_overflow().data());
+        v->overflow_to_row = const_cast<std::int32_t*>(a.overflow_to_row().data());
+      }
     cuda::GatedUpDownPlan<T> plan(c.m(), c.k(), st.s.n, st.layout);
-    plan.run(c.x.view(), a.view(), c.wu.view(), c.wd.view(), u.view(), h.view(), y.view());
+    plan.run(c.x.view(), a.view(), c.wu.view(), c.wd.view(), u_view, h_view, y.view());
     testing::cuda_ok(cudaDeviceSynchronize());
     CAPTURE(plan.path());
+    if (share_maps)  // the run read a's maps in place; u's and h's own stayed poisoned
+      for (HybridMatrix<T>* part : {&u, &h}) {
+        CHECK(testing::still_poisoned(part->row_to_overflow()));
+        part->row_to_overflow() = a.row_to_overflow().copy_to(MemorySpace::device);
+        part->overflow_to_row() = a.overflow_to_row().copy_to(MemorySpace::device);
+      }
+    if (st.split) {  // the kernel splits the heavy rows of this gate (an inference plan's stats)
+      cuda::GatedFfnPlan<T> inference(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, st.layout);
+      FfnStats sizing, stats;
+      DenseMatrix<T> scratch_y = poisoned<T>(c.m(), c.k());
+      inference.forward(c.x.view(), scratch_y.view(), &sizing);  // sizes its overflow block
+      inference.forward(c.x.view(), scratch_y.view(), &stats);
+      CAPTURE(stats.split_rows);
+      CHECK(stats.split_rows > 0);
+    }
     check_kept<T>(u, a, u_want, "u");
     check_kept<T>(h, a, h_want, "h");
     CHECK(error_of(y, y_want.to(MemorySpace::host)) < tolerance<T>());
     CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+
+    // The one-shot form (scratch buffers instead of the plan's): the plan's bits.
+    HybridMatrix<T> u1 = shaped_like(a), h1 = shaped_like(a);
+    DenseMatrix<T> y1 = poisoned<T>(c.m(), c.k());
+    cuda::gated_up_down<T>(c.x.view(), a.view(), c.wu.view(), c.wd.view(), u1.view(), h1.view(), y1.view());
+    testing::cuda_ok(cudaDeviceSynchronize());
+    CHECK(testing::bitwise_equal<T>(y1.to(MemorySpace::host).view(), y.to(MemorySpace::host).view()));
+    for (const auto& [one_shot, planned] : {std::pair{&u1, &u}, std::pair{&h1, &h}}) {
+      const HybridMatrix<T> got = one_shot->to(MemorySpace::host), want = planned->to(MemorySpace::host);
+      CHECK(testing::same_bytes(got.twell().packed(), want.twell().packed()));
+      CHECK(testing::same_bytes(got.overflow().values(), want.overflow().values()));
+    }
   }
 }
 
 TEST_CASE("GatedUpDownPlan rejects bad input") {
-  const auto in = workload_inputs<bf16>({8, 32, 64, 0.1, Distribution::uniform}, 5);
+  // Half the gate's entries stored and 3 slots per 16 columns: rows overflow, so the dense blocks
+  // take part in the checks.
+  constexpr TwellLayout kLayout{16, 4};
+  const auto in = workload_inputs<bf16>({8, 32, 64, 0.5, Distribution::uniform}, 5);
   const auto x = in.x.to(MemorySpace::device), wg = in.wg.to(MemorySpace::device);
   const auto wu = in.wu.to(MemorySpace::device), wd = in.wd.to(MemorySpace::device);
   ConvertOptions convert;
   convert.overflow = OverflowPolicy::hybrid;
-  const HybridMatrix<bf16> a = gemm_to_sparse<bf16>(x.view(), wg.view(), ActivationSpec{}, TwellLayout{}, convert);
+  const HybridMatrix<bf16> a = gemm_to_sparse<bf16>(x.view(), wg.view(), ActivationSpec{}, kLayout, convert);
+  REQUIRE(a.overflow_rows() > 0);
   HybridMatrix<bf16> u = shaped_like(a), h = shaped_like(a);
   auto y = poisoned<bf16>(8, 32);
   using testing::code_of;
-  CHECK(code_of([&] { cuda::GatedUpDownPlan<float>(8, 32, 64, TwellLayout{}); }) == ErrorCode::unsupported);
-  CHECK(code_of([&] { cuda::GatedUpDownPlan<bf16>(8, cuda::kFusedFfnMaxK + 8, 64, TwellLayout{}); }) ==
+  CHECK(code_of([&] { cuda::GatedUpDownPlan<float>(8, 32, 64, kLayout); }) == ErrorCode::unsupported);
+  CHECK(code_of([&] { cuda::GatedUpDownPlan<bf16>(8, cuda::kFusedFfnMaxK + 8, 64, kLayout); }) ==
         ErrorCode::unsupported);
-  CHECK(code_of([&] { cuda::GatedUpDownPlan<bf16>(-1, 32, 64, TwellLayout{}); }) == ErrorCode::invalid_argument);
-  cuda::GatedUpDownPlan<bf16> plan(8, 32, 64, TwellLayout{});
-  // u sharing a's slots would overwrite the gate.
+  CHECK(code_of([&] { cuda::GatedUpDownPlan<bf16>(-1, 32, 64, kLayout); }) == ErrorCode::invalid_argument);
+  cuda::GatedUpDownPlan<bf16> plan(8, 32, 64, kLayout);
+  const auto run_with = [&](HybridView<bf16> u_view, HybridView<bf16> h_view) {
+    return code_of([&] { plan.run(x.view(), a.view(), wu.view(), wd.view(), u_view, h_view, y.view()); });
+  };
+  // u sharing a's slots would overwrite the gate; u sharing h's dense block would hold h, a's
+  // would be zeroed before the kernel reads it.
   HybridView<bf16> aliased = u.view();
   aliased.twell.packed = const_cast<std::uint32_t*>(a.view().twell.packed);
-  CHECK(code_of([&] { plan.run(x.view(), a.view(), wu.view(), wd.view(), aliased, h.view(), y.view()); }) ==
-        ErrorCode::invalid_argument);
+  CHECK(run_with(aliased, h.view()) == ErrorCode::invalid_argument);
+  for (bf16* block : {h.view().overflow.data, const_cast<bf16*>(a.view().overflow.data)}) {
+    HybridView<bf16> shared_block = u.view();
+    shared_block.overflow.data = block;
+    CHECK(run_with(shared_block, h.view()) == ErrorCode::invalid_argument);
+  }
   HybridMatrix<bf16> other_layout(8, 64, TwellLayout{32, 8}, a.overflow_rows(), MemorySpace::device);
-  CHECK(code_of([&] { plan.run(x.view(), a.view(), wu.view(), wd.view(), other_layout.view(), h.view(), y.view()); }) ==
-        ErrorCode::shape_mismatch);
+  CHECK(run_with(other_layout.view(), h.view()) == ErrorCode::shape_mismatch);
+  HybridMatrix<bf16> fewer_rows(8, 64, kLayout, 0, MemorySpace::device);
+  CHECK(run_with(fewer_rows.view(), h.view()) == ErrorCode::shape_mismatch);
   CHECK(code_of([&] { plan.run(x.view(), a.view(), wg.view(), in.wd.view(), u.view(), h.view(), y.view()); }) ==
         ErrorCode::space_mismatch);
+  const DenseView<const bf16> seven{x.view().data, 7, 32, 32, MemorySpace::device};
+  auto y7 = poisoned<bf16>(7, 32);
+  CHECK(code_of([&] { plan.run(seven, a.view(), wu.view(), wd.view(), u.view(), h.view(), y7.view()); }) ==
+        ErrorCode::shape_mismatch);
+  CHECK(code_of([&] {
+          cuda::gated_up_down<bf16>(x.view(), a.view(), wu.view(), wd.view(), aliased, h.view(), y.view());
+        }) == ErrorCode::invalid_argument);
   plan.run(x.view(), a.view(), wu.view(), wd.view(), u.view(), h.view(), y.view());  // the valid call runs
   testing::cuda_ok(cudaDeviceSynchronize());
 }

@@ -131,8 +131,10 @@ class FfnPlan : public FfnPlanBase<T> {
 // multiply_on_pattern round them (h = a * round(u)), and y = h wd from those h, the same results
 // as that composition followed by spmm up to the order of the fp32 sums of u and y. u and h get
 // a's structure (slot counts and columns, maps, shadow slots), copied here; they must have a's
-// layout and overflow rows and hold their own arrays. wu is transposed into the plan's N x K
-// buffer at every run (training changes the weights between steps). 16-bit T only (applies()).
+// layout and overflow rows and hold slot arrays and dense blocks of their own (their maps may be
+// a's). a must be a valid Hybrid (every row_to_overflow entry below its R). wu is transposed
+// into the plan's N x K buffer at every run (training changes the weights between steps). 16-bit
+// T only (applies()).
 // Asynchronous on the plan's stream, no allocation, no host wait.
 template <Value T>
 class GatedUpDownPlan {
