@@ -95,6 +95,38 @@ HybridMatrix<T> check_transpose(const HostM& a, TwellLayout out_layout, const st
   return want;
 }
 
+// A's dense form for the word-for-word cases: entries at `density`, special values among them, a
+// share `full_rows` of its rows full.
+template <class T>
+DenseMatrix<T> transpose_source(std::int64_t m, std::int64_t k, double density, double full_rows, std::uint64_t seed) {
+  testing::SparseDenseOptions so;
+  so.density = density;
+  so.specials = true;
+  so.full_row_share = full_rows;
+  return testing::random_sparse_dense<T>(m, k, so, seed);
+}
+
+// check_transpose of A (dense) as a Hybrid in each input layout and, where it fits, as TwELL, into
+// each output layout; on_reference(out layout, the Hybrid's reference A^T) runs the caller's
+// checks of what the input reached. Returns how many inputs were TwELL.
+template <class T, class F>
+int check_transposes(const DenseMatrix<T>& a_dense, std::span<const TwellLayout> ins, std::span<const TwellLayout> outs,
+                     F&& on_reference) {
+  int plain_inputs = 0;
+  for (const TwellLayout in : ins) {
+    CAPTURE(in.tile);
+    CAPTURE(in.compression);
+    const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), in);
+    const bool plain = fits<T>(a_dense.view(), in);
+    plain_inputs += plain ? 1 : 0;
+    for (const TwellLayout out : outs) {
+      on_reference(out, check_transpose<T>(hybrid, out, "hybrid"));
+      if (plain) check_transpose<T>(ref::dense_to_twell<T>(a_dense.view(), in), out, "twell");
+    }
+  }
+  return plain_inputs;
+}
+
 using testing::kSpmmAlphaBeta;
 using testing::SpmmRun;
 
@@ -199,24 +231,11 @@ TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the refere
       CAPTURE(m);
       CAPTURE(k);
       CAPTURE(density);
-      testing::SparseDenseOptions so;
-      so.density = density;
-      so.specials = true;
-      so.full_row_share = density > 0.0 && density < 0.5 ? 0.03 : 0.0;
-      auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
+      auto a_dense = transpose_source<T>(m, k, density, density > 0.0 && density < 0.5 ? 0.03 : 0.0, seed);
       // A hot column: A^T's row 1 past every layout's capacity where M allows.
       if (k > 1 && density > 0.0)
         for (std::int64_t i = 0; i < m; i += 2) a_dense.view().at(i, 1) = from_float<T>(0.5f + 0.001f * i);
-      for (const TwellLayout in : kIn) {
-        CAPTURE(in.tile);
-        CAPTURE(in.compression);
-        const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), in);
-        const bool plain = fits<T>(a_dense.view(), in);
-        for (const TwellLayout out : kOut) {
-          check_transpose<T>(hybrid, out, "hybrid");
-          if (plain) check_transpose<T>(ref::dense_to_twell<T>(a_dense.view(), in), out, "twell");
-        }
-      }
+      check_transposes<T>(a_dense, kIn, kOut, [](TwellLayout, const HybridMatrix<T>&) {});
     }
   }
 }
@@ -242,33 +261,20 @@ TEST_CASE_TEMPLATE("cuda direct transpose into 32 slots per group matches the re
       CAPTURE(m);
       CAPTURE(k);
       CAPTURE(density);
-      testing::SparseDenseOptions so;
-      so.density = density;
-      so.specials = true;
-      so.full_row_share = full_rows;
-      auto a_dense = testing::random_sparse_dense<T>(m, k, so, seed);
+      auto a_dense = transpose_source<T>(m, k, density, full_rows, seed);
       for (std::int64_t i = 0; i < std::min(m, kFirstGroup); ++i) {
         const float v = 0.5f + 0.001f * static_cast<float>(i);
         a_dense.view().at(i, 1) = i < kCapacity ? from_float<T>(v) : T{};
         a_dense.view().at(i, 2) = i < kCapacity + 1 ? from_float<T>(-v) : T{};
       }
-      for (const TwellLayout in : kIn) {
-        CAPTURE(in.tile);
-        CAPTURE(in.compression);
-        const HybridMatrix<T> hybrid = ref::dense_to_hybrid<T>(a_dense.view(), in);
-        const bool plain = fits<T>(a_dense.view(), in);
-        plain_inputs += plain ? 1 : 0;
-        for (const TwellLayout out : kOut) {
-          REQUIRE(out.capacity() == kCapacity);
-          const HybridMatrix<T> want = check_transpose<T>(hybrid, out, "hybrid");
-          // Columns 1 and 2 did their part: A^T's row 1 fills its first group, row 2 overflows it.
-          const std::uint32_t* words = want.twell().packed().data();
-          CHECK(words[out.slot_offset(1, 0, m)] == kCapacity);
-          CHECK(words[out.slot_offset(2, 0, m)] == kCapacity + 1);
-          CHECK(want.row_to_overflow().data()[2] >= 0);
-          if (plain) check_transpose<T>(ref::dense_to_twell<T>(a_dense.view(), in), out, "twell");
-        }
-      }
+      plain_inputs += check_transposes<T>(a_dense, kIn, kOut, [&](TwellLayout out, const HybridMatrix<T>& want) {
+        REQUIRE(out.capacity() == kCapacity);
+        // Columns 1 and 2 did their part: A^T's row 1 fills its first group, row 2 overflows it.
+        const std::uint32_t* words = want.twell().packed().data();
+        CHECK(words[out.slot_offset(1, 0, m)] == kCapacity);
+        CHECK(words[out.slot_offset(2, 0, m)] == kCapacity + 1);
+        CHECK(want.row_to_overflow().data()[2] >= 0);
+      });
     }
   }
   CHECK(plain_inputs > 0);  // TwELL input ran too (at 2 % in (64, 2))
