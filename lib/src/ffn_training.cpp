@@ -1,5 +1,6 @@
 // Sparse training of the gated FFN: the free forward and backward (storage allocated per call)
-// and GatedFfnTraining (storage held), both through the compositions of ffn_compose.hpp.
+// and GatedFfnTraining (storage held), both through the compositions of ffn_compose.hpp, or, for
+// the forward's u, h and y on the device, the fused up/down kernel that keeps u and h.
 #include <algorithm>
 #include <functional>
 #include <optional>
