@@ -2,7 +2,8 @@
 // <twell/kernels/ffn.hpp>: same signatures, device operands. The gate goes through a
 // GemmToSparsePlan into a Hybrid; one kernel then computes, for a block of tokens, the up
 // projection only at the gate's nonzeros (each Wu^T row once per block), h = gate * u, and
-// y = h Wd, with h kept on chip (docs/gemm_to_sparse.md, "Fused FFN forward").
+// y = h Wd, with h kept on chip (docs/gemm_to_sparse.md, "Fused FFN forward"). The same kernel
+// also serves a training forward that keeps u and h (GatedUpDownPlan, below).
 // Shapes: x is M x K; wg and wu are K x N; wd is N x K; y is M x K.
 // Available when TWELL_HAS_CUDA; host-includable (no CUDA headers).
 #pragma once
