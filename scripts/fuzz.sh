@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Fuzzes the file readers and validate() with libFuzzer: configures a separate clang build with
-# -fsanitize=fuzzer-no-link,address,undefined on the whole library, writes a seed corpus, and
-# runs each target for FUZZ_SECONDS (default 60). Exit status 1 when any target finds a crash,
-# a sanitizer report, a leak or a broken round trip; the reproducer is left in FUZZ_DIR/crashes.
+# Fuzzes the file readers, validate() and the twell program's command line (fuzz_args) with
+# libFuzzer: configures a separate clang build with -fsanitize=fuzzer-no-link,address,undefined on
+# the whole library, writes a seed corpus, and runs each target for FUZZ_SECONDS (default 60).
+# Exit status 1 when any target finds a crash, a sanitizer report, a leak or a broken round trip
+# (or, for fuzz_args, a parse that breaks its promises); the reproducer is left in FUZZ_DIR/crashes.
 #
-#   scripts/fuzz.sh                       # all four targets, 60 s each
+#   scripts/fuzz.sh                       # all five targets, 60 s each
 #   FUZZ_SECONDS=600 scripts/fuzz.sh twell   # one target, longer
 #
 # Environment: FUZZ_SECONDS, FUZZ_BUILD (build directory, default build/fuzz), FUZZ_DIR (corpora
@@ -20,7 +21,7 @@ case "$cxx" in *clang++*) ;; *) cxx=clang++ ;; esac
 command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found; libFuzzer needs clang" >&2; exit 2; }
 
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(mtx npy twell validate)
+[ ${#targets[@]} -eq 0 ] && targets=(mtx npy twell validate args)
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER="$cxx" \
   -DTWELL_WITH_CUDA=OFF -DTWELL_BUILD_FUZZERS=ON -DTWELL_BUILD_TESTS=ON -DTWELL_BUILD_TOOLS=OFF \

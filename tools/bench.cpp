@@ -15,41 +15,40 @@
 
 #include "args.hpp"
 #include "cli.hpp"
+#include "commands.hpp"
 
 namespace twell::cli {
-namespace {
 
-int run_bench(std::span<const std::string> argv) {
-  const Spec spec{"bench",
-                  "Times each twell op and its baseline in the same process on the GPU (CUDA events,\n"
-                  "warm-up, median/p10/p90 of the timed runs, L2 flushed between runs) on data from the\n"
-                  "workload generator, and writes every case, the device and the ceilings measured in the same\n"
-                  "run (copy, GEMM, shared-memory and L2 loads, FMAs) as JSON, each sparse case with its floor\n"
-                  "against those ceilings (docs/benchmarks/README.md, Method).\n"
-                  "Suites: convert, spmm, sddmm, gemm_to_sparse, ffn, training (default: all).",
-                  "",
-                  0,
-                  0,
-                  {{"suite", "NAME[,NAME]", "suites to run (default all)"},
-                   {"out", "FILE", "write the results as JSON (default: none)"},
-                   {"quick", "", "small shapes and few repetitions: a smoke test, not a result"},
-                   {"contract", "",
-                    "only the contract's points (paper shape, M = 4096 and 16384, 0.5 %, uniform and "
-                    "token-skewed): a short run while iterating, not the full sweep"},
-                   {"cases", "RE",
-                    "only the cases whose name \"SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY\" contains a "
-                    "match of the regular expression RE (ECMAScript), e.g. 'spmm spmm (twell|cusparse_csr) "
-                    "paper 16384 uniform 0.005 ': a short A/B run; the report lists those and the cases they "
-                    "need"},
-                   {"reps", "N", "timed runs per case (default 50, the fewest for a result; 10 with --quick)"},
-                   {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},
-                   {"seed", "S", "workload seed (default 1)"}}};
-  const Args args(spec, argv);
-  if (args.help()) {
-    std::cout << usage(spec);
-    return 0;
-  }
-  bench::Config config;
+const Spec kBenchSpec{"bench",
+                      "Times each twell op and its baseline in the same process on the GPU (CUDA events,\n"
+                      "warm-up, median/p10/p90 of the timed runs, L2 flushed between runs) on data from the\n"
+                      "workload generator, and writes every case, the device and the ceilings measured in the same\n"
+                      "run (copy, GEMM, shared-memory and L2 loads, FMAs) as JSON, each sparse case with its floor\n"
+                      "against those ceilings (docs/benchmarks/README.md, Method).\n"
+                      "Suites: convert, spmm, sddmm, gemm_to_sparse, ffn, training (default: all).",
+                      "",
+                      0,
+                      0,
+                      {{"suite", "NAME[,NAME]", "suites to run (default all)"},
+                       {"out", "FILE", "write the results as JSON (default: none)"},
+                       {"quick", "", "small shapes and few repetitions: a smoke test, not a result"},
+                       {"contract", "",
+                        "only the contract's points (paper shape, M = 4096 and 16384, 0.5 %, uniform and "
+                        "token-skewed): a short run while iterating, not the full sweep"},
+                       {"cases", "RE",
+                        "only the cases whose name \"SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY\" contains a "
+                        "match of the regular expression RE (ECMAScript), e.g. 'spmm spmm (twell|cusparse_csr) "
+                        "paper 16384 uniform 0.005 ': a short A/B run; the report lists those and the cases they "
+                        "need"},
+                       {"reps", "N", "timed runs per case (default 50, the fewest for a result; 10 with --quick)"},
+                       {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},
+                       {"seed", "S", "workload seed (default 1)"}}};
+
+std::optional<BenchRequest> parse_bench(std::span<const std::string> argv) {
+  const Args args(kBenchSpec, argv);
+  if (args.help()) return std::nullopt;
+  BenchRequest r;
+  bench::Config& config = r.config;
   try {
     config.suites = bench::parse_suites(args.get("suite", "all"));
   } catch (const Error&) {
@@ -62,12 +61,40 @@ int run_bench(std::span<const std::string> argv) {
   config.warmup = static_cast<int>(args.get_int("warmup", config.quick ? 2 : 5, 0, 100000));
   config.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, INT64_MAX));
   config.cases = args.get("cases", "");
+  // libstdc++'s std::regex compiles recursively, frames per character and group (tens of
+  // thousands overflow the stack), and reads a repeat count or a backreference into a long
+  // without an overflow check (19 digits are undefined behaviour). A case name has under 100
+  // characters and no number beyond 5 digits, so neither limit refuses a useful pattern.
+  constexpr std::size_t kMaxCasesLength = 1000, kMaxCasesDigits = 9;
+  if (config.cases.size() > kMaxCasesLength)
+    throw UsageError("--cases has " + std::to_string(config.cases.size()) + " characters; at most " +
+                     std::to_string(kMaxCasesLength) + " are accepted");
+  std::size_t digits = 0;
+  for (const char c : config.cases) {
+    digits = c >= '0' && c <= '9' ? digits + 1 : 0;
+    if (digits > kMaxCasesDigits)
+      throw UsageError("--cases '" + config.cases + "' holds a number of more than " + std::to_string(kMaxCasesDigits) +
+                       " digits");
+  }
   try {
     (void)bench::CaseFilter(config.cases);
   } catch (const Error&) {
     throw UsageError("--cases '" + config.cases + "' is not a regular expression (ECMAScript)");
   }
-  const std::string out = args.get("out", "");
+  r.out = args.get("out", "");
+  return r;
+}
+
+namespace {
+
+int run_bench(std::span<const std::string> argv) {
+  const std::optional<BenchRequest> request = parse_bench(argv);
+  if (!request) {
+    std::cout << usage(kBenchSpec);
+    return 0;
+  }
+  const bench::Config& config = request->config;
+  const std::string& out = request->out;
 
   bench::Report report;
   int status = 0;

@@ -8,6 +8,7 @@
 
 #include "args.hpp"
 #include "cli.hpp"
+#include "commands.hpp"
 #include "progress.hpp"
 
 namespace twell::cli {
@@ -81,58 +82,73 @@ std::string describe(const AnyMatrix& m) {
   return detail::concat(to_string(format(m)), layout, " ", to_string(dtype(m)), " ", rows(m), " x ", cols(m));
 }
 
-int run_convert(std::span<const std::string> argv) {
-  const Spec spec{
-      "convert",
-      "Converts a matrix file to another format and/or value type. File types follow the\n"
-      "extensions: .mtx holds CSR (Matrix Market), .npy dense (NumPy), .twell any format.",
-      "<input> <output>",
-      2,
-      2,
-      {{"to", "FORMAT", "dense|csr|ell|twell|hybrid (default: csr for .mtx, dense for .npy; required for .twell)"},
-       {"dtype", "bf16|fp16|fp32", "value type of the output (default: the input's; fp32 for .mtx input)"},
-       {"tile", "T", "TwELL/Hybrid tile width in columns (default 256)"},
-       {"compression", "C", "TwELL/Hybrid compression: S = tile / C slots per (row, tile) (default 8)"},
-       {"overflow", "POLICY", "error|hybrid|drop for a (row, tile) beyond S-1 entries (default error; hybrid writes a Hybrid)"},
-       {"threshold", "t", "store only values with |v| > t (default 0)"},
-       {"ell-width", "W", "ELL width (default: the longest row; fewer follows --overflow)"},
-       {"quiet", "", "print nothing on success"}}};
-  const Args args(spec, argv);
-  if (args.help()) {
-    std::cout << usage(spec);
-    return 0;
-  }
-  const std::string& in = args.positional()[0];
-  const std::string& out = args.positional()[1];
-  FileType out_type;
-  Format to;
-  ReadOptions read;
-  TwellLayout layout;
-  ConvertOptions options;
-  ConvertReport report;
-  options.report = &report;
-  bool cast = false;
-  DType want_dtype = DType::fp32;
+}  // namespace
+
+const Spec kConvertSpec{
+    "convert",
+    "Converts a matrix file to another format and/or value type. File types follow the\n"
+    "extensions: .mtx holds CSR (Matrix Market), .npy dense (NumPy), .twell any format.",
+    "<input> <output>",
+    2,
+    2,
+    {{"to", "FORMAT", "dense|csr|ell|twell|hybrid (default: csr for .mtx, dense for .npy; required for .twell)"},
+     {"dtype", "bf16|fp16|fp32", "value type of the output (default: the input's; fp32 for .mtx input)"},
+     {"tile", "T", "TwELL/Hybrid tile width in columns (default 256)"},
+     {"compression", "C", "TwELL/Hybrid compression: S = tile / C slots per (row, tile) (default 8)"},
+     {"overflow", "POLICY",
+      "error|hybrid|drop for a (row, tile) beyond S-1 entries (default error; hybrid writes a Hybrid)"},
+     {"threshold", "t", "store only values with |v| > t (default 0)"},
+     {"ell-width", "W", "ELL width (default: the longest row; fewer follows --overflow)"},
+     {"quiet", "", "print nothing on success"}}};
+
+std::optional<ConvertRequest> parse_convert(std::span<const std::string> argv) {
+  const Args args(kConvertSpec, argv);
+  if (args.help()) return std::nullopt;
+  ConvertRequest r;
+  r.in = args.positional()[0];
+  r.out = args.positional()[1];
   try {
-    file_type_of(in);
-    out_type = file_type_of(out);
+    file_type_of(r.in);
+    const FileType out_type = file_type_of(r.out);
     if (args.has("dtype")) {
-      want_dtype = parse_dtype(args.get("dtype", ""));
-      cast = true;
-      read.dtype = want_dtype;
+      r.dtype = parse_dtype(args.get("dtype", ""));
+      r.read.dtype = *r.dtype;
     }
-    to = output_format(out_type, args.has("to") ? std::optional(args.get("to", "")) : std::nullopt, std::nullopt);
-    layout.tile = static_cast<std::int32_t>(args.get_int("tile", TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile));
-    layout.compression = static_cast<std::int32_t>(args.get_int("compression", TwellLayout::kDefaultCompression, 1, 65536));
+    r.to = output_format(out_type, args.has("to") ? std::optional(args.get("to", "")) : std::nullopt, std::nullopt);
+    r.layout.tile =
+        static_cast<std::int32_t>(args.get_int("tile", TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile));
+    r.layout.compression =
+        static_cast<std::int32_t>(args.get_int("compression", TwellLayout::kDefaultCompression, 1, 65536));
     // Checked whatever the output format: a bad value is refused, never ignored.
-    check_layout(layout, "--tile/--compression");
-    options.overflow = parse_overflow(args.get("overflow", "error"));
-    options.threshold = static_cast<float>(args.get_double("threshold", 0.0, 0.0, 3.4e38));
-    options.ell_width = args.get_int("ell-width", -1, -1, std::numeric_limits<std::int32_t>::max());
+    check_layout(r.layout, "--tile/--compression");
+    r.options.overflow = parse_overflow(args.get("overflow", "error"));
+    r.options.threshold = static_cast<float>(args.get_double("threshold", 0.0, 0.0, 3.4e38));
+    r.options.ell_width = args.get_int("ell-width", -1, -1, std::numeric_limits<std::int32_t>::max());
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
-  if (to == Format::twell && options.overflow == OverflowPolicy::hybrid) to = Format::hybrid;
+  if (r.to == Format::twell && r.options.overflow == OverflowPolicy::hybrid) r.to = Format::hybrid;
+  r.quiet = args.flag("quiet");
+  return r;
+}
+
+namespace {
+
+int run_convert(std::span<const std::string> argv) {
+  const std::optional<ConvertRequest> request = parse_convert(argv);
+  if (!request) {
+    std::cout << usage(kConvertSpec);
+    return 0;
+  }
+  const std::string& in = request->in;
+  const std::string& out = request->out;
+  const Format to = request->to;
+  const ReadOptions read = request->read;
+  ConvertOptions options = request->options;
+  ConvertReport report;
+  options.report = &report;
+  const bool cast = request->dtype.has_value();
+  const DType want_dtype = request->dtype.value_or(DType::fp32);
 
   Progress progress(4);
   progress.step("reading " + in);
@@ -148,10 +164,10 @@ int run_convert(std::span<const std::string> argv) {
     progress.step("value type kept");
   }
   progress.step(std::string("converting to ") + std::string(to_string(to)));
-  const AnyMatrix result = convert(m, to, layout, options);
+  const AnyMatrix result = convert(m, to, request->layout, options);
   progress.step("writing " + out);
   write_matrix(out, result);
-  if (!args.flag("quiet")) {
+  if (!request->quiet) {
     std::cout << in << " (" << from << ") -> " << out << " (" << describe(result) << "): " << report.nnz
               << " values stored";
     if (report.dropped != 0) std::cout << ", " << report.dropped << " dropped by --overflow drop";

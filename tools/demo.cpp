@@ -26,11 +26,11 @@
 
 #include "args.hpp"
 #include "cli.hpp"
+#include "commands.hpp"
 
 namespace twell::cli {
-namespace {
 
-const Spec kSpec{
+const Spec kDemoSpec{
     .command = "demo",
     .summary = "Generates sparse activations with the workload generator, converts them into CSR, ELL,\n"
                "TwELL and Hybrid, validates each, multiplies each by the down-projection weights, and\n"
@@ -53,6 +53,8 @@ const Spec kSpec{
         {"repeats", "R", "timed runs of each conversion and spmm (median shown); default 3 on the CPU, 20 on a GPU"},
         {"ffn-repeats", "R", "timed runs of the FFN forward (median shown); default 1 on the CPU, 20 on a GPU"},
     }};
+
+namespace {
 
 // Everything the demo's device choice touches: where operands live and how to wait for them.
 struct Device {
@@ -410,33 +412,51 @@ int run_typed(const Settings& s, const Device& device) {
   return ok ? 0 : 1;
 }
 
+}  // namespace
+
+std::optional<DemoRequest> parse_demo(std::span<const std::string> argv) {
+  const Args args(kDemoSpec, argv);
+  if (args.help()) return std::nullopt;
+  DemoRequest r;
+  r.shape = as_usage([&] { return workload::preset(args.get("shape", "paper")); });
+  r.workload.units = r.shape.intermediate;
+  if (args.has("tokens")) r.tokens = args.get_int("tokens", 0, 1, std::int64_t{1} << 24);
+  r.workload.density = args.get_double("density", 0.005, 0.0, 1.0);
+  r.workload.distribution =
+      as_usage([&] { return workload::parse_distribution(args.get("distribution", "token_skewed")); });
+  r.workload.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
+  r.layout.tile = static_cast<std::int32_t>(args.get_int("tile", TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile));
+  r.layout.compression =
+      static_cast<std::int32_t>(args.get_int("compression", TwellLayout::kDefaultCompression, 1, 1 << 16));
+  as_usage([&] { check_layout(r.layout, "--tile/--compression"); });
+  if (args.has("repeats")) r.repeats = static_cast<int>(args.get_int("repeats", 0, 1, 1000));
+  if (args.has("ffn-repeats")) r.ffn_repeats = static_cast<int>(args.get_int("ffn-repeats", 0, 1, 1000));
+  r.dtype = as_usage([&] { return parse_dtype(args.get("dtype", "bf16")); });
+  // tokens does not enter the check beyond its sign: the device's default can come later.
+  as_usage([&] { workload::check_options(r.workload, "--density/--distribution"); });
+  return r;
+}
+
+namespace {
+
 int run_demo(std::span<const std::string> argv) {
-  const Args args(kSpec, argv);
-  if (args.help()) {
-    std::fputs(usage(kSpec).c_str(), stdout);
+  const std::optional<DemoRequest> request = parse_demo(argv);
+  if (!request) {
+    std::fputs(usage(kDemoSpec).c_str(), stdout);
     return 0;
   }
   const Device device = pick_device();
   const bool gpu = device.space == MemorySpace::device;
   Settings s;
-  s.shape = as_usage([&] { return workload::preset(args.get("shape", "paper")); });
-  s.workload.units = s.shape.intermediate;
-  s.workload.tokens = args.get_int("tokens", gpu ? 16384 : 2048, 1, std::int64_t{1} << 24);
-  s.workload.density = args.get_double("density", 0.005, 0.0, 1.0);
-  s.workload.distribution =
-      as_usage([&] { return workload::parse_distribution(args.get("distribution", "token_skewed")); });
-  s.workload.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
-  s.layout.tile = static_cast<std::int32_t>(args.get_int("tile", TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile));
-  s.layout.compression =
-      static_cast<std::int32_t>(args.get_int("compression", TwellLayout::kDefaultCompression, 1, 1 << 16));
-  as_usage([&] { check_layout(s.layout, "--tile/--compression"); });
-  s.repeats = static_cast<int>(args.get_int("repeats", gpu ? 20 : 3, 1, 1000));
-  s.ffn_repeats = static_cast<int>(args.get_int("ffn-repeats", gpu ? 20 : 1, 1, 1000));
-  const DType dtype = as_usage([&] { return parse_dtype(args.get("dtype", "bf16")); });
-  as_usage([&] { workload::check_options(s.workload, "--density/--distribution"); });
+  s.shape = request->shape;
+  s.workload = request->workload;
+  s.workload.tokens = request->tokens.value_or(gpu ? 16384 : 2048);
+  s.layout = request->layout;
+  s.repeats = request->repeats.value_or(gpu ? 20 : 3);
+  s.ffn_repeats = request->ffn_repeats.value_or(gpu ? 20 : 1);
 
   std::printf("twell %s demo on %s\n", TWELL_VERSION, device.name.c_str());
-  return dispatch_dtype(dtype, [&]<class T>() { return run_typed<T>(s, device); });
+  return dispatch_dtype(request->dtype, [&]<class T>() { return run_typed<T>(s, device); });
 }
 
 [[maybe_unused]] const bool kRegistered =

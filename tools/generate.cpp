@@ -10,11 +10,11 @@
 
 #include "args.hpp"
 #include "cli.hpp"
+#include "commands.hpp"
 
 namespace twell::cli {
-namespace {
 
-const Spec kSpec{
+const Spec kGenerateSpec{
     .command = "generate",
     .summary = "Writes M x N sparse activations from the workload generator (N = the shape's intermediate\n"
                "size) as a dense .npy, a CSR .mtx, or a .twell container (dense for --to dense, else the\n"
@@ -34,24 +34,37 @@ const Spec kSpec{
                          " .npy: dense)"},
     }};
 
-int run_generate(std::span<const std::string> argv) {
-  const Args args(kSpec, argv);
-  if (args.help()) {
-    std::fputs(usage(kSpec).c_str(), stdout);
-    return 0;
-  }
-  workload::ActivationOptions w;
+std::optional<GenerateRequest> parse_generate(std::span<const std::string> argv) {
+  const Args args(kGenerateSpec, argv);
+  if (args.help()) return std::nullopt;
+  GenerateRequest r;
+  workload::ActivationOptions& w = r.workload;
   w.units = as_usage([&] { return workload::preset(args.get("shape", "paper")); }).intermediate;
   w.tokens = args.get_int("tokens", 16384, 1, std::int64_t{1} << 24);
   w.density = args.get_double("density", 0.005, 0.0, 1.0);
   w.distribution = as_usage([&] { return workload::parse_distribution(args.get("distribution", "token_skewed")); });
   w.dead_fraction = args.get_double("dead-fraction", w.dead_fraction, 0.0, 1.0);
   w.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
-  const DType dtype = as_usage([&] { return parse_dtype(args.get("dtype", "bf16")); });
-  const std::string& out = args.positional()[0];
-  const Format format = output_format(as_usage([&] { return file_type_of(out); }),
-                                      args.has("to") ? std::optional(args.get("to", "")) : std::nullopt, Format::dense);
+  r.dtype = as_usage([&] { return parse_dtype(args.get("dtype", "bf16")); });
+  r.out = args.positional()[0];
+  r.format = output_format(as_usage([&] { return file_type_of(r.out); }),
+                           args.has("to") ? std::optional(args.get("to", "")) : std::nullopt, Format::dense);
   as_usage([&] { workload::check_options(w, "--density/--distribution/--dead-fraction"); });
+  return r;
+}
+
+namespace {
+
+int run_generate(std::span<const std::string> argv) {
+  const std::optional<GenerateRequest> request = parse_generate(argv);
+  if (!request) {
+    std::fputs(usage(kGenerateSpec).c_str(), stdout);
+    return 0;
+  }
+  const workload::ActivationOptions& w = request->workload;
+  const DType dtype = request->dtype;
+  const std::string& out = request->out;
+  const Format format = request->format;
 
   AnyMatrix m = dispatch_dtype(dtype, [&]<class T>() { return AnyMatrix(workload::activations<T>(w)); });
   if (format != Format::dense) m = convert(m, format);

@@ -17,6 +17,7 @@
 
 #include "args.hpp"
 #include "cli.hpp"
+#include "commands.hpp"
 #include "progress.hpp"
 
 namespace twell::cli {
@@ -105,30 +106,30 @@ std::string find_python() {
   return {};
 }
 
-int run_stats(std::span<const std::string> argv) {
-  const Spec spec{"stats",
-                  "Nonzeros per row and per (row, tile), overflow of candidate TwELL layouts (tile, C),\n"
-                  "bytes per format and the recommended layout of the matrix in a .mtx/.npy/.twell file.",
-                  "<file>",
-                  1,
-                  1,
-                  {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file (default fp32)"},
-                   {"tile", "T", "tile of the per (row, tile) distribution (default 256)"},
-                   {"tiles", "LIST", "candidate layouts' tiles, comma-separated (default 128,256)"},
-                   {"compressions", "LIST", "candidate layouts' compressions C (default 2,4,8,16,32)"},
-                   {"json", "FILE", "also write the statistics as JSON"},
-                   {"png", "FILE", "also plot the histograms (needs python3 with matplotlib)"}}};
-  const Args args(spec, argv);
-  if (args.help()) {
-    std::cout << usage(spec);
-    return 0;
-  }
-  const std::string& path = args.positional()[0];
-  ReadOptions read;
-  StatsOptions options;
+}  // namespace
+
+const Spec kStatsSpec{"stats",
+                      "Nonzeros per row and per (row, tile), overflow of candidate TwELL layouts (tile, C),\n"
+                      "bytes per format and the recommended layout of the matrix in a .mtx/.npy/.twell file.",
+                      "<file>",
+                      1,
+                      1,
+                      {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file (default fp32)"},
+                       {"tile", "T", "tile of the per (row, tile) distribution (default 256)"},
+                       {"tiles", "LIST", "candidate layouts' tiles, comma-separated (default 128,256)"},
+                       {"compressions", "LIST", "candidate layouts' compressions C (default 2,4,8,16,32)"},
+                       {"json", "FILE", "also write the statistics as JSON"},
+                       {"png", "FILE", "also plot the histograms (needs python3 with matplotlib)"}}};
+
+std::optional<StatsRequest> parse_stats(std::span<const std::string> argv) {
+  const Args args(kStatsSpec, argv);
+  if (args.help()) return std::nullopt;
+  StatsRequest r;
+  r.path = args.positional()[0];
+  StatsOptions& options = r.options;
   try {
-    read.dtype = parse_dtype(args.get("dtype", "fp32"));
-    file_type_of(path);
+    r.read.dtype = parse_dtype(args.get("dtype", "fp32"));
+    file_type_of(r.path);
     options.default_layout.tile = static_cast<std::int32_t>(args.get_int("tile", 256, 8, TwellLayout::kMaxTile));
     // In the order given, each value once.
     const auto distinct = [](const std::vector<std::int64_t>& v) {
@@ -143,6 +144,22 @@ int run_stats(std::span<const std::string> argv) {
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
+  if (args.has("json")) r.json = args.get("json", "");
+  if (args.has("png")) r.png = args.get("png", "");
+  return r;
+}
+
+namespace {
+
+int run_stats(std::span<const std::string> argv) {
+  const std::optional<StatsRequest> request = parse_stats(argv);
+  if (!request) {
+    std::cout << usage(kStatsSpec);
+    return 0;
+  }
+  const std::string& path = request->path;
+  const ReadOptions& read = request->read;
+  const StatsOptions& options = request->options;
   Progress progress(3);
   progress.step("reading");
   const AnyMatrix m = read_matrix(path, read);
@@ -150,14 +167,14 @@ int run_stats(std::span<const std::string> argv) {
   const MatrixStats st = std::visit([&](const auto& x) { return stats(x.view(), options); }, m);
   std::cout << path << "\n" << format_stats(st);
   const std::string json = to_json(st, path);
-  if (args.has("json")) {
-    const std::string out = args.get("json", "");
+  if (request->json) {
+    const std::string& out = *request->json;
     write_file(out, std::span(reinterpret_cast<const std::byte*>(json.data()), json.size()));
     std::cout << "statistics written to " << out << "\n";
   }
-  if (args.has("png")) {
+  if (request->png) {
     progress.step("plotting");
-    const std::string png = args.get("png", "");
+    const std::string& png = *request->png;
     const std::filesystem::path script = find_plot_script();
     const std::string python = find_python();
     if (script.empty() || python.empty()) {

@@ -6,32 +6,43 @@
 
 #include "args.hpp"
 #include "cli.hpp"
+#include "commands.hpp"
 #include "progress.hpp"
 
 namespace twell::cli {
-namespace {
 
-int run_validate(std::span<const std::string> argv) {
-  const Spec spec{"validate",
-                  "Reads a matrix file and checks every invariant of its format: exit status 0 when it\n"
-                  "is valid, 1 when it is not, with the first violation and its byte offset or coordinates.",
-                  "<file.mtx|file.npy|file.twell>",
-                  1,
-                  1,
-                  {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file (default fp32)"}}};
-  const Args args(spec, argv);
-  if (args.help()) {
-    std::cout << usage(spec);
-    return 0;
-  }
-  const std::string& path = args.positional()[0];
-  ReadOptions options;
+const Spec kValidateSpec{"validate",
+                         "Reads a matrix file and checks every invariant of its format: exit status 0 when it\n"
+                         "is valid, 1 when it is not, with the first violation and its byte offset or coordinates.",
+                         "<file.mtx|file.npy|file.twell>",
+                         1,
+                         1,
+                         {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file (default fp32)"}}};
+
+std::optional<ValidateRequest> parse_validate(std::span<const std::string> argv) {
+  const Args args(kValidateSpec, argv);
+  if (args.help()) return std::nullopt;
+  ValidateRequest r;
+  r.path = args.positional()[0];
   try {
-    options.dtype = parse_dtype(args.get("dtype", "fp32"));
-    file_type_of(path);
+    r.read.dtype = parse_dtype(args.get("dtype", "fp32"));
+    file_type_of(r.path);
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
+  return r;
+}
+
+namespace {
+
+int run_validate(std::span<const std::string> argv) {
+  const std::optional<ValidateRequest> request = parse_validate(argv);
+  if (!request) {
+    std::cout << usage(kValidateSpec);
+    return 0;
+  }
+  const std::string& path = request->path;
+  const ReadOptions& options = request->read;
   Progress progress(1);
   progress.step("reading and validating");
   try {

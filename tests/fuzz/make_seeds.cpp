@@ -1,5 +1,6 @@
 // Writes the seed corpus of the fuzz targets: small valid files of every reader's format (every
-// value type, empty and ragged shapes, a hybrid with overflow rows) into <dir>/{mtx,npy,twell,validate}.
+// value type, empty and ragged shapes, a hybrid with overflow rows) into <dir>/{mtx,npy,twell,validate},
+// and command lines of the twell program into <dir>/args.
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::filesystem::path dir = argv[1];
-  for (const char* sub : {"mtx", "npy", "twell", "validate"}) std::filesystem::create_directories(dir / sub);
+  for (const char* sub : {"mtx", "npy", "twell", "validate", "args"}) std::filesystem::create_directories(dir / sub);
   int n = 0;
   seeds<bf16>(dir, n);
   seeds<fp16>(dir, n);
@@ -98,6 +99,48 @@ int main(int argc, char** argv) {
   io_append(npy2, header.data(), header.size());
   for (const float x : {1.0f, 0.0f, -2.5f, 4.0f}) io_append(npy2, &x, sizeof x);
   put(dir / "npy" / "version2.npy", npy2);
+  // fuzz_args reads argv after "twell", words split at NUL: the command lines of
+  // tools/cli_test.cmake, one line per subcommand with every option, and a few usage errors.
+  const std::vector<std::vector<std::string_view>> lines = {
+      {"demo", "--help"},
+      {"demo", "--shape", "small", "--tokens", "128", "--repeats", "1", "--density", "0.01"},
+      {"demo", "--shape", "small", "--tokens", "128", "--repeats", "1", "--dtype", "fp32", "--tile", "128",
+       "--compression", "4", "--distribution", "uniform", "--seed", "7"},
+      {"demo", "--shape=llama7b", "--tokens=64", "--ffn-repeats=2", "--tile=64", "--compression=2", "--seed", "0"},
+      {"demo", "--tokens", "12x"},
+      {"demo", "--density", "2"},
+      {"demo", "--seed", "1", "--seed=2"},
+      {"generate", "out.mtx", "--shape", "small", "--tokens", "64"},
+      {"generate", "out.twell", "--shape", "small", "--tokens", "256", "--to", "hybrid"},
+      {"generate", "out.npy", "--distribution", "neuron_skewed", "--dead-fraction", "0.5", "--dtype", "fp16",
+       "--density=0.002", "--seed", "3"},
+      {"stats", "in.twell"},
+      {"stats", "in.twell", "--tiles", "64,512", "--compressions", "4,64"},
+      {"stats", "in.twell", "--tiles", "40", "--compressions", "8,16"},
+      {"stats", "in.mtx", "--dtype", "bf16", "--tile", "128", "--json", "s.json", "--png", "s.png"},
+      {"stats", "in.twell", "--tiles", "64,,128"},
+      {"convert", "big.mtx", "big.npy"},
+      {"convert", "big.npy", "narrowed.npy", "--dtype", "fp16"},
+      {"convert", "in.mtx", "out.twell", "--to", "twell", "--dtype", "bf16", "--tile", "128", "--compression", "4",
+       "--overflow", "hybrid", "--threshold", "0.5", "--ell-width", "3", "--quiet"},
+      {"convert", "in.npy", "out.twell", "--to=ell", "--ell-width=-1", "--threshold=1e-3", "--overflow=drop"},
+      {"validate", "in.mtx", "--dtype", "fp16"},
+      {"validate", "in.twell"},
+      {"bench", "--cases", "spmm spmm (twell|cusparse_csr) paper 16384 uniform 0.005 "},
+      {"bench", "--suite", "spmm,ffn", "--out", "r.json", "--quick", "--contract", "--reps", "10", "--warmup", "2",
+       "--seed", "9"},
+      {"bench", "--cases", "spmm (twell"},
+      {"bench", "--cases", "spmm \\2222222222222222222222"},  // std::regex's overflow, found by fuzz_args
+  };
+  int a = 0;
+  for (const auto& words : lines) {
+    std::vector<std::byte> line;
+    for (std::size_t k = 0; k < words.size(); ++k) {
+      if (k != 0) line.push_back(std::byte{0});
+      io_append(line, words[k].data(), words[k].size());
+    }
+    put(dir / "args" / ("line" + std::to_string(++a)), line);
+  }
   std::printf("wrote %d seed shapes into %s\n", n, dir.c_str());
   return 0;
 }
