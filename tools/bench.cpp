@@ -88,11 +88,8 @@ std::optional<BenchRequest> parse_bench(std::span<const std::string> argv) {
 namespace {
 
 int run_bench(std::span<const std::string> argv) {
-  const std::optional<BenchRequest> request = parse_bench(argv);
-  if (!request) {
-    std::cout << usage(kBenchSpec);
-    return 0;
-  }
+  const std::optional<BenchRequest> request = parse_or_print_usage(parse_bench, kBenchSpec, argv);
+  if (!request) return 0;
   const bench::Config& config = request->config;
   const std::string& out = request->out;
 

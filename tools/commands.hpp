@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iostream>
 #include <optional>
 #include <span>
 #include <string>
@@ -76,5 +77,14 @@ struct ValidateRequest {
   ReadOptions read;
 };
 std::optional<ValidateRequest> parse_validate(std::span<const std::string> argv);
+
+// parse(argv), or, for --help, std::nullopt after printing spec's usage (the command then exits
+// 0): the start of every run_<command>.
+template <class Parse>
+auto parse_or_print_usage(Parse&& parse, const Spec& spec, std::span<const std::string> argv) {
+  auto request = parse(argv);
+  if (!request) std::cout << usage(spec);
+  return request;
+}
 
 }  // namespace twell::cli

@@ -135,11 +135,8 @@ std::optional<ConvertRequest> parse_convert(std::span<const std::string> argv) {
 namespace {
 
 int run_convert(std::span<const std::string> argv) {
-  const std::optional<ConvertRequest> request = parse_convert(argv);
-  if (!request) {
-    std::cout << usage(kConvertSpec);
-    return 0;
-  }
+  const std::optional<ConvertRequest> request = parse_or_print_usage(parse_convert, kConvertSpec, argv);
+  if (!request) return 0;
   const std::string& in = request->in;
   const std::string& out = request->out;
   const Format to = request->to;

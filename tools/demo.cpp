@@ -440,11 +440,8 @@ std::optional<DemoRequest> parse_demo(std::span<const std::string> argv) {
 namespace {
 
 int run_demo(std::span<const std::string> argv) {
-  const std::optional<DemoRequest> request = parse_demo(argv);
-  if (!request) {
-    std::fputs(usage(kDemoSpec).c_str(), stdout);
-    return 0;
-  }
+  const std::optional<DemoRequest> request = parse_or_print_usage(parse_demo, kDemoSpec, argv);
+  if (!request) return 0;
   const Device device = pick_device();
   const bool gpu = device.space == MemorySpace::device;
   Settings s;

@@ -56,11 +56,8 @@ std::optional<GenerateRequest> parse_generate(std::span<const std::string> argv)
 namespace {
 
 int run_generate(std::span<const std::string> argv) {
-  const std::optional<GenerateRequest> request = parse_generate(argv);
-  if (!request) {
-    std::fputs(usage(kGenerateSpec).c_str(), stdout);
-    return 0;
-  }
+  const std::optional<GenerateRequest> request = parse_or_print_usage(parse_generate, kGenerateSpec, argv);
+  if (!request) return 0;
   const workload::ActivationOptions& w = request->workload;
   const DType dtype = request->dtype;
   const std::string& out = request->out;

@@ -152,11 +152,8 @@ std::optional<StatsRequest> parse_stats(std::span<const std::string> argv) {
 namespace {
 
 int run_stats(std::span<const std::string> argv) {
-  const std::optional<StatsRequest> request = parse_stats(argv);
-  if (!request) {
-    std::cout << usage(kStatsSpec);
-    return 0;
-  }
+  const std::optional<StatsRequest> request = parse_or_print_usage(parse_stats, kStatsSpec, argv);
+  if (!request) return 0;
   const std::string& path = request->path;
   const ReadOptions& read = request->read;
   const StatsOptions& options = request->options;

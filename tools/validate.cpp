@@ -36,11 +36,8 @@ std::optional<ValidateRequest> parse_validate(std::span<const std::string> argv)
 namespace {
 
 int run_validate(std::span<const std::string> argv) {
-  const std::optional<ValidateRequest> request = parse_validate(argv);
-  if (!request) {
-    std::cout << usage(kValidateSpec);
-    return 0;
-  }
+  const std::optional<ValidateRequest> request = parse_or_print_usage(parse_validate, kValidateSpec, argv);
+  if (!request) return 0;
   const std::string& path = request->path;
   const ReadOptions& options = request->read;
   Progress progress(1);
