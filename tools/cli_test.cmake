@@ -52,13 +52,13 @@ expect(1 "error (io)" stats "${CMAKE_CURRENT_BINARY_DIR}/cli_test_missing.npy")
 expect(0 "recommended layout: tile 40, C 8" stats "${generated}" --tiles 40 --compressions 8,16)
 expect(2 "is not one of" generate "${generated}" --to coo)
 # bench --cases: a pattern that is not a regular expression is a usage error, before any GPU work.
-expect(2 "--cases 'spmm (twell' is not a regular expression" bench --cases "spmm (twell")
+expect(2 "'spmm (twell' is not an ECMAScript regular expression" bench --cases "spmm (twell")
 # std::regex compiles recursively (40000 nested groups overflowed the stack: a segfault) and reads
 # counts without an overflow check (fuzz_args found `\2222...`): both are refused before it runs.
 expect(2 "holds a number of more than 9 digits" bench --cases "spmm \\2222222222222222222222")
 string(REPEAT "(" 40000 nested)
 execute_process(COMMAND ${TWELL} bench --cases "${nested}" RESULT_VARIABLE rc ERROR_VARIABLE err)
-string(FIND "${err}" "--cases has 40000 characters; at most 1000 are accepted" at)
+string(FIND "${err}" "the pattern has 40000 characters; at most 1000 are accepted" at)
 if(NOT rc STREQUAL "2" OR at EQUAL -1)
   message(FATAL_ERROR "twell bench --cases <40000 '('>: exit status ${rc}, expected 2\nstderr:\n${err}")
 endif()

@@ -134,6 +134,19 @@ std::string case_name(const Case& c) {
 }
 
 CaseFilter::CaseFilter(const std::string& pattern) : pattern_(pattern) {
+  // libstdc++'s std::regex compiles recursively, frames per character and group (tens of
+  // thousands overflow the stack), and reads a repeat count or a backreference into a long
+  // without an overflow check (19 digits are undefined behaviour). A case name has under 100
+  // characters and no number beyond 5 digits, so neither limit refuses a useful pattern.
+  constexpr std::size_t kMaxLength = 1000, kMaxDigits = 9;
+  require(pattern.size() <= kMaxLength, ErrorCode::invalid_argument, "twell::bench::CaseFilter", "the pattern has ",
+          pattern.size(), " characters; at most ", kMaxLength, " are accepted");
+  std::size_t digits = 0;
+  for (const char c : pattern) {
+    digits = c >= '0' && c <= '9' ? digits + 1 : 0;
+    require(digits <= kMaxDigits, ErrorCode::invalid_argument, "twell::bench::CaseFilter", "'", pattern,
+            "' holds a number of more than ", kMaxDigits, " digits");
+  }
   try {
     regex_ = std::regex(pattern, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {

@@ -100,3 +100,21 @@ TEST_CASE("a selected case that throws is listed as failed, a prerequisite's fai
   CHECK(report.cases[0].status == "failed: boom");
   CHECK(report.cases[1].status == "ok");
 }
+
+TEST_CASE("CaseFilter refuses what std::regex cannot compile safely, naming the limit") {
+  const auto message_of = [](const std::string& pattern) -> std::string {
+    try {
+      (void)twell::bench::CaseFilter(pattern);
+    } catch (const twell::Error& e) {
+      CHECK(e.code() == twell::ErrorCode::invalid_argument);
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(message_of(std::string(1001, 'a')).find("at most 1000") != std::string::npos);
+  CHECK(message_of("spmm \\1234567890").find("more than 9 digits") != std::string::npos);
+  CHECK(message_of("spmm (twell").find("not an ECMAScript regular expression") != std::string::npos);
+  // At the limits a pattern still compiles and selects.
+  CHECK(message_of(std::string(1000, 'a')).empty());
+  CHECK(message_of("paper 123456789").empty());
+}

@@ -100,7 +100,9 @@ std::string case_name(const Case& c);
 class CaseFilter {
  public:
   CaseFilter() = default;
-  explicit CaseFilter(const std::string& pattern);  // invalid_argument if it is not a regular expression
+  // invalid_argument if it is not a regular expression, or past what std::regex compiles safely
+  // (1000 characters, numbers of 9 digits).
+  explicit CaseFilter(const std::string& pattern);
   bool selects(const Case& c) const;
   const std::string& pattern() const { return pattern_; }
 
