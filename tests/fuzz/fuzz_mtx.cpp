@@ -3,7 +3,9 @@
 // and survive encode_mtx + read_mtx unchanged: shape, row_ptr and col_idx equal, values bit for
 // bit except NaN, which comes back as a NaN (the writer prints "nan", not the payload).
 #include <algorithm>
+#include <clocale>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include <twell/validate.hpp>
@@ -48,6 +50,15 @@ void check_round_trip(const CsrMatrix<T>& x, const ReadOptions& options, std::si
 }
 
 }  // namespace
+
+// Numbers are read under a comma-decimal locale where one is installed (scripts/setup.sh makes
+// de_DE.UTF-8): the reader must not depend on LC_NUMERIC (docs/io.md), and under the C locale a
+// dependence would never show.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  if (std::setlocale(LC_NUMERIC, "de_DE.UTF-8") == nullptr)
+    std::fprintf(stderr, "fuzz_mtx: no de_DE.UTF-8 locale; reading under the C locale\n");
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   ReadOptions options;
