@@ -31,7 +31,7 @@ namespace {
 // Runs the kept up/down kernel of cuda::GatedUpDownPlan (u, h and y of the forward in one kernel)
 // into u, h, y; empty where the forward composes instead.
 template <class T>
-using KeptUpDown = std::function<void(HybridView<T> u, HybridView<T> h, DenseView<T> y)>;
+using RunKeptUpDown = std::function<void(HybridView<T> u, HybridView<T> h, DenseView<T> y)>;
 
 // Whether the kept up/down kernel takes a forward of hidden size K in `space` (device memory,
 // 16-bit values, K within the kernel's limit).
@@ -50,9 +50,10 @@ bool keeps_up_down([[maybe_unused]] std::int64_t k, [[maybe_unused]] MemorySpace
 // GatedFfnTraining both come here with the same kernel and bit-identical gates (the gate plan
 // promises gemm_to_sparse's bits), so they give the same bits.
 template <class T, class Spmm>
-void training_after_gate(const KeptUpDown<T>& kept, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
-                         DenseView<const T> wd, HybridView<const T> a, HybridView<T> u, HybridView<T> h,
-                         const HybridView<T>* g, DenseView<T> y, const KernelOptions& options, Spmm&& spmm) {
+void training_after_gate(const RunKeptUpDown<T>& kept, DenseView<const T> x, DenseView<const T> wg,
+                         DenseView<const T> wu, DenseView<const T> wd, HybridView<const T> a, HybridView<T> u,
+                         HybridView<T> h, const HybridView<T>* g, DenseView<T> y, const KernelOptions& options,
+                         Spmm&& spmm) {
   if (!kept) {
     ffn_detail::gated_after_gate<T>(x, wg, wu, wd, a, u, h, g, y, options, std::forward<Spmm>(spmm));
     return;
@@ -79,7 +80,7 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
   // ReLU's derivative is 1 on the pattern; the others need the pre-activation there.
   if (act.kind != Activation::relu) s.g = hybrid_like(s.a);
   HybridView<T> g = s.g.view();
-  KeptUpDown<T> kept;
+  RunKeptUpDown<T> kept;
 #if TWELL_HAS_CUDA
   if (keeps_up_down<T>(x.cols, x.space))
     kept = [&](HybridView<T> u, HybridView<T> h, DenseView<T> y_out) {
@@ -274,7 +275,7 @@ void GatedFfnTraining<T>::forward(In<DenseView<const T>> x, In<DenseView<const T
   std::optional<HybridView<T>> g;
   if (s.needs_g()) g = Impl::first_rows(s.g, rows);
   const HybridView<const T> a = s.gate_result();
-  KeptUpDown<T> kept;
+  RunKeptUpDown<T> kept;
 #if TWELL_HAS_CUDA
   if (s.up_down)
     kept = [&](HybridView<T> u, HybridView<T> h, DenseView<T> y_out) { s.up_down->run(x, a, wu, wd, u, h, y_out); };
