@@ -9,6 +9,7 @@
 #include <twell/kernels/detail/per_format.hpp>
 
 #include "hybrid_shadow.cuh"
+#include "pattern_ops.cuh"
 #include "sparse_common.cuh"
 #include "vec16.cuh"
 
@@ -24,32 +25,16 @@ struct Multiply {
   static constexpr bool kEitherStored = false;
   __device__ float operator()(float x, float y) const { return x * y; }
 };
-// x * act'(g), the reference's derivative formulas in fp32.
+// x * act'(g) (pattern_ops.cuh).
 struct ActivationDerivative {
   static constexpr bool kEitherStored = false;
   Activation act = Activation::relu;
-  __device__ float operator()(float x, float g) const {
-    switch (act) {
-      case Activation::relu:
-        return g > 0.0f ? x : x * 0.0f;
-      case Activation::silu: {
-        const float s = 1.0f / (1.0f + expf(-g));
-        return x * (s * (1.0f + g * (1.0f - s)));
-      }
-      case Activation::gelu: {
-        const float pdf = 0.39894228040143268f * expf(-0.5f * g * g);
-        return x * (0.5f * (1.0f + erff(g * 0.70710678118654752f)) + g * pdf);
-      }
-    }
-    return x;
-  }
+  __device__ float operator()(float x, float g) const { return detail::times_activation_derivative(x, g, act); }
 };
 struct AddScaledSign {
   static constexpr bool kEitherStored = true;
   float s = 0.0f;
-  __device__ float operator()(float x, float y) const {
-    return x + s * (isnan(y) ? y : (y > 0.0f ? 1.0f : (y < 0.0f ? -1.0f : 0.0f)));
-  }
+  __device__ float operator()(float x, float y) const { return detail::plus_scaled_sign(x, s, y); }
 };
 
 #define TWELL_GRID_STRIDE(idx, n)                                                                      \

@@ -2,7 +2,9 @@
 // kernel that walks each token's gate nonzeros, computes the up projection only there, and
 // accumulates h Wd without writing h to global memory (docs/gemm_to_sparse.md, "FFN").
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -14,6 +16,7 @@
 #include <twell/formats/dense_checks.hpp>
 #include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
+#include <twell/kernels/detail/checks.hpp>
 #include <twell/kernels/ffn_cuda.hpp>
 
 #include "../../converters/cuda/slot_group.cuh"
@@ -21,11 +24,37 @@
 #include "cuda_check.hpp"
 #include "hybrid_shadow.cuh"
 #include "mma_sync.cuh"
+#include "pattern_ops.cuh"
 
 namespace twell::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// A Hybrid of the gate's structure, read or written at a gate entry's place (value_at): its slot
+// words and its dense block (its maps are the gate's).
+struct PlacedPart {
+  std::uint32_t* packed = nullptr;
+  void* overflow = nullptr;
+  std::int64_t ld = 0;
+};
+
+// Which products the up/down kernel runs (docs/gemm_to_sparse.md, "The backward's rows"):
+//   forward: u = x . Wu^T(j, :) at each gate entry j, h = gate * u, y += h Wd(j, :);
+//   backward: the same kernel on other operands (x is dy, Wu^T is Wd, y is dx):
+//     dh = dy . Wd(j, :) + scale sign(h), dg = dh * u (* act'(g)), du = dh * gate,
+//     dx += dg Wg^T(j, :) + du Wu^T(j, :) (backward_entry; Wd and Wd2 the two N x K row sources).
+enum class Pass { forward, backward };
+
+// What a training pass reads or writes at the gate's entries besides the gate:
+//   forward: u and h written (keep_u_and_h); u.packed null (inference): nothing kept;
+//   backward: u, h (and g for SiLU and GELU, else g.packed null) read; dg and du written.
+struct EntryParts {
+  PlacedPart u, h, g, dg, du;
+  const void* wd2 = nullptr;  // backward: Wu^T, N x K, each entry's second row
+  std::int64_t ldwd2 = 0;
+  float l1_scale = 0.0f;  // backward: lambda / Z
+};
 
 struct FfnArgs {
   std::int64_t m = 0;
@@ -68,15 +97,9 @@ struct FfnArgs {
   std::int32_t helpers = 0;     // the block kernel's first CTAs, which run the parts
   std::int64_t resident = 0;    // CTAs of the block kernel the GPU runs at once
   std::int32_t block_tokens = 0;  // tokens per block of the block kernel (block_tokens_for)
-  // Kept for training (16-bit T, gated, a complete gate: no row past block_rows), else null: u and
-  // h at the gate's entries, as sddmm and multiply_on_pattern round them (h = gate * round(u)),
-  // into the value halves of slot words copied from the gate's, and into dense blocks in the
-  // gate's block order (keep_u_and_h).
-  std::uint32_t* u_packed = nullptr;
-  std::uint32_t* h_packed = nullptr;
-  void* u_overflow = nullptr;
-  void* h_overflow = nullptr;
-  std::int64_t ld_u_overflow = 0, ld_h_overflow = 0;
+  // Training (16-bit T, gated, a complete gate: no row past block_rows), else empty: the Hybrids
+  // read or written at the gate's entries (EntryParts).
+  EntryParts entry_parts{};
 };
 
 // Hardware conversions (the portable ones in types.hpp round identically but cost registers).
@@ -170,13 +193,41 @@ __device__ __forceinline__ float gate_entry(float acc, Activation kind, float th
   }
 }
 
-// An entry's place in the saved u and h (FfnArgs::u_packed ...): its slot word in the row's packed
-// words (>= 0), or -(column + 1) in the row's dense block row; kNowhere for a gate row recomputed
-// here (past the block: never with u and h kept, whose gate is complete; not stored if it were).
+// A gate entry's place in the Hybrids of EntryParts: its slot word in the row's packed words
+// (>= 0), or -(column + 1) in the row's dense block row; kNowhere for a gate row recomputed here
+// (past the block: never in training, whose gate is complete; not stored if it were).
 constexpr std::int32_t kNowhere = INT32_MIN;
 __device__ __forceinline__ std::int32_t slot_place(std::int64_t word) { return static_cast<std::int32_t>(word); }
 __device__ __forceinline__ std::int32_t dense_place(std::int64_t column) {
   return static_cast<std::int32_t>(-column - 1);
+}
+
+// Entry `place` (not kNowhere) of gate row `row` in the Hybrids of EntryParts: its slot word's
+// index (word >= 0), or its dense block row o and column.
+struct EntryAt {
+  std::int64_t word = -1, o = 0, column = 0;
+};
+__device__ __forceinline__ EntryAt entry_at(const FfnArgs& a, std::int64_t row, std::int32_t place) {
+  EntryAt e;
+  if (place >= 0) {
+    e.word = row * a.layout.packed_width(a.n) + place;
+  } else {
+    e.o = a.row_to_overflow[row];
+    e.column = -std::int64_t{place} - 1;
+  }
+  return e;
+}
+
+// The 16-bit value of `part` at entry e: the high half of its slot word
+// (TwellLayout::slot_value_bits), or its element of the dense block.
+__device__ __forceinline__ std::uint16_t& value_at(const PlacedPart& part, const EntryAt& e) {
+  return e.word >= 0 ? reinterpret_cast<std::uint16_t*>(part.packed + e.word)[1]
+                     : static_cast<std::uint16_t*>(part.overflow)[e.o * part.ld + e.column];
+}
+
+template <class T>
+__device__ __forceinline__ float rounded(float v) {
+  return bits_to_float<T>(float_to_bits<T>(v));
 }
 
 // Returns h = gate * u for entry `place` of gate row `row`: as the inference kernel takes it (u in
@@ -186,23 +237,80 @@ template <class T>
 __device__ __forceinline__ float keep_u_and_h(const FfnArgs& a, std::int64_t row, std::int32_t place, float gate,
                                               float u) {
   if constexpr (ValueTraits<T>::packs_in_slot) {
-    if (a.u_packed == nullptr || place == kNowhere) return gate * u;
+    if (a.entry_parts.u.packed == nullptr || place == kNowhere) return gate * u;
     const std::uint16_t ub = float_to_bits<T>(u);
     const std::uint16_t hb = float_to_bits<T>(gate * bits_to_float<T>(ub));
-    if (place >= 0) {
-      // A slot word's value is its high half (TwellLayout::slot_value_bits).
-      const std::int64_t word = row * a.layout.packed_width(a.n) + place;
-      reinterpret_cast<std::uint16_t*>(a.u_packed + word)[1] = ub;
-      reinterpret_cast<std::uint16_t*>(a.h_packed + word)[1] = hb;
-    } else {
-      const std::int64_t o = a.row_to_overflow[row], column = -std::int64_t{place} - 1;
-      static_cast<std::uint16_t*>(a.u_overflow)[o * a.ld_u_overflow + column] = ub;
-      static_cast<std::uint16_t*>(a.h_overflow)[o * a.ld_h_overflow + column] = hb;
-    }
+    const EntryAt e = entry_at(a, row, place);
+    value_at(a.entry_parts.u, e) = ub;
+    value_at(a.entry_parts.h, e) = hb;
     return bits_to_float<T>(hb);
   } else {
     return gate * u;  // the host keeps u and h for 16-bit T only
   }
+}
+
+// The backward pass at entry `place` of gate row `row` (a = gate, dot = dy . Wd(j, :)), rounded to T
+// step by step as the composition of sddmm, add_scaled_sign and multiply_on_pattern (and
+// multiply_by_activation_derivative) rounds it (pattern_ops.cuh):
+//   dh = round(dot) + scale sign(h); dg = dh * u (* act'(g)); du = dh * a.
+// In a slot every step applies; in a dense row, which stores no explicit zeros, a product applies
+// where its first factor is stored (elementwise.cu, overflow_kernel), else gives +0. Stores dg
+// and du, and returns them for the down step as the low and high halves of a float's bits
+// (entry_coefficient). Every entry is a training entry: never kNowhere.
+template <class T>
+__device__ __forceinline__ float backward_entry(const FfnArgs& a, std::int64_t row, std::int32_t place, float gate,
+                                                float dot) {
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    const EntryParts& p = a.entry_parts;
+    const auto stored = [](float v) { return !(fabsf(v) <= 0.0f); };
+    const bool slot = place >= 0;
+    const EntryAt e = entry_at(a, row, place);
+    const float h = bits_to_float<T>(value_at(p.h, e));
+    const float dh = rounded<T>(detail::plus_scaled_sign(rounded<T>(dot), p.l1_scale, h));
+    const bool applies = slot || stored(dh);
+    float dg = applies ? rounded<T>(dh * bits_to_float<T>(value_at(p.u, e))) : 0.0f;
+    if (p.g.packed != nullptr && (slot || stored(dg)))
+      dg = rounded<T>(detail::times_activation_derivative(dg, bits_to_float<T>(value_at(p.g, e)), a.act));
+    const std::uint16_t dgb = float_to_bits<T>(dg), dub = float_to_bits<T>(applies ? dh * gate : 0.0f);
+    value_at(p.dg, e) = dgb;
+    value_at(p.du, e) = dub;
+    return __uint_as_float(static_cast<std::uint32_t>(dgb) | (static_cast<std::uint32_t>(dub) << 16));
+  } else {
+    return 0.0f;  // the host runs the backward pass for 16-bit T only
+  }
+}
+
+// The coefficient word of a listed entry once its dot product over K is known: h (forward) or
+// dg and du packed (backward).
+template <class T, Pass kPass>
+__device__ __forceinline__ float entry_coefficient(const FfnArgs& a, std::int64_t row, std::int32_t place, float gate,
+                                                   float dot) {
+  if constexpr (kPass == Pass::forward) {
+    return keep_u_and_h<T>(a, row, place, gate, dot);
+  } else {
+    return backward_entry<T>(a, row, place, gate, dot);
+  }
+}
+
+// Rows of N x K weights that an entry's down step adds to y, scaled by its coefficient word: the
+// forward's h Wd(j, :); the backward's dg Wg^T(j, :) + du Wu^T(j, :) (Wd, then EntryParts::wd2).
+template <Pass kPass>
+constexpr int kRowsPerEntry = kPass == Pass::forward ? 1 : 2;
+
+template <class T, Pass kPass>
+__device__ __forceinline__ float row_coefficient(float word, int r) {
+  if constexpr (kPass == Pass::forward) {
+    return word;
+  } else {
+    const std::uint32_t bits = __float_as_uint(word);
+    return bits_to_float<T>(static_cast<std::uint16_t>(r == 0 ? bits & 0xffffu : bits >> 16));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ const T* entry_row(const FfnArgs& a, int r, std::int32_t column) {
+  return r == 0 ? static_cast<const T*>(a.wd) + std::int64_t{column} * a.ldwd
+                : static_cast<const T*>(a.entry_parts.wd2) + std::int64_t{column} * a.entry_parts.ldwd2;
 }
 
 // Sparse up and down projection of one token. CTA: one row of the gate (blockIdx.x) and the
@@ -224,9 +332,12 @@ __device__ __forceinline__ float keep_u_and_h(const FfnArgs& a, std::int64_t row
 // and all overflow rows when the block cannot be read 16 bytes at a time). Benchmark:
 // bench/suites/ffn.cpp.
 //
+// The backward pass (kPass) runs the same steps on its operands (Pass): backward_entry in place of
+// keep_u_and_h, two weight rows per entry in the down step.
+//
 // ffn_token: the whole CTA on one token; kChunks * 256 * V >= K; starts with a barrier so that a
 // CTA may call it again (or after other work) on the same shared memory.
-template <class T, int V, int kChunks>
+template <class T, int V, int kChunks, Pass kPass>
 __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, float* smem) {
   const bool gated = a.wu_t != nullptr;
   float* xs = smem;                                                 // K floats
@@ -323,22 +434,25 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
         }
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
-        if (lane == 0) list_val[e] = keep_u_and_h<T>(a, row, list_place[e], list_val[e], s);
+        if (lane == 0) list_val[e] = entry_coefficient<T, kPass>(a, row, list_place[e], list_val[e], s);
       }
       __syncthreads();
     }
 
     for (int e = 0; e < total; ++e) {
-      const float h = list_val[e];
-      const T* drow = static_cast<const T*>(a.wd) + std::int64_t{list_col[e]} * a.ldwd;
 #pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * V;
-        if (k0 < a.k) {
-          float w[V];
-          load_vec<T, V>(drow + k0, w);
+      for (int r = 0; r < kRowsPerEntry<kPass>; ++r) {
+        const float h = row_coefficient<T, kPass>(list_val[e], r);
+        const T* drow = entry_row<T>(a, r, list_col[e]);
 #pragma unroll
-          for (int i = 0; i < V; ++i) acc[c][i] = fmaf(h, w[i], acc[c][i]);
+        for (int c = 0; c < kChunks; ++c) {
+          const std::int64_t k0 = (std::int64_t{c} * kThreads + tid) * V;
+          if (k0 < a.k) {
+            float w[V];
+            load_vec<T, V>(drow + k0, w);
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[c][i] = fmaf(h, w[i], acc[c][i]);
+          }
         }
       }
     }
@@ -353,10 +467,10 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
   if (tid == 0) a.row_nnz[row] = static_cast<std::int32_t>(nnz);
 }
 
-template <class T, int V>
+template <class T, int V, Pass kPass>
 __global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
   extern __shared__ float smem[];
-  ffn_token<T, V, static_cast<int>(kFusedFfnMaxK / (kThreads * V))>(a, blockIdx.x, smem);
+  ffn_token<T, V, static_cast<int>(kFusedFfnMaxK / (kThreads * V)), kPass>(a, blockIdx.x, smem);
 }
 
 constexpr int kMaxBlockTokens = 8;  // tokens per CTA of the block kernel: 8, or 4 (block_tokens_for)
@@ -517,7 +631,7 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
 // holding it scales that entry's gate value (keep_u_and_h; token g is row row0 + g); tokens of the
 // block outside the round (or absent: their shared rows are stale) only fill accumulators nobody
 // reads.
-template <class T>
+template <class T, Pass kPass>
 __device__ __forceinline__ void up_products(const FfnArgs& a, std::int64_t row0, const std::uint16_t* xs, int groups,
                                             const std::int16_t* g_start, const std::int16_t* s_pos,
                                             const std::int32_t* e_col, const std::uint8_t* e_tok,
@@ -552,7 +666,7 @@ __device__ __forceinline__ void up_products(const FfnArgs& a, std::int64_t row0,
       if (u >= groups) break;
       for (int p = g_start[u]; p < g_start[u + 1]; ++p) {
         const int e = s_pos[p];
-        if (e_tok[e] == g) e_val[e] = keep_u_and_h<T>(a, row0 + g, e_place[e], e_val[e], c[i]);
+        if (e_tok[e] == g) e_val[e] = entry_coefficient<T, kPass>(a, row0 + g, e_place[e], e_val[e], c[i]);
       }
     }
   }
@@ -645,29 +759,30 @@ __device__ __forceinline__ int down_threads(std::int64_t k) {
 
 // Down projection of list entries [e_begin, e_end) into acc by `cts` threads: thread ct of them
 // owns the 8 consecutive output columns (c * cts + ct) * 8 of each chunk c and adds
-// h_e * Wd(j_e, own columns) in list order, kBatchRows rows (8 x kChunks loads of 16 bytes) in
-// flight.
-template <class T, int kChunks>
+// h_e * Wd(j_e, own columns) in list order (the backward: its two rows per entry, entry_row),
+// kBatchRows rows (8 x kChunks loads of 16 bytes) in flight.
+template <class T, int kChunks, Pass kPass>
 __device__ __forceinline__ void down_entries(const FfnArgs& a, const std::int32_t* e_col, const float* e_val,
                                              int e_begin, int e_end, int ct, int cts, float (&acc)[kChunks][8]) {
-  const T* wd = static_cast<const T*>(a.wd);
-  constexpr int kBatch = kBatchRows;
+  constexpr int kRows = kRowsPerEntry<kPass>;
+  constexpr int kBatch = kBatchRows / kRows;  // entries per batch
   for (int e0 = e_begin; e0 < e_end; e0 += kBatch) {
     const int n = e_end - e0 < kBatch ? e_end - e0 : kBatch;
-    uint4 wv[kBatch][kChunks];
+    uint4 wv[kBatch * kRows][kChunks];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const T* drow = wd + std::int64_t{e_col[b < n ? e0 + b : e0]} * a.ldwd;
+    for (int b = 0; b < kBatch * kRows; ++b) {
+      const T* drow = entry_row<T>(a, b % kRows, e_col[b / kRows < n ? e0 + b / kRows : e0]);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const std::int64_t k0 = (std::int64_t{c} * cts + ct) * 8;
-        wv[b][c] = b < n && k0 < a.k ? __ldg(reinterpret_cast<const uint4*>(drow + k0)) : make_uint4(0, 0, 0, 0);
+        wv[b][c] =
+            b / kRows < n && k0 < a.k ? __ldg(reinterpret_cast<const uint4*>(drow + k0)) : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      if (b < n) {
-        const float h = e_val[e0 + b];
+    for (int b = 0; b < kBatch * kRows; ++b) {
+      if (b / kRows < n) {
+        const float h = row_coefficient<T, kPass>(e_val[e0 + b / kRows], b % kRows);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
           const std::uint32_t words[4] = {wv[b][c].x, wv[b][c].y, wv[b][c].z, wv[b][c].w};
@@ -693,12 +808,12 @@ __device__ __forceinline__ void zero(float (&acc)[kChunks][8]) {
 }
 
 // y row `row` = the down projection of list entries [e_begin, e_end) (down_entries), rounded to T.
-template <class T, int kChunks>
-__device__ __forceinline__ void down_token(const FfnArgs& a, const std::int32_t* e_col, const float* e_val,
-                                           int e_begin, int e_end, std::int64_t row, int ct, int cts) {
+template <class T, int kChunks, Pass kPass>
+__device__ __forceinline__ void down_token(const FfnArgs& a, const std::int32_t* e_col, const float* e_val, int e_begin,
+                                           int e_end, std::int64_t row, int ct, int cts) {
   float acc[kChunks][8];
   zero(acc);
-  down_entries<T, kChunks>(a, e_col, e_val, e_begin, e_end, ct, cts, acc);
+  down_entries<T, kChunks, kPass>(a, e_col, e_val, e_begin, e_end, ct, cts, acc);
   T* y = static_cast<T*>(a.y) + row * a.ldy;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -765,7 +880,7 @@ __device__ __forceinline__ void add_part(const FfnArgs& a, std::int64_t slot, st
 // staged row 0), the down projection into registers, and add_part. Claiming in index order lets
 // a part wait for the one before it: that part was claimed earlier, by a CTA already running;
 // part-major order spaces a row's parts so that the wait is short.
-template <class T, int kChunks>
+template <class T, int kChunks, Pass kPass>
 __device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
   const BlockLists l = block_lists(smem, a.k);
   __shared__ std::int32_t item_s, total_s;
@@ -807,22 +922,22 @@ __device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
         l.g_start[e] = static_cast<std::int16_t>(e);
       }
       __syncthreads();
-      up_products<T>(a, row, l.xs, total, l.g_start, l.s_pos, l.e_col, l.e_tok, l.e_place, l.e_val, warp, lane);
+      up_products<T, kPass>(a, row, l.xs, total, l.g_start, l.s_pos, l.e_col, l.e_tok, l.e_place, l.e_val, warp, lane);
       __syncthreads();
     }
     float acc[kChunks][8];
     zero(acc);
-    down_entries<T, kChunks>(a, l.e_col, l.e_val, 0, total, tid, kThreads, acc);
+    down_entries<T, kChunks, kPass>(a, l.e_col, l.e_val, 0, total, tid, kThreads, acc);
     add_part<T, kChunks>(a, slot, p, row, acc);
   }
 }
 
-template <class T, int kChunks>
+template <class T, int kChunks, Pass kPass>
 __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kernel(FfnArgs a) {
   static_assert(ValueTraits<T>::packs_in_slot, "the block kernel stages 16-bit x");
   extern __shared__ __align__(16) unsigned char block_smem[];
   if (static_cast<std::int32_t>(blockIdx.x) < a.helpers) {
-    run_split_parts<T, kChunks>(a, block_smem);
+    run_split_parts<T, kChunks, kPass>(a, block_smem);
     return;
   }
   const int bt = a.block_tokens;
@@ -940,27 +1055,27 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
       if (tid == 0) g_start[groups] = static_cast<std::int16_t>(total);
       __syncthreads();
 
-      up_products<T>(a, r0, xs, groups, g_start, s_pos, e_col, e_tok, e_place, e_val, warp, lane);
+      up_products<T, kPass>(a, r0, xs, groups, g_start, s_pos, e_col, e_tok, e_place, e_val, warp, lane);
       __syncthreads();
     }
 
     const int cts = down_threads(k);
     if (cts == kThreads) {  // the common case, with the thread count a constant
       for (int t = t0; t < t1; ++t)
-        down_token<T, kChunks>(a, e_col, e_val, offs[t - t0], offs[t - t0 + 1], r0 + t, tid, kThreads);
+        down_token<T, kChunks, kPass>(a, e_col, e_val, offs[t - t0], offs[t - t0 + 1], r0 + t, tid, kThreads);
     } else {
       // Tokens side by side, cts threads each. The first token is read back from lane 0 so that
       // the compiler sees it warp-uniform (cts is a multiple of 32): divergent loop bounds would
       // put reconvergence points in the batches.
       for (int t = t0 + __shfl_sync(0xffffffffu, tid / cts, 0); t < t1; t += kThreads / cts)
-        down_token<T, kChunks>(a, e_col, e_val, offs[t - t0], offs[t - t0 + 1], r0 + t, tid % cts, cts);
+        down_token<T, kChunks, kPass>(a, e_col, e_val, offs[t - t0], offs[t - t0 + 1], r0 + t, tid % cts, cts);
     }
     __syncthreads();  // the next round rewrites the list
     t0 = t1;
   }
 
   for (int t = 0; t < present; ++t)
-    if (state[t] == kRouted) ffn_token<T, 8, kChunks>(a, r0 + t, reinterpret_cast<float*>(block_smem));
+    if (state[t] == kRouted) ffn_token<T, 8, kChunks, kPass>(a, r0 + t, reinterpret_cast<float*>(block_smem));
 }
 
 // The block kernel's preparation, in one pass over the gate's rows (a warp per
@@ -1119,14 +1234,16 @@ void check_weights(DenseView<const T> w_in, DenseView<const T> wd, const char* w
           " exceeds the fused FFN kernel's limit of ", kFusedFfnMaxK);
 }
 
+// x (or the backward's dy) and y (dx), M x K; named as the caller names them.
 template <class T>
-void check_io(DenseView<const T> x, DenseView<T> y, std::int64_t k, const char* where) {
-  check_device(x, where, "x");
-  check_device(y, where, "y");
-  require(x.cols == k, ErrorCode::shape_mismatch, where, "x is ", x.rows, " x ", x.cols, " but the weights need ", k,
-          " columns");
-  require(y.rows == x.rows && y.cols == k, ErrorCode::shape_mismatch, where, "y is ", y.rows, " x ", y.cols,
-          " but x needs ", x.rows, " x ", k);
+void check_io(DenseView<const T> x, DenseView<T> y, std::int64_t k, const char* where, const char* x_name = "x",
+              const char* y_name = "y") {
+  check_device(x, where, x_name);
+  check_device(y, where, y_name);
+  require(x.cols == k, ErrorCode::shape_mismatch, where, x_name, " is ", x.rows, " x ", x.cols,
+          " but the weights need ", k, " columns");
+  require(y.rows == x.rows && y.cols == k, ErrorCode::shape_mismatch, where, y_name, " is ", y.rows, " x ", y.cols,
+          " but ", x_name, " needs ", x.rows, " x ", k);
   require(x.rows <= INT32_MAX, ErrorCode::unsupported, where, "M = ", x.rows, " exceeds 2^31 - 1 rows");
 }
 
@@ -1140,9 +1257,9 @@ std::int64_t split_parts(const TwellLayout& layout, std::int64_t n) {
 }
 
 // The block kernel's instance for K (two 2048-column chunks past 2048).
-template <class T>
+template <class T, Pass kPass>
 auto block_kernel_for(std::int64_t k) {
-  return k > kThreads * 8 ? ffn_block_kernel<T, 2> : ffn_block_kernel<T, 1>;
+  return k > kThreads * 8 ? ffn_block_kernel<T, 2, kPass> : ffn_block_kernel<T, 1, kPass>;
 }
 
 // The device's SMs and the block kernel's CTAs it runs at once.
@@ -1152,7 +1269,7 @@ struct BlockKernelFit {
 
 // Whether the block kernel takes K (16-bit T; its shared memory must fit the device), and then
 // its fit on the device; sets the kernel's shared-memory limit.
-template <class T>
+template <class T, Pass kPass>
 bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
   if constexpr (!ValueTraits<T>::packs_in_slot) {
     return false;
@@ -1163,7 +1280,7 @@ bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
     ::twell::detail::check_cuda(cudaGetDevice(&device), where);
     ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
     if (bytes > static_cast<std::size_t>(optin)) return false;
-    const auto kernel = block_kernel_for<T>(k);
+    const auto kernel = block_kernel_for<T, kPass>(k);
     ::twell::detail::check_cuda(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), where);
     ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
@@ -1196,9 +1313,12 @@ struct UpDownSizes {
     UpDownSizes z;
     z.row_nnz = static_cast<std::size_t>(m);
     z.block_order = static_cast<std::size_t>((m + kMinBlockTokens - 1) / kMinBlockTokens);
-    BlockKernelFit fit;
-    if (!block_kernel_fits<T>(k, fit, where)) return z;
-    if (split_parts(layout, n) > 0) z.capacity = static_cast<std::size_t>(std::min(m, fit.resident));
+    BlockKernelFit fit, backward;
+    if (!block_kernel_fits<T, Pass::forward>(k, fit, where) ||
+        !block_kernel_fits<T, Pass::backward>(k, backward, where))
+      return z;
+    const std::int64_t resident = std::max(fit.resident, backward.resident);  // the buffers serve both passes
+    if (split_parts(layout, n) > 0) z.capacity = static_cast<std::size_t>(std::min(m, resident));
     z.block_state = kStateSplitRows + z.capacity;
     if (z.capacity > 0) {
       z.candidates = 2 * static_cast<std::size_t>(m);
@@ -1246,21 +1366,24 @@ class UpDownScratch {
   std::size_t capacity_;
 };
 
-// u and h for FfnArgs::u_packed ... (GatedUpDownPlan).
+// A Hybrid as EntryParts places it (a part the kernel only reads is passed the same way).
 template <class T>
-struct KeptUpDown {
-  HybridView<T> u, h;
-};
+PlacedPart placed(HybridView<T> v) {
+  return {v.twell.packed, v.overflow.data, v.overflow.ld};
+}
+template <class T>
+PlacedPart placed(HybridView<const T> v) {
+  return {const_cast<std::uint32_t*>(v.twell.packed), const_cast<T*>(v.overflow.data), v.overflow.ld};
+}
 
 // Queues the up/down kernel on the gate g: the block kernel, after count_and_order_kernel has
 // written the counts, the block order and the split rows into `buffers`, or ffn_rows_kernel; wu_t
-// null for the non-gated FFN; `kept` null unless u and h are kept (then g must be complete).
-// Returns the path name.
-template <class T>
+// null for the non-gated FFN; `parts` empty unless training (then g must be complete): the
+// forward's kept u and h, or the backward's operands (Pass). Returns the path name.
+template <class T, Pass kPass>
 std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<const T> w_gate, ActivationSpec act,
                         const T* wu_t, std::int64_t ldwu_t, DenseView<const T> wd, DenseView<T> y,
-                        const UpDownMemory& buffers, const KeptUpDown<T>* kept, cudaStream_t stream,
-                        const char* where) {
+                        const UpDownMemory& buffers, const EntryParts& parts, cudaStream_t stream, const char* where) {
   if (x.rows == 0) return "empty";
   FfnArgs a;
   a.m = x.rows;
@@ -1287,20 +1410,16 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   a.act = act.kind;
   a.threshold = act.threshold;
   a.row_nnz = buffers.row_nnz;
-  if (kept != nullptr) {
-    a.u_packed = kept->u.twell.packed;
-    a.h_packed = kept->h.twell.packed;
-    a.u_overflow = kept->u.overflow.data;
-    a.h_overflow = kept->h.overflow.data;
-    a.ld_u_overflow = kept->u.overflow.ld;
-    a.ld_h_overflow = kept->h.overflow.ld;
-  }
+  a.entry_parts = parts;
 
   const bool vec = x.cols % 8 == 0 && x.ld % 8 == 0 && wd.ld % 8 == 0 && y.ld % 8 == 0 && aligned16(x.data) &&
-                   aligned16(wd.data) && aligned16(y.data) && (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t)));
+                   aligned16(wd.data) && aligned16(y.data) &&
+                   (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t))) &&
+                   (kPass == Pass::forward || (parts.ldwd2 % 8 == 0 && aligned16(parts.wd2)));
+  const std::string pass = kPass == Pass::forward ? "" : "_backward";
   if constexpr (ValueTraits<T>::packs_in_slot) {
     BlockKernelFit fit;
-    if (vec && buffers.block_state != nullptr && block_kernel_fits<T>(x.cols, fit, where)) {
+    if (vec && buffers.block_state != nullptr && block_kernel_fits<T, kPass>(x.cols, fit, where)) {
       const std::int64_t parts = split_parts(a.layout, a.n);
       a.block_state = buffers.block_state;
       a.resident = fit.resident;
@@ -1320,21 +1439,21 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
       ::twell::detail::check_launch(where);
       a.block_order = buffers.block_order;
       const auto blocks = static_cast<unsigned>((x.rows + a.block_tokens - 1) / a.block_tokens);
-      block_kernel_for<T>(x.cols)<<<blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols),
-                                    stream>>>(a);
+      block_kernel_for<T, kPass>(
+          x.cols)<<<blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols), stream>>>(a);
       ::twell::detail::check_launch(where);
-      return x.cols > kThreads * 8 ? "ffn_block_wide_v8" : "ffn_block_v8";
+      return (x.cols > kThreads * 8 ? "ffn_block_wide" : "ffn_block") + pass + "_v8";
     }
   }
   const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + 3 * kThreads * sizeof(std::int32_t);
   const auto grid = static_cast<unsigned>(x.rows);
   if (vec) {
-    ffn_rows_kernel<T, 8><<<grid, kThreads, smem, stream>>>(a);
+    ffn_rows_kernel<T, 8, kPass><<<grid, kThreads, smem, stream>>>(a);
   } else {
-    ffn_rows_kernel<T, 1><<<grid, kThreads, smem, stream>>>(a);
+    ffn_rows_kernel<T, 1, kPass><<<grid, kThreads, smem, stream>>>(a);
   }
   ::twell::detail::check_launch(where);
-  return vec ? "ffn_rows_v8" : "ffn_rows_v1";
+  return "ffn_rows" + pass + (vec ? "_v8" : "_v1");
 }
 
 // Checks the plan's operands, then builds its gate plan (so that the checks name the FFN).
@@ -1402,8 +1521,8 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   const HybridView<const T> g = gate_.queued_result();
   const std::int64_t block_rows = g.overflow.rows;
   const std::string kernel =
-      sparse_rows<T>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr, gated_ ? wu_t_.ld() : 0, wd_, y,
-                     memory_of(buffers_), nullptr, stream, where_);
+      sparse_rows<T, Pass::forward>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr,
+                                    gated_ ? wu_t_.ld() : 0, wd_, y, memory_of(buffers_), EntryParts{}, stream, where_);
   path_ = "gate:" + gate_.path() + "+" + kernel;
   if (stats == nullptr) return;
 
@@ -1485,9 +1604,56 @@ GatedUpDownPlan<T>::GatedUpDownPlan(std::int64_t m, std::int64_t k, std::int64_t
       layout_(layout),
       stream_(options.stream),
       wu_t_(n, k, MemorySpace::device),
+      wg_t_(n, k, MemorySpace::device),
       buffers_(m, k, n, layout, "twell::cuda::GatedUpDownPlan") {}
 
 namespace {
+// A Hybrid operand of a training run, named for the messages; `written`: the run writes its values.
+template <class T>
+struct NamedPart {
+  const char* name;
+  HybridView<const T> view;
+  bool written;
+};
+
+// The Hybrid operands of a training run, a first: each M x N in device memory, in `layout`, with
+// a's overflow rows; a part the run writes holds a slot array and a dense block of its own (its
+// maps may be a's), or it would overwrite another operand before or after the kernel reads it.
+template <class T>
+void check_parts(std::initializer_list<NamedPart<T>> parts, std::int64_t m, std::int64_t n, const TwellLayout& layout,
+                 const char* where) {
+  const std::int64_t r = parts.begin()->view.overflow.rows;
+  for (const NamedPart<T>& p : parts) {
+    check_part(p.view, m, n, layout, where, p.name);
+    require(p.view.overflow.rows == r, ErrorCode::shape_mismatch, where, p.name, " has ", p.view.overflow.rows,
+            " overflow rows but a has ", r);
+  }
+  for (const NamedPart<T>& w : parts) {
+    if (!w.written) continue;
+    for (const NamedPart<T>& p : parts) {
+      if (&p == &w) continue;
+      require(m * layout.packed_width(n) == 0 || w.view.twell.packed != p.view.twell.packed,
+              ErrorCode::invalid_argument, where, w.name, " must hold a slot array of its own (it is written), not ",
+              p.name, "'s");
+      require(r * n == 0 || w.view.overflow.data != p.view.overflow.data, ErrorCode::invalid_argument, where, w.name,
+              " must hold a dense block of its own (it is written), not ", p.name, "'s");
+    }
+  }
+}
+
+// The weights of a training run for K and N: wu (and wg where given: the backward's) K x N, wd N x K.
+template <class T>
+void check_training_weights(const DenseView<const T>* wg, DenseView<const T> wu, DenseView<const T> wd, std::int64_t k,
+                            std::int64_t n, const char* where) {
+  check_weights<T>(wu, wd, where);
+  require(wu.rows == k && wu.cols == n, ErrorCode::shape_mismatch, where, "wu is ", wu.rows, " x ", wu.cols,
+          " but the plan is for K = ", k, " and N = ", n);
+  if (wg == nullptr) return;
+  check_device(*wg, where, "wg");
+  require(wg->rows == k && wg->cols == n, ErrorCode::shape_mismatch, where, "wg is ", wg->rows, " x ", wg->cols,
+          " but wu is ", k, " x ", n);
+}
+
 // The operands of a kept up/down run for M x K x N in `layout` (checked before anything is queued).
 template <class T>
 void check_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
@@ -1495,21 +1661,62 @@ void check_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> 
                 const TwellLayout& layout, const char* where) {
   check_io<T>(x, y, k, where);
   require(x.rows == m, ErrorCode::shape_mismatch, where, "the plan is for ", m, " tokens but x has ", x.rows, " rows");
-  check_weights<T>(wu, wd, where);
-  require(wu.rows == k && wu.cols == n, ErrorCode::shape_mismatch, where, "wu is ", wu.rows, " x ", wu.cols,
-          " but the plan is for K = ", k, " and N = ", n);
-  check_part(a, m, n, layout, where, "a");
-  check_part(u, m, n, layout, where, "u");
-  check_part(h, m, n, layout, where, "h");
-  const std::int64_t r = a.overflow.rows;
-  require(u.overflow.rows == r && h.overflow.rows == r, ErrorCode::shape_mismatch, where, "u and h have ",
-          u.overflow.rows, " and ", h.overflow.rows, " overflow rows but a has ", r);
-  require(m * layout.packed_width(n) == 0 || (u.twell.packed != a.twell.packed && h.twell.packed != a.twell.packed &&
-                                              u.twell.packed != h.twell.packed),
-          ErrorCode::invalid_argument, where, "u and h must hold slot arrays of their own (they are written)");
-  require(r * n == 0 || (u.overflow.data != a.overflow.data && h.overflow.data != a.overflow.data &&
-                         u.overflow.data != h.overflow.data),
-          ErrorCode::invalid_argument, where, "u and h must hold dense blocks of their own (they are written)");
+  check_training_weights<T>(nullptr, wu, wd, k, n, where);
+  check_parts<T>({{"a", a, false}, {"u", u, true}, {"h", h, true}}, m, n, layout, where);
+}
+
+// The operands of a backward run for M x K x N in `layout`.
+template <class T>
+void check_backward(const GatedBackwardOperands<T>& op, std::int64_t m, std::int64_t k, std::int64_t n,
+                    const TwellLayout& layout, const char* where) {
+  check_io<T>(op.dy, op.dx, k, where, "dy", "dx");
+  require(op.dy.rows == m, ErrorCode::shape_mismatch, where, "the plan is for ", m, " tokens but dy has ", op.dy.rows,
+          " rows");
+  check_training_weights<T>(&op.wg, op.wu, op.wd, k, n, where);
+  twell::detail::check_activation(op.act, where);
+  require(std::isfinite(op.l1_scale), ErrorCode::invalid_argument, where, "l1_scale = ", op.l1_scale, " is not finite");
+  if (op.act.kind == Activation::relu) {
+    check_parts<T>(
+        {{"a", op.a, false}, {"u", op.u, false}, {"h", op.h, false}, {"dg", op.dg, true}, {"du", op.du, true}}, m, n,
+        layout, where);
+  } else {
+    check_parts<T>({{"a", op.a, false},
+                    {"u", op.u, false},
+                    {"h", op.h, false},
+                    {"g", op.g, false},
+                    {"dg", op.dg, true},
+                    {"du", op.du, true}},
+                   m, n, layout, where);
+  }
+}
+
+// Gives `part` a's structure: its slot words (the kernel then writes the values of a's entries),
+// its maps where they are not a's, and a zeroed dense block.
+template <class T>
+void copy_structure(HybridView<const T> a, HybridView<T> part, cudaStream_t stream, const char* where) {
+  const std::int64_t m = a.rows(), n = a.cols(), r = a.overflow.rows;
+  const std::int64_t words = m * a.twell.layout.packed_width(n);
+  if (words > 0)
+    ::twell::detail::check_cuda(cudaMemcpyAsync(part.twell.packed, a.twell.packed, words * sizeof(std::uint32_t),
+                                                cudaMemcpyDeviceToDevice, stream),
+                                where);
+  if (m > 0 && part.row_to_overflow != a.row_to_overflow)
+    ::twell::detail::check_cuda(cudaMemcpyAsync(part.row_to_overflow, a.row_to_overflow, m * sizeof(std::int32_t),
+                                                cudaMemcpyDeviceToDevice, stream),
+                                where);
+  if (r > 0 && part.overflow_to_row != a.overflow_to_row)
+    ::twell::detail::check_cuda(cudaMemcpyAsync(part.overflow_to_row, a.overflow_to_row, r * sizeof(std::int32_t),
+                                                cudaMemcpyDeviceToDevice, stream),
+                                where);
+  if (r > 0 && n > 0)
+    ::twell::detail::check_cuda(
+        cudaMemset2DAsync(part.overflow.data, part.overflow.ld * sizeof(T), 0, n * sizeof(T), r, stream), where);
+}
+
+// Transposes a K x N weight into `out`, an N x K buffer of leading dimension K.
+template <class T>
+void transpose_into(DenseView<const T> w, T* out, cudaStream_t stream) {
+  cuda::transpose<T>(w, DenseView<T>{out, w.cols, w.rows, w.rows, MemorySpace::device}, KernelOptions{Stream{stream}});
 }
 
 // Queues a checked kept up/down run: Wu^T into wu_t (N x K, leading dimension K), a's structure
@@ -1519,31 +1726,43 @@ template <class T>
 std::string queue_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
                        HybridView<T> u, HybridView<T> h, DenseView<T> y, T* wu_t, const UpDownMemory& memory,
                        cudaStream_t stream, const char* where) {
-  const std::int64_t m = a.rows(), n = a.cols(), k = x.cols, r = a.overflow.rows;
-  const std::int64_t words = m * a.twell.layout.packed_width(n);
-  cuda::transpose<T>(wu, DenseView<T>{wu_t, n, k, k, MemorySpace::device}, KernelOptions{Stream{stream}});
-  for (HybridView<T>* part : {&u, &h}) {
-    if (words > 0)
-      ::twell::detail::check_cuda(cudaMemcpyAsync(part->twell.packed, a.twell.packed, words * sizeof(std::uint32_t),
-                                                  cudaMemcpyDeviceToDevice, stream),
-                                  where);
-    if (m > 0 && part->row_to_overflow != a.row_to_overflow)
-      ::twell::detail::check_cuda(cudaMemcpyAsync(part->row_to_overflow, a.row_to_overflow, m * sizeof(std::int32_t),
-                                                  cudaMemcpyDeviceToDevice, stream),
-                                  where);
-    if (r > 0 && part->overflow_to_row != a.overflow_to_row)
-      ::twell::detail::check_cuda(cudaMemcpyAsync(part->overflow_to_row, a.overflow_to_row, r * sizeof(std::int32_t),
-                                                  cudaMemcpyDeviceToDevice, stream),
-                                  where);
-    if (r > 0 && n > 0)
-      ::twell::detail::check_cuda(
-          cudaMemset2DAsync(part->overflow.data, part->overflow.ld * sizeof(T), 0, n * sizeof(T), r, stream), where);
-  }
-  const KeptUpDown<T> kept{u, h};
-  std::string path =
-      sparse_rows<T>(x, a, DenseView<const T>{}, ActivationSpec{}, wu_t, k, wd, y, memory, &kept, stream, where);
+  transpose_into<T>(wu, wu_t, stream);
+  for (const HybridView<T>& part : {u, h}) copy_structure<T>(a, part, stream, where);
+  EntryParts parts;
+  parts.u = placed(u);
+  parts.h = placed(h);
+  std::string path = sparse_rows<T, Pass::forward>(x, a, DenseView<const T>{}, ActivationSpec{}, wu_t, x.cols, wd, y,
+                                                   memory, parts, stream, where);
   for (const HybridView<T>& part : {u, h})
     detail::copy_dense_rows_into_shadows<T>(a.twell, a.overflow_to_row, part, stream, where);
+  return path;
+}
+
+// Queues a checked backward run (GatedUpDownPlan::backward): Wg^T and Wu^T into wg_t and wu_t
+// (N x K, leading dimension K), a's structure into dg and du, the kernel on dy with Wd as the rows
+// of its dot products, then the shadow slots of dg and du. Returns the kernel's path name.
+template <class T>
+std::string queue_backward(const GatedBackwardOperands<T>& op, T* wg_t, T* wu_t, const UpDownMemory& memory,
+                           cudaStream_t stream, const char* where) {
+  transpose_into<T>(op.wg, wg_t, stream);
+  transpose_into<T>(op.wu, wu_t, stream);
+  const HybridView<T> written[] = {op.dg, op.du};
+  for (const HybridView<T>& part : written) copy_structure<T>(op.a, part, stream, where);
+  EntryParts parts;
+  parts.u = placed(op.u);
+  parts.h = placed(op.h);
+  if (op.act.kind != Activation::relu) parts.g = placed(op.g);
+  parts.dg = placed(op.dg);
+  parts.du = placed(op.du);
+  parts.wd2 = wu_t;
+  parts.ldwd2 = op.dy.cols;
+  parts.l1_scale = op.l1_scale;
+  const std::int64_t k = op.dy.cols, n = op.a.cols();
+  std::string path = sparse_rows<T, Pass::backward>(op.dy, op.a, DenseView<const T>{}, op.act, op.wd.data, op.wd.ld,
+                                                    DenseView<const T>{wg_t, n, k, k, MemorySpace::device}, op.dx,
+                                                    memory, parts, stream, where);
+  for (const HybridView<T>& part : written)
+    detail::copy_dense_rows_into_shadows<T>(op.a.twell, op.a.overflow_to_row, part, stream, where);
   return path;
 }
 }  // namespace
@@ -1573,6 +1792,29 @@ void gated_up_down(DenseView<const T> x, HybridView<const T> a, DenseView<const 
 }
 
 template <Value T>
+void GatedUpDownPlan<T>::backward(const GatedBackwardOperands<T>& op) {
+  constexpr const char* where = "twell::cuda::GatedUpDownPlan::backward";
+  twell::detail::require_live(live_, where);
+  check_backward<T>(op, m_, k_, n_, layout_, where);
+  path_ = queue_backward<T>(op, wg_t_.values().data(), wu_t_.values().data(), memory_of(buffers_),
+                            static_cast<cudaStream_t>(stream_.handle), where);
+}
+
+template <Value T>
+void gated_up_down_backward(const GatedBackwardOperands<T>& op, const KernelOptions& options) {
+  constexpr const char* where = "twell::cuda::gated_up_down_backward";
+  const std::int64_t m = op.dy.rows, k = op.dy.cols, n = op.wu.cols;
+  checked_up_down<T>(m, k, n, op.a.twell.layout, where);
+  check_backward<T>(op, m, k, n, op.a.twell.layout, where);
+  const cudaStream_t stream = ::twell::cuda::detail::stream_of(options);
+  const UpDownScratch memory(UpDownSizes::of<T>(m, k, n, op.a.twell.layout, where), stream, where);
+  const std::size_t weight_bytes = static_cast<std::size_t>(n * k) * sizeof(T);
+  const detail::Scratch wg_t(weight_bytes, stream, where), wu_t(weight_bytes, stream, where);
+  const std::string path = queue_backward<T>(op, wg_t.as<T>(), wu_t.as<T>(), memory.memory(), stream, where);
+  if (options.report != nullptr) options.report->path = path;
+}
+
+template <Value T>
 void gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
                        ActivationSpec act, DenseView<T> y, const KernelOptions& options) {
   check_device(x, "twell::cuda::gated_ffn_forward", "x");
@@ -1597,6 +1839,7 @@ void ffn_forward(DenseView<const T> x, DenseView<const T> wu, DenseView<const T>
   template class GatedUpDownPlan<T>;                                                                                 \
   template void gated_up_down<T>(DenseView<const T>, HybridView<const T>, DenseView<const T>, DenseView<const T>,    \
                                  HybridView<T>, HybridView<T>, DenseView<T>, const KernelOptions&);                  \
+  template void gated_up_down_backward<T>(const GatedBackwardOperands<T>&, const KernelOptions&);                    \
   template void gated_ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, DenseView<const T>, \
                                      ActivationSpec, DenseView<T>, const KernelOptions&);                            \
   template void ffn_forward<T>(DenseView<const T>, DenseView<const T>, DenseView<const T>, ActivationSpec,           \

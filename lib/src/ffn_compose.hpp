@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -131,39 +132,51 @@ void gated_after_gate(DenseView<const T> x, DenseView<const T> wg, DenseView<con
 }
 
 // What the backward computes into besides the gradients: dh, dg and du on a's structure (a's
-// layout and overflow rows) and one N x K dense matrix.
+// layout and overflow rows; dh unused, and may be empty, where BackwardRows runs) and one N x K
+// dense matrix.
 template <class T>
 struct BackwardScratch {
   HybridView<T> dh, dg, du;
   DenseView<T> n_by_k;
 };
 
+// Runs the backward's rows in one kernel (cuda::GatedUpDownPlan::backward): dg and du on a's
+// pattern and dx, from dh = dy wd^T + scale sign(h) that it does not store; empty where the
+// backward composes them.
+template <class T>
+using BackwardRows = std::function<void(HybridView<T> dg, HybridView<T> du, DenseView<T> dx)>;
+
 // The gradients of reference::gated_ffn_backward into `out` (checked by the caller), from the
 // saved activations, with `scale` = lambda / Z; returns the L1 term, read back last so that the
 // host waits only after everything is queued:
 //   dh  = sddmm(dy, wd^T) on P, then + scale sign(h);
 //   dg  = dh * u, times act'(g) for SiLU and GELU (ReLU's act' is 1 on P), du = dh * a;
-//   dwd = h^T dy; dx = dg wg^T + du wu^T; dwg = (dg^T x)^T, dwu = (du^T x)^T.
+//   dx = dg wg^T + du wu^T (these three by `rows` where given);
+//   dwd = h^T dy; dwg = (dg^T x)^T, dwu = (du^T x)^T.
 template <class T, class Spmm>
 double gated_backward(const GatedFfnActivationViews<T>& s, DenseView<const T> x, DenseView<const T> wg,
                       DenseView<const T> wu, DenseView<const T> wd, DenseView<const T> dy, double scale,
                       const BackwardScratch<T>& w, const GatedFfnGradientViews<T>& out, const KernelOptions& options,
-                      Spmm&& spmm) {
-  const HybridView<const T> dh(w.dh), dg(w.dg), du(w.du);
-  sddmm<T>(dy, Op::transpose, wd, s.a, w.dh, 1.0f, 0.0f, options);
-  add_scaled_sign<T>(dh, static_cast<float>(scale), s.h, w.dh, options);
-  multiply_on_pattern<T>(dh, s.u, w.dg, options);
-  if (s.act.kind != Activation::relu) multiply_by_activation_derivative<T>(dg, s.g, s.act.kind, w.dg, options);
-  multiply_on_pattern<T>(dh, s.a, w.du, options);
-
-  spmm(Op::transpose, s.h, dy, out.dwd, 1.0f, 0.0f);
-  // spmm takes its dense operand as stored, so each weight is transposed into the one N x K
-  // buffer in turn (same stream: the second transpose waits for the first product).
+                      Spmm&& spmm, const BackwardRows<T>& rows) {
+  const HybridView<const T> dg(w.dg), du(w.du);
   const DenseView<const T> n_by_k(w.n_by_k);
-  transpose<T>(wg, w.n_by_k, options);
-  spmm(Op::none, dg, n_by_k, out.dx, 1.0f, 0.0f);
-  transpose<T>(wu, w.n_by_k, options);
-  spmm(Op::none, du, n_by_k, out.dx, 1.0f, 1.0f);
+  if (rows) {
+    rows(w.dg, w.du, out.dx);
+  } else {
+    const HybridView<const T> dh(w.dh);
+    sddmm<T>(dy, Op::transpose, wd, s.a, w.dh, 1.0f, 0.0f, options);
+    add_scaled_sign<T>(dh, static_cast<float>(scale), s.h, w.dh, options);
+    multiply_on_pattern<T>(dh, s.u, w.dg, options);
+    if (s.act.kind != Activation::relu) multiply_by_activation_derivative<T>(dg, s.g, s.act.kind, w.dg, options);
+    multiply_on_pattern<T>(dh, s.a, w.du, options);
+    // spmm takes its dense operand as stored, so each weight is transposed into the one N x K
+    // buffer in turn (same stream: the second transpose waits for the first product).
+    transpose<T>(wg, w.n_by_k, options);
+    spmm(Op::none, dg, n_by_k, out.dx, 1.0f, 0.0f);
+    transpose<T>(wu, w.n_by_k, options);
+    spmm(Op::none, du, n_by_k, out.dx, 1.0f, 1.0f);
+  }
+  spmm(Op::transpose, s.h, dy, out.dwd, 1.0f, 0.0f);
   // The weights are K x N, the products N x K.
   spmm(Op::transpose, dg, x, w.n_by_k, 1.0f, 0.0f);
   transpose<T>(n_by_k, out.dwg, options);

@@ -62,6 +62,17 @@ void training_after_gate(const RunKeptUpDown<T>& kept, DenseView<const T> x, Den
   if (g != nullptr) sddmm<T>(x, Op::none, wg, a, *g, 1.0f, 0.0f, options);
 }
 
+#if TWELL_HAS_CUDA
+// The operands of the backward's rows in one kernel (cuda::GatedUpDownPlan::backward), from the
+// saved activations of the forward that kept u and h.
+template <class T>
+cuda::GatedBackwardOperands<T> backward_operands(const GatedFfnActivationViews<T>& s, DenseView<const T> dy,
+                                                 DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
+                                                 double scale, HybridView<T> dg, HybridView<T> du, DenseView<T> dx) {
+  return {dy, s.a, s.u, s.h, s.g, s.act, wg, wu, wd, static_cast<float>(scale), dg, du, dx};
+}
+#endif
+
 }  // namespace
 
 template <Value T>
@@ -110,14 +121,24 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
   out.dwg = DenseMatrix<T>(k, n, space);
   out.dwu = DenseMatrix<T>(k, n, space);
   out.dwd = DenseMatrix<T>(n, k, space);
-  HybridMatrix<T> dh = hybrid_like(saved.a), dg = hybrid_like(saved.a), du = hybrid_like(saved.a);
+  // The forward kept u and h with the same kernel exactly where the backward's rows run in one.
+  const bool fused = keeps_up_down<T>(k, space);
+  HybridMatrix<T> dh = fused ? HybridMatrix<T>() : hybrid_like(saved.a);
+  HybridMatrix<T> dg = hybrid_like(saved.a), du = hybrid_like(saved.a);
   DenseMatrix<T> n_by_k(n, k, space);
-  out.l1_term = ffn_detail::gated_backward<T>(saved.view(), x, wg, wu, wd, dy, l1.scale,
-                                              {dh.view(), dg.view(), du.view(), n_by_k.view()},
-                                              {out.dx.view(), out.dwg.view(), out.dwu.view(), out.dwd.view()},
-                                              options, spmm_on_backend<T>(options));
+  ffn_detail::BackwardRows<T> rows;
+#if TWELL_HAS_CUDA
+  if (fused)
+    rows = [&](HybridView<T> dg_out, HybridView<T> du_out, DenseView<T> dx) {
+      cuda::gated_up_down_backward<T>(backward_operands<T>(saved.view(), dy, wg, wu, wd, l1.scale, dg_out, du_out, dx),
+                                      options);
+    };
+#endif
+  out.l1_term = ffn_detail::gated_backward<T>(
+      saved.view(), x, wg, wu, wd, dy, l1.scale, {dh.view(), dg.view(), du.view(), n_by_k.view()},
+      {out.dx.view(), out.dwg.view(), out.dwu.view(), out.dwd.view()}, options, spmm_on_backend<T>(options), rows);
   if (options.report != nullptr)
-    options.report->path = space == MemorySpace::host ? "composed:reference" : "composed:cuda";
+    options.report->path = space == MemorySpace::host ? "composed:reference" : fused ? "fused:cuda" : "composed:cuda";
   return out;
 }
 
@@ -131,8 +152,9 @@ struct GatedFfnTraining<T>::Impl {
   TwellLayout layout{};
   KernelOptions options{};
   std::string path;
-  // The Hybrids held for the forward (u, h, g) and the backward (dh, dg, du), each with `capacity`
-  // overflow rows; a call views the first R of them (R: the latest gate's overflow rows).
+  // The Hybrids held for the forward (u, h, g) and the backward (dh, dg, du; dh where the backward
+  // composes), each with `capacity` overflow rows; a call views the first R of them (R: the latest
+  // gate's overflow rows).
   std::int64_t capacity = 0;
   HybridMatrix<T> u, h, g, dh, dg, du;
   DenseMatrix<T> n_by_k;
@@ -148,8 +170,18 @@ struct GatedFfnTraining<T>::Impl {
   bool on_device() const { return space == MemorySpace::device; }
   bool needs_g() const { return act.kind != Activation::relu; }
 
+  // Whether the forward keeps u and h, and the backward runs its rows, in the up/down kernel.
+  bool fused() const {
+#if TWELL_HAS_CUDA
+    return up_down.has_value();
+#else
+    return false;
+#endif
+  }
+
   void allocate(std::int64_t rows) {
-    for (HybridMatrix<T>* part : {&u, &h, &dh, &dg, &du}) *part = HybridMatrix<T>(m, n, layout, rows, space);
+    for (HybridMatrix<T>* part : {&u, &h, &dg, &du}) *part = HybridMatrix<T>(m, n, layout, rows, space);
+    if (!fused()) dh = HybridMatrix<T>(m, n, layout, rows, space);
     if (needs_g()) g = HybridMatrix<T>(m, n, layout, rows, space);
 #if TWELL_HAS_CUDA
     // The overflow rows of y = h wd and of dx's two products (K columns of B each).
@@ -277,7 +309,7 @@ void GatedFfnTraining<T>::forward(In<DenseView<const T>> x, In<DenseView<const T
   const HybridView<const T> a = s.gate_result();
   RunKeptUpDown<T> kept;
 #if TWELL_HAS_CUDA
-  if (s.up_down)
+  if (s.fused())
     kept = [&](HybridView<T> u, HybridView<T> h, DenseView<T> y_out) { s.up_down->run(x, a, wu, wd, u, h, y_out); };
 #endif
   training_after_gate<T>(kept, x, wg, wu, wd, a, Impl::first_rows(s.u, rows), Impl::first_rows(s.h, rows),
@@ -309,10 +341,18 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
   }
   const ffn_detail::L1Scale l1 = ffn_detail::l1_scale(where, lambda, norm, s.m, s.n);
   const std::int64_t rows = s.overflow_rows;
-  const double l1_term = ffn_detail::gated_backward<T>(
-      saved, x, wg, wu, wd, dy, l1.scale,
-      {Impl::first_rows(s.dh, rows), Impl::first_rows(s.dg, rows), Impl::first_rows(s.du, rows), s.n_by_k.view()},
-      out, s.options, s.spmm_fn());
+  ffn_detail::BackwardRows<T> fused_rows;
+#if TWELL_HAS_CUDA
+  if (s.fused())
+    fused_rows = [&](HybridView<T> dg, HybridView<T> du, DenseView<T> dx) {
+      s.up_down->backward(backward_operands<T>(saved, dy, wg, wu, wd, l1.scale, dg, du, dx));
+    };
+#endif
+  const double l1_term =
+      ffn_detail::gated_backward<T>(saved, x, wg, wu, wd, dy, l1.scale,
+                                    {s.fused() ? HybridView<T>{} : Impl::first_rows(s.dh, rows),
+                                     Impl::first_rows(s.dg, rows), Impl::first_rows(s.du, rows), s.n_by_k.view()},
+                                    out, s.options, s.spmm_fn(), fused_rows);
   s.path = s.on_device() ? "planned:cuda" : "composed:reference";
   return l1_term;
 }

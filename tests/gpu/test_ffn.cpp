@@ -53,18 +53,20 @@ double error_of(const DenseMatrix<T>& y_dev, const DenseMatrix<T>& ref) {
   return testing::relative_error<T, T>(y_dev.to(MemorySpace::host).view(), ref.view());
 }
 
-// The FFN operands on both sides, with the dense references of both FFN kinds.
+// The FFN operands on both sides, with the dense references of both FFN kinds (unless a test
+// needs none: at the paper's shape they take seconds on the host).
 template <class T>
 struct Case {
   workload::FfnInputs<T> host;
   DenseMatrix<T> x, wg, wu, wd;  // device
   DenseMatrix<T> ref_gated, ref_plain;
 
-  Case(workload::FfnInputs<T> in, ActivationSpec act) : host(std::move(in)) {
+  Case(workload::FfnInputs<T> in, ActivationSpec act, bool with_references = true) : host(std::move(in)) {
     x = host.x.to(MemorySpace::device);
     wg = host.wg.to(MemorySpace::device);
     wu = host.wu.to(MemorySpace::device);
     wd = host.wd.to(MemorySpace::device);
+    if (!with_references) return;
     ref_gated = reference_gated(host.x.view(), act);
     ref_plain = reference_plain(host.x.view(), act);
   }
@@ -534,7 +536,7 @@ TEST_CASE_TEMPLATE("sparse training forward and backward on the device match the
       const float lambda = 2e-2f;
       const auto got = sparse_gated_ffn_backward<T>(saved, c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(),
                                                     dy.view(), lambda, norm, KernelOptions{.report = &report});
-      CHECK(report.path == "composed:cuda");
+      CHECK(report.path == "fused:cuda");  // 16-bit, K within the up/down kernel's limit
       const auto want = reference::gated_ffn_backward<T>(c.host.x.view(), c.host.wg.view(), c.host.wu.view(),
                                                          c.host.wd.view(), dy_host.view(), st.act, lambda, norm);
       CHECK(got.l1_term == doctest::Approx(want.l1_term).epsilon(1e-2));
@@ -738,43 +740,67 @@ void check_kept(const HybridMatrix<T>& got_dev, const HybridMatrix<T>& a_dev, co
   CHECK(far == 0);
 }
 
+// The settings of the up/down kernel's training passes. Each reaches another path of the kernel:
+// the block kernel's rounds (uniform), its split rows (heavy TwELL rows and dense rows at 5 %,
+// every token at 10 %: the sizes of "block kernel: heavy tokens split ...", which an inference
+// plan's stats confirm in the forward's test) and overflow-block rows (token-skewed), tokens routed
+// to the per-token body (N = 1004: an overflow block not readable 16 bytes at a time; K = 60: not
+// 8-aligned, so every token), many overflow rows (4 slots per tile), and a SiLU gate (whose
+// backward multiplies by act'(g)).
+struct UpDownSetting {
+  Shape s;
+  double density;
+  Distribution d;
+  TwellLayout layout;
+  bool split = false;  // whether rows are split over CTAs here
+  ActivationSpec act{};
+};
+std::vector<UpDownSetting> up_down_settings() {
+  return {{{1, 64, 136}, 0.05, Distribution::uniform, {}},
+          {{testing::sweep_size(300, 120), 2048, 5632}, 0.05, Distribution::token_skewed, {}, true},
+          {{100, 520, 5632}, 0.1, Distribution::uniform, {}, true},
+          {{300, 520, 1000}, 0.02, Distribution::uniform, {}},
+          {{256, 2048, 5632}, 0.005, Distribution::token_skewed, {}},
+          {{300, 520, 1004}, 0.02, Distribution::token_skewed, {128, 32}},
+          {{33, 60, 300}, 0.05, Distribution::token_skewed, {16, 4}},
+          {{300, 520, 1000}, 0.3, Distribution::neuron_skewed, {16, 4}},
+          {{300, 520, 1000}, 0.02, Distribution::token_skewed, {}, false, {Activation::silu, 0.3f}}};
+}
+
+// The gate a = act(x wg) of a setting, a complete Hybrid on the device.
+template <class T>
+HybridMatrix<T> gate_of(const Case<T>& c, const UpDownSetting& st) {
+  ConvertOptions convert;
+  convert.overflow = OverflowPolicy::hybrid;
+  HybridMatrix<T> a = gemm_to_sparse<T>(c.x.view(), c.wg.view(), st.act, st.layout, convert);
+  if (st.layout.slots() == 4) CHECK(a.overflow_rows() > 0);
+  return a;
+}
+
+// Poisons a Hybrid's slots, dense block and maps, so that whatever a run leaves unwritten shows.
+template <class T>
+void poison_all(HybridMatrix<T>& part) {
+  testing::poison_device(part.twell().packed());
+  testing::poison_device(part.overflow().values());
+  testing::poison_device(part.row_to_overflow());
+  testing::poison_device(part.overflow_to_row());
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_pattern compose them", T, bf16, fp16) {
-  // Each setting reaches another path of the kernel: the block kernel's rounds (uniform), its split
-  // rows (heavy TwELL rows and dense rows at 5 %, every token at 10 %: the sizes of "block kernel:
-  // heavy tokens split ...", which an inference plan's stats confirm here) and overflow-block rows
-  // (token-skewed), tokens routed to the per-token body (N = 1004: an overflow block not readable 16
-  // bytes at a time; K = 60: not 8-aligned, so every token), and many overflow rows (4 slots per
-  // tile), where u and h also view a's maps instead of copies. Outputs poisoned, fresh inputs.
-  struct Setting {
-    Shape s;
-    double density;
-    Distribution d;
-    TwellLayout layout;
-    bool split = false;  // whether rows are split over CTAs here
-  };
-  const Setting settings[] = {{{1, 64, 136}, 0.05, Distribution::uniform, {}},
-                              {{testing::sweep_size(300, 120), 2048, 5632}, 0.05, Distribution::token_skewed, {}, true},
-                              {{100, 520, 5632}, 0.1, Distribution::uniform, {}, true},
-                              {{300, 520, 1000}, 0.02, Distribution::uniform, {}},
-                              {{256, 2048, 5632}, 0.005, Distribution::token_skewed, {}},
-                              {{300, 520, 1004}, 0.02, Distribution::token_skewed, {128, 32}},
-                              {{33, 60, 300}, 0.05, Distribution::token_skewed, {16, 4}},
-                              {{300, 520, 1000}, 0.3, Distribution::neuron_skewed, {16, 4}}};
-  for (const Setting& st : settings) {
+  // up_down_settings; u and h also view a's maps instead of copies where there are 4 slots per
+  // tile. Outputs poisoned, fresh inputs.
+  for (const UpDownSetting& st : up_down_settings()) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(st.s.m);
     CAPTURE(st.s.k);
     CAPTURE(st.s.n);
     CAPTURE(st.layout.tile);
-    const ActivationSpec relu{};
-    const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), relu);
-    ConvertOptions convert;
-    convert.overflow = OverflowPolicy::hybrid;
-    const HybridMatrix<T> a = gemm_to_sparse<T>(c.x.view(), c.wg.view(), relu, st.layout, convert);
-    if (st.layout.slots() == 4) CHECK(a.overflow_rows() > 0);
+    CAPTURE(static_cast<int>(st.act.kind));
+    const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act);
+    const HybridMatrix<T> a = gate_of(c, st);
 
     HybridMatrix<T> u_want = shaped_like(a), h_want = shaped_like(a);
     sddmm<T>(c.x.view(), Op::none, c.wu.view(), a.view(), u_want.view());
@@ -783,12 +809,7 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_patte
     spmm<T>(Op::none, h_want.view(), c.wd.view(), y_want.view());
 
     HybridMatrix<T> u = shaped_like(a), h = shaped_like(a);
-    for (HybridMatrix<T>* part : {&u, &h}) {
-      testing::poison_device(part->twell().packed());
-      testing::poison_device(part->overflow().values());
-      testing::poison_device(part->row_to_overflow());
-      testing::poison_device(part->overflow_to_row());
-    }
+    for (HybridMatrix<T>* part : {&u, &h}) poison_all(*part);
     DenseMatrix<T> y = poisoned<T>(c.m(), c.k());
     HybridView<T> u_view = u.view(), h_view = h.view();
     const bool share_maps = st.layout.slots() == 4;
@@ -808,7 +829,7 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_patte
         part->overflow_to_row() = a.overflow_to_row().copy_to(MemorySpace::device);
       }
     if (st.split) {  // the kernel splits the heavy rows of this gate (an inference plan's stats)
-      cuda::GatedFfnPlan<T> inference(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, st.layout);
+      cuda::GatedFfnPlan<T> inference(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout);
       FfnStats sizing, stats;
       DenseMatrix<T> scratch_y = poisoned<T>(c.m(), c.k());
       inference.forward(c.x.view(), scratch_y.view(), &sizing);  // sizes its overflow block
@@ -831,6 +852,128 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_patte
       const HybridMatrix<T> got = one_shot->to(MemorySpace::host), want = planned->to(MemorySpace::host);
       CHECK(testing::same_bytes(got.twell().packed(), want.twell().packed()));
       CHECK(testing::same_bytes(got.overflow().values(), want.overflow().values()));
+    }
+  }
+}
+
+namespace {
+
+// dx from the kernel's own dg and du: dx(i, :) = sum over j of dg(i, j) Wg(:, j) + du(i, j) Wu(:, j)
+// in double, rounded once into T, and at each element the sum of the terms' absolute values (for
+// beyond_one_rounding).
+template <class T>
+std::pair<DenseMatrix<T>, std::vector<double>> dx_of(const HybridMatrix<T>& dg_dev, const HybridMatrix<T>& du_dev,
+                                                     const workload::FfnInputs<T>& in) {
+  const DenseMatrix<T> dg = to_dense(dg_dev.to(MemorySpace::host)), du = to_dense(du_dev.to(MemorySpace::host));
+  const auto g = dg.view(), u = du.view(), wg = in.wg.view(), wu = in.wu.view();
+  const std::int64_t m = g.rows, n = g.cols, k = wg.rows;
+  DenseMatrix<T> dx(m, k);
+  std::vector<double> magnitude(static_cast<std::size_t>(m * k), 0.0);
+  std::vector<double> sum(static_cast<std::size_t>(k));
+  for (std::int64_t i = 0; i < m; ++i) {
+    std::fill(sum.begin(), sum.end(), 0.0);
+    double* mag = magnitude.data() + i * k;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const double cg = to_float(g.at(i, j)), cu = to_float(u.at(i, j));
+      if (cg == 0.0 && cu == 0.0) continue;
+      for (std::int64_t q = 0; q < k; ++q) {
+        const double a = cg * to_float(wg.at(q, j)), b = cu * to_float(wu.at(q, j));
+        sum[static_cast<std::size_t>(q)] += a + b;
+        mag[q] += std::abs(a) + std::abs(b);
+      }
+    }
+    for (std::int64_t q = 0; q < k; ++q) dx.view().at(i, q) = from_float<T>(static_cast<float>(sum[q]));
+  }
+  return {std::move(dx), std::move(magnitude)};
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("GatedUpDownPlan's backward gives dg, du and dx as the composition does", T, bf16, fp16) {
+  // up_down_settings, each with a random dy and with dy = 0. The composition (sddmm,
+  // add_scaled_sign, multiply_on_pattern, multiply_by_activation_derivative) on the plan's own u
+  // and h is the reference for dg and du: its values up to the order of dh's fp32 sum
+  // (check_kept), and with dy = 0, where dh is exactly scale sign(h), bit for bit: a sign lost in
+  // a dense row, where only add_scaled_sign's "x or y stores a value" rule keeps it, would show.
+  // dx must be the kernel's dg and du times the weights within one rounding into T, element by
+  // element (a missed entry or row shows; the composition's two spmm would round twice). Outputs
+  // poisoned, fresh inputs.
+  for (const UpDownSetting& st : up_down_settings()) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(st.s.m);
+    CAPTURE(st.s.k);
+    CAPTURE(st.s.n);
+    CAPTURE(st.layout.tile);
+    CAPTURE(static_cast<int>(st.act.kind));
+    const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act, false);
+    const HybridMatrix<T> a = gate_of(c, st);
+    cuda::GatedUpDownPlan<T> plan(c.m(), c.k(), st.s.n, st.layout);
+    HybridMatrix<T> u = shaped_like(a), h = shaped_like(a), g = shaped_like(a);
+    DenseMatrix<T> y = poisoned<T>(c.m(), c.k());
+    plan.run(c.x.view(), a.view(), c.wu.view(), c.wd.view(), u.view(), h.view(), y.view());
+    const bool needs_g = st.act.kind != Activation::relu;
+    if (needs_g) sddmm<T>(c.x.view(), Op::none, c.wg.view(), a.view(), g.view());
+    for (const bool zero_dy : {false, true}) {
+      CAPTURE(zero_dy);
+      const DenseMatrix<T> dy =
+          (zero_dy ? DenseMatrix<T>(c.m(), c.k()) : testing::random_dense<T>(c.m(), c.k(), 1.0f, seed + 7))
+              .to(MemorySpace::device);
+      const float scale = 0.5f / static_cast<float>(c.m());
+
+      HybridMatrix<T> dh_want = shaped_like(a), dg_want = shaped_like(a), du_want = shaped_like(a);
+      sddmm<T>(dy.view(), Op::transpose, c.wd.view(), a.view(), dh_want.view());
+      add_scaled_sign<T>(dh_want.view(), scale, h.view(), dh_want.view());
+      multiply_on_pattern<T>(dh_want.view(), u.view(), dg_want.view());
+      if (needs_g) multiply_by_activation_derivative<T>(dg_want.view(), g.view(), st.act.kind, dg_want.view());
+      multiply_on_pattern<T>(dh_want.view(), a.view(), du_want.view());
+
+      const auto operands = [&](HybridMatrix<T>& dg, HybridMatrix<T>& du, DenseMatrix<T>& dx) {
+        return cuda::GatedBackwardOperands<T>{dy.view(),
+                                              a.view(),
+                                              u.view(),
+                                              h.view(),
+                                              needs_g ? HybridView<const T>(g.view()) : HybridView<const T>{},
+                                              st.act,
+                                              c.wg.view(),
+                                              c.wu.view(),
+                                              c.wd.view(),
+                                              scale,
+                                              dg.view(),
+                                              du.view(),
+                                              dx.view()};
+      };
+      HybridMatrix<T> dg = shaped_like(a), du = shaped_like(a);
+      for (HybridMatrix<T>* part : {&dg, &du}) poison_all(*part);
+      DenseMatrix<T> dx = poisoned<T>(c.m(), c.k());
+      plan.backward(operands(dg, du, dx));
+      testing::cuda_ok(cudaDeviceSynchronize());
+      CAPTURE(plan.path());
+      CHECK(plan.path().find("_backward") != std::string::npos);
+      check_kept<T>(dg, a, dg_want, "dg");
+      check_kept<T>(du, a, du_want, "du");
+      if (zero_dy) {
+        CHECK(testing::bitwise_equal<T>(to_dense(dg).to(MemorySpace::host).view(),
+                                        to_dense(dg_want).to(MemorySpace::host).view()));
+        CHECK(testing::bitwise_equal<T>(to_dense(du).to(MemorySpace::host).view(),
+                                        to_dense(du_want).to(MemorySpace::host).view()));
+      }
+      const auto [dx_want, magnitude] = dx_of(dg, du, c.host);
+      CHECK(testing::beyond_one_rounding<T>(dx.to(MemorySpace::host), dx_want, magnitude) == 0);
+
+      // The one-shot form (scratch buffers instead of the plan's): the plan's bits.
+      HybridMatrix<T> dg1 = shaped_like(a), du1 = shaped_like(a);
+      DenseMatrix<T> dx1 = poisoned<T>(c.m(), c.k());
+      KernelReport report;
+      cuda::gated_up_down_backward<T>(operands(dg1, du1, dx1), KernelOptions{.report = &report});
+      testing::cuda_ok(cudaDeviceSynchronize());
+      CHECK(report.path == plan.path());
+      CHECK(testing::bitwise_equal<T>(dx1.to(MemorySpace::host).view(), dx.to(MemorySpace::host).view()));
+      for (const auto& [one_shot, planned] : {std::pair{&dg1, &dg}, std::pair{&du1, &du}}) {
+        const HybridMatrix<T> got = one_shot->to(MemorySpace::host), want = planned->to(MemorySpace::host);
+        CHECK(testing::same_bytes(got.twell().packed(), want.twell().packed()));
+        CHECK(testing::same_bytes(got.overflow().values(), want.overflow().values()));
+      }
     }
   }
 }
@@ -881,6 +1024,46 @@ TEST_CASE("GatedUpDownPlan rejects bad input") {
           cuda::gated_up_down<bf16>(x.view(), a.view(), wu.view(), wd.view(), aliased, h.view(), y.view());
         }) == ErrorCode::invalid_argument);
   plan.run(x.view(), a.view(), wu.view(), wd.view(), u.view(), h.view(), y.view());  // the valid call runs
+  testing::cuda_ok(cudaDeviceSynchronize());
+
+  // The backward: dg and du are written (so the same rule), u and h only read; a refused call
+  // writes nothing.
+  HybridMatrix<bf16> dg = shaped_like(a), du = shaped_like(a);
+  const auto dy = testing::random_dense<bf16>(8, 32, 1.0f, 6).to(MemorySpace::device);
+  auto dx = poisoned<bf16>(8, 32);
+  testing::poison_device(dx.values());
+  testing::poison_device(dg.twell().packed());
+  using Op = cuda::GatedBackwardOperands<bf16>;
+  const auto valid = [&] {
+    return Op{dy.view(), a.view(),  u.view(), h.view(),  {},        ActivationSpec{}, wg.view(),
+              wu.view(), wd.view(), 0.01f,    dg.view(), du.view(), dx.view()};
+  };
+  const auto backward_with = [&](auto edit) {
+    Op op = valid();
+    edit(op);
+    return code_of([&] { plan.backward(op); });
+  };
+  CHECK(backward_with([&](Op& op) { op.dg.twell.packed = const_cast<std::uint32_t*>(a.view().twell.packed); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(backward_with([&](Op& op) { op.dg.twell.packed = u.view().twell.packed; }) == ErrorCode::invalid_argument);
+  CHECK(backward_with([&](Op& op) { op.du.overflow.data = dg.view().overflow.data; }) == ErrorCode::invalid_argument);
+  CHECK(backward_with([&](Op& op) { op.du.overflow.data = h.view().overflow.data; }) == ErrorCode::invalid_argument);
+  CHECK(backward_with([&](Op& op) { op.l1_scale = std::nanf(""); }) == ErrorCode::invalid_argument);
+  CHECK(backward_with([&](Op& op) { op.dy = in.x.view(); }) == ErrorCode::space_mismatch);
+  CHECK(backward_with([&](Op& op) { op.wg = wd.view(); }) == ErrorCode::shape_mismatch);
+  CHECK(backward_with([&](Op& op) { op.dx = y7.view(); }) == ErrorCode::shape_mismatch);
+  CHECK(backward_with([&](Op& op) { op.du = other_layout.view(); }) == ErrorCode::shape_mismatch);
+  CHECK(backward_with([&](Op& op) {
+          op.act = ActivationSpec{Activation::silu, 0.0f};
+        }) == ErrorCode::space_mismatch);  // SiLU reads g, here an empty view
+  CHECK(testing::still_poisoned(dx.values()));
+  CHECK(testing::still_poisoned(dg.twell().packed()));
+  CHECK(code_of([&] {
+          Op op = valid();
+          op.du.twell.packed = op.dg.twell.packed;
+          cuda::gated_up_down_backward<bf16>(op);
+        }) == ErrorCode::invalid_argument);
+  plan.backward(valid());  // the valid call runs
   testing::cuda_ok(cudaDeviceSynchronize());
 }
 

@@ -126,6 +126,28 @@ class FfnPlan : public FfnPlanBase<T> {
           const KernelOptions& options = {});
 };
 
+// The operands of a gated backward's sparse rows (GatedUpDownPlan::backward), all device-resident:
+// the forward's complete gate a and its kept u and h (as GatedUpDownPlan::run made them), and for
+// SiLU and GELU g = x wg on a's pattern (unread for ReLU), all M x N on a's structure; dy and dx
+// M x K; the forward's weights wg, wu (K x N) and wd (N x K); l1_scale = lambda / Z (finite).
+// One kernel computes, at each entry of a, rounded to T step by step as the composition of sddmm,
+// add_scaled_sign, multiply_on_pattern (and multiply_by_activation_derivative) rounds them:
+//   dh = (dy wd^T)(i, j) + l1_scale sign(h), dg = dh * u (* act'(g)), du = dh * a,
+// writes dg and du (given a's structure here; a's layout and overflow rows, slot arrays and dense
+// blocks of their own) and dx = dg wg^T + du wu^T, summed in fp32 and rounded once (the
+// composition's two spmm round twice). Up to the order of the fp32 sums of dh and dx, the
+// composition's results.
+template <Value T>
+struct GatedBackwardOperands {
+  DenseView<const T> dy;
+  HybridView<const T> a, u, h, g;
+  ActivationSpec act{};
+  DenseView<const T> wg, wu, wd;
+  float l1_scale = 0.0f;
+  HybridView<T> dg, du;
+  DenseView<T> dx;
+};
+
 // The sparse half of a gated forward that keeps its intermediates, for training: given a complete
 // gate a = act(x wg) (an M x N Hybrid whose block holds all its overflow rows), one kernel writes
 // u = x wu and h = a * u on a's pattern into u and h, rounded to T as sddmm and
@@ -136,6 +158,7 @@ class FfnPlan : public FfnPlanBase<T> {
 // a's). a must be a valid Hybrid (every row_to_overflow entry below its R). wu is transposed
 // into the plan's N x K buffer at every run (training changes the weights between steps). 16-bit
 // T only (applies()).
+// backward() runs the same kernel on the backward's operands (GatedBackwardOperands).
 // Asynchronous on the plan's stream, no allocation, no host wait.
 template <Value T>
 class GatedUpDownPlan {
@@ -150,7 +173,11 @@ class GatedUpDownPlan {
   void run(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd, HybridView<T> u,
            HybridView<T> h, DenseView<T> y);
 
-  // The up/down kernel of the latest run(), as FfnPlanBase::path() names it.
+  // The backward's products on a's pattern and dx, in one kernel (GatedBackwardOperands).
+  void backward(const GatedBackwardOperands<T>& operands);
+
+  // The up/down kernel of the latest run() or backward(), as FfnPlanBase::path() names it (the
+  // backward's with "_backward").
   const std::string& path() const { return path_; }
 
  private:
@@ -159,6 +186,7 @@ class GatedUpDownPlan {
   Stream stream_{};
   twell::detail::LiveFlag live_ = true;
   DenseMatrix<T> wu_t_;  // N x K
+  DenseMatrix<T> wg_t_;  // N x K, the backward's
   detail::UpDownBuffers<T> buffers_;
   std::string path_;
 };
@@ -170,6 +198,11 @@ class GatedUpDownPlan {
 template <Value T>
 void gated_up_down(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
                    HybridView<T> u, HybridView<T> h, DenseView<T> y, const KernelOptions& options = {});
+
+// The one-shot form of GatedUpDownPlan::backward (the free training backward's), with stream-ordered
+// scratch as gated_up_down; M, K, N from dy and wu, the layout a's.
+template <Value T>
+void gated_up_down_backward(const GatedBackwardOperands<T>& operands, const KernelOptions& options = {});
 
 // One-shot forms: build the plan for x's M (default layout and capacity), run it once, and
 // report its path in options.report. Reuse a plan when the weights are reused.
