@@ -2,11 +2,12 @@
 // activations and backward into dx, dwg, dwu, dwd with the L1 gradient (lambda = 2e-5 per token,
 // the paper's), sparse against dense:
 //   twell           sparse_gated_ffn_training_forward + sparse_gated_ffn_backward on the device
-//                   (the composition of gemm_to_sparse, sddmm, multiply_on_pattern, add_scaled_sign,
-//                   spmm with op N and T, dense transposes, l1_norm; allocating, one host read);
+//                   (gemm_to_sparse; the up/down kernel keeping u and h, cuda::gated_up_down; its
+//                   backward pass for dg, du and dx, cuda::gated_up_down_backward; spmm with op T
+//                   for dwd, dwg, dwu, dense transposes, l1_norm; allocating, one host read);
 //   twell_backward  the backward alone, from activations saved outside the timing;
 //   twell_plan      the same step through a GatedFfnTraining (storage held: the gate's
-//                   GemmToSparsePlan, one SpmmPlan, the activations, dh, dg, du, gradients);
+//                   GemmToSparsePlan, one SpmmPlan, one GatedUpDownPlan, the activations, dg, du);
 //   twell_plan_backward  its backward alone, after one forward outside the timing;
 //   dense           baseline::dense_gated_ffn_training_forward + dense_gated_ffn_backward (nine
 //                   cuBLAS(Lt) GEMMs, two elementwise kernels, workspace allocated once);
@@ -137,9 +138,9 @@ void run_training(Harness& h, Report& report) {
       c.extra["C"] = layout.compression;
       c.extra["l1_term"] = sparse_grads.l1_term;
       c.extra["includes"] =
-          "sparse_gated_ffn_training_forward (gemm_to_sparse, sddmm, multiply_on_pattern, spmm; allocating) and "
-          "sparse_gated_ffn_backward (sddmm, add_scaled_sign, two multiply_on_pattern, four spmm, four dense "
-          "transposes, l1_norm with its host read; allocating)";
+          "sparse_gated_ffn_training_forward (gemm_to_sparse, the up/down kernel keeping u and h; allocating) and "
+          "sparse_gated_ffn_backward (the up/down kernel's backward pass for dg, du and dx, three spmm with op T, "
+          "four dense transposes, l1_norm with its host read; allocating)";
     });
 
     Case tw_back = base;
@@ -175,8 +176,8 @@ void run_training(Harness& h, Report& report) {
         c.extra["overflow_capacity"] = step->overflow_capacity();
         c.extra["includes"] =
             "GatedFfnTraining::forward (the gate's GemmToSparsePlan with one host wait for its overflow count, "
-            "sddmm, multiply_on_pattern, SpmmPlan) and ::backward (the free backward's operations on held "
-            "buffers, l1_norm with its host read)";
+            "GatedUpDownPlan keeping u and h) and ::backward (the free backward's operations through the held "
+            "GatedUpDownPlan and SpmmPlan, l1_norm with its host read)";
       });
       Case plan_back = base;
       plan_back.variant = "twell_plan_backward";
