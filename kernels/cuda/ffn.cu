@@ -1,6 +1,7 @@
 // twell::cuda fused FFN inference forward: the gate through gemm_to_sparse (Hybrid), then one
 // kernel that walks each token's gate nonzeros, computes the up projection only there, and
-// accumulates h Wd without writing h to global memory (docs/gemm_to_sparse.md, "FFN").
+// accumulates h Wd without writing h to global memory (docs/gemm_to_sparse.md, "FFN"). The same
+// kernel serves training: its forward keeping u and h, and its backward pass (GatedUpDownPlan).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -62,6 +63,9 @@ struct FfnArgs {
   std::int64_t ldx = 0;
   const void* wu_t = nullptr;  // N x K; null for the non-gated FFN (h = gate)
   std::int64_t ldwu_t = 0;
+  // Whether each entry gets a dot product over K (the gated FFN and every training pass; set apart
+  // from wu_t, which is null when K = 0, where the products are 0 and training still stores them).
+  bool gated = false;
   const void* wd = nullptr;  // N x K
   std::int64_t ldwd = 0;
   void* y = nullptr;  // M x K
@@ -269,8 +273,10 @@ __device__ __forceinline__ float backward_entry(const FfnArgs& a, std::int64_t r
     const float dh = rounded<T>(detail::plus_scaled_sign(rounded<T>(dot), p.l1_scale, h));
     const bool applies = slot || stored(dh);
     float dg = applies ? rounded<T>(dh * bits_to_float<T>(value_at(p.u, e))) : 0.0f;
-    if (p.g.packed != nullptr && (slot || stored(dg)))
-      dg = rounded<T>(detail::times_activation_derivative(dg, bits_to_float<T>(value_at(p.g, e)), a.act));
+    if (p.g.packed != nullptr)
+      dg = slot || stored(dg)
+               ? rounded<T>(detail::times_activation_derivative(dg, bits_to_float<T>(value_at(p.g, e)), a.act))
+               : 0.0f;
     const std::uint16_t dgb = float_to_bits<T>(dg), dub = float_to_bits<T>(applies ? dh * gate : 0.0f);
     value_at(p.dg, e) = dgb;
     value_at(p.du, e) = dub;
@@ -339,11 +345,11 @@ __device__ __forceinline__ const T* entry_row(const FfnArgs& a, int r, std::int3
 // CTA may call it again (or after other work) on the same shared memory.
 template <class T, int V, int kChunks, Pass kPass>
 __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, float* smem) {
-  const bool gated = a.wu_t != nullptr;
+  const bool gated = a.gated;
   float* xs = smem;                                                 // K floats
   auto* list_col = reinterpret_cast<std::int32_t*>(smem + a.k);     // kThreads
   float* list_val = reinterpret_cast<float*>(list_col + kThreads);  // kThreads
-  std::int32_t* list_place = reinterpret_cast<std::int32_t*>(list_val + kThreads);  // kThreads: keep_u_and_h's
+  std::int32_t* list_place = reinterpret_cast<std::int32_t*>(list_val + kThreads);  // kThreads: entry_coefficient's
   __shared__ std::int32_t warp_count[kThreads / 32];
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -495,7 +501,7 @@ constexpr int kBatchRows = 8;    // Wd rows per batch of the down projection (8 
 // kPartColumns columns, which the block kernel's helper CTAs claim in order; the parts' partial
 // sums of y are added in part order, so the result does not depend on which CTA ran which part.
 // Such rows are fewer than the resident CTAs (each holds more than 1 / resident of the entries),
-// so a split capacity of min(M, resident CTAs) always holds them.
+// so a split capacity of min(M, resident CTAs) always holds them (UpDownSizes: of either pass).
 constexpr std::int32_t kSplitEntries = 256;
 constexpr std::int64_t kPartColumns = 1024;
 static_assert(kPartColumns <= kListCap, "a part's entries fit one list");
@@ -612,7 +618,8 @@ __device__ __forceinline__ int list_twell_tiles(const std::uint32_t* pr, const T
 __host__ __device__ constexpr std::int64_t block_x_ld(std::int64_t k) { return (k + 63) / 64 * 64 + 32; }
 
 // Dynamic shared memory of the block kernel: x of its tokens (at most kMaxBlockTokens) as T, then
-// the round's entry list (column, gate value then h, place, sorted position, group start, token).
+// the round's entry list (column, gate value then its coefficient word, place, sorted position, group
+// start, token).
 __host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
   return static_cast<std::size_t>(kMaxBlockTokens) * static_cast<std::size_t>(block_x_ld(k)) * 2 +
          static_cast<std::size_t>(kListCap) * (4 + 4 + 4 + 2) + static_cast<std::size_t>(kListCap + 2) * 2 +
@@ -720,8 +727,8 @@ __device__ __forceinline__ void up_products(const FfnArgs& a, std::int64_t row0,
 struct BlockLists {
   std::uint16_t* xs;       // kMaxBlockTokens rows of x as T, block_x_ld(k) apart
   std::int32_t* e_col;     // kListCap: the entries' columns
-  float* e_val;            // kListCap: gate value, then h
-  std::int32_t* e_place;   // kListCap: the entry's place for keep_u_and_h
+  float* e_val;            // kListCap: gate value, then its coefficient word (entry_coefficient)
+  std::int32_t* e_place;   // kListCap: the entry's place for entry_coefficient
   std::int16_t* s_pos;     // kListCap: entries in (unit, token) order
   std::int16_t* g_start;   // kListCap + 1 used: first sorted position of each distinct unit
   std::uint8_t* e_tok;     // kListCap: the entry's token in the block
@@ -899,7 +906,7 @@ __device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
     const std::int64_t slot = item % listed;
     const std::int64_t row = a.block_state[kStateSplitRows + slot];
     const std::int64_t tau0 = p * a.part_tiles, tau1 = min(tiles, tau0 + a.part_tiles);
-    if (a.wu_t != nullptr) stage_x_row<T>(a, row, 0, l.xs);
+    if (a.gated) stage_x_row<T>(a, row, 0, l.xs);
     if (warp == 0) {
       const std::int32_t o = a.row_to_overflow[row];
       int end = 0;
@@ -915,7 +922,7 @@ __device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
     }
     __syncthreads();
     const int total = total_s;
-    if (a.wu_t != nullptr) {
+    if (a.gated) {
       // One token: every entry is its own unit, already in column order.
       for (int e = tid; e <= total; e += kThreads) {
         if (e < total) l.s_pos[e] = static_cast<std::int16_t>(e);
@@ -957,7 +964,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
-  const bool gated = a.wu_t != nullptr;
+  const bool gated = a.gated;
   const std::int64_t r0 = std::int64_t{a.block_order[blockIdx.x - static_cast<unsigned>(a.helpers)]} * bt;
   const int present = static_cast<int>(a.m - r0 < bt ? a.m - r0 : bt);
   const std::int64_t pw = a.layout.packed_width(a.n);
@@ -1305,7 +1312,7 @@ struct UpDownMemory {
 
 // What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order one per
 // 4-token block; where the block kernel takes K, block_state, and with split rows (capacity
-// min(M, resident CTAs)) 2 M candidate words, a turn per split row and its K fp32 partial sums.
+// min(M, resident CTAs of either pass's kernel)) 2 M candidate words, a turn per split row and its K fp32 partial sums.
 struct UpDownSizes {
   std::size_t row_nnz = 0, block_order = 0, block_state = 0, capacity = 0, candidates = 0, sum = 0;
   template <class T>
@@ -1391,6 +1398,7 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   a.ldx = x.ld;
   a.wu_t = wu_t;
   a.ldwu_t = ldwu_t;
+  a.gated = wu_t != nullptr || parts.u.packed != nullptr || kPass == Pass::backward;
   a.wd = wd.data;
   a.ldwd = wd.ld;
   a.y = y.data;
@@ -1619,6 +1627,9 @@ struct NamedPart {
 // The Hybrid operands of a training run, a first: each M x N in device memory, in `layout`, with
 // a's overflow rows; a part the run writes holds a slot array and a dense block of its own (its
 // maps may be a's), or it would overwrite another operand before or after the kernel reads it.
+// Only the arrays' starts are compared: parts are separate allocations, or views that do not
+// overlap (a precondition, as is that every part has a's structure: the run copies a's maps into
+// a written part whose maps are not a's).
 template <class T>
 void check_parts(std::initializer_list<NamedPart<T>> parts, std::int64_t m, std::int64_t n, const TwellLayout& layout,
                  const char* where) {
@@ -1680,6 +1691,9 @@ void check_backward(const GatedBackwardOperands<T>& op, std::int64_t m, std::int
         {{"a", op.a, false}, {"u", op.u, false}, {"h", op.h, false}, {"dg", op.dg, true}, {"du", op.du, true}}, m, n,
         layout, where);
   } else {
+    require(op.g.rows() == m && op.g.cols() == n, ErrorCode::invalid_argument, where,
+            "the backward of SiLU and GELU multiplies by act'(g) and needs g = x wg on a's pattern, ", m, " x ", n,
+            "; g is ", op.g.rows(), " x ", op.g.cols());
     check_parts<T>({{"a", op.a, false},
                     {"u", op.u, false},
                     {"h", op.h, false},

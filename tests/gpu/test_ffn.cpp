@@ -7,9 +7,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -745,7 +748,7 @@ void check_kept(const HybridMatrix<T>& got_dev, const HybridMatrix<T>& a_dev, co
 // every token at 10 %: the sizes of "block kernel: heavy tokens split ...", which an inference
 // plan's stats confirm in the forward's test) and overflow-block rows (token-skewed), tokens routed
 // to the per-token body (N = 1004: an overflow block not readable 16 bytes at a time; K = 60: not
-// 8-aligned, so every token), many overflow rows (4 slots per tile), and a SiLU gate (whose
+// 8-aligned, so every token), many overflow rows (4 slots per tile), and SiLU and GELU gates (whose
 // backward multiplies by act'(g)).
 struct UpDownSetting {
   Shape s;
@@ -755,6 +758,11 @@ struct UpDownSetting {
   bool split = false;  // whether rows are split over CTAs here
   ActivationSpec act{};
 };
+std::ostream& operator<<(std::ostream& os, const UpDownSetting& st) {
+  return os << "M " << st.s.m << ", K " << st.s.k << ", N " << st.s.n << ", density " << st.density << ", distribution "
+            << static_cast<int>(st.d) << ", tile " << st.layout.tile << ", slots " << st.layout.slots()
+            << ", activation " << static_cast<int>(st.act.kind);
+}
 std::vector<UpDownSetting> up_down_settings() {
   return {{{1, 64, 136}, 0.05, Distribution::uniform, {}},
           {{testing::sweep_size(300, 120), 2048, 5632}, 0.05, Distribution::token_skewed, {}, true},
@@ -764,7 +772,8 @@ std::vector<UpDownSetting> up_down_settings() {
           {{300, 520, 1004}, 0.02, Distribution::token_skewed, {128, 32}},
           {{33, 60, 300}, 0.05, Distribution::token_skewed, {16, 4}},
           {{300, 520, 1000}, 0.3, Distribution::neuron_skewed, {16, 4}},
-          {{300, 520, 1000}, 0.02, Distribution::token_skewed, {}, false, {Activation::silu, 0.3f}}};
+          {{300, 520, 1000}, 0.02, Distribution::token_skewed, {}, false, {Activation::silu, 0.3f}},
+          {{300, 520, 1000}, 0.05, Distribution::token_skewed, {16, 4}, false, {Activation::gelu, 0.2f}}};
 }
 
 // The gate a = act(x wg) of a setting, a complete Hybrid on the device.
@@ -794,11 +803,7 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_patte
   for (const UpDownSetting& st : up_down_settings()) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
-    CAPTURE(st.s.m);
-    CAPTURE(st.s.k);
-    CAPTURE(st.s.n);
-    CAPTURE(st.layout.tile);
-    CAPTURE(static_cast<int>(st.act.kind));
+    CAPTURE(st);
     const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act);
     const HybridMatrix<T> a = gate_of(c, st);
 
@@ -887,6 +892,37 @@ std::pair<DenseMatrix<T>, std::vector<double>> dx_of(const HybridMatrix<T>& dg_d
   return {std::move(dx), std::move(magnitude)};
 }
 
+// Rewrites some of a part's entries (on the device), so that the zero rules of the backward's
+// dense rows decide bits: of its stored values in TwELL rows and in dense rows, entry i (in row
+// order) becomes first[i % 4] where that is given, else keeps its value. The shadow slots of
+// overflow rows are left as they are (both sides read dense rows there).
+template <class T>
+void rewrite_entries(HybridMatrix<T>& part_dev, const std::array<std::optional<float>, 4>& first) {
+  HybridMatrix<T> part = part_dev.to(MemorySpace::host);
+  const TwellLayout layout = part.layout();
+  const std::int64_t pw = layout.packed_width(part.cols());
+  const auto words = part.twell().packed().host_span();
+  const auto map = part.row_to_overflow().host_span();
+  auto dense = part.overflow().view();
+  std::int64_t i = 0;
+  const auto next = [&]() -> std::optional<float> { return first[static_cast<std::size_t>(i++ % 4)]; };
+  for (std::int64_t row = 0; row < part.rows(); ++row) {
+    if (map[row] >= 0) {
+      for (std::int64_t j = 0; j < part.cols(); ++j)
+        if (is_stored(dense.at(map[row], j)))
+          if (const auto v = next()) dense.at(map[row], j) = from_float<T>(*v);
+      continue;
+    }
+    for (std::int64_t t = 0; t < layout.tiles(part.cols()); ++t) {
+      std::uint32_t* group = words.data() + row * pw + t * layout.slots();
+      for (std::uint32_t q = 1; q <= std::min<std::uint32_t>(group[0], layout.capacity()); ++q)
+        if (const auto v = next())
+          group[q] = TwellLayout::pack(from_float<T>(*v).bits, TwellLayout::slot_column(group[q]));
+    }
+  }
+  part_dev = part.to(MemorySpace::device);
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("GatedUpDownPlan's backward gives dg, du and dx as the composition does", T, bf16, fp16) {
@@ -901,11 +937,7 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan's backward gives dg, du and dx as the compos
   for (const UpDownSetting& st : up_down_settings()) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
-    CAPTURE(st.s.m);
-    CAPTURE(st.s.k);
-    CAPTURE(st.s.n);
-    CAPTURE(st.layout.tile);
-    CAPTURE(static_cast<int>(st.act.kind));
+    CAPTURE(st);
     const Case<T> c(workload_inputs<T>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act, false);
     const HybridMatrix<T> a = gate_of(c, st);
     cuda::GatedUpDownPlan<T> plan(c.m(), c.k(), st.s.n, st.layout);
@@ -916,6 +948,13 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan's backward gives dg, du and dx as the compos
     if (needs_g) sddmm<T>(c.x.view(), Op::none, c.wg.view(), a.view(), g.view());
     for (const bool zero_dy : {false, true}) {
       CAPTURE(zero_dy);
+      if (zero_dy) {
+        // dh is then +-scale or 0: u = -(T's smallest subnormal) makes dh * u round to +-0, and
+        // h = -0 makes dh 0, so that the dense rows' "stored" rules decide dg's and du's bits.
+        const float tiny = std::is_same_v<T, bf16> ? std::ldexp(1.0f, -133) : std::ldexp(1.0f, -24);
+        rewrite_entries(u, {-tiny, -0.0f, std::nullopt, tiny});
+        rewrite_entries(h, {std::nullopt, std::nullopt, -0.0f, std::nullopt});
+      }
       const DenseMatrix<T> dy =
           (zero_dy ? DenseMatrix<T>(c.m(), c.k()) : testing::random_dense<T>(c.m(), c.k(), 1.0f, seed + 7))
               .to(MemorySpace::device);
@@ -949,7 +988,7 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan's backward gives dg, du and dx as the compos
       plan.backward(operands(dg, du, dx));
       testing::cuda_ok(cudaDeviceSynchronize());
       CAPTURE(plan.path());
-      CHECK(plan.path().find("_backward") != std::string::npos);
+      CHECK(plan.path() == (st.s.k % 8 != 0 ? "ffn_rows_backward_v1" : "ffn_block_backward_v8"));
       check_kept<T>(dg, a, dg_want, "dg");
       check_kept<T>(du, a, du_want, "du");
       if (zero_dy) {
@@ -1031,8 +1070,12 @@ TEST_CASE("GatedUpDownPlan rejects bad input") {
   HybridMatrix<bf16> dg = shaped_like(a), du = shaped_like(a);
   const auto dy = testing::random_dense<bf16>(8, 32, 1.0f, 6).to(MemorySpace::device);
   auto dx = poisoned<bf16>(8, 32);
+  HybridMatrix<bf16> g = shaped_like(a);
   testing::poison_device(dx.values());
-  testing::poison_device(dg.twell().packed());
+  for (HybridMatrix<bf16>* part : {&dg, &du}) {
+    testing::poison_device(part->twell().packed());
+    testing::poison_device(part->overflow().values());
+  }
   using Op = cuda::GatedBackwardOperands<bf16>;
   const auto valid = [&] {
     return Op{dy.view(), a.view(),  u.view(), h.view(),  {},        ActivationSpec{}, wg.view(),
@@ -1055,9 +1098,21 @@ TEST_CASE("GatedUpDownPlan rejects bad input") {
   CHECK(backward_with([&](Op& op) { op.du = other_layout.view(); }) == ErrorCode::shape_mismatch);
   CHECK(backward_with([&](Op& op) {
           op.act = ActivationSpec{Activation::silu, 0.0f};
-        }) == ErrorCode::space_mismatch);  // SiLU reads g, here an empty view
+        }) == ErrorCode::invalid_argument);  // SiLU reads g, here an empty view
+  CHECK(backward_with([&](Op& op) {
+          op.act = ActivationSpec{Activation::silu, 0.0f};
+          op.g = g.view();
+          op.dg.overflow.data = g.view().overflow.data;
+        }) == ErrorCode::invalid_argument);
+  CHECK(backward_with([&](Op& op) { op.dy = seven; }) == ErrorCode::shape_mismatch);
+  CHECK(backward_with([&](Op& op) { op.wu = wd.view(); }) == ErrorCode::shape_mismatch);
   CHECK(testing::still_poisoned(dx.values()));
-  CHECK(testing::still_poisoned(dg.twell().packed()));
+  for (HybridMatrix<bf16>* part : {&dg, &du}) {
+    CHECK(testing::still_poisoned(part->twell().packed()));
+    CHECK(testing::still_poisoned(part->overflow().values()));
+  }
+  CHECK(code_of([] { cuda::gated_up_down_backward<float>(cuda::GatedBackwardOperands<float>{}); }) ==
+        ErrorCode::unsupported);
   CHECK(code_of([&] {
           Op op = valid();
           op.du.twell.packed = op.dg.twell.packed;

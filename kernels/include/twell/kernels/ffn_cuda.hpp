@@ -134,9 +134,10 @@ class FfnPlan : public FfnPlanBase<T> {
 // add_scaled_sign, multiply_on_pattern (and multiply_by_activation_derivative) rounds them:
 //   dh = (dy wd^T)(i, j) + l1_scale sign(h), dg = dh * u (* act'(g)), du = dh * a,
 // writes dg and du (given a's structure here; a's layout and overflow rows, slot arrays and dense
-// blocks of their own) and dx = dg wg^T + du wu^T, summed in fp32 and rounded once (the
-// composition's two spmm round twice). Up to the order of the fp32 sums of dh and dx, the
-// composition's results.
+// blocks of their own: separate allocations, or views that do not overlap the other operands) and
+// dx = dg wg^T + du wu^T, summed in fp32 and rounded once (the composition's two spmm round
+// twice). Up to the order of the fp32 sums of dh and dx, the composition's results, its rules for
+// zeros in dense rows included.
 template <Value T>
 struct GatedBackwardOperands {
   DenseView<const T> dy;
