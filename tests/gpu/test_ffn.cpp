@@ -748,8 +748,9 @@ void check_kept(const HybridMatrix<T>& got_dev, const HybridMatrix<T>& a_dev, co
 // every token at 10 %: the sizes of "block kernel: heavy tokens split ...", which an inference
 // plan's stats confirm in the forward's test) and overflow-block rows (token-skewed), tokens routed
 // to the per-token body (N = 1004: an overflow block not readable 16 bytes at a time; K = 60: not
-// 8-aligned, so every token), many overflow rows (4 slots per tile), and SiLU and GELU gates (whose
-// backward multiplies by act'(g)).
+// 8-aligned, so every token), many overflow rows (4 slots per tile), SiLU and GELU gates (whose
+// backward multiplies by act'(g)), the block kernel's wide form (K = 4096) and, past it, the
+// per-token kernel with 16-byte loads (K = 8192).
 struct UpDownSetting {
   Shape s;
   double density;
@@ -773,7 +774,9 @@ std::vector<UpDownSetting> up_down_settings() {
           {{33, 60, 300}, 0.05, Distribution::token_skewed, {16, 4}},
           {{300, 520, 1000}, 0.3, Distribution::neuron_skewed, {16, 4}},
           {{300, 520, 1000}, 0.02, Distribution::token_skewed, {}, false, {Activation::silu, 0.3f}},
-          {{300, 520, 1000}, 0.05, Distribution::token_skewed, {16, 4}, false, {Activation::gelu, 0.2f}}};
+          {{300, 520, 1000}, 0.05, Distribution::token_skewed, {16, 4}, false, {Activation::gelu, 0.2f}},
+          {{37, 4096, 520}, 0.05, Distribution::uniform, {128, 8}},
+          {{9, 8192, 300}, 0.05, Distribution::token_skewed, {}}};
 }
 
 // The gate a = act(x wg) of a setting, a complete Hybrid on the device.
@@ -988,7 +991,11 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan's backward gives dg, du and dx as the compos
       plan.backward(operands(dg, du, dx));
       testing::cuda_ok(cudaDeviceSynchronize());
       CAPTURE(plan.path());
-      CHECK(plan.path() == (st.s.k % 8 != 0 ? "ffn_rows_backward_v1" : "ffn_block_backward_v8"));
+      const char* path = st.s.k % 8 != 0 ? "ffn_rows_backward_v1"
+                         : st.s.k > 4096 ? "ffn_rows_backward_v8"
+                         : st.s.k > 2048 ? "ffn_block_wide_backward_v8"
+                                         : "ffn_block_backward_v8";
+      CHECK(plan.path() == path);
       check_kept<T>(dg, a, dg_want, "dg");
       check_kept<T>(du, a, du_want, "du");
       if (zero_dy) {
