@@ -55,7 +55,9 @@ struct GatedFfnActivations {
 };
 
 // y = (act(x wg) * (x wu)) wd, composed as sparse_gated_ffn_forward is, keeping the activations
-// (for SiLU and GELU one more sddmm gives g on P).
+// (for SiLU and GELU one more sddmm gives g on P). On the device with 16-bit values and K <=
+// cuda::kFusedFfnMaxK, u, h and y come from one kernel (cuda::gated_up_down), the composition's
+// values up to the order of fp32 sums.
 template <Value T>
 GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> x, In<DenseView<const T>> wg,
                                                          In<DenseView<const T>> wu, In<DenseView<const T>> wd,
@@ -70,6 +72,9 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
 //   dwd = spmm(h^T, dy); dx = spmm(dg, wg^T) + spmm(du, wu^T);
 //   dwg = spmm(dg^T, x)^T, dwu = spmm(du^T, x)^T (dense transposes of K x N);
 //   l1_term = lambda / Z l1_norm(h) (on the device this waits for it: one host read).
+// Where the forward ran its one kernel, dh, dg, du and dx come from that kernel's backward pass
+// (cuda::gated_up_down_backward; report path "fused:cuda"): the same values up to the order of
+// fp32 sums, dx summed once and rounded once.
 // Every activation, with or without threshold (the threshold acts as a hard mask: no gradient
 // outside P, as in the reference). Every intermediate is rounded to T, so the gradients agree with
 // the reference to T's precision, not bit for bit. Gradients are allocated in x's memory space;
@@ -93,8 +98,10 @@ struct GatedFfnGradientViews {
 // functions above: bound to M tokens, hidden size K, intermediate size N, the memory space, the
 // activation, the gate layout and an overflow capacity (default min(M, max(64, M / 64)) rows). It
 // holds the saved activations of its latest forward() (a, u, h, and g for SiLU and GELU), the
-// backward's dh, dg, du and one N x K matrix, and on the device a cuda::GemmToSparsePlan for the
-// gate and one cuda::SpmmPlan for the six products (y; dwd; dx's two; dwg^T, dwu^T). The weights
+// backward's dg, du (and dh where it composes) and one N x K matrix, and on the device a
+// cuda::GemmToSparsePlan for the gate, a cuda::GatedUpDownPlan where the fused up/down kernel
+// applies (the forward's u, h, y and the backward's dg, du, dx), and one cuda::SpmmPlan for the
+// other products (dwd, dwg^T, dwu^T; y and dx's two where they compose). The weights
 // are arguments of each call, since training changes them between steps; backward() must get the
 // x and weights of the forward() before it.
 //   forward(x, wg, wu, wd, y): y = (act(x wg) * (x wu)) wd, keeping the activations. The host
