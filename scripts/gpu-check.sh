@@ -3,7 +3,8 @@
 # benchmarks and draw their plots, writing logs, JSON and plots under OUTDIR.
 #
 #   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--contract] [--arch80 | --skip-build-80 | --only-80]
-#                        [--skip-tests] [--skip-bench] [--reps N] [--cases RE] [--tests RE] [--profile CASE]
+#                        [--skip-tests] [--skip-bench] [--reps N] [--cases RE] [--tests RE] [--test-cases F]
+#                        [--profile CASE]
 #
 #   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
 #                   gpu-check.log (everything), gpu-tests.log, bench.json, bench-summary.md,
@@ -27,6 +28,9 @@
 #                   DENSITY" matches RE (`twell bench --cases`)
 #   --tests RE      only the gpu test executables whose name matches RE (ctest -R), e.g.
 #                   'baselines|converters' to check what a change touched before a full run
+#   --test-cases F  only the test cases whose names match F, doctest's -tc filter (comma-separated,
+#                   * wildcards), e.g. '*GatedUpDownPlan*': each selected executable runs directly,
+#                   one after the other, instead of through ctest; a summary line in ctest's words
 #   --sanitize-limit S   seconds allowed to the sanitizer phase (default 420): one run per (tool,
 #                   test case), TWELL_GPU_CHECK_SANITIZE_JOBS (default 12) at a time
 #   --sanitize-tools LIST   compute-sanitizer tools (default racecheck,memcheck); all runs of both
@@ -78,6 +82,7 @@ sanitize_suites="."
 sanitize_cases="."
 sanitize_from=1
 tests_re=""
+test_cases=""
 cases_re=""
 profile_case=""
 while [ $# -gt 0 ]; do
@@ -95,6 +100,7 @@ while [ $# -gt 0 ]; do
     --reps) reps="${2:?--reps needs a number}"; shift ;;
     --cases) cases_re="${2:?--cases needs a pattern}"; shift ;;
     --tests) tests_re="${2:?--tests needs a pattern}"; shift ;;
+    --test-cases) test_cases="${2:?--test-cases needs a doctest filter}"; shift ;;
     --sanitize-limit) sanitize_limit="${2:?--sanitize-limit needs seconds}"; shift ;;
     --sanitize-tools) sanitize_tools="${2:?--sanitize-tools needs a list}"; shift ;;
     --sanitize-suites) sanitize_suites="${2:?--sanitize-suites needs a pattern}"; shift ;;
@@ -159,9 +165,46 @@ configure_and_build() {  # DIR ARCHS
 # The gpu test suites, all or those --tests names, side by side: most of their time is the CPU
 # reference on the host's cores.
 run_gpu_tests() {  # BUILD_DIR LOG
+  if [ -n "$test_cases" ]; then
+    run_gpu_test_cases "$@"
+    return
+  fi
   local select=()
   [ -n "$tests_re" ] && select=(-R "$tests_re" --no-tests=error)  # a pattern matching nothing fails
   (cd "$1" && ctest -L gpu "${select[@]}" -j "$test_jobs" --output-on-failure --timeout 300) >"$2" 2>&1
+}
+
+# --test-cases: the selected gpu test executables (all, or those --tests matches), each run with
+# doctest's -tc filter; ends with a ctest-like summary line over the executables that ran a case.
+# None running a case is a failure, as ctest's --no-tests=error.
+run_gpu_test_cases() {  # BUILD_DIR LOG
+  local exe name ran=0 failed_runs=0 cases failed_names=()
+  : >"$2"
+  for exe in "$1"/tests/gpu_test_*; do
+    [ -x "$exe" ] || continue
+    name=$(basename "$exe")
+    if [ -n "$tests_re" ] && ! [[ "$name" =~ $tests_re ]]; then continue; fi
+    cases=$("$exe" --list-test-cases -tc="$test_cases" 2>/dev/null | grep -c -v -e '^===' -e '^\[doctest\]' -e '^$')
+    [ "$cases" -gt 0 ] || continue
+    echo "== $name -tc='$test_cases' ($cases test cases)" >>"$2"
+    local status=0
+    "$exe" -tc="$test_cases" >>"$2" 2>&1 || status=$?
+    [ "$status" = 77 ] && continue  # no GPU visible: skipped, as ctest's SKIP_RETURN_CODE
+    ran=$((ran + 1))
+    if [ "$status" != 0 ]; then
+      failed_runs=$((failed_runs + 1))
+      failed_names+=("$ran - $name (Failed)")
+    fi
+  done
+  if [ "$ran" = 0 ]; then
+    echo "No tests were found: no gpu test case matches '$test_cases' (or no GPU is visible)" >>"$2"
+    return 1
+  fi
+  echo "$(( (ran - failed_runs) * 100 / ran ))% tests passed, $failed_runs tests failed out of $ran" >>"$2"
+  [ "$failed_runs" = 0 ] && return 0
+  printf 'The following tests FAILED:\n' >>"$2"
+  printf '\t%s\n' "${failed_names[@]}" >>"$2"
+  return 1
 }
 
 # ctest's own summary line, e.g. "100% tests passed, 0 tests failed out of 12".
