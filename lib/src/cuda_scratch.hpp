@@ -6,15 +6,17 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.hpp"
+#include "device_pool.hpp"
 
 namespace twell::cuda::detail {
 
-// cudaMallocAsync on construction, cudaFreeAsync on the same stream at scope exit: no zero fill,
-// no host wait, and no ordering hazard with work queued on that stream.
+// Allocated from twell's pool of the current device on construction (device_pool.hpp), freed with
+// cudaFreeAsync on the same stream at scope exit: no zero fill, no host wait, no ordering hazard
+// with work queued on that stream, and pages that stay mapped from one call to the next.
 class Scratch {
  public:
   Scratch(std::size_t bytes, cudaStream_t stream, const char* where) : stream_(stream) {
-    if (bytes > 0) twell::detail::check_cuda(cudaMallocAsync(&p_, bytes, stream), where);
+    if (bytes > 0) p_ = twell::detail::allocate_from_pool(bytes, stream, where);
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;

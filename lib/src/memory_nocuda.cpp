@@ -25,6 +25,8 @@ void free_bytes(void* p, MemorySpace) noexcept { std::free(p); }
 
 std::uint64_t device_allocation_count() noexcept { return 0; }
 
+std::uint64_t kept_device_bytes() { return 0; }
+
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
   if (dst_space == MemorySpace::device || src_space == MemorySpace::device) no_device("twell::copy");
   if (bytes != 0) std::memcpy(dst, src, bytes);
@@ -38,6 +40,8 @@ void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t byt
 }  // namespace detail
 
 bool cuda_available() { return false; }
+
+void release_cached_device_memory() {}
 
 void require_cuda_device(const char* where) {
   fail(ErrorCode::no_device, where, "operands live in device memory, but twell was built without the cuda backend");

@@ -499,6 +499,41 @@ TEST_CASE("cuda: an allocation the device cannot serve is out_of_memory, and the
   expect_same(got.to(kHost), twell::reference::dense_to_csr<float>(dense.view()));
 }
 
+// Device buffers come from twell's pool, which keeps what they free (memory_cuda.cpp): a buffer
+// of the same size reuses the kept bytes and still starts zeroed; release_cached_device_memory,
+// or an allocation that finds the device out of memory, returns them.
+TEST_CASE("cuda: freed device buffers stay in twell's pool, come back zeroed, and are released") {
+  // A free is stream-ordered: the pool counts it once the device has reached it.
+  const auto kept_device_bytes = [] {
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    return twell::detail::kept_device_bytes();
+  };
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+  twell::release_cached_device_memory();
+  CHECK(kept_device_bytes() == 0);
+  {
+    Buffer<unsigned char> written(kBytes, kDevice);
+    REQUIRE(cudaMemset(written.data(), 0xab, kBytes) == cudaSuccess);
+  }
+  CHECK(kept_device_bytes() >= kBytes);
+  {
+    const Buffer<unsigned char> again(kBytes, kDevice);
+    CHECK(kept_device_bytes() < kBytes);  // served from the kept bytes, not freshly mapped
+    const Buffer<unsigned char> back = again.copy_to(MemorySpace::host);
+    const auto bytes = back.host_span();
+    CHECK(std::count(bytes.begin(), bytes.end(), static_cast<unsigned char>(0)) == static_cast<std::ptrdiff_t>(kBytes));
+  }
+  CHECK(kept_device_bytes() >= kBytes);
+  twell::release_cached_device_memory();
+  CHECK(kept_device_bytes() == 0);
+
+  { const Buffer<unsigned char> freed(kBytes, kDevice); }
+  REQUIRE(kept_device_bytes() >= kBytes);
+  CHECK(testing::code_of([] { const Buffer<float> huge(std::size_t{1} << 48, kDevice); }) == ErrorCode::out_of_memory);
+  CHECK(kept_device_bytes() == 0);  // given back before the allocation failed
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
 TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination on its source and leaves dst empty on overflow", T,
                    bf16, fp16, float) {
   namespace gpu = twell::cuda;

@@ -20,6 +20,15 @@ struct Stream {
 // True when this build has the cuda backend and a device is visible (asked once per process).
 bool cuda_available();
 
+// twell allocates device memory (its buffers and the scratch of calls that allocate per call) from
+// a pool per device that keeps what is freed for reuse, so that repeated calls do not pay for
+// mapping fresh pages each time. This returns the kept memory to the device, for callers that
+// need it elsewhere (another library's cudaMalloc): it waits for each device that twell has
+// allocated on to finish its queued work, then trims its pool. Live buffers are untouched. A twell
+// allocation that finds the device out of memory does the same for its device before it fails.
+// Nothing to do in a build without the cuda backend.
+void release_cached_device_memory();
+
 // Throws Error(no_device) naming `where` unless cuda_available(): the public API calls it before
 // routing device operands to the cuda backend, so a missing GPU reads the same in every build.
 void require_cuda_device(const char* where);
@@ -34,6 +43,9 @@ void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t byt
 // Device buffers this process has allocated so far (cudaMalloc calls of Buffer), for tests and
 // diagnostics that check a steady state allocates nothing; 0 in a build without the cuda backend.
 std::uint64_t device_allocation_count() noexcept;
+// Bytes that twell's device pools keep free for reuse (release_cached_device_memory), summed over
+// devices; 0 in a build without the cuda backend. For tests and diagnostics.
+std::uint64_t kept_device_bytes();
 
 // Bytes of n elements of `size` bytes each; throws invalid_argument when they exceed the address
 // space (a wrapped product would allocate a small block and be overrun).
@@ -80,7 +92,9 @@ std::size_t checked_elements(std::int64_t rows, std::int64_t cols, const char* w
 struct Uninitialized {};
 
 // A zero-filled array of n trivially copyable elements in one memory space.
-// Host memory is 64-byte aligned; device memory comes from cudaMalloc (256-byte aligned).
+// Host memory is 64-byte aligned; device memory comes from twell's pool of the current device
+// (release_cached_device_memory above; 256-byte aligned, like every CUDA allocation). Destroying a
+// device buffer waits for its device's queued work first, as cudaFree does.
 template <class T>
 class Buffer {
   static_assert(std::is_trivially_copyable_v<T>);
