@@ -40,8 +40,9 @@ void free_bytes(void* p, MemorySpace space) noexcept;
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes);
 // Sets every byte to `value` (synchronous on the device, like the copies).
 void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t bytes);
-// Device buffers this process has allocated so far (cudaMalloc calls of Buffer), for tests and
-// diagnostics that check a steady state allocates nothing; 0 in a build without the cuda backend.
+// Device buffers this process has allocated so far (Buffer's allocations from the pool), for
+// tests and diagnostics that check a steady state allocates nothing; 0 in a build without the
+// cuda backend.
 std::uint64_t device_allocation_count() noexcept;
 // Bytes that twell's device pools keep free for reuse (release_cached_device_memory), summed over
 // devices; 0 in a build without the cuda backend. For tests and diagnostics.

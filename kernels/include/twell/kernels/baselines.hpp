@@ -124,8 +124,9 @@ class SddmmPlan {
 //     max(nnz, twice their size), at most rows x cols (growths() counts it: the column and value
 //     arrays are allocated anew, the old ones freed); nothing else is allocated. The view stays valid until the next run() or the
 //     plan's destruction.
-//   run_allocating(): converts into a new CsrMatrix (its cudaMalloc and zero fill, and the device
-//     syncs around them, included): what a caller without a plan pays.
+//   run_allocating(): converts into a new CsrMatrix (its allocation from twell's device pool and
+//     zero fill, and the device syncs around them, included): what a caller without a plan pays,
+//     with the same allocator as twell's allocating converters.
 template <Value T>
 class DenseToCsrPlan {
  public:
