@@ -94,7 +94,7 @@ void spmm_baselines(Harness& h, Report& report, const Case& base, Op op_a, Dense
   // against twell+convert, in two forms: cusparse_csr+convert_plan converts into a DenseToCsrPlan's
   // arrays (analysis with its read-back of the count, conversion, widening of the 32-bit row
   // offsets; as twell's side, nothing allocated), cusparse_csr+convert into a new CSR (its
-  // cudaMalloc and zero fill with device syncs too: cuSPARSE needs the count before the arrays
+  // allocation and zero fill with device syncs too: cuSPARSE needs the count before the arrays
   // exist). Then SpMM with the best CSR algorithm, on a plan built once on the converted arrays, so
   // that the buffer query and preprocessing stay outside (the pattern does not change between runs).
   if (op_a == Op::none && csr_ok) {

@@ -59,8 +59,7 @@ inline void order_after_allocations(cudaStream_t stream) {
 template <class T>
 class DeviceTemp {
  public:
-  DeviceTemp(std::size_t n, cudaStream_t stream)
-      : memory_(n * sizeof(T), stream, "twell::cuda converter (cudaMallocAsync)") {}
+  DeviceTemp(std::size_t n, cudaStream_t stream) : memory_(n * sizeof(T), stream, "twell::cuda converter (scratch)") {}
   T* get() const { return memory_.as<T>(); }
 
  private:

@@ -64,28 +64,17 @@ cusparseSpMMAlg_t to_cusparse(SpmmAlgorithm alg) {
   return CUSPARSE_SPMM_ALG_DEFAULT;
 }
 
-// Device memory owned by a plan.
+// Device memory owned by a plan, from twell's pool like every twell allocation (an allocation
+// that finds the device out of memory trims the pool first), not zero-filled.
 class DeviceBytes {
  public:
   DeviceBytes() = default;
-  DeviceBytes(std::size_t bytes, const char* where) : bytes_(bytes) {
-    if (bytes > 0) detail::check_cuda(cudaMalloc(&p_, bytes), where);
-  }
-  DeviceBytes(DeviceBytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBytes& operator=(DeviceBytes&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  ~DeviceBytes() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  void* get() const { return p_; }
-  std::size_t bytes() const { return bytes_; }
+  explicit DeviceBytes(std::size_t bytes) : buffer_(bytes, MemorySpace::device, Uninitialized{}) {}
+  void* get() const { return const_cast<unsigned char*>(buffer_.data()); }  // device bytes the plan writes
+  std::size_t bytes() const { return buffer_.bytes(); }
 
  private:
-  void* p_ = nullptr;
-  std::size_t bytes_ = 0;
+  Buffer<unsigned char> buffer_;
 };
 
 // row_ptr (64-bit) -> 32-bit offsets, and, for COO, the row index of each entry.
@@ -175,7 +164,7 @@ SpmmPlan<T>::SpmmPlan(Handles& handles, Op op_a, CsrView<const T> a, SparseStora
   const cudaStream_t stream = handles.impl().stream;
   const cudaDataType_t type = detail::cuda_type<T>();
   if (storage == SparseStorage::csr) {
-    p.indices = DeviceBytes(static_cast<std::size_t>(a.rows + 1) * 4, where);
+    p.indices = DeviceBytes(static_cast<std::size_t>(a.rows + 1) * 4);
     narrow_row_ptr_kernel<<<blocks_for(a.rows + 1), 256, 0, stream>>>(a.rows, a.row_ptr,
                                                                       static_cast<std::int32_t*>(p.indices.get()));
     detail::check_launch(where);
@@ -184,7 +173,7 @@ SpmmPlan<T>::SpmmPlan(Handles& handles, Op op_a, CsrView<const T> a, SparseStora
                                              CUSPARSE_INDEX_32I, CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, type),
                            where);
   } else {
-    p.indices = DeviceBytes(static_cast<std::size_t>(std::max<std::int64_t>(a.nnz, 1)) * 4, where);
+    p.indices = DeviceBytes(static_cast<std::size_t>(std::max<std::int64_t>(a.nnz, 1)) * 4);
     if (a.rows > 0) {
       expand_rows_kernel<<<blocks_for(a.rows * 32), 256, 0, stream>>>(a.rows, a.row_ptr,
                                                                       static_cast<std::int32_t*>(p.indices.get()));
@@ -203,7 +192,7 @@ SpmmPlan<T>::SpmmPlan(Handles& handles, Op op_a, CsrView<const T> a, SparseStora
   check_supported(cusparseSpMM_bufferSize(h, p.op, CUSPARSE_OPERATION_NON_TRANSPOSE, &p.alpha, p.a, p.b, &p.beta, p.c,
                                           CUDA_R_32F, p.alg, &bytes),
                   where, "cusparseSpMM_bufferSize");
-  p.buffer = DeviceBytes(bytes, where);
+  p.buffer = DeviceBytes(bytes);
   check_supported(cusparseSpMM_preprocess(h, p.op, CUSPARSE_OPERATION_NON_TRANSPOSE, &p.alpha, p.a, p.b, &p.beta, p.c,
                                           CUDA_R_32F, p.alg, p.buffer.get()),
                   where, "cusparseSpMM_preprocess");
@@ -333,7 +322,7 @@ SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseVi
   p.a_src = a;
   p.b_src = b;
   const cudaStream_t stream = handles.impl().stream;
-  p.offsets = DeviceBytes(static_cast<std::size_t>(out.rows + 1) * 4, where);
+  p.offsets = DeviceBytes(static_cast<std::size_t>(out.rows + 1) * 4);
   narrow_row_ptr_kernel<<<blocks_for(out.rows + 1), 256, 0, stream>>>(out.rows, out.row_ptr,
                                                                       static_cast<std::int32_t*>(p.offsets.get()));
   detail::check_launch(where);
@@ -346,15 +335,15 @@ SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseVi
       p.native = false;
       p.lda32 = std::max<std::int64_t>(a.cols, 1);
       p.ldb32 = std::max<std::int64_t>(b.cols, 1);
-      p.a32 = DeviceBytes(static_cast<std::size_t>(a.rows * p.lda32) * 4, where);
-      p.b32 = DeviceBytes(static_cast<std::size_t>(b.rows * p.ldb32) * 4, where);
-      p.values32 = DeviceBytes(static_cast<std::size_t>(std::max<std::int64_t>(out.nnz, 1)) * 4, where);
+      p.a32 = DeviceBytes(static_cast<std::size_t>(a.rows * p.lda32) * 4);
+      p.b32 = DeviceBytes(static_cast<std::size_t>(b.rows * p.ldb32) * 4);
+      p.values32 = DeviceBytes(static_cast<std::size_t>(std::max<std::int64_t>(out.nnz, 1)) * 4);
       status =
           sddmm_setup<T>(p, CUDA_R_32F, p.a32.get(), p.lda32, p.b32.get(), p.ldb32, p.values32.get(), bytes, where);
     }
   }
   check_supported(status, where, "cusparseSDDMM_bufferSize");
-  p.buffer = DeviceBytes(bytes, where);
+  p.buffer = DeviceBytes(bytes);
   // Preprocessed on operands that stay: the native ones, or fp32 copies made once.
   if (!p.native && p.copies == Fp32Copies::once) {
     p.convert_inputs(stream, where);
@@ -427,9 +416,9 @@ struct DenseToCsrPlan<T>::Impl {
     if (dense != nullptr) cusparseDestroyDnMat(dense);
   }
 
-  void hold(std::int64_t entries, const char* where) {
-    col_idx = DeviceBytes(static_cast<std::size_t>(entries) * sizeof(std::int32_t), where);
-    values = DeviceBytes(static_cast<std::size_t>(entries) * sizeof(T), where);
+  void hold(std::int64_t entries) {
+    col_idx = DeviceBytes(static_cast<std::size_t>(entries) * sizeof(std::int32_t));
+    values = DeviceBytes(static_cast<std::size_t>(entries) * sizeof(T));
     capacity = entries;
   }
   // The analysis: cuSPARSE counts the entries and reads the count back.
@@ -465,9 +454,9 @@ DenseToCsrPlan<T>::DenseToCsrPlan(Handles& handles, DenseView<const T> src, std:
   p.handles = &handles;
   p.src = src;
   const cudaDataType_t type = detail::cuda_type<T>();
-  p.offsets = DeviceBytes(static_cast<std::size_t>(src.rows + 1) * 4, where);
-  p.row_ptr = DeviceBytes(static_cast<std::size_t>(src.rows + 1) * 8, where);
-  p.hold(std::min(capacity, src.rows * src.cols), where);
+  p.offsets = DeviceBytes(static_cast<std::size_t>(src.rows + 1) * 4);
+  p.row_ptr = DeviceBytes(static_cast<std::size_t>(src.rows + 1) * 8);
+  p.hold(std::min(capacity, src.rows * src.cols));
   detail::check_cusparse(cusparseCreateDnMat(&p.dense, src.rows, src.cols, std::max<std::int64_t>(src.ld, 1),
                                              const_cast<T*>(src.data), type, CUSPARSE_ORDER_ROW),
                          where);
@@ -478,7 +467,7 @@ DenseToCsrPlan<T>::DenseToCsrPlan(Handles& handles, DenseView<const T> src, std:
   check_supported(cusparseDenseToSparse_bufferSize(handles.impl().sparse, p.dense, p.csr,
                                                    CUSPARSE_DENSETOSPARSE_ALG_DEFAULT, &bytes),
                   where, "cusparseDenseToSparse_bufferSize");
-  p.buffer = DeviceBytes(bytes, where);
+  p.buffer = DeviceBytes(bytes);
 }
 
 template <Value T>
@@ -495,7 +484,7 @@ CsrView<const T> DenseToCsrPlan<T>::run() {
   const std::int64_t nnz = p.count_entries(where);
   if (nnz > p.capacity) {
     // The host has waited for the count, so the old arrays are not in use.
-    p.hold(std::min(p.src.rows * p.src.cols, std::max(nnz, 2 * p.capacity)), where);
+    p.hold(std::min(p.src.rows * p.src.cols, std::max(nnz, 2 * p.capacity)));
     ++p.growths;
   }
   auto* col = static_cast<std::int32_t*>(p.col_idx.get());

@@ -1343,8 +1343,8 @@ UpDownMemory memory_of(detail::UpDownBuffers<T>& b) {
           b.split_capacity};
 }
 
-// UpDownBuffers for one call, from the stream's memory pool (cudaMallocAsync: no device-wide
-// wait, unlike a Buffer's cudaFree); the block kernel's state and turns zeroed as the plan's are.
+// UpDownBuffers for one call, stream-ordered scratch from twell's pool (no device-wide wait,
+// unlike a Buffer's free); the block kernel's state and turns zeroed as the plan's are.
 class UpDownScratch {
  public:
   UpDownScratch(const UpDownSizes& z, cudaStream_t stream, const char* where)

@@ -1027,7 +1027,7 @@ void SpmmPlan<T>::reserve_overflow(std::int64_t rows, std::int64_t b_cols) {
 }
 
 namespace {
-// A plan's byte buffer grown to at least `bytes` (8-byte elements: cudaMalloc's alignment); its data.
+// A plan's byte buffer grown to at least `bytes` (8-byte elements, 256-byte aligned blocks); its data.
 void* grow_bytes(Buffer<std::uint64_t>& buffer, std::size_t bytes) {
   if (bytes > buffer.bytes()) buffer = Buffer<std::uint64_t>((bytes + 7) / 8, MemorySpace::device, Uninitialized{});
   return buffer.data();

@@ -15,9 +15,11 @@
 namespace twell::detail {
 
 // `bytes` of the current device's pool, stream-ordered on `stream` (usable by work queued on it
-// afterwards). Out of memory: the pool's kept memory is returned to the device (after a device
-// synchronisation, so that pending frees complete) and the allocation tried once more; a second
-// failure throws Error(out_of_memory) naming `where`.
+// afterwards), which must belong to the current device, as it must for the kernels launched on
+// it. Out of memory: the pool's kept memory is returned to the device (after a device
+// synchronisation, so that pending frees complete) and the allocation tried once more, unless
+// `bytes` exceeds the device's whole memory; a failure that remains throws Error(out_of_memory)
+// naming `where`.
 void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* where);
 
 }  // namespace twell::detail

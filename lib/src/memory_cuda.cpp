@@ -39,9 +39,19 @@ void check_memory_call(cudaError_t status, const char* where, const char* call) 
 }  // namespace
 
 namespace {
-// twell's pool of each device (device_pool.hpp), created on first use. Never destroyed: a pool
-// lives as long as the CUDA context, which process exit tears down after static destructors may
-// have run.
+// What twell holds on one device: its pool (device_pool.hpp) and a private non-blocking stream on
+// which Buffers are allocated, zero-filled and freed, so that making a Buffer waits for nothing
+// but the pool's own dependencies (a block that Scratch freed on another stream), not for the
+// work of the caller's blocking streams as the legacy stream would.
+struct DevicePool {
+  cudaMemPool_t pool = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+// The pools of the devices, each created at twell's first allocation there. Never destroyed: a
+// Buffer destroyed at exit (a static one) may free into its pool after any destructor of this
+// table had run, and cudaMemPoolDestroy fails once the CUDA runtime has been torn down; the
+// driver reclaims the pools with the process.
 class DevicePools {
  public:
   static DevicePools& instance() {
@@ -49,107 +59,181 @@ class DevicePools {
     return *pools;
   }
 
-  cudaMemPool_t of(int device, const char* where) {
+  // The current device's pool and stream (`device` must be current: the stream is created there).
+  DevicePool of(int device, const char* where) {
     const std::lock_guard lock(mutex_);
     if (static_cast<std::size_t>(device) >= pools_.size()) pools_.resize(static_cast<std::size_t>(device) + 1);
-    cudaMemPool_t& pool = pools_[static_cast<std::size_t>(device)];
-    if (pool == nullptr) pool = create(device, where);
-    return pool;
+    DevicePool& entry = pools_[static_cast<std::size_t>(device)];
+    if (entry.pool == nullptr) entry = create(device, where);
+    return entry;
   }
 
-  // The pools created so far, with their devices.
-  std::vector<std::pair<int, cudaMemPool_t>> created() {
+  // The private stream of `device`, null before its first allocation. Allocates nothing (frees
+  // call it from destructors).
+  cudaStream_t stream_of(int device) noexcept {
     const std::lock_guard lock(mutex_);
-    std::vector<std::pair<int, cudaMemPool_t>> out;
+    return static_cast<std::size_t>(device) < pools_.size() ? pools_[static_cast<std::size_t>(device)].stream : nullptr;
+  }
+
+  // The entries created so far, with their devices.
+  std::vector<std::pair<int, DevicePool>> created() {
+    const std::lock_guard lock(mutex_);
+    std::vector<std::pair<int, DevicePool>> out;
     for (std::size_t d = 0; d < pools_.size(); ++d)
-      if (pools_[d] != nullptr) out.emplace_back(static_cast<int>(d), pools_[d]);
+      if (pools_[d].pool != nullptr) out.emplace_back(static_cast<int>(d), pools_[d]);
     return out;
   }
 
  private:
-  static cudaMemPool_t create(int device, const char* where) {
+  static DevicePool create(int device, const char* where) {
+    int supported = 0;
+    check_memory_call(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device), where,
+                      "cudaDeviceGetAttribute");
+    require(supported != 0, ErrorCode::unsupported, where, "device ", device,
+            " has no stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported), which twell allocates from");
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
-    cudaMemPool_t pool = nullptr;
-    check_memory_call(cudaMemPoolCreate(&pool, &props), where, "cudaMemPoolCreate");
+    DevicePool entry;
+    check_memory_call(cudaMemPoolCreate(&entry.pool, &props), where, "cudaMemPoolCreate");
     // Keep every freed byte until asked (release_cached_device_memory) or out of memory.
     std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
-    check_memory_call(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), where,
-                      "cudaMemPoolSetAttribute");
-    return pool;
+    cudaError_t status = cudaMemPoolSetAttribute(entry.pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (status == cudaSuccess) status = cudaStreamCreateWithFlags(&entry.stream, cudaStreamNonBlocking);
+    if (status != cudaSuccess) {
+      cudaMemPoolDestroy(entry.pool);
+      check_memory_call(status, where, "twell's pool set-up");
+    }
+    return entry;
   }
 
   std::mutex mutex_;
-  std::vector<cudaMemPool_t> pools_;  // by device; null until first used
+  std::vector<DevicePool> pools_;  // by device; null until first used
 };
 
-// Makes `device` current for its scope (the calls on a pool and its memory run on its device).
+// Makes `device` current for its scope (the calls on a pool and its memory run on its device);
+// status() says whether that worked.
 class CurrentDevice {
  public:
   explicit CurrentDevice(int device) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
-      switched_ = cudaSetDevice(device) == cudaSuccess;
+    status_ = cudaGetDevice(&previous_);
+    if (status_ == cudaSuccess && previous_ != device) {
+      status_ = cudaSetDevice(device);
+      switched_ = status_ == cudaSuccess;
+    }
   }
   CurrentDevice(const CurrentDevice&) = delete;
   CurrentDevice& operator=(const CurrentDevice&) = delete;
   ~CurrentDevice() {
     if (switched_) cudaSetDevice(previous_);
   }
+  cudaError_t status() const { return status_; }
 
  private:
   int previous_ = 0;
   bool switched_ = false;
+  cudaError_t status_ = cudaSuccess;
 };
 
 // Returns what `pool` keeps to its device, once the device's queued work (and so every pending
 // stream-ordered free) has ended.
 cudaError_t trim(int device, cudaMemPool_t pool) {
   const CurrentDevice on(device);
-  const cudaError_t status = cudaDeviceSynchronize();
+  cudaError_t status = on.status();
+  if (status == cudaSuccess) status = cudaDeviceSynchronize();
   return status != cudaSuccess ? status : cudaMemPoolTrimTo(pool, 0);
 }
-}  // namespace
 
-void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* where) {
-  int device = 0;
-  check_memory_call(cudaGetDevice(&device), where, "cudaGetDevice");
-  const cudaMemPool_t pool = DevicePools::instance().of(device, where);
+// For tests: pool allocations to fail as if the device were out of memory, before trying.
+std::atomic<int> failures_to_inject{0};
+
+// The first try of a pool allocation, or an injected failure.
+cudaError_t try_allocate(void** p, std::size_t bytes, cudaMemPool_t pool, cudaStream_t stream) {
+  int pending = failures_to_inject.load(std::memory_order_relaxed);
+  while (pending > 0)
+    if (failures_to_inject.compare_exchange_weak(pending, pending - 1, std::memory_order_relaxed))
+      return cudaErrorMemoryAllocation;
+  return cudaMallocFromPoolAsync(p, bytes, pool, stream);
+}
+
+// Whether `bytes` fits the current device at all: a request that does not is refused without
+// emptying the pool for nothing.
+bool fits_device(std::size_t bytes) {
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return bytes <= total;
+}
+
+void* allocate_in(const DevicePool& entry, int device, std::size_t bytes, cudaStream_t stream, const char* where) {
   void* p = nullptr;
-  cudaError_t status = cudaMallocFromPoolAsync(&p, bytes, pool, stream);
-  if (status == cudaErrorMemoryAllocation) {
-    cudaGetLastError();  // not sticky; cleared so that the retry's status is its own
-    status = trim(device, pool);
-    if (status == cudaSuccess) status = cudaMallocFromPoolAsync(&p, bytes, pool, stream);
+  cudaError_t status = try_allocate(&p, bytes, entry.pool, stream);
+  if (status == cudaErrorMemoryAllocation && fits_device(bytes)) {
+    // Cleared, so that a retry that succeeds leaves no error for the next launch check to report.
+    cudaGetLastError();
+    check_memory_call(trim(device, entry.pool), where, "cudaDeviceSynchronize before trimming twell's pool");
+    status = cudaMallocFromPoolAsync(&p, bytes, entry.pool, stream);
   }
   check_memory_call(status, where, "cudaMallocFromPoolAsync");
   return p;
 }
 
+DevicePool current_pool(int& device, const char* where) {
+  check_memory_call(cudaGetDevice(&device), where, "cudaGetDevice");
+  return DevicePools::instance().of(device, where);
+}
+}  // namespace
+
+void fail_next_pool_allocations(int count) { failures_to_inject.store(count, std::memory_order_relaxed); }
+
+void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* where) {
+  int device = 0;
+  const DevicePool entry = current_pool(device, where);
+  return allocate_in(entry, device, bytes, stream, where);
+}
+
 std::uint64_t kept_device_bytes() {
   std::uint64_t kept = 0;
-  for (const auto& [device, pool] : DevicePools::instance().created()) {
+  for (const auto& [device, entry] : DevicePools::instance().created()) {
     std::uint64_t reserved = 0, used = 0;
-    check_cuda(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved), "twell::kept_device_bytes");
-    check_cuda(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), "twell::kept_device_bytes");
+    check_cuda(cudaMemPoolGetAttribute(entry.pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+               "twell::kept_device_bytes");
+    check_cuda(cudaMemPoolGetAttribute(entry.pool, cudaMemPoolAttrUsedMemCurrent, &used), "twell::kept_device_bytes");
     kept += reserved - used;
   }
   return kept;
 }
 
-void* allocate_bytes(std::size_t bytes, MemorySpace space) {
-  if (space == MemorySpace::host) return allocate_host_bytes(bytes);
+namespace {
+// A Buffer's device block: allocated (and zero-filled where asked) on its device's private
+// stream, which is then waited for, so that the block is usable on every stream on return.
+void* allocate_buffer(std::size_t bytes, bool zeroed) {
   constexpr const char* where = "twell::Buffer";
-  void* p = allocate_from_pool(bytes, cudaStreamLegacy, where);
-  // Usable on every stream from here: the pool may have handed out memory that Scratch freed in
-  // stream order on another stream, behind a dependency that the legacy stream now waits for.
-  const cudaError_t status = cudaStreamSynchronize(cudaStreamLegacy);
+  int device = 0;
+  const DevicePool entry = current_pool(device, where);
+  void* p = allocate_in(entry, device, bytes, entry.stream, where);
+  cudaError_t status = zeroed ? cudaMemsetAsync(p, 0, bytes, entry.stream) : cudaSuccess;
+  if (status == cudaSuccess) status = cudaStreamSynchronize(entry.stream);
   if (status != cudaSuccess) {
-    cudaFreeAsync(p, cudaStreamLegacy);
-    check_memory_call(status, where, "cudaStreamSynchronize");
+    cudaFreeAsync(p, entry.stream);
+    check_memory_call(status, where, zeroed ? "zero fill" : "cudaStreamSynchronize");
   }
   device_allocations.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+}  // namespace
+
+void* allocate_bytes(std::size_t bytes, MemorySpace space) {
+  return space == MemorySpace::host ? allocate_host_bytes(bytes) : allocate_buffer(bytes, false);
+}
+
+void* allocate_zeroed_bytes(std::size_t bytes, MemorySpace space) {
+  if (space == MemorySpace::device) return allocate_buffer(bytes, true);
+  void* p = allocate_host_bytes(bytes);
+  std::memset(p, 0, bytes);
   return p;
 }
 
@@ -171,7 +255,8 @@ void free_bytes(void* p, MemorySpace space) noexcept {
   }
   const CurrentDevice on(device);
   cudaDeviceSynchronize();
-  cudaFreeAsync(p, cudaStreamLegacy);
+  const cudaStream_t stream = DevicePools::instance().stream_of(device);
+  cudaFreeAsync(p, stream != nullptr ? stream : cudaStreamLegacy);
 }
 
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
@@ -206,8 +291,12 @@ bool cuda_available() {
 }
 
 void release_cached_device_memory() {
-  for (const auto& [device, pool] : detail::DevicePools::instance().created())
-    detail::check_cuda(detail::trim(device, pool), "twell::release_cached_device_memory");
+  cudaError_t first = cudaSuccess;
+  for (const auto& [device, entry] : detail::DevicePools::instance().created()) {
+    const cudaError_t status = detail::trim(device, entry.pool);
+    if (first == cudaSuccess) first = status;
+  }
+  detail::check_cuda(first, "twell::release_cached_device_memory");
 }
 
 void require_cuda_device(const char* where) {

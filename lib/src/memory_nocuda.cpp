@@ -21,11 +21,19 @@ void* allocate_bytes(std::size_t bytes, MemorySpace space) {
   return allocate_host_bytes(bytes);
 }
 
+void* allocate_zeroed_bytes(std::size_t bytes, MemorySpace space) {
+  void* p = allocate_bytes(bytes, space);
+  std::memset(p, 0, bytes);
+  return p;
+}
+
 void free_bytes(void* p, MemorySpace) noexcept { std::free(p); }
 
 std::uint64_t device_allocation_count() noexcept { return 0; }
 
 std::uint64_t kept_device_bytes() { return 0; }
+
+void fail_next_pool_allocations(int) {}
 
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
   if (dst_space == MemorySpace::device || src_space == MemorySpace::device) no_device("twell::copy");

@@ -17,6 +17,7 @@
 #include <twell/converters/hybrid_plan.hpp>
 #include <twell/formats/copy.hpp>
 #include <twell/formats/validate.hpp>
+#include <twell/ops.hpp>
 
 #include "checks.hpp"
 #include "device.hpp"
@@ -36,16 +37,19 @@ using twell::testing::SparseDenseOptions;
 constexpr MemorySpace kHost = MemorySpace::host;
 constexpr MemorySpace kDevice = MemorySpace::device;
 
-// Fresh cudaMalloc memory is often what the previous free released: fill a large block with 0xFF
-// and free it, so that an output word a kernel forgets to write is likely not zero. (TwELL
-// outputs of the cuda converters are allocated without zero fill, so this matters for them.)
+// Device outputs come from twell's pool, which hands out what earlier frees left in it (an
+// earlier, correct result of the same conversion among them): empty the pool, then leave it
+// blocks of several sizes filled with 0xFF, so that an output word a kernel forgets to write is
+// likely not zero. (TwELL outputs of the cuda converters are allocated without zero fill, so this
+// matters for them.)
 void dirty_device_memory() {
-  void* p = nullptr;
-  const std::size_t bytes = std::size_t{32} << 20;
-  cuda_ok(cudaMalloc(&p, bytes));
-  cuda_ok(cudaMemset(p, 0xff, bytes));
+  twell::release_cached_device_memory();
+  std::vector<Buffer<unsigned char>> blocks;
+  for (const std::size_t mib : {1, 1, 2, 4, 8, 16, 32}) {
+    blocks.emplace_back(mib << 20, kDevice, Uninitialized{});
+    cuda_ok(cudaMemset(blocks.back().data(), 0xff, blocks.back().bytes()));
+  }
   cuda_ok(cudaDeviceSynchronize());
-  cuda_ok(cudaFree(p));
 }
 
 // The message without its "twell::<backend>::<function>: " prefix.
@@ -500,38 +504,52 @@ TEST_CASE("cuda: an allocation the device cannot serve is out_of_memory, and the
 }
 
 // Device buffers come from twell's pool, which keeps what they free (memory_cuda.cpp): a buffer
-// of the same size reuses the kept bytes and still starts zeroed; release_cached_device_memory,
-// or an allocation that finds the device out of memory, returns them.
-TEST_CASE("cuda: freed device buffers stay in twell's pool, come back zeroed, and are released") {
-  // A free is stream-ordered: the pool counts it once the device has reached it.
-  const auto kept_device_bytes = [] {
+// of the same size reuses the kept bytes and still starts zeroed; release_cached_device_memory
+// returns them; so does an allocation that finds the device out of memory (a failure injected
+// once), whose retry then succeeds, but not one no device could serve.
+TEST_CASE("cuda: twell's device pool keeps freed memory, reuses it zeroed, and gives it back") {
+  using twell::detail::device_allocation_count;
+  // Frees are stream-ordered: the pool counts one once the device has reached it.
+  const auto kept = [] {
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     return twell::detail::kept_device_bytes();
   };
   constexpr std::size_t kBytes = std::size_t{64} << 20;
   twell::release_cached_device_memory();
-  CHECK(kept_device_bytes() == 0);
+  const std::uint64_t kept0 = kept();  // 0 unless a chunk is shared with a live allocation
   {
     Buffer<unsigned char> written(kBytes, kDevice);
-    REQUIRE(cudaMemset(written.data(), 0xab, kBytes) == cudaSuccess);
+    cuda_ok(cudaMemset(written.data(), 0xab, kBytes));
   }
-  CHECK(kept_device_bytes() >= kBytes);
+  CHECK(kept() >= kept0 + kBytes);
   {
     const Buffer<unsigned char> again(kBytes, kDevice);
-    CHECK(kept_device_bytes() < kBytes);  // served from the kept bytes, not freshly mapped
-    const Buffer<unsigned char> back = again.copy_to(MemorySpace::host);
+    CHECK(kept() < kept0 + kBytes);  // served from the kept bytes, not freshly mapped
+    const Buffer<unsigned char> back = again.copy_to(kHost);
     const auto bytes = back.host_span();
     CHECK(std::count(bytes.begin(), bytes.end(), static_cast<unsigned char>(0)) == static_cast<std::ptrdiff_t>(kBytes));
   }
-  CHECK(kept_device_bytes() >= kBytes);
+  CHECK(kept() >= kept0 + kBytes);
   twell::release_cached_device_memory();
-  CHECK(kept_device_bytes() == 0);
+  CHECK(kept() <= kept0);
 
-  { const Buffer<unsigned char> freed(kBytes, kDevice); }
-  REQUIRE(kept_device_bytes() >= kBytes);
-  CHECK(testing::code_of([] { const Buffer<float> huge(std::size_t{1} << 48, kDevice); }) == ErrorCode::out_of_memory);
-  CHECK(kept_device_bytes() == 0);  // given back before the allocation failed
-  CHECK(cudaGetLastError() == cudaSuccess);
+  SUBCASE("an allocation that fails trims the pool and succeeds on its retry") {
+    { const Buffer<unsigned char> freed(kBytes, kDevice); }
+    REQUIRE(kept() >= kept0 + kBytes);
+    twell::detail::fail_next_pool_allocations(1);
+    const Buffer<float> small(1024, kDevice);
+    CHECK(small.data() != nullptr);
+    CHECK(kept() < kept0 + kBytes);  // the kept block went back before the retry
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
+  SUBCASE("a request no device can serve leaves the pool as it was") {
+    { const Buffer<unsigned char> freed(kBytes, kDevice); }
+    REQUIRE(kept() >= kept0 + kBytes);
+    CHECK(testing::code_of([] { const Buffer<float> huge(std::size_t{1} << 48, kDevice); }) ==
+          ErrorCode::out_of_memory);
+    CHECK(kept() >= kept0 + kBytes);
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
 }
 
 TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination on its source and leaves dst empty on overflow", T,

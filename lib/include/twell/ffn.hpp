@@ -116,8 +116,8 @@ struct GatedFfnGradientViews {
 // min(M, max(R, 2 capacity)) rows (overflow_capacity()); the SpmmPlan's own buffers (the slice
 // kernel's on A and on A^T, A^T's slots and dense rows, the overflow rows of A^T) are made by the
 // first step and grow when a step's counts exceed every earlier one's. So after the first steps a
-// step makes no cudaMalloc unless its counts are new; what it still takes per call is small
-// stream-ordered scratch from the device's pool (sddmm's, l1_norm's). Layouts whose
+// step allocates no Buffer unless its counts are new; what it still takes per call is small
+// stream-ordered scratch from twell's pool (sddmm's, l1_norm's). Layouts whose
 // A^T takes spmm's CSR route and gates on gemm_to_sparse's generic path (fp32, tiles other than
 // 128 / 256, K or N not a multiple of 8, unaligned operands) allocate per call, as the free
 // functions do; so does the host. A call rejected by its checks (shapes, spaces, lambda) changes

@@ -22,11 +22,14 @@ bool cuda_available();
 
 // twell allocates device memory (its buffers and the scratch of calls that allocate per call) from
 // a pool per device that keeps what is freed for reuse, so that repeated calls do not pay for
-// mapping fresh pages each time. This returns the kept memory to the device, for callers that
-// need it elsewhere (another library's cudaMalloc): it waits for each device that twell has
-// allocated on to finish its queued work, then trims its pool. Live buffers are untouched. A twell
-// allocation that finds the device out of memory does the same for its device before it fails.
-// Nothing to do in a build without the cuda backend.
+// mapping fresh pages each time (docs/api.md, "Conventions"). This returns the kept memory to the
+// devices, for callers that need it elsewhere (another library's cudaMalloc, before a
+// cudaDeviceReset): it waits for each device that twell has allocated on to finish its queued
+// work, then trims its pool; live buffers are untouched. Every device is trimmed before the first
+// failure (a CUDA error surfaced by the synchronisation) is thrown. A twell allocation that finds
+// its device out of memory trims that device's pool and tries once more before it throws
+// out_of_memory (not when the request exceeds the device's whole memory). Nothing to do in a
+// build without the cuda backend.
 void release_cached_device_memory();
 
 // Throws Error(no_device) naming `where` unless cuda_available(): the public API calls it before
@@ -34,7 +37,11 @@ void release_cached_device_memory();
 void require_cuda_device(const char* where);
 
 namespace detail {
+// Uninitialised bytes; on the device from twell's pool, usable on every stream on return (the
+// host waits for the pool's own dependencies, not for other work).
 void* allocate_bytes(std::size_t bytes, MemorySpace space);
+// The same, zero-filled before return.
+void* allocate_zeroed_bytes(std::size_t bytes, MemorySpace space);
 void free_bytes(void* p, MemorySpace space) noexcept;
 // Copies between any two spaces; synchronous with respect to the host.
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes);
@@ -44,9 +51,14 @@ void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t byt
 // tests and diagnostics that check a steady state allocates nothing; 0 in a build without the
 // cuda backend.
 std::uint64_t device_allocation_count() noexcept;
-// Bytes that twell's device pools keep free for reuse (release_cached_device_memory), summed over
-// devices; 0 in a build without the cuda backend. For tests and diagnostics.
+// Bytes that twell's device pools hold but no allocation uses, summed over devices (0 in a build
+// without the cuda backend), for tests and diagnostics. Frees are stream-ordered: synchronise
+// first. A release may not return all of it (a pool returns whole chunks, and a chunk that also
+// holds a live allocation stays).
 std::uint64_t kept_device_bytes();
+// For tests: the next `count` pool allocations of this process fail once each as if the device
+// were out of memory, so that their trim-and-retry runs. No effect without the cuda backend.
+void fail_next_pool_allocations(int count);
 
 // Bytes of n elements of `size` bytes each; throws invalid_argument when they exceed the address
 // space (a wrapped product would allocate a small block and be overrun).
@@ -94,8 +106,9 @@ struct Uninitialized {};
 
 // A zero-filled array of n trivially copyable elements in one memory space.
 // Host memory is 64-byte aligned; device memory comes from twell's pool of the current device
-// (release_cached_device_memory above; 256-byte aligned, like every CUDA allocation). Destroying a
-// device buffer waits for its device's queued work first, as cudaFree does.
+// (release_cached_device_memory above; 256-byte aligned, like every CUDA allocation). Making one
+// waits for the pool's own dependencies only; destroying one waits for its device's queued work
+// first, as cudaFree does.
 template <class T>
 class Buffer {
   static_assert(std::is_trivially_copyable_v<T>);
@@ -105,8 +118,7 @@ class Buffer {
   explicit Buffer(std::size_t n, MemorySpace space = MemorySpace::host) : size_(n), space_(space) {
     if (n == 0) return;
     const std::size_t bytes = detail::checked_bytes(n, sizeof(T));
-    data_ = static_cast<T*>(detail::allocate_bytes(bytes, space));
-    detail::fill_bytes(data_, space, 0, bytes);
+    data_ = static_cast<T*>(detail::allocate_zeroed_bytes(bytes, space));
   }
   // No zero fill (no memset, so nothing for a later stream to be ordered after).
   Buffer(std::size_t n, MemorySpace space, Uninitialized) : size_(n), space_(space) {

@@ -22,9 +22,9 @@ namespace twell::cuda {
 // temporary storage, row_to_overflow, and a dense block with its map for `overflow_capacity` rows
 // (at most `rows`). A run whose matrix has more overflow rows than the block holds enlarges it to
 // max(R, twice the block), at most `rows` (growths() counts these; each reallocates the block and
-// its map: up to two cudaMalloc and two cudaFree, which synchronise the device), and keeps it. With
-// options.report set, a run also takes a small stream-ordered block for the entry count
-// (cudaMallocAsync).
+// its map: up to two Buffer allocations and two frees, which synchronise the device), and keeps
+// it. With options.report set, a run also takes a small stream-ordered block for the entry count
+// (scratch from twell's pool).
 //
 // run() queues on options.stream and waits once, for R (a 4-byte read-back), plus once more for
 // the entry count when options.report is set. It returns a view of the result that stays valid

@@ -194,7 +194,7 @@ class GatedUpDownPlan {
 
 // The one-shot form of GatedUpDownPlan::run (the free training forward's): M, K, N from x and
 // wu, the layout a's; Wu^T and the kernel's buffers are stream-ordered scratch for this call
-// (cudaMallocAsync: no device-wide wait), so the results are a plan's bit for bit. Reports the
+// (twell's pool, no device-wide wait), so the results are a plan's bit for bit. Reports the
 // kernel in options.report.
 template <Value T>
 void gated_up_down(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,

@@ -99,7 +99,7 @@ class SpmmPlan {
   TwellLayout layout_{};
   Stream stream_{};
   SpmmAlgorithm algorithm_ = SpmmAlgorithm::automatic;
-  Buffer<std::uint64_t> workspace_;  // 8-byte elements: cudaMalloc's alignment, and the kernels need 16
+  Buffer<std::uint64_t> workspace_;  // 8-byte elements (blocks 256-byte aligned; the kernels need 16)
   Buffer<std::uint64_t> staged_b_;   // B slice-major
   Buffer<float> overflow_;           // R x Nb products of the overflow rows
   Buffer<std::uint32_t> transposed_;  // op transpose: A^T's slots and maps
