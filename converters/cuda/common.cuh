@@ -40,9 +40,11 @@ inline unsigned blocks_for_warps(std::int64_t warps) {
   return static_cast<unsigned>(std::min(blocks, kMaxBlocks));
 }
 
-// Owning matrices come from Buffer, which zero-fills with cudaMemset on the legacy default
-// stream. A non-blocking user stream is not ordered after that memset, so before a conversion
-// writes freshly allocated outputs its stream waits for the legacy stream.
+// A non-blocking user stream is not ordered after work on the legacy default stream, such as a
+// caller's cudaMemset into an operand (the gpu tests poison outputs so), which that stream runs
+// without the host waiting; before a conversion writes its outputs its stream waits for the
+// legacy stream. (The Buffers twell makes are complete when their constructors return, and
+// twell's copies when they return.)
 inline void order_after_allocations(cudaStream_t stream) {
   if (stream == nullptr || stream == cudaStreamLegacy) return;
   cudaEvent_t done = nullptr;

@@ -33,7 +33,7 @@ DenseToHybridPlan<T>::DenseToHybridPlan(std::int64_t rows, std::int64_t cols, Tw
 }
 
 // The dense block and its map for `capacity` rows. Nothing is read from them before a run's
-// kernels write it, so they are not zero-filled (and need no ordering against a legacy-stream fill).
+// kernels write it, so they are not zero-filled.
 template <Value T>
 void DenseToHybridPlan<T>::hold_overflow_rows(std::int64_t capacity) {
   overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(capacity), MemorySpace::device, Uninitialized{});

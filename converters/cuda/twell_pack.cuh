@@ -492,8 +492,7 @@ void pack_twell_into(TwellView<T> out, const ConvertOptions& options, const char
   conclude_twell<T>(counters, out, options, where);
 }
 
-// The same into a new TwELL; the packing kernels write every slot, so it is not zero-filled
-// (and, with no memset on the legacy stream, needs no ordering against one).
+// The same into a new TwELL; the packing kernels write every slot, so it is not zero-filled.
 template <class T, class Launch>
 TwellMatrix<T> pack_twell(std::int64_t rows, std::int64_t cols, TwellLayout layout, const ConvertOptions& options,
                           const char* where, Launch&& launch) {

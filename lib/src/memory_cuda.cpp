@@ -145,15 +145,18 @@ cudaError_t trim(int device, cudaMemPool_t pool) {
   return status != cudaSuccess ? status : cudaMemPoolTrimTo(pool, 0);
 }
 
-// For tests: pool allocations to fail as if the device were out of memory, before trying.
+// Test hooks (memory.hpp): pool allocations to fail as if the device were out of memory, and the
+// byte to fill uninitialised Buffers with (negative: none).
 std::atomic<int> failures_to_inject{0};
+std::atomic<int> uninitialized_fill{-1};
 
-// The first try of a pool allocation, or an injected failure.
+// The first try of a pool allocation, or an injected failure: a request no device can serve, so
+// that the runtime's error state is a real failure's.
 cudaError_t try_allocate(void** p, std::size_t bytes, cudaMemPool_t pool, cudaStream_t stream) {
   int pending = failures_to_inject.load(std::memory_order_relaxed);
   while (pending > 0)
     if (failures_to_inject.compare_exchange_weak(pending, pending - 1, std::memory_order_relaxed))
-      return cudaErrorMemoryAllocation;
+      return cudaMallocFromPoolAsync(p, std::size_t{1} << 50, pool, stream);
   return cudaMallocFromPoolAsync(p, bytes, pool, stream);
 }
 
@@ -174,7 +177,7 @@ void* allocate_in(const DevicePool& entry, int device, std::size_t bytes, cudaSt
   if (status == cudaErrorMemoryAllocation && fits_device(bytes)) {
     // Cleared, so that a retry that succeeds leaves no error for the next launch check to report.
     cudaGetLastError();
-    check_memory_call(trim(device, entry.pool), where, "cudaDeviceSynchronize before trimming twell's pool");
+    check_memory_call(trim(device, entry.pool), where, "trimming twell's pool");
     status = cudaMallocFromPoolAsync(&p, bytes, entry.pool, stream);
   }
   check_memory_call(status, where, "cudaMallocFromPoolAsync");
@@ -188,6 +191,8 @@ DevicePool current_pool(int& device, const char* where) {
 }  // namespace
 
 void fail_next_pool_allocations(int count) { failures_to_inject.store(count, std::memory_order_relaxed); }
+
+void set_uninitialized_device_fill(int byte) { uninitialized_fill.store(byte, std::memory_order_relaxed); }
 
 void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* where) {
   int device = 0;
@@ -215,11 +220,12 @@ void* allocate_buffer(std::size_t bytes, bool zeroed) {
   int device = 0;
   const DevicePool entry = current_pool(device, where);
   void* p = allocate_in(entry, device, bytes, entry.stream, where);
-  cudaError_t status = zeroed ? cudaMemsetAsync(p, 0, bytes, entry.stream) : cudaSuccess;
+  const int fill = zeroed ? 0 : uninitialized_fill.load(std::memory_order_relaxed);
+  cudaError_t status = fill >= 0 ? cudaMemsetAsync(p, fill, bytes, entry.stream) : cudaSuccess;
   if (status == cudaSuccess) status = cudaStreamSynchronize(entry.stream);
   if (status != cudaSuccess) {
     cudaFreeAsync(p, entry.stream);
-    check_memory_call(status, where, zeroed ? "zero fill" : "cudaStreamSynchronize");
+    check_memory_call(status, where, "fill or cudaStreamSynchronize");
   }
   device_allocations.fetch_add(1, std::memory_order_relaxed);
   return p;
@@ -254,6 +260,8 @@ void free_bytes(void* p, MemorySpace space) noexcept {
     cudaGetDevice(&device);
   }
   const CurrentDevice on(device);
+  // Not on p's device: p cannot be freed after its work, so it is left allocated.
+  if (on.status() != cudaSuccess) return;
   cudaDeviceSynchronize();
   const cudaStream_t stream = DevicePools::instance().stream_of(device);
   cudaFreeAsync(p, stream != nullptr ? stream : cudaStreamLegacy);
@@ -266,6 +274,9 @@ void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace s
     return;
   }
   check_memory_call(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "twell::copy", "cudaMemcpy");
+  // cudaMemcpy returns before a device-to-device copy, or the last DMA of a copy from pageable
+  // host memory, has landed: wait, so that work on any stream may read the copy.
+  check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "twell::copy (cudaStreamSynchronize)");
 }
 
 void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t bytes) {

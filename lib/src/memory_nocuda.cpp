@@ -35,6 +35,8 @@ std::uint64_t kept_device_bytes() { return 0; }
 
 void fail_next_pool_allocations(int) {}
 
+void set_uninitialized_device_fill(int) {}
+
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
   if (dst_space == MemorySpace::device || src_space == MemorySpace::device) no_device("twell::copy");
   if (bytes != 0) std::memcpy(dst, src, bytes);

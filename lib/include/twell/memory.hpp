@@ -23,9 +23,9 @@ bool cuda_available();
 // twell allocates device memory (its buffers and the scratch of calls that allocate per call) from
 // a pool per device that keeps what is freed for reuse, so that repeated calls do not pay for
 // mapping fresh pages each time (docs/api.md, "Conventions"). This returns the kept memory to the
-// devices, for callers that need it elsewhere (another library's cudaMalloc, before a
-// cudaDeviceReset): it waits for each device that twell has allocated on to finish its queued
-// work, then trims its pool; live buffers are untouched. Every device is trimmed before the first
+// devices, for callers that need it elsewhere (another library's cudaMalloc): it waits for
+// each device that twell has allocated on to finish its queued work, then trims its pool; live
+// buffers are untouched. Every device is trimmed before the first
 // failure (a CUDA error surfaced by the synchronisation) is thrown. A twell allocation that finds
 // its device out of memory trims that device's pool and tries once more before it throws
 // out_of_memory (not when the request exceeds the device's whole memory). Nothing to do in a
@@ -43,7 +43,8 @@ void* allocate_bytes(std::size_t bytes, MemorySpace space);
 // The same, zero-filled before return.
 void* allocate_zeroed_bytes(std::size_t bytes, MemorySpace space);
 void free_bytes(void* p, MemorySpace space) noexcept;
-// Copies between any two spaces; synchronous with respect to the host.
+// Copies between any two spaces; complete on return (a device copy is waited for), so that work
+// on any stream may read the copy.
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes);
 // Sets every byte to `value` (synchronous on the device, like the copies).
 void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t bytes);
@@ -56,9 +57,13 @@ std::uint64_t device_allocation_count() noexcept;
 // first. A release may not return all of it (a pool returns whole chunks, and a chunk that also
 // holds a live allocation stays).
 std::uint64_t kept_device_bytes();
-// For tests: the next `count` pool allocations of this process fail once each as if the device
-// were out of memory, so that their trim-and-retry runs. No effect without the cuda backend.
+// Test hooks, process-wide (for single-threaded tests; no effect without the cuda backend):
+// the next `count` pool allocations fail once each as if the device were out of memory, so that
+// their trim-and-retry runs; and, while `byte` is 0-255, every uninitialised device Buffer is
+// filled with it when made, so that an output word a kernel forgets to write shows (negative:
+// off, the default).
 void fail_next_pool_allocations(int count);
+void set_uninitialized_device_fill(int byte);
 
 // Bytes of n elements of `size` bytes each; throws invalid_argument when they exceed the address
 // space (a wrapped product would allocate a small block and be overrun).
@@ -120,7 +125,7 @@ class Buffer {
     const std::size_t bytes = detail::checked_bytes(n, sizeof(T));
     data_ = static_cast<T*>(detail::allocate_zeroed_bytes(bytes, space));
   }
-  // No zero fill (no memset, so nothing for a later stream to be ordered after).
+  // No zero fill: for outputs a kernel writes whole.
   Buffer(std::size_t n, MemorySpace space, Uninitialized) : size_(n), space_(space) {
     if (n != 0) data_ = static_cast<T*>(detail::allocate_bytes(detail::checked_bytes(n, sizeof(T)), space));
   }
