@@ -332,6 +332,9 @@ TEST_CASE("device memory without the cuda backend is ErrorCode::no_device") {
   const CsrView<const float> device_csr{2, 2, 0, nowhere, nullptr, nullptr, MemorySpace::device};
   CHECK(code_of([&] { validate(device_csr); }) == ErrorCode::no_device);
   CHECK(code_of([&] { (void)stats(device_csr); }) == ErrorCode::no_device);
+  // No device allocation was made, so twell's pools hold nothing and releasing them is a no-op.
+  CHECK_NOTHROW(release_cached_device_memory());
+  CHECK(twell::detail::kept_device_bytes() == 0);
 }
 
 TEST_CASE_TEMPLATE("copy_to compacts a strided dense view and deep-copies every format", T, bf16, fp16, float) {
