@@ -41,7 +41,7 @@ constexpr MemorySpace kDevice = MemorySpace::device;
 // live operand keeps): have every uninitialised device Buffer filled with 0xFF when made, so
 // that an output word a kernel forgets to write shows. (TwELL outputs of the cuda converters are
 // allocated without zero fill, so this matters for them.)
-void dirty_device_memory() { twell::detail::set_uninitialized_device_fill(0xff); }
+void poison_new_device_buffers() { twell::detail::set_uninitialized_device_fill(0xff); }
 
 // The message without its "twell::<backend>::<function>: " prefix.
 std::string body(const Error& e) {
@@ -73,7 +73,7 @@ void compare(const char* what, const ConvertOptions& options, Ref&& ref, Gpu&& g
     ref_code = e.code();
     ref_message = body(e);
   }
-  dirty_device_memory();
+  poison_new_device_buffers();
   if (ref_threw) {
     bool gpu_threw = false;
     try {

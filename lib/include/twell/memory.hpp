@@ -25,11 +25,10 @@ bool cuda_available();
 // mapping fresh pages each time (docs/api.md, "Conventions"). This returns the kept memory to the
 // devices, for callers that need it elsewhere (another library's cudaMalloc): it waits for
 // each device that twell has allocated on to finish its queued work, then trims its pool; live
-// buffers are untouched. Every device is trimmed before the first
-// failure (a CUDA error surfaced by the synchronisation) is thrown. A twell allocation that finds
-// its device out of memory trims that device's pool and tries once more before it throws
-// out_of_memory (not when the request exceeds the device's whole memory). Nothing to do in a
-// build without the cuda backend.
+// buffers are untouched. Every device is trimmed before the first failure (a CUDA error surfaced
+// by the synchronisation) is thrown. A twell allocation that finds its device out of memory trims
+// that device's pool and tries once more before it throws out_of_memory (not when the request
+// exceeds the device's whole memory). Nothing to do in a build without the cuda backend.
 void release_cached_device_memory();
 
 // Throws Error(no_device) naming `where` unless cuda_available(): the public API calls it before
