@@ -20,16 +20,19 @@ Handles::Handles(Stream stream) : impl_(std::make_unique<Impl>()) {
   Impl& h = *impl_;
   h.stream = static_cast<cudaStream_t>(stream.handle);
   try {
-    detail::check_cusparse(cusparseCreate(&h.sparse), where);
-    detail::check_cublas(cublasCreate(&h.blas), where);
-    detail::check_cublas(cublasLtCreate(&h.lt), where);
-    detail::check_cuda(cudaMalloc(&h.lt_workspace, kLtWorkspaceBytes), where);
+    using twell::detail::retry_after_trim;
+    detail::check_cusparse(
+        retry_after_trim([&] { return cusparseCreate(&h.sparse); }, CUSPARSE_STATUS_ALLOC_FAILED, where), where);
+    detail::check_cublas(retry_after_trim([&] { return cublasCreate(&h.blas); }, CUBLAS_STATUS_ALLOC_FAILED, where),
+                         where);
+    detail::check_cublas(retry_after_trim([&] { return cublasLtCreate(&h.lt); }, CUBLAS_STATUS_ALLOC_FAILED, where),
+                         where);
+    h.lt_workspace = Buffer<std::byte>(kLtWorkspaceBytes, MemorySpace::device, Uninitialized{});
     h.lt_workspace_bytes = kLtWorkspaceBytes;
     detail::check_cusparse(cusparseSetStream(h.sparse, h.stream), where);
     detail::check_cublas(cublasSetStream(h.blas, h.stream), where);
-    detail::check_cublas(cublasSetWorkspace(h.blas, h.lt_workspace, h.lt_workspace_bytes), where);
+    detail::check_cublas(cublasSetWorkspace(h.blas, h.lt_workspace.data(), h.lt_workspace_bytes), where);
   } catch (...) {
-    if (h.lt_workspace != nullptr) cudaFree(h.lt_workspace);
     if (h.lt != nullptr) cublasLtDestroy(h.lt);
     if (h.blas != nullptr) cublasDestroy(h.blas);
     if (h.sparse != nullptr) cusparseDestroy(h.sparse);
@@ -41,7 +44,6 @@ Handles::Handles(Stream stream) : impl_(std::make_unique<Impl>()) {
 Handles::~Handles() {
   if (!impl_) return;
   cudaStreamSynchronize(impl_->stream);  // failures cannot be reported from a destructor
-  if (impl_->lt_workspace != nullptr) cudaFree(impl_->lt_workspace);
   if (impl_->lt != nullptr) cublasLtDestroy(impl_->lt);
   if (impl_->blas != nullptr) cublasDestroy(impl_->blas);
   if (impl_->sparse != nullptr) cusparseDestroy(impl_->sparse);
@@ -150,7 +152,7 @@ void gemm_relu_impl(Handles& handles, DenseView<const T> a, DenseView<const T> b
   const LtReluPlan& p = *h.relu_plan;
   const float alpha = 1.0f, beta = 0.0f;
   detail::check_cublas(cublasLtMatmul(h.lt, p.desc, &alpha, b.data, p.la, a.data, p.lb, &beta, c.data, p.lc, c.data,
-                                      p.lc, &p.algo, h.lt_workspace, h.lt_workspace_bytes, h.stream),
+                                      p.lc, &p.algo, h.lt_workspace.data(), h.lt_workspace_bytes, h.stream),
                        where);
 }
 

@@ -15,8 +15,10 @@
 #include <twell/formats/dense.hpp>
 #include <twell/kernels/baselines.hpp>
 #include <twell/kernels/detail/checks.hpp>
+#include <twell/memory.hpp>
 
 #include "cuda_check.hpp"
+#include "device_pool.hpp"
 
 namespace twell::baseline {
 
@@ -48,7 +50,7 @@ struct Handles::Impl {
   cusparseHandle_t sparse = nullptr;
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
-  void* lt_workspace = nullptr;
+  Buffer<std::byte> lt_workspace;  // from twell's pool, whose out-of-memory retry it shares
   std::size_t lt_workspace_bytes = 0;
   cudaStream_t stream = nullptr;
 };

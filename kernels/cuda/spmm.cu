@@ -27,6 +27,7 @@
 
 #include "../../converters/cuda/row_builders.cuh"
 #include "../../converters/cuda/warp_scan.cuh"
+#include "device_pool.hpp"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
 #include "spmm_stream.cuh"
@@ -47,7 +48,9 @@ struct detail::SpmmSideLane {
       check_cuda(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, priority), where);
       check_cuda(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming), where);
       check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), where);
-      check_cublas(cublasCreate(&blas), where);
+      check_cublas(
+          twell::detail::retry_after_trim([&] { return cublasCreate(&blas); }, CUBLAS_STATUS_ALLOC_FAILED, where),
+          where);
       check_cublas(cublasSetStream(blas, side), where);
     } catch (...) {
       release();
@@ -614,7 +617,11 @@ cublasHandle_t cublas_handle() {
   detail::check_cuda(cudaGetDevice(&device), where);
   const auto slot = static_cast<std::size_t>(device);
   if (slot >= per_device.handles.size()) per_device.handles.resize(slot + 1, nullptr);
-  if (per_device.handles[slot] == nullptr) detail::check_cublas(cublasCreate(&per_device.handles[slot]), where);
+  if (per_device.handles[slot] == nullptr) {
+    detail::check_cublas(twell::detail::retry_after_trim([&] { return cublasCreate(&per_device.handles[slot]); },
+                                                         CUBLAS_STATUS_ALLOC_FAILED, where),
+                         where);
+  }
   return per_device.handles[slot];
 }
 

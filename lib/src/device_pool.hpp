@@ -22,4 +22,23 @@ namespace twell::detail {
 // naming `where`.
 void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* where);
 
+// Returns what the current device's pool keeps to the device, after a device synchronisation (so
+// that pending frees complete), and clears the runtime's last error; nothing to return before
+// twell's first allocation there. Throws Error naming `where` when the synchronisation fails.
+void trim_current_pool(const char* where);
+
+// Another CUDA library's call that allocates device memory (cuBLAS's and cuSPARSE's handle
+// creation): `call()` returns its status, and one that equals `out_of_memory` is retried once
+// after trim_current_pool, so that what twell's pool keeps never makes it fail. Returns the last
+// status.
+template <class Call, class Status>
+Status retry_after_trim(Call&& call, Status out_of_memory, const char* where) {
+  Status status = call();
+  if (status == out_of_memory) {
+    trim_current_pool(where);
+    status = call();
+  }
+  return status;
+}
+
 }  // namespace twell::detail

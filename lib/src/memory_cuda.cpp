@@ -39,6 +39,9 @@ void check_memory_call(cudaError_t status, const char* where, const char* call) 
 }  // namespace
 
 namespace {
+// set_device_memory_cache_limit's bound: every pool's release threshold.
+std::atomic<std::uint64_t> cache_limit{std::numeric_limits<std::uint64_t>::max()};
+
 // What twell holds on one device: its pool (device_pool.hpp) and a private non-blocking stream on
 // which Buffers are allocated, zero-filled and freed, so that making a Buffer waits for nothing
 // but the pool's own dependencies (a block that Scratch freed on another stream), not for the
@@ -68,11 +71,22 @@ class DevicePools {
     return entry;
   }
 
-  // The private stream of `device`, null before its first allocation. Allocates nothing (frees
-  // call it from destructors).
-  cudaStream_t stream_of(int device) noexcept {
+  // The pool and stream of `device`, both null before its first allocation. Creates nothing
+  // (frees call it from destructors).
+  DevicePool existing(int device) noexcept {
     const std::lock_guard lock(mutex_);
-    return static_cast<std::size_t>(device) < pools_.size() ? pools_[static_cast<std::size_t>(device)].stream : nullptr;
+    return static_cast<std::size_t>(device) < pools_.size() ? pools_[static_cast<std::size_t>(device)] : DevicePool{};
+  }
+
+  // Sets cache_limit and every pool's release threshold to `bytes`, under the lock that pool
+  // creation holds, so that no pool is made with the previous bound after this returns.
+  void set_cache_limit(std::uint64_t bytes) {
+    const std::lock_guard lock(mutex_);
+    cache_limit.store(bytes, std::memory_order_relaxed);
+    for (DevicePool& entry : pools_)
+      if (entry.pool != nullptr)
+        check_cuda(cudaMemPoolSetAttribute(entry.pool, cudaMemPoolAttrReleaseThreshold, &bytes),
+                   "twell::set_device_memory_cache_limit");
   }
 
   // The entries created so far, with their devices.
@@ -97,8 +111,8 @@ class DevicePools {
     props.location.id = device;
     DevicePool entry;
     check_memory_call(cudaMemPoolCreate(&entry.pool, &props), where, "cudaMemPoolCreate");
-    // Keep every freed byte until asked (release_cached_device_memory) or out of memory.
-    std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+    // By default keep every freed byte until asked (release_cached_device_memory) or out of memory.
+    std::uint64_t keep = cache_limit.load(std::memory_order_relaxed);
     cudaError_t status = cudaMemPoolSetAttribute(entry.pool, cudaMemPoolAttrReleaseThreshold, &keep);
     if (status == cudaSuccess) status = cudaStreamCreateWithFlags(&entry.stream, cudaStreamNonBlocking);
     if (status != cudaSuccess) {
@@ -200,6 +214,14 @@ void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* whe
   return allocate_in(entry, device, bytes, stream, where);
 }
 
+void trim_current_pool(const char* where) {
+  cudaGetLastError();  // the failure that led here is handled by the retry
+  int device = 0;
+  check_memory_call(cudaGetDevice(&device), where, "cudaGetDevice");
+  const DevicePool entry = DevicePools::instance().existing(device);
+  if (entry.pool != nullptr) check_memory_call(trim(device, entry.pool), where, "trimming twell's pool");
+}
+
 std::uint64_t kept_device_bytes() {
   std::uint64_t kept = 0;
   for (const auto& [device, entry] : DevicePools::instance().created()) {
@@ -263,7 +285,7 @@ void free_bytes(void* p, MemorySpace space) noexcept {
   // Not on p's device: p cannot be freed after its work, so it is left allocated.
   if (on.status() != cudaSuccess) return;
   cudaDeviceSynchronize();
-  const cudaStream_t stream = DevicePools::instance().stream_of(device);
+  const cudaStream_t stream = DevicePools::instance().existing(device).stream;
   cudaFreeAsync(p, stream != nullptr ? stream : cudaStreamLegacy);
 }
 
@@ -309,6 +331,10 @@ void release_cached_device_memory() {
   }
   detail::check_cuda(first, "twell::release_cached_device_memory");
 }
+
+void set_device_memory_cache_limit(std::uint64_t bytes) { detail::DevicePools::instance().set_cache_limit(bytes); }
+
+std::uint64_t device_memory_cache_limit() noexcept { return detail::cache_limit.load(std::memory_order_relaxed); }
 
 void require_cuda_device(const char* where) {
   if (!cuda_available()) fail(ErrorCode::no_device, where, "operands live in device memory, but no CUDA device is visible");

@@ -1,7 +1,9 @@
 // Memory layer of a build without the cuda backend: host memory only.
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include <twell/memory.hpp>
 
@@ -52,6 +54,14 @@ void fill_bytes(void* p, MemorySpace space, unsigned char value, std::size_t byt
 bool cuda_available() { return false; }
 
 void release_cached_device_memory() {}
+
+namespace {
+std::atomic<std::uint64_t> cache_limit{std::numeric_limits<std::uint64_t>::max()};  // kept, not used
+}
+
+void set_device_memory_cache_limit(std::uint64_t bytes) { cache_limit.store(bytes, std::memory_order_relaxed); }
+
+std::uint64_t device_memory_cache_limit() noexcept { return cache_limit.load(std::memory_order_relaxed); }
 
 void require_cuda_device(const char* where) {
   fail(ErrorCode::no_device, where, "operands live in device memory, but twell was built without the cuda backend");

@@ -335,6 +335,12 @@ TEST_CASE("device memory without the cuda backend is ErrorCode::no_device") {
   // No device allocation was made, so twell's pools hold nothing and releasing them is a no-op.
   CHECK_NOTHROW(release_cached_device_memory());
   CHECK(twell::detail::kept_device_bytes() == 0);
+  // The pools' bound is kept for pools made later, and read back, without a device too.
+  const std::uint64_t unbounded = device_memory_cache_limit();
+  CHECK(unbounded == std::numeric_limits<std::uint64_t>::max());
+  CHECK_NOTHROW(set_device_memory_cache_limit(1u << 20));
+  CHECK(device_memory_cache_limit() == 1u << 20);
+  set_device_memory_cache_limit(unbounded);
 }
 
 TEST_CASE_TEMPLATE("copy_to compacts a strided dense view and deep-copies every format", T, bf16, fp16, float) {

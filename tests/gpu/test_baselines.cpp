@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -369,4 +370,46 @@ TEST_CASE_TEMPLATE("dense FFN training baseline matches the reference backward",
     CHECK(rel(dwu.to(kHost), want.dwu) <= tol);
     CHECK(rel(dwd.to(kHost), want.dwd) <= tol);
   }
+}
+
+// twell's pool keeps what its buffers free (memory.hpp), so at a process's peak it may hold nearly
+// all of the device's memory when another library asks for some: cuSPARSE's, cuBLAS's and
+// cuBLASLt's handles are made with one retry after the pool is trimmed, and the baselines'
+// cuBLASLt workspace (32 MiB) comes from the pool itself.
+TEST_CASE("baseline Handles can be made while twell's pool keeps nearly all device memory") {
+  twell::release_cached_device_memory();
+  {
+    // The peak: blocks of shrinking sizes until none fits (each failure trims an empty pool and
+    // throws), then all freed into the pool.
+    std::vector<Buffer<unsigned char>> peak;
+    for (std::size_t block = std::size_t{1} << 30; block >= std::size_t{2} << 20; block /= 8) {
+      try {
+        for (;;) peak.emplace_back(block, kDevice, Uninitialized{});
+      } catch (const Error& e) {
+        REQUIRE(e.code() == ErrorCode::out_of_memory);
+      }
+    }
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+  }
+  testing::cuda_ok(cudaDeviceSynchronize());
+  std::size_t free = 0, total = 0;
+  testing::cuda_ok(cudaMemGetInfo(&free, &total));
+  CAPTURE(free);
+  REQUIRE(free < (std::size_t{32} << 20));  // less than the workspace: the pool must serve it
+  REQUIRE(twell::detail::kept_device_bytes() > total / 2);
+  std::optional<baseline::Handles> handles;
+  CHECK_NOTHROW(handles.emplace());
+  CHECK(cudaGetLastError() == cudaSuccess);
+  // The handles work. Launches are not retried (a kernel's module, loaded lazily at its first
+  // launch, may need memory too: docs/api.md), so the pool is emptied first.
+  twell::release_cached_device_memory();
+  REQUIRE(handles.has_value());
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto a = testing::random_dense<float>(33, 17, 1.0f, seed);
+  const auto b = testing::random_dense<float>(17, 9, 1.0f, seed + 1);
+  DenseMatrix<float> c = nan_dense<float>(33, 9).to(kDevice);
+  baseline::gemm<float>(*handles, Op::none, a.to(kDevice).view(), Op::none, b.to(kDevice).view(), c.view(), 1.0f, 0.0f);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(rel(c.to(kHost), gemm64<float>(Op::none, a, Op::none, b, c.to(kHost), 1.0f, 0.0f)) <= relative_bound<float>());
 }

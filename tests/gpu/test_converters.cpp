@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -532,6 +534,22 @@ TEST_CASE("cuda: twell's device pool keeps freed memory, reuses it zeroed, and g
     CHECK(small.data() != nullptr);
     CHECK(kept() + kBytes / 2 <= before);  // the kept block went back before the retry
     CHECK(cudaGetLastError() == cudaSuccess);
+  }
+  SUBCASE("a cache limit returns what exceeds it at the next synchronisation, and none keeps all") {
+    struct RestoreLimit {
+      std::uint64_t bytes = twell::device_memory_cache_limit();
+      ~RestoreLimit() { twell::set_device_memory_cache_limit(bytes); }
+    } const restore;
+    CHECK(restore.bytes == std::numeric_limits<std::uint64_t>::max());
+    twell::set_device_memory_cache_limit(kBytes / 4);
+    CHECK(twell::device_memory_cache_limit() == kBytes / 4);
+    { const Buffer<unsigned char> freed(kBytes, kDevice); }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the free lands, then the excess goes back
+    CHECK(kept() <= kept0 + kBytes / 4);
+    twell::set_device_memory_cache_limit(restore.bytes);
+    { const Buffer<unsigned char> freed(kBytes, kDevice); }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(kept() >= kept0 + kBytes);
   }
   SUBCASE("a request no device can serve leaves the pool as it was") {
     { const Buffer<unsigned char> freed(kBytes, kDevice); }
