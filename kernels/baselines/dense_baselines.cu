@@ -20,6 +20,9 @@ Handles::Handles(Stream stream) : impl_(std::make_unique<Impl>()) {
   Impl& h = *impl_;
   h.stream = static_cast<cudaStream_t>(stream.handle);
   try {
+    // The workspace first: taken from what the pool keeps before a handle's retry could trim it.
+    h.lt_workspace = Buffer<std::byte>(kLtWorkspaceBytes, MemorySpace::device, Uninitialized{});
+    h.lt_workspace_bytes = kLtWorkspaceBytes;
     using twell::detail::retry_after_trim;
     detail::check_cusparse(
         retry_after_trim([&] { return cusparseCreate(&h.sparse); }, CUSPARSE_STATUS_ALLOC_FAILED, where), where);
@@ -27,8 +30,6 @@ Handles::Handles(Stream stream) : impl_(std::make_unique<Impl>()) {
                          where);
     detail::check_cublas(retry_after_trim([&] { return cublasLtCreate(&h.lt); }, CUBLAS_STATUS_ALLOC_FAILED, where),
                          where);
-    h.lt_workspace = Buffer<std::byte>(kLtWorkspaceBytes, MemorySpace::device, Uninitialized{});
-    h.lt_workspace_bytes = kLtWorkspaceBytes;
     detail::check_cusparse(cusparseSetStream(h.sparse, h.stream), where);
     detail::check_cublas(cublasSetStream(h.blas, h.stream), where);
     detail::check_cublas(cublasSetWorkspace(h.blas, h.lt_workspace.data(), h.lt_workspace_bytes), where);
@@ -63,6 +64,8 @@ void Handles::set_stream(Stream stream) {
   impl_->stream = static_cast<cudaStream_t>(stream.handle);
   detail::check_cusparse(cusparseSetStream(impl_->sparse, impl_->stream), where);
   detail::check_cublas(cublasSetStream(impl_->blas, impl_->stream), where);
+  // cublasSetStream puts cuBLAS back on its own default workspace: give it twell's again.
+  detail::check_cublas(cublasSetWorkspace(impl_->blas, impl_->lt_workspace.data(), impl_->lt_workspace_bytes), where);
 }
 
 Stream Handles::stream() const { return Stream{impl_->stream}; }

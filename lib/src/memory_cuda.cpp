@@ -78,15 +78,19 @@ class DevicePools {
     return static_cast<std::size_t>(device) < pools_.size() ? pools_[static_cast<std::size_t>(device)] : DevicePool{};
   }
 
-  // Sets cache_limit and every pool's release threshold to `bytes`, under the lock that pool
-  // creation holds, so that no pool is made with the previous bound after this returns.
+  // Sets every pool's release threshold to `bytes`, then cache_limit, under the lock that pool
+  // creation holds, so that no pool is made with the previous bound after this returns. A pool
+  // that refuses leaves cache_limit as it was; the others keep the new bound.
   void set_cache_limit(std::uint64_t bytes) {
     const std::lock_guard lock(mutex_);
+    cudaError_t first = cudaSuccess;
+    for (DevicePool& entry : pools_) {
+      if (entry.pool == nullptr) continue;
+      const cudaError_t status = cudaMemPoolSetAttribute(entry.pool, cudaMemPoolAttrReleaseThreshold, &bytes);
+      if (first == cudaSuccess) first = status;
+    }
+    check_cuda(first, "twell::set_device_memory_cache_limit");
     cache_limit.store(bytes, std::memory_order_relaxed);
-    for (DevicePool& entry : pools_)
-      if (entry.pool != nullptr)
-        check_cuda(cudaMemPoolSetAttribute(entry.pool, cudaMemPoolAttrReleaseThreshold, &bytes),
-                   "twell::set_device_memory_cache_limit");
   }
 
   // The entries created so far, with their devices.
@@ -215,7 +219,8 @@ void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* whe
 }
 
 void trim_current_pool(const char* where) {
-  cudaGetLastError();  // the failure that led here is handled by the retry
+  // The failure that led here is handled by the retry; any other pending error stays.
+  if (cudaPeekAtLastError() == cudaErrorMemoryAllocation) cudaGetLastError();
   int device = 0;
   check_memory_call(cudaGetDevice(&device), where, "cudaGetDevice");
   const DevicePool entry = DevicePools::instance().existing(device);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <twell/converters/backends.hpp>
@@ -20,6 +21,7 @@
 #include <twell/kernels/ffn.hpp>
 
 #include "device.hpp"
+#include "device_pool.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
 
@@ -375,7 +377,7 @@ TEST_CASE_TEMPLATE("dense FFN training baseline matches the reference backward",
 // twell's pool keeps what its buffers free (memory.hpp), so at a process's peak it may hold nearly
 // all of the device's memory when another library asks for some: cuSPARSE's, cuBLAS's and
 // cuBLASLt's handles are made with one retry after the pool is trimmed, and the baselines'
-// cuBLASLt workspace (32 MiB) comes from the pool itself.
+// cuBLASLt workspace (32 MiB), allocated before them, comes from the pool itself.
 TEST_CASE("baseline Handles can be made while twell's pool keeps nearly all device memory") {
   twell::release_cached_device_memory();
   {
@@ -400,10 +402,17 @@ TEST_CASE("baseline Handles can be made while twell's pool keeps nearly all devi
   std::optional<baseline::Handles> handles;
   CHECK_NOTHROW(handles.emplace());
   CHECK(cudaGetLastError() == cudaSuccess);
-  // The handles work. Launches are not retried (a kernel's module, loaded lazily at its first
-  // launch, may need memory too: docs/api.md), so the pool is emptied first.
+  // Whether a handle needed memory, and so a trim (the log says; cuBLAS's and cuSPARSE's needs
+  // are theirs to change).
+  MESSAGE("kept by the pool after the handles were made: ", twell::detail::kept_device_bytes(), " bytes");
+  // The handles work, also on another stream (set_stream gives cuBLAS twell's workspace again).
+  // Launches are not retried (a kernel's module, loaded lazily at its first launch, may need
+  // memory too: docs/api.md), so the pool is emptied first.
   twell::release_cached_device_memory();
   REQUIRE(handles.has_value());
+  cudaStream_t stream = nullptr;
+  testing::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  handles->set_stream(Stream{stream});
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   const auto a = testing::random_dense<float>(33, 17, 1.0f, seed);
@@ -412,4 +421,35 @@ TEST_CASE("baseline Handles can be made while twell's pool keeps nearly all devi
   baseline::gemm<float>(*handles, Op::none, a.to(kDevice).view(), Op::none, b.to(kDevice).view(), c.view(), 1.0f, 0.0f);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(rel(c.to(kHost), gemm64<float>(Op::none, a, Op::none, b, c.to(kHost), 1.0f, 0.0f)) <= relative_bound<float>());
+  handles.reset();
+  testing::cuda_ok(cudaStreamDestroy(stream));
+}
+
+// White-box (lib/src/device_pool.hpp): a library call that reports out-of-memory is run once more
+// after the current device's pool gave its kept memory back; one that succeeds, or fails for
+// another reason, runs once.
+TEST_CASE("a library call that runs out of memory is retried once after twell's pool is trimmed") {
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+  { const Buffer<unsigned char> freed(kBytes, kDevice); }
+  testing::cuda_ok(cudaDeviceSynchronize());
+  const std::uint64_t before = twell::detail::kept_device_bytes();
+  REQUIRE(before >= kBytes);
+  int calls = 0;
+  std::uint64_t kept_at_retry = before;
+  const auto fails_once = [&] {
+    if (++calls == 1) return CUBLAS_STATUS_ALLOC_FAILED;
+    kept_at_retry = twell::detail::kept_device_bytes();
+    return CUBLAS_STATUS_SUCCESS;
+  };
+  CHECK(twell::detail::retry_after_trim(fails_once, CUBLAS_STATUS_ALLOC_FAILED, "test") == CUBLAS_STATUS_SUCCESS);
+  CHECK(calls == 2);
+  CHECK(kept_at_retry + kBytes / 2 <= before);
+  calls = 0;
+  const auto fails_otherwise = [&] {
+    ++calls;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  };
+  CHECK(twell::detail::retry_after_trim(fails_otherwise, CUBLAS_STATUS_ALLOC_FAILED, "test") ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
+  CHECK(calls == 1);
 }

@@ -31,13 +31,17 @@ bool cuda_available();
 // exceeds the device's whole memory). Nothing to do in a build without the cuda backend.
 void release_cached_device_memory();
 
-// Bounds what each of twell's device pools keeps (default: no bound): at every synchronisation
-// (of a stream, an event or the device), a pool that holds more than `bytes` unused returns the
-// excess to its device. For a process that shares its GPU with another allocator (a framework's
-// caching allocator, another library's cudaMalloc) and cannot call release_cached_device_memory
-// at the right moments. 0 gives memory back at every synchronisation, as the default pool does, so
-// calls that allocate per call map fresh pages again (docs/api.md, "Conventions"). Applies to the
-// pools already made and to those made later. Nothing to do in a build without the cuda backend.
+// Bounds the memory each of twell's device pools holds across synchronisations (default: no
+// bound; the pools' release threshold): at every synchronisation (of a stream, an event or the
+// device), a pool that has more than `bytes` reserved, in use or not, returns its unused memory
+// to the device until it is back under the bound (best effort, in whole chunks of the pool). So
+// while more than `bytes` is in use, the pool keeps nothing spare. For a process that shares its
+// GPU with another allocator (a framework's caching allocator, another library's cudaMalloc)
+// and cannot call release_cached_device_memory at the right moments. 0 gives memory back at every
+// synchronisation, as the default pool does, so calls that allocate per call map fresh pages
+// again (docs/api.md, "Conventions"). Applies to the pools already made and to those made later;
+// if a pool refuses the bound, this throws and the bound read back stays the previous one. Nothing
+// to do in a build without the cuda backend.
 void set_device_memory_cache_limit(std::uint64_t bytes);
 // The bound set last (the largest std::uint64_t: none).
 std::uint64_t device_memory_cache_limit() noexcept;
