@@ -24,8 +24,8 @@ void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* whe
 
 // Returns what the current device's pool keeps to the device, after a device synchronisation (so
 // that pending frees complete), and clears the runtime's last error if it is an allocation
-// failure; nothing to return before twell's first allocation there. Throws Error naming `where` when the
-// synchronisation fails.
+// failure; nothing to return before twell's first allocation there. Throws Error naming `where`
+// when the synchronisation fails.
 void trim_current_pool(const char* where);
 
 // Another CUDA library's call that allocates device memory (cuBLAS's and cuSPARSE's handle
