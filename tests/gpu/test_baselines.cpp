@@ -379,26 +379,9 @@ TEST_CASE_TEMPLATE("dense FFN training baseline matches the reference backward",
 // cuBLASLt's handles are made with one retry after the pool is trimmed, and the baselines'
 // cuBLASLt workspace (32 MiB), allocated before them, comes from the pool itself.
 TEST_CASE("baseline Handles can be made while twell's pool keeps nearly all device memory") {
-  twell::release_cached_device_memory();
-  {
-    // The peak: blocks of shrinking sizes until none fits (each failure trims an empty pool and
-    // throws), then all freed into the pool.
-    std::vector<Buffer<unsigned char>> peak;
-    for (std::size_t block = std::size_t{1} << 30; block >= std::size_t{2} << 20; block /= 8) {
-      try {
-        for (;;) peak.emplace_back(block, kDevice, Uninitialized{});
-      } catch (const Error& e) {
-        REQUIRE(e.code() == ErrorCode::out_of_memory);
-      }
-    }
-    REQUIRE(cudaGetLastError() == cudaSuccess);
-  }
-  testing::cuda_ok(cudaDeviceSynchronize());
-  std::size_t free = 0, total = 0;
-  testing::cuda_ok(cudaMemGetInfo(&free, &total));
+  const std::size_t free = testing::fill_device_pool();
   CAPTURE(free);
   REQUIRE(free < (std::size_t{32} << 20));  // less than the workspace: the pool must serve it
-  REQUIRE(twell::detail::kept_device_bytes() > total / 2);
   std::optional<baseline::Handles> handles;
   CHECK_NOTHROW(handles.emplace());
   CHECK(cudaGetLastError() == cudaSuccess);

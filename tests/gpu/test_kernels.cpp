@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -363,6 +365,50 @@ TEST_CASE("cuda spmm's Hybrid overflow rows on every device from one host thread
     check_spmm<bf16>("hybrid", Op::transpose, a16, bt, ct, 1.5f, -2.0f);
   }
   testing::cuda_ok(cudaSetDevice(0));
+}
+
+// twell's pool may keep nearly all of the device's memory (memory.hpp) when a Hybrid's overflow
+// rows reach cuBLAS on a host thread that has not used it: that thread's cuBLAS handle is made,
+// and cuBLAS's GEMM allocates the workspace of a stream it has not run on, each retried once
+// after a pool trim. The same product runs once before the fill, so that the kernels' modules are
+// loaded (a kernel's first launch may need memory, and launches are not retried: docs/api.md).
+TEST_CASE("cuda spmm's Hybrid overflow rows run on a new host thread while twell's pool keeps the memory") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const testing::SparseDenseOptions so{.density = 0.05, .full_row_share = 0.1};
+  const auto a = ref::dense_to_hybrid<float>(testing::random_sparse_dense<float>(70, 130, so, seed).view(), kNarrow);
+  REQUIRE(a.overflow_rows() > 0);
+  const auto b = testing::random_dense<float>(130, 33, 1.0f, seed + 1);
+  DenseMatrix<float> want = nan_dense<float>(70, 33);
+  ref::spmm<float>(Op::none, a.view(), b.view(), want.view(), 1.0f, 0.0f);
+  const auto a_dev = a.to(kDevice);
+  const DenseMatrix<float> b_dev = b.to(kDevice);
+  DenseMatrix<float> warm = nan_dense<float>(70, 33).to(kDevice);
+  dev::spmm<float>(Op::none, a_dev.view(), b_dev.view(), warm.view(), 1.0f, 0.0f);
+  DenseMatrix<float> c = nan_dense<float>(70, 33).to(kDevice);
+  cudaStream_t stream = nullptr;  // a stream cuBLAS has not run on either
+  testing::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  testing::cuda_ok(cudaDeviceSynchronize());
+
+  const std::size_t free = testing::fill_device_pool();
+  CAPTURE(free);
+  std::exception_ptr failure;
+  std::thread fresh([&] {
+    try {
+      KernelOptions options;
+      options.stream = Stream{stream};
+      dev::spmm<float>(Op::none, a_dev.view(), b_dev.view(), c.view(), 1.0f, 0.0f, options);
+      testing::cuda_ok(cudaStreamSynchronize(stream));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  fresh.join();
+  twell::release_cached_device_memory();
+  testing::cuda_ok(cudaStreamDestroy(stream));
+  if (failure) std::rethrow_exception(failure);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(rel(c.to(kHost), want) <= relative_bound<float>());
 }
 
 TEST_CASE("cuda spmm rejects host operands and bad shapes") {

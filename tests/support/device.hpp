@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -26,6 +28,30 @@ bool still_poisoned(const Buffer<U>& b) {
   const Buffer<U> host = b.copy_to(MemorySpace::host);
   const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
   return std::all_of(bytes, bytes + host.bytes(), [](unsigned char c) { return c == 0xff; });
+}
+
+// Leaves twell's pool of the current device keeping nearly all of the device's memory, as a
+// process's peak does: blocks of shrinking sizes allocated until none fits (each failure trims
+// an empty pool and throws out_of_memory), then all freed into the pool. Returns the device's
+// free bytes after (a few MiB at most).
+inline std::size_t fill_device_pool() {
+  release_cached_device_memory();
+  {
+    std::vector<Buffer<unsigned char>> peak;
+    for (std::size_t block = std::size_t{1} << 30; block >= std::size_t{2} << 20; block /= 8) {
+      try {
+        for (;;) peak.emplace_back(block, MemorySpace::device, Uninitialized{});
+      } catch (const Error& e) {
+        REQUIRE(e.code() == ErrorCode::out_of_memory);
+      }
+    }
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+  }
+  cuda_ok(cudaDeviceSynchronize());
+  std::size_t free = 0, total = 0;
+  cuda_ok(cudaMemGetInfo(&free, &total));
+  REQUIRE(detail::kept_device_bytes() > total / 2);
+  return free;
 }
 
 }  // namespace twell::testing
