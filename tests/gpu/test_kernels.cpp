@@ -333,6 +333,16 @@ TEST_CASE("cuda spmm at K = 0 scales every row of C by beta once, a Hybrid's ove
   for (const float v : got.values().host_span()) CHECK(v == 2.0f);
 }
 
+namespace {
+// A 70 x 130 fp32 Hybrid with rows in its dense block (the products with it reach cuBLAS).
+HybridMatrix<float> overflowing_hybrid(std::uint64_t seed) {
+  const testing::SparseDenseOptions so{.density = 0.05, .full_row_share = 0.1};
+  auto a = ref::dense_to_hybrid<float>(testing::random_sparse_dense<float>(70, 130, so, seed).view(), kNarrow);
+  REQUIRE(a.overflow_rows() > 0);
+  return a;
+}
+}  // namespace
+
 // The cuBLAS handle behind a Hybrid's overflow rows is kept per host thread and device: one
 // thread running spmm on device 0, then 1, then 0 again must get each device's own handle (a
 // handle of device 0 fails on device 1's streams). Two users of it: op = none on an fp32 Hybrid
@@ -348,9 +358,7 @@ TEST_CASE("cuda spmm's Hybrid overflow rows on every device from one host thread
   order.push_back(0);
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const testing::SparseDenseOptions so{.density = 0.05, .full_row_share = 0.1};
-  const auto a = ref::dense_to_hybrid<float>(testing::random_sparse_dense<float>(70, 130, so, seed).view(), kNarrow);
-  REQUIRE(a.overflow_rows() > 0);
+  const auto a = overflowing_hybrid(seed);
   const auto b = testing::random_dense<float>(130, 33, 1.0f, seed + 1);
   const auto c0 = testing::random_dense<float>(70, 33, 1.0f, seed + 2);
   auto hot = testing::random_sparse_dense<bf16>(300, 130, {.density = 0.05}, seed + 3);
@@ -375,9 +383,7 @@ TEST_CASE("cuda spmm's Hybrid overflow rows on every device from one host thread
 TEST_CASE("cuda spmm's Hybrid overflow rows run on a new host thread while twell's pool keeps the memory") {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const testing::SparseDenseOptions so{.density = 0.05, .full_row_share = 0.1};
-  const auto a = ref::dense_to_hybrid<float>(testing::random_sparse_dense<float>(70, 130, so, seed).view(), kNarrow);
-  REQUIRE(a.overflow_rows() > 0);
+  const auto a = overflowing_hybrid(seed);
   const auto b = testing::random_dense<float>(130, 33, 1.0f, seed + 1);
   DenseMatrix<float> want = nan_dense<float>(70, 33);
   ref::spmm<float>(Op::none, a.view(), b.view(), want.view(), 1.0f, 0.0f);
