@@ -646,15 +646,11 @@ void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
   detail::check_cublas(cublasSetStream(blas, stream), "twell::cuda::spmm (cublasSetStream)");
   const float one = 1.0f, zero = 0.0f;
   // Row-major tmp (r x nb) = overflow (r x K) B (K x nb) is column-major tmp^T = B^T overflow^T.
-  // cuBLAS allocates the workspace of a stream it has not run on itself: retried after a trim.
-  constexpr const char* where = "twell::cuda::spmm (cublasGemmEx of the overflow block)";
-  const auto gemm = [&] {
-    return cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(b.cols), static_cast<int>(r),
-                        static_cast<int>(a.cols()), &one, b.data, type, static_cast<int>(b.ld), a.overflow.data, type,
-                        static_cast<int>(a.overflow.ld), &zero, tmp, CUDA_R_32F, static_cast<int>(b.cols),
-                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  };
-  detail::check_cublas(twell::detail::retry_after_trim(gemm, CUBLAS_STATUS_ALLOC_FAILED, where), where);
+  detail::check_cublas(cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(b.cols), static_cast<int>(r),
+                                    static_cast<int>(a.cols()), &one, b.data, type, static_cast<int>(b.ld),
+                                    a.overflow.data, type, static_cast<int>(a.overflow.ld), &zero, tmp, CUDA_R_32F,
+                                    static_cast<int>(b.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       "twell::cuda::spmm (cublasGemmEx of the overflow block)");
   scatter_rows_kernel<T><<<detail::grid_for(r * b.cols, 256), 256, 0, stream>>>(
       r, b.cols, tmp, a.overflow_to_row, c.data, c.ld, c.rows, alpha, beta);
   detail::check_launch("twell::cuda::spmm (overflow scatter)");

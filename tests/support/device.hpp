@@ -30,10 +30,24 @@ bool still_poisoned(const Buffer<U>& b) {
   return std::all_of(bytes, bytes + host.bytes(), [](unsigned char c) { return c == 0xff; });
 }
 
+// Gives twell's kept device memory back when its scope ends, also when a check fails first: a
+// suite whose case left the pool full would fail later cases at their kernels' first launches.
+struct ReleasePoolAtExit {
+  ReleasePoolAtExit() = default;
+  ReleasePoolAtExit(const ReleasePoolAtExit&) = delete;
+  ReleasePoolAtExit& operator=(const ReleasePoolAtExit&) = delete;
+  ~ReleasePoolAtExit() {
+    try {
+      release_cached_device_memory();
+    } catch (const Error&) {  // a destructor cannot report it; the next case's checks would
+    }
+  }
+};
+
 // Leaves twell's pool of the current device keeping nearly all of the device's memory, as a
-// process's peak does: blocks of shrinking sizes allocated until none fits (each failure trims
-// an empty pool and throws out_of_memory), then all freed into the pool. Returns the device's
-// free bytes after (a few MiB at most).
+// process's peak does (hold a ReleasePoolAtExit first): blocks of shrinking sizes allocated until none fits (each
+// failure trims an empty pool and throws out_of_memory), then all freed into the pool. Returns the device's free bytes
+// after (a few MiB at most).
 inline std::size_t fill_device_pool() {
   release_cached_device_memory();
   {
