@@ -189,20 +189,22 @@ bool fits_device(std::size_t bytes) {
   return bytes <= total;
 }
 
-void* allocate_in(const DevicePool& entry, int device, std::size_t bytes, cudaStream_t stream, const char* where) {
+// From the current device's pool `entry`.
+void* allocate_in(const DevicePool& entry, std::size_t bytes, cudaStream_t stream, const char* where) {
   void* p = nullptr;
   cudaError_t status = try_allocate(&p, bytes, entry.pool, stream);
   if (status == cudaErrorMemoryAllocation && fits_device(bytes)) {
-    // Cleared, so that a retry that succeeds leaves no error for the next launch check to report.
-    cudaGetLastError();
-    check_memory_call(trim(device, entry.pool), where, "trimming twell's pool");
+    // Clears the failure too, so that a retry that succeeds leaves no error for the next launch
+    // check to report.
+    trim_current_pool(where);
     status = cudaMallocFromPoolAsync(&p, bytes, entry.pool, stream);
   }
   check_memory_call(status, where, "cudaMallocFromPoolAsync");
   return p;
 }
 
-DevicePool current_pool(int& device, const char* where) {
+DevicePool current_pool(const char* where) {
+  int device = 0;
   check_memory_call(cudaGetDevice(&device), where, "cudaGetDevice");
   return DevicePools::instance().of(device, where);
 }
@@ -213,9 +215,7 @@ void fail_next_pool_allocations(int count) { failures_to_inject.store(count, std
 void set_uninitialized_device_fill(int byte) { uninitialized_fill.store(byte, std::memory_order_relaxed); }
 
 void* allocate_from_pool(std::size_t bytes, cudaStream_t stream, const char* where) {
-  int device = 0;
-  const DevicePool entry = current_pool(device, where);
-  return allocate_in(entry, device, bytes, stream, where);
+  return allocate_in(current_pool(where), bytes, stream, where);
 }
 
 void trim_current_pool(const char* where) {
@@ -244,9 +244,8 @@ namespace {
 // stream, which is then waited for, so that the block is usable on every stream on return.
 void* allocate_buffer(std::size_t bytes, bool zeroed) {
   constexpr const char* where = "twell::Buffer";
-  int device = 0;
-  const DevicePool entry = current_pool(device, where);
-  void* p = allocate_in(entry, device, bytes, entry.stream, where);
+  const DevicePool entry = current_pool(where);
+  void* p = allocate_in(entry, bytes, entry.stream, where);
   const int fill = zeroed ? 0 : uninitialized_fill.load(std::memory_order_relaxed);
   cudaError_t status = fill >= 0 ? cudaMemsetAsync(p, fill, bytes, entry.stream) : cudaSuccess;
   if (status == cudaSuccess) status = cudaStreamSynchronize(entry.stream);

@@ -45,9 +45,9 @@ struct ReleasePoolAtExit {
 };
 
 // Leaves twell's pool of the current device keeping nearly all of the device's memory, as a
-// process's peak does (hold a ReleasePoolAtExit first): blocks of shrinking sizes allocated until none fits (each
-// failure trims an empty pool and throws out_of_memory), then all freed into the pool. Returns the device's free bytes
-// after (a few MiB at most).
+// process's peak does (hold a ReleasePoolAtExit first): blocks of shrinking sizes allocated until
+// none fits (each failure trims an empty pool and throws out_of_memory), then all freed into the
+// pool. Returns the device's free bytes after (a few MiB at most).
 inline std::size_t fill_device_pool() {
   release_cached_device_memory();
   {
