@@ -1752,14 +1752,15 @@ std::string queue_kept(DenseView<const T> x, HybridView<const T> a, DenseView<co
   return path;
 }
 
-// Queues a checked backward run (GatedUpDownPlan::backward): Wg^T and Wu^T into wg_t and wu_t
-// (N x K, leading dimension K), a's structure into dg and du, the kernel on dy with Wd as the rows
-// of its dot products, then the shadow slots of dg and du. Returns the kernel's path name.
+// Queues a checked backward run (GatedUpDownPlan::backward): Wg^T into wg_t and, unless wu_t
+// holds it already (`wu_t_made`), Wu^T into wu_t (N x K, leading dimension K), a's structure into
+// dg and du, the kernel on dy with Wd as the rows of its dot products, then the shadow slots of dg
+// and du. Returns the kernel's path name.
 template <class T>
-std::string queue_backward(const GatedBackwardOperands<T>& op, T* wg_t, T* wu_t, const UpDownMemory& memory,
-                           cudaStream_t stream, const char* where) {
+std::string queue_backward(const GatedBackwardOperands<T>& op, T* wg_t, T* wu_t, bool wu_t_made,
+                           const UpDownMemory& memory, cudaStream_t stream, const char* where) {
   transpose_into<T>(op.wg, wg_t, stream);
-  transpose_into<T>(op.wu, wu_t, stream);
+  if (!wu_t_made) transpose_into<T>(op.wu, wu_t, stream);
   const HybridView<T> written[] = {op.dg, op.du};
   for (const HybridView<T>& part : written) copy_structure<T>(op.a, part, stream, where);
   EntryParts parts;
@@ -1787,8 +1788,10 @@ void GatedUpDownPlan<T>::run(DenseView<const T> x, HybridView<const T> a, DenseV
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::run";
   twell::detail::require_live(live_, where);
   check_kept<T>(x, a, wu, wd, u, h, y, m_, k_, n_, layout_, where);
+  wu_t_source_ = {};
   path_ = queue_kept<T>(x, a, wu, wd, u, h, y, wu_t_.values().data(), memory_of(buffers_),
                         static_cast<cudaStream_t>(stream_.handle), where);
+  wu_t_source_ = wu;
 }
 
 template <Value T>
@@ -1810,7 +1813,11 @@ void GatedUpDownPlan<T>::backward(const GatedBackwardOperands<T>& op) {
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::backward";
   twell::detail::require_live(live_, where);
   check_backward<T>(op, m_, k_, n_, layout_, where);
-  path_ = queue_backward<T>(op, wg_t_.values().data(), wu_t_.values().data(), memory_of(buffers_),
+  const DenseView<const T>& made = wu_t_source_;
+  const bool reuse = op.reuse_run_wu_t && made.data != nullptr && made.data == op.wu.data && made.rows == op.wu.rows &&
+                     made.cols == op.wu.cols && made.ld == op.wu.ld;
+  if (!reuse) wu_t_source_ = {};
+  path_ = queue_backward<T>(op, wg_t_.values().data(), wu_t_.values().data(), reuse, memory_of(buffers_),
                             static_cast<cudaStream_t>(stream_.handle), where);
 }
 
@@ -1820,11 +1827,13 @@ void gated_up_down_backward(const GatedBackwardOperands<T>& op, const KernelOpti
   const std::int64_t m = op.dy.rows, k = op.dy.cols, n = op.wu.cols;
   checked_up_down<T>(m, k, n, op.a.twell.layout, where);
   check_backward<T>(op, m, k, n, op.a.twell.layout, where);
+  require(!op.reuse_run_wu_t, ErrorCode::invalid_argument, where,
+          "reuse_run_wu_t asks for the Wu^T of a GatedUpDownPlan's run(); this one-shot form has none");
   const cudaStream_t stream = ::twell::cuda::detail::stream_of(options);
   const UpDownScratch memory(UpDownSizes::of<T>(m, k, n, op.a.twell.layout, where), stream, where);
   const std::size_t weight_bytes = static_cast<std::size_t>(n * k) * sizeof(T);
   const detail::Scratch wg_t(weight_bytes, stream, where), wu_t(weight_bytes, stream, where);
-  const std::string path = queue_backward<T>(op, wg_t.as<T>(), wu_t.as<T>(), memory.memory(), stream, where);
+  const std::string path = queue_backward<T>(op, wg_t.as<T>(), wu_t.as<T>(), false, memory.memory(), stream, where);
   if (options.report != nullptr) options.report->path = path;
 }
 

@@ -345,7 +345,10 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
 #if TWELL_HAS_CUDA
   if (s.fused())
     fused_rows = [&](HybridView<T> dg, HybridView<T> du, DenseView<T> dx) {
-      s.up_down->backward(backward_operands<T>(saved, dy, wg, wu, wd, l1.scale, dg, du, dx));
+      cuda::GatedBackwardOperands<T> op = backward_operands<T>(saved, dy, wg, wu, wd, l1.scale, dg, du, dx);
+      // backward() takes its forward's weights: the forward's Wu^T serves where wu is the same view.
+      op.reuse_run_wu_t = true;
+      s.up_down->backward(op);
     };
 #endif
   const double l1_term =

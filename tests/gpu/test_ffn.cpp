@@ -1024,6 +1024,67 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan's backward gives dg, du and dx as the compos
   }
 }
 
+TEST_CASE("GatedUpDownPlan's backward takes its run's Wu^T only where asked and wu is that run's view") {
+  // To see which Wu^T a backward used, wu's buffer is rewritten after the run (breaking the
+  // promise reuse_run_wu_t makes): dx then follows the run's weights where the backward reused
+  // their transpose, and the new ones where it transposed wu itself. The one-shot form, which
+  // always transposes, gives each reference. Token-skewed rows: dense rows take part.
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const UpDownSetting st{{300, 520, 1000}, 0.05, Distribution::token_skewed, {16, 4}};
+  const Case<bf16> c(workload_inputs<bf16>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act, false);
+  const HybridMatrix<bf16> a = gate_of(c, st);
+  REQUIRE(a.overflow_rows() > 0);
+  const DenseMatrix<bf16> dy = testing::random_dense<bf16>(c.m(), c.k(), 1.0f, seed + 7).to(MemorySpace::device);
+  const DenseMatrix<bf16> other_wu =
+      testing::random_dense<bf16>(c.k(), st.s.n, 0.05f, seed + 11).to(MemorySpace::device);
+  DenseMatrix<bf16> wu = c.wu.to(MemorySpace::device);  // a buffer of its own, rewritten below
+  cuda::GatedUpDownPlan<bf16> plan(c.m(), c.k(), st.s.n, st.layout);
+  HybridMatrix<bf16> u = shaped_like(a), h = shaped_like(a), dg = shaped_like(a), du = shaped_like(a);
+  DenseMatrix<bf16> y = poisoned<bf16>(c.m(), c.k());
+  plan.run(c.x.view(), a.view(), wu.view(), c.wd.view(), u.view(), h.view(), y.view());
+
+  // dx of the backward with weights wu_view, by `plan` (reuse as given) or the one-shot form.
+  const auto dx_of_backward = [&](DenseView<const bf16> wu_view, bool reuse, bool one_shot) {
+    DenseMatrix<bf16> dx = poisoned<bf16>(c.m(), c.k());
+    cuda::GatedBackwardOperands<bf16> op{dy.view(), a.view(),    u.view(), h.view(),  {},        st.act,   c.wg.view(),
+                                         wu_view,   c.wd.view(), 0.01f,    dg.view(), du.view(), dx.view()};
+    op.reuse_run_wu_t = reuse;
+    if (one_shot) {
+      cuda::gated_up_down_backward<bf16>(op);
+    } else {
+      plan.backward(op);
+    }
+    testing::cuda_ok(cudaDeviceSynchronize());
+    return dx.to(MemorySpace::host);
+  };
+  const auto same = [](const DenseMatrix<bf16>& p, const DenseMatrix<bf16>& q) {
+    return testing::bitwise_equal<bf16>(p.view(), q.view());
+  };
+  const DenseMatrix<bf16> with_run_wu = dx_of_backward(wu.view(), false, true);
+  const DenseMatrix<bf16> with_other_wu = dx_of_backward(other_wu.view(), false, true);
+  REQUIRE_FALSE(same(with_run_wu, with_other_wu));
+
+  const auto fill_wu = [&](const DenseMatrix<bf16>& from) {
+    testing::cuda_ok(
+        cudaMemcpy(wu.values().data(), from.values().data(), from.values().bytes(), cudaMemcpyDeviceToDevice));
+  };
+  CHECK(same(dx_of_backward(wu.view(), true, false), with_run_wu));
+  fill_wu(other_wu);
+  CHECK(same(dx_of_backward(wu.view(), true, false), with_run_wu));          // reused: the run's weights
+  CHECK(same(dx_of_backward(other_wu.view(), true, false), with_other_wu));  // another view: transposed
+  // Without reuse asked for, the run's view is transposed; after that the plan holds no run's
+  // Wu^T (its buffer holds other_wu's) until the next run, so a reuse asked for transposes too.
+  fill_wu(c.wu);
+  plan.run(c.x.view(), a.view(), wu.view(), c.wd.view(), u.view(), h.view(), y.view());  // u, h: the same bits
+  fill_wu(other_wu);
+  CHECK(same(dx_of_backward(wu.view(), false, false), with_other_wu));
+  fill_wu(c.wu);
+  CHECK(same(dx_of_backward(wu.view(), true, false), with_run_wu));
+
+  CHECK(testing::code_of([&] { dx_of_backward(wu.view(), true, true); }) == ErrorCode::invalid_argument);
+}
+
 TEST_CASE("GatedUpDownPlan rejects bad input") {
   // Half the gate's entries stored and 3 slots per 16 columns: rows overflow, so the dense blocks
   // take part in the checks.

@@ -108,7 +108,8 @@ struct GatedFfnGradientViews {
 //     waits for the gate's overflow row count R (the later operations are sized by it).
 //   backward(x, wg, wu, wd, dy, lambda, norm, out): the gradients of sparse_gated_ffn_backward
 //     into out, returning its l1_term (read back last). The three products with op(A) = A^T each
-//     read A^T's dense-row count while their kernel runs (SpmmPlan).
+//     read A^T's dense-row count while their kernel runs (SpmmPlan). Where wu is the forward's
+//     view, the fused backward takes the forward's Wu^T (reuse_run_wu_t) instead of making it again.
 // Same operations in the same order as the free functions; the plans promise the bits of the
 // free gemm_to_sparse and spmm, so the results are the free functions' bit for bit. Storage on
 // the device: the constructor allocates the held Hybrids and the SpmmPlan's overflow buffer for

@@ -138,6 +138,11 @@ class FfnPlan : public FfnPlanBase<T> {
 // dx = dg wg^T + du wu^T, summed in fp32 and rounded once (the composition's two spmm round
 // twice). Up to the order of the fp32 sums of dh and dx, the composition's results, its rules for
 // zeros in dense rows included.
+// reuse_run_wu_t (GatedUpDownPlan::backward only; gated_up_down_backward refuses it): the caller
+// promises that wu holds the values it held at the plan's latest run(), as a training step's
+// backward does with its forward's weights; where that run's wu is the same view (data, shape and
+// leading dimension) the backward then takes the Wu^T that run made instead of transposing wu
+// again, and otherwise transposes it as usual.
 template <Value T>
 struct GatedBackwardOperands {
   DenseView<const T> dy;
@@ -147,6 +152,7 @@ struct GatedBackwardOperands {
   float l1_scale = 0.0f;
   HybridView<T> dg, du;
   DenseView<T> dx;
+  bool reuse_run_wu_t = false;
 };
 
 // The sparse half of a gated forward that keeps its intermediates, for training: given a complete
@@ -157,8 +163,8 @@ struct GatedBackwardOperands {
 // a's structure (slot counts and columns, maps, shadow slots), copied here; they must have a's
 // layout and overflow rows and hold slot arrays and dense blocks of their own (their maps may be
 // a's). a must be a valid Hybrid (every row_to_overflow entry below its R). wu is transposed
-// into the plan's N x K buffer at every run (training changes the weights between steps). 16-bit
-// T only (applies()).
+// into the plan's N x K buffer at every run (training changes the weights between steps); a
+// backward whose operands set reuse_run_wu_t may take it from there. 16-bit T only (applies()).
 // backward() runs the same kernel on the backward's operands (GatedBackwardOperands).
 // Asynchronous on the plan's stream, no allocation, no host wait.
 template <Value T>
@@ -188,6 +194,10 @@ class GatedUpDownPlan {
   twell::detail::LiveFlag live_ = true;
   DenseMatrix<T> wu_t_;  // N x K
   DenseMatrix<T> wg_t_;  // N x K, the backward's
+  // The wu of the latest run(), whose transpose wu_t_ holds; null before the first run, after a
+  // backward() that transposed wu itself, and from the start of a call that rewrites wu_t_ until
+  // it has queued its work (a call that throws leaves it null).
+  DenseView<const T> wu_t_source_{};
   detail::UpDownBuffers<T> buffers_;
   std::string path_;
 };
