@@ -1787,8 +1787,8 @@ void GatedUpDownPlan<T>::run(DenseView<const T> x, HybridView<const T> a, DenseV
                              HybridView<T> u, HybridView<T> h, DenseView<T> y) {
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::run";
   twell::detail::require_live(live_, where);
-  check_kept<T>(x, a, wu, wd, u, h, y, m_, k_, n_, layout_, where);
   wu_t_source_ = {};
+  check_kept<T>(x, a, wu, wd, u, h, y, m_, k_, n_, layout_, where);
   path_ = queue_kept<T>(x, a, wu, wd, u, h, y, wu_t_.values().data(), memory_of(buffers_),
                         static_cast<cudaStream_t>(stream_.handle), where);
   wu_t_source_ = wu;

@@ -1073,9 +1073,11 @@ TEST_CASE("GatedUpDownPlan's backward takes its run's Wu^T only where asked and 
   fill_wu(other_wu);
   CHECK(same(dx_of_backward(wu.view(), true, false), with_run_wu));          // reused: the run's weights
   CHECK(same(dx_of_backward(other_wu.view(), true, false), with_other_wu));  // another view: transposed
-  // Without reuse asked for, the run's view is transposed; after that the plan holds no run's
-  // Wu^T (its buffer holds other_wu's) until the next run, so a reuse asked for transposes too.
+  // That backward transposed, so the plan holds no run's Wu^T (its buffer holds other_wu's).
   fill_wu(c.wu);
+  CHECK(same(dx_of_backward(wu.view(), true, false), with_run_wu));
+  // Without reuse asked for, the run's view is transposed; after that, likewise, a reuse asked
+  // for transposes too.
   plan.run(c.x.view(), a.view(), wu.view(), c.wd.view(), u.view(), h.view(), y.view());  // u, h: the same bits
   fill_wu(other_wu);
   CHECK(same(dx_of_backward(wu.view(), false, false), with_other_wu));

@@ -195,8 +195,8 @@ class GatedUpDownPlan {
   DenseMatrix<T> wu_t_;  // N x K
   DenseMatrix<T> wg_t_;  // N x K, the backward's
   // The wu of the latest run(), whose transpose wu_t_ holds; null before the first run, after a
-  // backward() that transposed wu itself, and from the start of a call that rewrites wu_t_ until
-  // it has queued its work (a call that throws leaves it null).
+  // backward() that transposed wu itself, and from the start of a run() (or, once its checks
+  // passed, of such a backward) until its work is queued: one that throws leaves it null.
   DenseView<const T> wu_t_source_{};
   detail::UpDownBuffers<T> buffers_;
   std::string path_;
