@@ -33,7 +33,7 @@ __global__ void transpose_words_kernel(const T* in, std::int64_t rows, std::int6
 
 // The same for 16-bit T with 64 x 64 tiles: a thread moves two neighbouring values at a time, so
 // a warp row is again 128 bytes (with 32 x 32 tiles of 16-bit values it was 64 bytes: the
-// paper's 2048 x 5632 bf16 weight took 27-29 us on an H100, 20-25 us then). `pairs`: both arrays 4-byte
+// paper's 2048 x 5632 bf16 weight took 27-29 us on an H100, 20-25 us with 64 x 64 tiles). `pairs`: both arrays 4-byte
 // aligned with even leading dimensions, so a pair is one 32-bit access; otherwise, and at a
 // ragged edge, the pair's values move one by one. The staged rows are 66 values long; a warp's
 // transposed reads then fall two to a bank.
@@ -42,7 +42,7 @@ __global__ void transpose_words_kernel(const T* in, std::int64_t rows, std::int6
 // general loop, whose trip count and edge checks keep it rolled, each load waited for the one
 // before (one 128-byte load in flight per warp): ~20 us for the paper's 2048 x 5632 weight on an
 // H200, ~2.3 TB/s of its 4.2 TB/s copy. A training step, which runs four such transposes, got
-// 25-45 us shorter with this path (docs/benchmarks/README.md, "Thirty-ninth session").
+// 31-45 us shorter with this path (docs/benchmarks/README.md, "Thirty-ninth session").
 template <class T>
 __global__ void transpose_pairs_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out,
                                        std::int64_t ld_out, bool pairs) {

@@ -944,7 +944,8 @@ TEST_CASE("cuda transposes of a TwELL with more than 65535 column tiles take the
 
 TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, bf16, fp16, float) {
   // {192, 256}: 16-bit values take only the kernel's whole-tile path (64 x 64 tiles), the others
-  // its edge path too.
+  // its edge path too (the views below: the whole-tile path with leading dimensions past the
+  // extents, then, one element in, the edge path alone).
   const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {{0, 4},    {1, 1},     {31, 33},
                                                                      {300, 70}, {64, 1030}, {192, 256}};
   for (const auto& [m, n] : shapes) {
