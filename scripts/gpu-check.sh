@@ -9,7 +9,8 @@
 #   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
 #                   gpu-check.log (everything), gpu-tests.log, bench.json, bench-summary.md,
 #                   speedup.png, gpu-tests-80.log (--arch80), sanitizer.log (--sanitize), or
-#                   profile.csv and profile.md (--profile) instead of the benchmark's files
+#                   profile.csv and profile.md (--profile) instead of the benchmark's files;
+#                   the test logs end with their 15 slowest test cases
 #   --sanitize      run each gpu test case under compute-sanitizer (memcheck and racecheck)
 #                   instead of the tests and benchmarks
 #   --suites LIST   benchmark suites (default all: convert,spmm,sddmm,gemm_to_sparse,ffn,training)
@@ -163,15 +164,35 @@ configure_and_build() {  # DIR ARCHS
 }
 
 # The gpu test suites, all or those --tests names, side by side: most of their time is the CPU
-# reference on the host's cores.
+# reference on the host's cores. Each case's time (doctest's --duration, asked for through
+# TWELL_TEST_DURATIONS: tests/support/test_main.cpp) goes into the log's closing list of the
+# slowest cases, so that device time spent on tests can be traced to them.
 run_gpu_tests() {  # BUILD_DIR LOG
+  local rc=0 durations
   if [ -n "$test_cases" ]; then
-    run_gpu_test_cases "$@"
-    return
+    TWELL_TEST_DURATIONS=1 run_gpu_test_cases "$@" || rc=$?
+    durations="$2"
+  else
+    local select=()
+    [ -n "$tests_re" ] && select=(-R "$tests_re" --no-tests=error)  # a pattern matching nothing fails
+    (cd "$1" && TWELL_TEST_DURATIONS=1 ctest -L gpu "${select[@]}" -j "$test_jobs" --output-on-failure --timeout 300) \
+      >"$2" 2>&1 || rc=$?
+    durations="$1/Testing/Temporary/LastTest.log"
   fi
-  local select=()
-  [ -n "$tests_re" ] && select=(-R "$tests_re" --no-tests=error)  # a pattern matching nothing fails
-  (cd "$1" && ctest -L gpu "${select[@]}" -j "$test_jobs" --output-on-failure --timeout 300) >"$2" 2>&1
+  local slowest
+  slowest="$(slowest_cases "$durations" 15)"
+  [ -n "$slowest" ] && printf '\nslowest gpu test cases (doctest --duration, seconds):\n%s\n' "$slowest" >>"$2"
+  return $rc
+}
+
+# The N slowest test cases among doctest's "SECONDS s: NAME" lines in FILE, each with its suite:
+# ctest's LastTest.log names a suite by "K/N Testing: NAME" before its output,
+# run_gpu_test_cases's log by "== NAME -tc=...".
+slowest_cases() {  # FILE N
+  [ -f "$1" ] || return 0
+  awk '/^[0-9]+\/[0-9]+ Testing: /{suite=$3} /^== gpu_test_/{suite=$2}
+       /^[0-9]+\.[0-9]+ s: /{t=$1; sub(/^[0-9.]+ s: /, ""); printf "%8.1f  %s: %s\n", t, suite, $0}' "$1" |
+    sort -rn | head -n "$2"
 }
 
 # --test-cases: the selected gpu test executables (all, or those --tests matches), each run with

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
@@ -39,5 +40,9 @@ int main(int argc, char** argv) {
     return 77;
   }
   doctest::Context context(argc, argv);
+  // scripts/gpu-check.sh asks for each case's time this way, through ctest, which passes no
+  // arguments of its own.
+  if (const char* durations = std::getenv("TWELL_TEST_DURATIONS"); durations != nullptr && *durations != '\0')
+    context.setOption("duration", true);
   return context.run();
 }
