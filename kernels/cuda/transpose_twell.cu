@@ -174,17 +174,18 @@ __global__ void __launch_bounds__(kThreads)
   };
   for_each_block_entry(a, head, row0, layout.tile, t, place);
   __syncthreads();
-  // A warp per column, a lane per slot (slots <= 32): unused slots are written as zeros here rather
-  // than zeroed in shared memory first.
+  // A warp per column, a lane per slot (slots <= 32): the slots past a column's entries are written
+  // as zeros here rather than zeroed in shared memory first. Branch-free: a first form that chose
+  // each word through nested conditions doubled the kernel's instructions (ncu, H200).
+  const int lane = r % 32, warps = kThreads / 32;
   const std::int64_t pw = layout.packed_width(out.cols);
-  std::uint32_t* dst = out.packed + k0 * pw + static_cast<std::int64_t>(blockIdx.x) * slots;
-  const int lane = r % 32;
-  for (int c = r / 32; c < width; c += kThreads / 32) {
-    const std::uint32_t n = groups[c * slots];
-    if (lane < slots)
-      dst[c * pw + lane] = lane == 0                                         ? n
-                           : static_cast<std::uint32_t>(lane) <= min(n, cap) ? groups[c * slots + lane]
-                                                                             : 0u;
+  std::uint32_t* column_dst = out.packed + (k0 + r / 32) * pw + static_cast<std::int64_t>(blockIdx.x) * slots + lane;
+  const std::uint32_t* column_src = groups + (r / 32) * slots;
+  for (int c = r / 32; c < width; c += warps, column_dst += warps * pw, column_src += warps * slots) {
+    const std::uint32_t used = min(column_src[0], cap);  // slot 0 is the count: always "used"
+    const std::uint32_t slot = static_cast<std::uint32_t>(lane);
+    const std::uint32_t word = column_src[min(slot, used)];  // a written slot: no branch
+    if (lane < slots) *column_dst = slot <= used ? word : 0u;
   }
 }
 
