@@ -176,7 +176,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   // A warp per column, a lane per slot (slots <= 32): the slots past a column's entries are written
   // as zeros here rather than zeroed in shared memory first. Branch-free: a first form that chose
-  // each word through nested conditions doubled the kernel's instructions (ncu, H200).
+  // each word through nested conditions compiled to branches (11.4 M instructions in the
+  // write-out against 6.5 M before; ncu, H200).
   const int lane = r % 32, warps = kThreads / 32;
   const std::int64_t pw = layout.packed_width(out.cols);
   std::uint32_t* column_dst = out.packed + (k0 + r / 32) * pw + static_cast<std::int64_t>(blockIdx.x) * slots + lane;
