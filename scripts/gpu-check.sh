@@ -27,8 +27,10 @@
 #   --reps N        timed runs per benchmark case (default 50)
 #   --cases RE      only the benchmark cases whose name "SUITE OP VARIANT SHAPE M DISTRIBUTION
 #                   DENSITY" matches RE (`twell bench --cases`)
-#   --tests RE      only the gpu test executables whose name matches RE (ctest -R), e.g.
-#                   'baselines|converters' to check what a change touched before a full run
+#   --tests RE      only the gpu test entries whose name matches RE (ctest -R), e.g.
+#                   'baselines|converters' to check what a change touched before a full run; the
+#                   longest suites run as several entries, gpu_test_ffn and gpu_test_ffn_training
+#                   for one (tests/CMakeLists.txt, _twell_shards_*), so 'ffn' takes all of them
 #   --test-cases F  only the test cases whose names match F, doctest's -tc filter (comma-separated,
 #                   * wildcards), e.g. '*GatedUpDownPlan*': each selected executable runs directly,
 #                   one after the other, instead of through ctest; a summary line in ctest's words
