@@ -30,7 +30,8 @@
 #   --tests RE      only the gpu test entries whose name matches RE (ctest -R), e.g.
 #                   'baselines|converters' to check what a change touched before a full run; the
 #                   longest suites run as several entries, gpu_test_ffn and gpu_test_ffn_training
-#                   for one (tests/CMakeLists.txt, _twell_shards_*), so 'ffn' takes all of them
+#                   for one (tests/CMakeLists.txt, _twell_shards_*), so 'ffn' takes all of them;
+#                   with --test-cases, RE matches the executables' names instead
 #   --test-cases F  only the test cases whose names match F, doctest's -tc filter (comma-separated,
 #                   * wildcards), e.g. '*GatedUpDownPlan*': each selected executable runs directly,
 #                   one after the other, instead of through ctest; a summary line in ctest's words

@@ -42,8 +42,8 @@ __device__ __forceinline__ bool is_dense_row(const TwellRows<T>& a, std::int64_t
 }
 
 // The first words of a thread's TwELL row group in one tile (its count, then its first entries),
-// loaded once: the kernels walk a row's entries twice (marking, then placing), and a second walk
-// through global memory found the first's words in L1 3 % of the time (H200, training step,
+// loaded once: the groups kernel walks a row's entries twice (marking, then placing), and a second
+// walk through global memory found the first's words in L1 3 % of the time (H200, training step,
 // M = 16384: the loads of the two walks held 49 % of the groups kernel's stall samples). A group
 // of 0.5 % density and 256 columns holds 1.3 entries on average; 8 words cover a warp's longest
 // row nearly always.

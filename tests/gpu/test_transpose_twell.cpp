@@ -3,10 +3,10 @@
 // against twell::reference on the same fresh random input.
 // - transpose: the Hybrid must equal the reference's word for word (slot words, both row maps, the
 //   dense block's bits) for tiny and ragged shapes, densities 0 to 100 % with NaN, Inf and -0.0
-//   values, input tiles of 16 to 256 and output tiles of 16 to 256, TwELL and Hybrid inputs
-//   (Hybrid dense rows read as whole rows), columns of A hot enough to overflow A^T's groups; every
-//   output layout of 32 slots, with a group at exactly capacity and one past it; -0.0 written into
-//   a Hybrid's dense block, which is no entry (through spmm too).
+//   values, input tiles of 16 to 256 (3 to 32 slots) and output tiles of 16 to 256, TwELL and
+//   Hybrid inputs (Hybrid dense rows read as whole rows), columns of A hot enough to overflow A^T's
+//   groups; every output layout of 32 slots, with a group at exactly capacity and one past it;
+//   -0.0 written into a Hybrid's dense block, which is no entry (through spmm too).
 // - spmm: C = alpha A^T B + beta C (B: M x Nb, C: K x Nb) with beta = 0 into NaN-poisoned C, every
 //   row of C checked on its own (and, in the shapes, token-skewed and SpmmPlan cases, every
 //   element within one rounding into T of the reference's), the automatic choice and each op-none
@@ -222,7 +222,8 @@ void check_spmm_t(const HostM& a, const DenseMatrix<T>& a_dense, const DenseMatr
 TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the reference word for word", T, bf16, fp16) {
   constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 1},     {3, 8},      {45, 37},   {300, 70},
                                                                {64, 1030}, {1000, 300}, {700, 5632}};
-  constexpr TwellLayout kIn[] = {{256, 16}, {128, 4}, {16, 4}};
+  // {24, 8} and {72, 8}: 3 and 9 slots, fewer than the kernel's 8 head words and one past them.
+  constexpr TwellLayout kIn[] = {{256, 16}, {128, 4}, {16, 4}, {24, 8}, {72, 8}};
   constexpr TwellLayout kOut[] = {{256, 16}, {128, 8}, {16, 2}};
   for (const auto& [m, k] : testing::sweep(kShapes)) {
     for (const double density : testing::sweep({0.0, 0.005, 0.05, 0.5, 1.0})) {
