@@ -12,6 +12,10 @@
 #                              "Where the slice product's time goes")
 #             NAME:DIR         the source tree in DIR, e.g. the base of an A/B made before the call
 #                              by `git archive HEAD | tar -x -C build-base` and carried with it
+#             NAME@DIR         no build: the twell program already built in the build folder DIR
+#                              (DIR/tools/twell), e.g. this tree's by gpu-check.sh earlier in the
+#                              same call (new@build/gpu-check-build), so that the other variants
+#                              build on all the cores
 #   --suites LIST   bench suites (default spmm)
 #   --contract, --quick, --reps N   passed to `twell bench` (--reps 20 unless --quick or --reps)
 #   --cases RE      passed to `twell bench`: only the cases whose name "SUITE OP VARIANT SHAPE M
@@ -69,15 +73,18 @@ generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 nvcc_bin="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)"
 
-# name, source tree and extra CUDA flags of each variant
-names=() sources=() flags=()
+# name, source tree, extra CUDA flags and twell program of each variant (a program given: no build)
+names=() sources=() flags=() programs=()
 for v in "${variants[@]}"; do
   case "$v" in
-    *=*) names+=("${v%%=*}") sources+=("$root") flags+=("${v#*=}") ;;
+    *=*) names+=("${v%%=*}") sources+=("$root") flags+=("${v#*=}") programs+=("") ;;
     *:*)
       [ -f "${v#*:}/CMakeLists.txt" ] || { echo "bench-variants: ${v#*:} is not a source tree" >&2; exit 2; }
-      names+=("${v%%:*}") sources+=("$(cd "${v#*:}" && pwd)") flags+=("") ;;
-    *) names+=("$v") sources+=("$root") flags+=("") ;;
+      names+=("${v%%:*}") sources+=("$(cd "${v#*:}" && pwd)") flags+=("") programs+=("") ;;
+    *@*)
+      [ -x "${v#*@}/tools/twell" ] || { echo "bench-variants: ${v#*@}/tools/twell is not a built twell program" >&2; exit 2; }
+      names+=("${v%%@*}") sources+=("$(cd "${v#*@}" && pwd)") flags+=("") programs+=("$(cd "${v#*@}" && pwd)/tools/twell") ;;
+    *) names+=("$v") sources+=("$root") flags+=("") programs+=("") ;;
   esac
 done
 for n in "${names[@]}"; do
@@ -94,10 +101,13 @@ fi
 [ -n "$reps" ] && bench_args+=(--reps "$reps")
 mkdir -p "$out" "$builds"
 out="$(cd "$out" && pwd)"
-jobs=$(($(nproc) / ${#names[@]} + 1))
+to_build=0
+for p in "${programs[@]}"; do [ -z "$p" ] && to_build=$((to_build + 1)); done
+jobs=$(($(nproc) / (to_build > 0 ? to_build : 1) + 1))
 
 build_one() {  # INDEX
   local i="$1" dir="$builds/${names[$1]}"
+  [ -n "${programs[$i]}" ] && return 0
   # A folder left by an earlier call for another source tree would make cmake refuse it.
   if [ -f "$dir/CMakeCache.txt" ] &&
     ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=${sources[$i]}" "$dir/CMakeCache.txt"; then
@@ -115,6 +125,7 @@ pids=()
 for i in "${!names[@]}"; do
   build_one "$i" &
   pids+=($!)
+  [ -z "${programs[$i]}" ] && programs[$i]="$builds/${names[$i]}/tools/twell"
 done
 built=()
 failed=0
@@ -127,7 +138,7 @@ for i in "${!names[@]}"; do
     tail -20 "$builds/${names[$i]}.log" >&2
   fi
 done
-echo "bench-variants: built ${#built[@]} of ${#names[@]} variants in $(($(date +%s) - t0)) s"
+echo "bench-variants: ${#built[@]} of ${#names[@]} variants ready ($to_build built) in $(($(date +%s) - t0)) s"
 if [ ${#built[@]} -eq 0 ] || [ "${built[0]}" != 0 ]; then
   echo "bench-variants: the base variant ${names[0]} did not build; nothing benched" >&2
   exit 1
@@ -141,7 +152,7 @@ for ((r = 1; r <= rounds; ++r)); do
     file="$out/${names[$i]}.json"
     [ "$r" -gt 1 ] && file="$out/${names[$i]}.r$r.json"
     # meta.source_commit: the variant's name and folder (a variant's tree need not be a commit).
-    if TWELL_SOURCE_COMMIT="variant ${names[$i]} (${sources[$i]})" "$builds/${names[$i]}/tools/twell" bench --suite "$suites" "${bench_args[@]}" --out "$file" \
+    if TWELL_SOURCE_COMMIT="variant ${names[$i]} (${sources[$i]})" "${programs[$i]}" bench --suite "$suites" "${bench_args[@]}" --out "$file" \
       >"$builds/${names[$i]}.bench.log" 2>&1; then
       files+=("$file")
     else
