@@ -137,6 +137,46 @@ __device__ __forceinline__ std::uint32_t mask_count(const std::uint32_t (&mask)[
   return n;
 }
 
+// Writes the CTA's groups (groups[c * slots + s], columns [0, width) of A, built by the kernel
+// below) into A^T's rows k0 + c, its column tile blockIdx.x: slot 0 the count, slots
+// 1..min(count, cap) the entries, zeros past them (written here rather than zeroed in shared
+// memory first). Where a group is whole 16-byte quads (slots a multiple of 4, A^T's words 16-byte
+// aligned), a lane writes a quad and a warp 32 / quads columns at once: with a lane per slot, the
+// 16 slots of the training step's layout left half of each warp's lanes idle, and the write-out
+// kept ~6 M of the kernel's 14.5 M instructions (ncu, H200, 2026-11-29: the other phases took
+// 8.3 M in an earlier profile). Otherwise a warp per column, a lane per slot. Branch-free either
+// way: a first form that chose each word through nested conditions compiled to branches (11.4 M
+// instructions in the write-out).
+template <class T>
+__device__ __forceinline__ void write_groups(const TwellView<T>& out, const std::uint32_t* groups, std::int64_t k0,
+                                             int width, std::uint32_t cap) {
+  const int slots = out.layout.slots(), lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32, warps = kThreads / 32;
+  const std::int64_t pw = out.layout.packed_width(out.cols);
+  std::uint32_t* dst = out.packed + k0 * pw + static_cast<std::int64_t>(blockIdx.x) * slots;
+  if (slots % 4 == 0 && reinterpret_cast<std::uintptr_t>(out.packed) % 16 == 0) {
+    const int quads = slots / 4, per_warp = 32 / quads, q = lane % quads, sub = lane / quads;
+    if (sub >= per_warp) return;
+    for (int c = warp * per_warp + sub; c < width; c += warps * per_warp) {
+      const std::uint32_t used = min(groups[c * slots], cap);  // slot 0 is the count: always "used"
+      uint4 v = reinterpret_cast<const uint4*>(groups + c * slots)[q];
+      const auto first = static_cast<std::uint32_t>(4 * q);
+      v.x = first <= used ? v.x : 0u;
+      v.y = first + 1 <= used ? v.y : 0u;
+      v.z = first + 2 <= used ? v.z : 0u;
+      v.w = first + 3 <= used ? v.w : 0u;
+      reinterpret_cast<uint4*>(dst + c * pw)[q] = v;
+    }
+    return;
+  }
+  const auto slot = static_cast<std::uint32_t>(lane);
+  for (int c = warp; c < width; c += warps) {
+    const std::uint32_t used = min(groups[c * slots], cap);
+    const std::uint32_t word = groups[c * slots + static_cast<int>(min(slot, used))];  // a written slot
+    if (lane < slots) dst[c * pw + lane] = slot <= used ? word : 0u;
+  }
+}
+
 // Pass 1: the slot groups of A^T for A's column tile blockIdx.y and row block blockIdx.x (A^T's
 // column tile), built in shared memory and written out whole, so that a warp's stores are
 // contiguous; max_count[k] = the largest group of A^T's row k.
@@ -146,7 +186,7 @@ __global__ void __launch_bounds__(kThreads)
   // masks[c][w] bit i: row 32 w + i of the CTA's block has an entry in column c.
   __shared__ std::uint32_t masks[kMaxTile][kMaskPitch];
   // groups[c * slots + s]: slot s of column c's group (a count, then the entries that fit).
-  __shared__ std::uint32_t groups[kMaxTile * kMaxSlots];
+  __shared__ alignas(16) std::uint32_t groups[kMaxTile * kMaxSlots];
   const TwellLayout layout = out.layout;
   const int slots = layout.slots(), t = static_cast<int>(blockIdx.y), r = static_cast<int>(threadIdx.x);
   const auto cap = static_cast<std::uint32_t>(layout.capacity());
@@ -174,20 +214,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   for_each_block_entry(a, head, row0, layout.tile, t, place);
   __syncthreads();
-  // A warp per column, a lane per slot (slots <= 32): the slots past a column's entries are written
-  // as zeros here rather than zeroed in shared memory first. Branch-free: a first form that chose
-  // each word through nested conditions compiled to branches (11.4 M instructions in the
-  // write-out against 6.5 M before; ncu, H200).
-  const int lane = r % 32, warps = kThreads / 32;
-  const std::int64_t pw = layout.packed_width(out.cols);
-  std::uint32_t* column_dst = out.packed + (k0 + r / 32) * pw + static_cast<std::int64_t>(blockIdx.x) * slots + lane;
-  const std::uint32_t* column_src = groups + (r / 32) * slots;
-  for (int c = r / 32; c < width; c += warps, column_dst += warps * pw, column_src += warps * slots) {
-    const std::uint32_t used = min(column_src[0], cap);  // slot 0 is the count: always "used"
-    const std::uint32_t slot = static_cast<std::uint32_t>(lane);
-    const std::uint32_t word = column_src[min(slot, used)];  // a written slot: no branch
-    if (lane < slots) *column_dst = slot <= used ? word : 0u;
-  }
+  write_groups(out, groups, k0, width, cap);
 }
 
 // One CTA: the rows of A^T past capacity get dense-block indices in increasing order; *r_out = R.

@@ -223,8 +223,10 @@ TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the refere
   constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 1},     {3, 8},      {45, 37},   {300, 70},
                                                                {64, 1030}, {1000, 300}, {700, 5632}};
   // {24, 8} and {72, 8}: 3 and 9 slots, fewer than the kernel's 8 head words and one past them.
+  // Outputs: 9 slots are no whole 16-byte quads (the groups' write-out a word per lane); 4 and 12
+  // slots are one quad and three (10 columns a warp, two lanes idle).
   constexpr TwellLayout kIn[] = {{256, 16}, {128, 4}, {16, 4}, {24, 8}, {72, 8}};
-  constexpr TwellLayout kOut[] = {{256, 16}, {128, 8}, {16, 2}};
+  constexpr TwellLayout kOut[] = {{256, 16}, {128, 8}, {16, 2}, {72, 8}, {16, 4}, {96, 8}};
   for (const auto& [m, k] : testing::sweep(kShapes)) {
     for (const double density : testing::sweep({0.0, 0.005, 0.05, 0.5, 1.0})) {
       const std::uint64_t seed = testing::fresh_seed();
