@@ -248,7 +248,9 @@ TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the refere
 // where it fits, as TwELL; ragged shapes (M and K no multiple of any tile); densities that leave
 // A^T's groups sparse, near capacity (12 % puts 31 of 256 rows in a group on average) and past it;
 // and in every layout, column 1 of A with exactly capacity entries in A^T's first group (its last
-// slot used) and column 2 with one more (the first overflow).
+// slot used) and column 2 with one more (the first overflow), which makes A^T's row 2 dense while
+// its later groups fit (where M > 256: the dense pass copies those from A^T's groups, and walks A
+// for the first).
 TEST_CASE_TEMPLATE("cuda direct transpose into 32 slots per group matches the reference word for word", T, bf16, fp16) {
   constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{45, 37}, {300, 70}, {1000, 777}};
   constexpr std::pair<double, double> kDensities[] = {{0.02, 0.0}, {0.12, 0.03}, {0.5, 0.0}};  // and full rows
