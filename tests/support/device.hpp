@@ -44,30 +44,54 @@ struct ReleasePoolAtExit {
   }
 };
 
-// Leaves twell's pool of the current device keeping nearly all of the device's memory, as a
-// process's peak does (hold a ReleasePoolAtExit first): blocks of shrinking sizes allocated until
-// none fits (each failure trims an empty pool and throws out_of_memory), then all freed into the
-// pool. Returns the device's free bytes after (a few MiB at most). The blocks go down to 32 KiB:
-// with 2 MiB the last, 34-36 MB stayed free (H200, 2026-11-29), as the pool maps larger blocks in
-// larger pieces.
-inline std::size_t fill_device_pool() {
-  release_cached_device_memory();
-  {
-    std::vector<Buffer<unsigned char>> peak;
-    for (std::size_t block = std::size_t{1} << 30; block >= std::size_t{32} << 10; block /= 8) {
-      try {
-        for (;;) peak.emplace_back(block, MemorySpace::device, Uninitialized{});
-      } catch (const Error& e) {
-        REQUIRE(e.code() == ErrorCode::out_of_memory);
+// Leaves the current device with nearly none of its memory to be had, for as long as it lives:
+// twell's pool keeping nearly all of it, as at a process's peak (blocks of shrinking sizes
+// allocated until none fits, each failure trimming an empty pool and throwing out_of_memory, then
+// all freed into the pool), and what the pool would not map held by plain cudaMalloc blocks down
+// to 64 KiB (with the pool alone, 33-36 MB stayed free on an H200, 2026-11-29, more than a case
+// that needs the pool to give memory back may leave). On destruction, also when a check fails
+// first, the blocks are freed and the pool gives its memory back: a suite whose case left the
+// device full would fail later cases at their kernels' first launches.
+class FilledDevice {
+ public:
+  FilledDevice() {
+    release_cached_device_memory();
+    {
+      std::vector<Buffer<unsigned char>> peak;
+      for (std::size_t block = std::size_t{1} << 30; block >= std::size_t{2} << 20; block /= 8) {
+        try {
+          for (;;) peak.emplace_back(block, MemorySpace::device, Uninitialized{});
+        } catch (const Error& e) {
+          REQUIRE(e.code() == ErrorCode::out_of_memory);
+        }
       }
+      REQUIRE(cudaGetLastError() == cudaSuccess);
     }
-    REQUIRE(cudaGetLastError() == cudaSuccess);
+    cuda_ok(cudaDeviceSynchronize());
+    for (std::size_t block = std::size_t{32} << 20; block >= std::size_t{64} << 10; block /= 8) {
+      void* p = nullptr;
+      while (cudaMalloc(&p, block) == cudaSuccess) outside_.blocks.push_back(p);
+      REQUIRE(cudaGetLastError() == cudaErrorMemoryAllocation);  // clears it
+    }
+    std::size_t total = 0;
+    cuda_ok(cudaMemGetInfo(&free_, &total));
+    REQUIRE(detail::kept_device_bytes() > total / 2);
   }
-  cuda_ok(cudaDeviceSynchronize());
-  std::size_t free = 0, total = 0;
-  cuda_ok(cudaMemGetInfo(&free, &total));
-  REQUIRE(detail::kept_device_bytes() > total / 2);
-  return free;
-}
+  FilledDevice(const FilledDevice&) = delete;
+  FilledDevice& operator=(const FilledDevice&) = delete;
+  std::size_t free_bytes() const { return free_; }  // the device's free bytes once filled
+  std::size_t outside_blocks() const { return outside_.blocks.size(); }
+
+ private:
+  struct Outside {
+    std::vector<void*> blocks;
+    ~Outside() {
+      for (void* p : blocks) cudaFree(p);  // a destructor cannot report a failure; the next case would
+    }
+  };
+  ReleasePoolAtExit release_;  // declared first: the pool gives its memory back after the blocks
+  Outside outside_;
+  std::size_t free_ = 0;
+};
 
 }  // namespace twell::testing
