@@ -398,7 +398,6 @@ TEST_CASE("cuda spmm's Hybrid overflow rows run on a new host thread while twell
 
   const testing::FilledDevice filled;
   CAPTURE(filled.free_bytes());
-  CAPTURE(filled.outside_blocks());
   KernelReport report;
   std::string failure;  // doctest's captures belong to this thread: the worker reports in words
   std::thread fresh([&] {
