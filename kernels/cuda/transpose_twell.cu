@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kMapThreads)
 // only a CTA holding a group past capacity walks its rows of A again (a thread per row, a warp per
 // dense row), as every CTA did before: a row of A^T is dense for its fullest group, and most of
 // its groups fit (H200, training step, M = 4096, token-skewed, 2026-11-29: this pass took 22.7 us
-// a product, the groups pass 32).
+// a product, the groups pass 32; the step's A/B did not separate the change from its noise).
 template <class T>
 __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> a, HybridView<T> out) {
   const int t = static_cast<int>(blockIdx.y), tile = out.twell.layout.tile, c = static_cast<int>(threadIdx.x);
@@ -251,8 +251,11 @@ __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> 
   auto* dense = reinterpret_cast<std::uint16_t*>(out.overflow.data);
   const std::int32_t my_row = c < a.twell.layout.tile_cols(t, a.twell.cols) ? out.row_to_overflow[k0 + c] : -1;
   const std::uint32_t* group =
-      out.twell.packed + out.twell.layout.slot_offset(k0 + c, static_cast<std::int64_t>(blockIdx.x), out.twell.cols);
-  const std::uint32_t n = my_row >= 0 ? group[0] : 0u, cap = static_cast<std::uint32_t>(out.twell.layout.capacity());
+      my_row >= 0 ? out.twell.packed +
+                        out.twell.layout.slot_offset(k0 + c, static_cast<std::int64_t>(blockIdx.x), out.twell.cols)
+                  : nullptr;
+  const std::uint32_t n = group != nullptr ? group[0] : 0u,
+                      cap = static_cast<std::uint32_t>(out.twell.layout.capacity());
   if (__syncthreads_or(n > cap) == 0) {
     for (std::uint32_t s = 1; s <= n; ++s) {
       const std::uint32_t word = group[s];

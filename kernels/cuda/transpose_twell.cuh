@@ -49,7 +49,9 @@ void twell_transpose_groups(TwellRows<T> a, TwellView<T> out, std::int32_t* row_
                             cudaStream_t stream);
 
 // Pass 2: the rows of A^T past capacity, whole, into out's R x M dense block (zeroed here), with
-// the maps of pass 1. Together the two passes give the reference transpose. Asynchronous.
+// the maps of pass 1 and the groups it wrote into out.twell (read as pass 1 left them: their
+// counts say which groups fit). Together the two passes give the reference transpose.
+// Asynchronous.
 template <class T>
 void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t stream);
 

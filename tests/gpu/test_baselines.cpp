@@ -376,8 +376,10 @@ TEST_CASE_TEMPLATE("dense FFN training baseline matches the reference backward",
 
 // twell's pool keeps what its buffers free (memory.hpp), so at a process's peak it may hold nearly
 // all of the device's memory when another library asks for some: cuSPARSE's, cuBLAS's and
-// cuBLASLt's handles are made with one retry after the pool is trimmed, and the baselines'
-// cuBLASLt workspace (32 MiB), allocated before them, comes from the pool itself.
+// cuBLASLt's handles are made with one retry after the pool is trimmed (or get their memory from
+// the driver, which has served cudaMalloc from a full pool's unused memory, docs/api.md; the case
+// checks that they work, not which way), and the baselines' cuBLASLt workspace (32 MiB),
+// allocated before them, comes from the pool itself.
 TEST_CASE("baseline Handles can be made while twell's pool keeps nearly all device memory") {
   const testing::FilledDevice filled;
   CAPTURE(filled.free_bytes());

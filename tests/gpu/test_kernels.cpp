@@ -377,9 +377,11 @@ TEST_CASE("cuda spmm's Hybrid overflow rows on every device from one host thread
 
 // twell's pool may keep nearly all of the device's memory (memory.hpp) when a Hybrid's overflow
 // rows reach cuBLAS on a host thread that has not used it: that thread's cuBLAS handle, which
-// allocates cuBLAS's default workspace, is made with one retry after a pool trim. The same product
-// runs once before the fill, so that the kernels' modules are loaded (a kernel's first launch may
-// need memory, and launches are not retried: docs/api.md).
+// allocates cuBLAS's default workspace, is made with one retry after a pool trim. Whether that
+// retry or the driver (which has served cudaMalloc from a full pool's unused memory, docs/api.md)
+// gives the handle its memory, the product must work and be right. The same product runs once
+// before the fill, so that the kernels' modules are loaded (a kernel's first launch may need
+// memory, and launches are not retried: docs/api.md).
 TEST_CASE("cuda spmm's Hybrid overflow rows run on a new host thread while twell's pool keeps the memory") {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);

@@ -223,8 +223,8 @@ TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the refere
   constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{1, 1},     {3, 8},      {45, 37},   {300, 70},
                                                                {64, 1030}, {1000, 300}, {700, 5632}};
   // {24, 8} and {72, 8}: 3 and 9 slots, fewer than the kernel's 8 head words and one past them.
-  // Outputs: 9 slots are no whole 16-byte quads (the groups' write-out a word per lane); 4 and 12
-  // slots are one quad and three (10 columns a warp, two lanes idle).
+  // Outputs: 9 slots are no whole 16-byte quads (the groups' write-out a word per lane); 4 slots
+  // are one quad (32 columns a warp) and 12 three (10 columns a warp, two lanes idle).
   constexpr TwellLayout kIn[] = {{256, 16}, {128, 4}, {16, 4}, {24, 8}, {72, 8}};
   constexpr TwellLayout kOut[] = {{256, 16}, {128, 8}, {16, 2}, {72, 8}, {16, 4}, {96, 8}};
   for (const auto& [m, k] : testing::sweep(kShapes)) {
@@ -249,8 +249,8 @@ TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the refere
 // A^T's groups sparse, near capacity (12 % puts 31 of 256 rows in a group on average) and past it;
 // and in every layout, column 1 of A with exactly capacity entries in A^T's first group (its last
 // slot used) and column 2 with one more (the first overflow), which makes A^T's row 2 dense while
-// its later groups fit (where M > 256: the dense pass copies those from A^T's groups, and walks A
-// for the first).
+// its later groups fit (where M spans more than A^T's first group: the dense pass copies those
+// from A^T's groups, and walks A for the first).
 TEST_CASE_TEMPLATE("cuda direct transpose into 32 slots per group matches the reference word for word", T, bf16, fp16) {
   constexpr std::pair<std::int64_t, std::int64_t> kShapes[] = {{45, 37}, {300, 70}, {1000, 777}};
   constexpr std::pair<double, double> kDensities[] = {{0.02, 0.0}, {0.12, 0.03}, {0.5, 0.0}};  // and full rows

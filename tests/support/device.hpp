@@ -47,7 +47,7 @@ struct ReleasePoolAtExit {
 // Leaves twell's pool of the current device keeping nearly all of the device's memory, as at a
 // process's peak, for as long as it lives: blocks of shrinking sizes allocated until none fits
 // (each failure trims an empty pool and throws out_of_memory), then all freed into the pool. Some
-// memory stays free (33-36 MB on an H200, 2026-11-29, though a 32 KiB block from the pool failed),
+// memory stays free (33-36 MB on an H200, 2026-11-29, as much with blocks down to 32 KiB),
 // and plain cudaMalloc blocks taken after the fill left the pool keeping less than half the
 // device: the driver hands a pool's unused memory to cudaMalloc. So the cases check that work
 // goes on with the pool this full, not that another library's allocation had to wait for a trim.
