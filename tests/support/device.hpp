@@ -30,20 +30,6 @@ bool still_poisoned(const Buffer<U>& b) {
   return std::all_of(bytes, bytes + host.bytes(), [](unsigned char c) { return c == 0xff; });
 }
 
-// Gives twell's kept device memory back when its scope ends, also when a check fails first: a
-// suite whose case left the pool full would fail later cases at their kernels' first launches.
-struct ReleasePoolAtExit {
-  ReleasePoolAtExit() = default;
-  ReleasePoolAtExit(const ReleasePoolAtExit&) = delete;
-  ReleasePoolAtExit& operator=(const ReleasePoolAtExit&) = delete;
-  ~ReleasePoolAtExit() {
-    try {
-      release_cached_device_memory();
-    } catch (const Error&) {  // a destructor cannot report it; the next case's checks would
-    }
-  }
-};
-
 // Leaves twell's pool of the current device keeping nearly all of the device's memory, as at a
 // process's peak, for as long as it lives: blocks of shrinking sizes allocated until none fits
 // (each failure trims an empty pool and throws out_of_memory), then all freed into the pool. Some
@@ -78,7 +64,18 @@ class FilledDevice {
   std::size_t free_bytes() const { return free_; }  // the device's free bytes once filled
 
  private:
-  ReleasePoolAtExit release_;
+  // A member, so that the release also runs when a check in the constructor's body fails.
+  struct ReleasePoolAtExit {
+    ReleasePoolAtExit() = default;
+    ReleasePoolAtExit(const ReleasePoolAtExit&) = delete;
+    ReleasePoolAtExit& operator=(const ReleasePoolAtExit&) = delete;
+    ~ReleasePoolAtExit() {
+      try {
+        release_cached_device_memory();
+      } catch (const Error&) {  // a destructor cannot report it; the next case's checks would
+      }
+    }
+  } release_;
   std::size_t free_ = 0;
 };
 
