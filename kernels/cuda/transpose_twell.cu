@@ -248,7 +248,11 @@ template <class T>
 __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> a, HybridView<T> out) {
   const int t = static_cast<int>(blockIdx.y), tile = out.twell.layout.tile, c = static_cast<int>(threadIdx.x);
   const std::int64_t k0 = a.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * tile;
-  auto* dense = reinterpret_cast<std::uint16_t*>(out.overflow.data);
+  // Entry (A's row row0 + row) of A^T's dense row at_row.
+  const auto store = [&, dense = reinterpret_cast<std::uint16_t*>(out.overflow.data)](std::int32_t at_row, int row,
+                                                                                      std::uint16_t v) {
+    dense[at_row * out.overflow.ld + row0 + row] = v;
+  };
   const std::int32_t my_row = c < a.twell.layout.tile_cols(t, a.twell.cols) ? out.row_to_overflow[k0 + c] : -1;
   const std::uint32_t* group =
       my_row >= 0 ? out.twell.packed +
@@ -259,13 +263,13 @@ __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> 
   if (__syncthreads_or(n > cap) == 0) {
     for (std::uint32_t s = 1; s <= n; ++s) {
       const std::uint32_t word = group[s];
-      dense[my_row * out.overflow.ld + row0 + TwellLayout::slot_column(word)] = TwellLayout::slot_value_bits(word);
+      store(my_row, static_cast<int>(TwellLayout::slot_column(word)), TwellLayout::slot_value_bits(word));
     }
     return;
   }
   const auto put = [&](int row, int col, std::uint16_t v) {
     const std::int32_t at_row = out.row_to_overflow[k0 + col];
-    if (at_row >= 0) dense[at_row * out.overflow.ld + row0 + row] = v;
+    if (at_row >= 0) store(at_row, row, v);
   };
   for_each_block_entry(a, load_block_head(a, row0, tile, t), row0, tile, t, put);
 }
