@@ -11,6 +11,7 @@
 
 #if TWELL_HAS_CUDA
 #include <twell/bench/harness.hpp>
+#include <twell/bench/timeline.hpp>
 #endif
 
 #include "args.hpp"
@@ -40,6 +41,10 @@ const Spec kBenchSpec{"bench",
                         "match of the regular expression RE (ECMAScript), e.g. 'spmm spmm (twell|cusparse_csr) "
                         "paper 16384 uniform 0.005 ': a short A/B run; the report lists those and the cases they "
                         "need"},
+                       {"timeline", "FILE",
+                        "a CUPTI trace of the selected cases' timed runs (kernels, copies, memsets, API calls) into "
+                        "the CSV FILE, for scripts/timeline_summary.py: a diagnostic of the time between kernels "
+                        "(tracing slows the host a little)"},
                        {"reps", "N", "timed runs per case (default 50, the fewest for a result; 10 with --quick)"},
                        {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},
                        {"seed", "S", "workload seed (default 1)"}}};
@@ -66,6 +71,11 @@ std::optional<BenchRequest> parse_bench(std::span<const std::string> argv) {
   } catch (const Error& e) {
     throw UsageError("--cases: " + std::string(e.what()));
   }
+  config.timeline = args.get("timeline", "");
+#if TWELL_HAS_CUDA
+  if (!config.timeline.empty() && !bench::timeline::available())
+    throw UsageError("--timeline: this build of twell bench has no CUPTI");
+#endif
   r.out = args.get("out", "");
   return r;
 }

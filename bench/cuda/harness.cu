@@ -1,4 +1,5 @@
 #include <twell/bench/harness.hpp>
+#include <twell/bench/timeline.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -129,6 +130,7 @@ Timing Harness::time(const std::function<void()>& op, int reps_override) {
   check(cudaGetLastError(), "twell bench (warm-up)");
   const int reps = std::max(reps_override > 0 ? reps_override : config_.reps, 1);
   EventPairs events(reps);
+  timeline::runs_begin();
   for (int i = 0; i < reps; ++i) {
     // A different byte each time, so no layer of the memory system can skip the write.
     flush_value_ = (flush_value_ + 1) & 0xff;
@@ -138,6 +140,7 @@ Timing Harness::time(const std::function<void()>& op, int reps_override) {
     check(cudaEventRecord(events.stop(i), s), "twell bench (cudaEventRecord)");
   }
   check(cudaStreamSynchronize(s), "twell bench (timed runs)");
+  timeline::runs_end();
   check(cudaGetLastError(), "twell bench (timed runs)");
   std::vector<float> ms(static_cast<std::size_t>(reps));
   for (int i = 0; i < reps; ++i)

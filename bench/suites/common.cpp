@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <twell/bench/timeline.hpp>
 #include <twell/error.hpp>
 #include <twell/formats/copy.hpp>
 
@@ -140,11 +141,19 @@ Case with_variant(Case base, const std::string& variant) {
 
 namespace {
 // One NVTX range per case, named by case_name, so a profiler can keep to one case (docs/benchmarks/README.md,
-// "Profiling one case"); without a profiler attached the push and pop cost nothing.
+// "Profiling one case"); without a profiler attached the push and pop cost nothing. The same name
+// tags the case's rows of a --timeline trace.
 class CaseRange {
  public:
-  explicit CaseRange(const Case& c) { nvtxRangePushA(case_name(c).c_str()); }
-  ~CaseRange() { nvtxRangePop(); }
+  explicit CaseRange(const Case& c) {
+    const std::string name = case_name(c);
+    nvtxRangePushA(name.c_str());
+    timeline::case_begin(name);
+  }
+  ~CaseRange() {
+    timeline::case_end();
+    nvtxRangePop();
+  }
   CaseRange(const CaseRange&) = delete;
   CaseRange& operator=(const CaseRange&) = delete;
 };

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include <twell/bench/harness.hpp>
+#include <twell/bench/timeline.hpp>
 #include <twell/config.hpp>
 
 #include "common.hpp"
@@ -38,6 +39,16 @@ Report run_suites(const Config& config) {
       "both timed in this process";
 
   Harness h(config);
+  // Closed on every way out, before the harness (and its stream) goes.
+  struct TimelineFile {
+    TimelineFile(const std::string& path, std::size_t flush_bytes) {
+      if (!path.empty()) timeline::open(path, flush_bytes);
+    }
+    ~TimelineFile() { timeline::close(); }
+    TimelineFile(const TimelineFile&) = delete;
+    TimelineFile& operator=(const TimelineFile&) = delete;
+  } const trace(config.timeline, h.flush_bytes());
+  if (!config.timeline.empty()) report.meta["timeline"] = config.timeline;
   report.device = h.device_info();
   std::fprintf(stderr, "twell bench: %s\n", report.device["name"].dump(0).c_str());
   try {

@@ -45,6 +45,8 @@ class Harness {
   Harness& operator=(const Harness&) = delete;
 
   const Config& config() const { return config_; }
+  // Bytes of the L2 flush written before each timed run.
+  std::size_t flush_bytes() const { return flush_bytes_; }
   Stream stream() const { return stream_; }
 
   // Warm-up runs, then config.reps timed runs of op, each preceded (outside its events) by a

@@ -32,6 +32,9 @@ struct Config {
   // Only the cases whose case_name matches this regular expression (CaseFilter); empty: all. For
   // A/B and diagnostic runs that need a few cases, not the baselines of every point.
   std::string cases;
+  // A CUPTI trace of each selected case's timed runs into this CSV (bench/include/twell/bench/
+  // timeline.hpp); empty: none.
+  std::string timeline;
 };
 
 // Median and spread of the timed runs of one case, in milliseconds.
