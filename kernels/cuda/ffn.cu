@@ -1654,11 +1654,16 @@ void check_parts(std::initializer_list<NamedPart<T>> parts, std::int64_t m, std:
 
 // The weights of a training run for K and N: wu (and wg where given: the backward's) K x N, wd N x K.
 template <class T>
+void check_wu_shape(DenseView<const T> wu, std::int64_t k, std::int64_t n, const char* where) {
+  require(wu.rows == k && wu.cols == n, ErrorCode::shape_mismatch, where, "wu is ", wu.rows, " x ", wu.cols,
+          " but the plan is for K = ", k, " and N = ", n);
+}
+
+template <class T>
 void check_training_weights(const DenseView<const T>* wg, DenseView<const T> wu, DenseView<const T> wd, std::int64_t k,
                             std::int64_t n, const char* where) {
   check_weights<T>(wu, wd, where);
-  require(wu.rows == k && wu.cols == n, ErrorCode::shape_mismatch, where, "wu is ", wu.rows, " x ", wu.cols,
-          " but the plan is for K = ", k, " and N = ", n);
+  check_wu_shape<T>(wu, k, n, where);
   if (wg == nullptr) return;
   check_device(*wg, where, "wg");
   require(wg->rows == k && wg->cols == n, ErrorCode::shape_mismatch, where, "wg is ", wg->rows, " x ", wg->cols,
@@ -1704,12 +1709,23 @@ void check_backward(const GatedBackwardOperands<T>& op, std::int64_t m, std::int
   }
 }
 
-// Gives `part` a's structure: its slot words (the kernel then writes the values of a's entries),
-// its maps where they are not a's, and a zeroed dense block.
+// Whether two views are the same storage read the same way.
 template <class T>
-void copy_structure(HybridView<const T> a, HybridView<T> part, cudaStream_t stream, const char* where) {
-  const std::int64_t m = a.rows(), n = a.cols(), r = a.overflow.rows;
-  const std::int64_t words = m * a.twell.layout.packed_width(n);
+bool same_view(DenseView<const T> a, DenseView<const T> b) {
+  return a.data != nullptr && a.data == b.data && a.rows == b.rows && a.cols == b.cols && a.ld == b.ld;
+}
+
+// What GatedUpDownPlan::queue_ahead queued for the run() that follows.
+struct KeptAhead {
+  bool wu_t = false;        // Wu^T
+  bool slot_words = false;  // a's slot words and row map into u and h
+};
+
+// Gives `part` a's slot words (the kernel then writes the values of a's entries) and a's row map
+// where it is not a's: the part of a's structure that does not depend on its overflow rows.
+template <class T>
+void copy_slot_words(HybridView<const T> a, HybridView<T> part, cudaStream_t stream, const char* where) {
+  const std::int64_t m = a.rows(), words = m * a.twell.layout.packed_width(a.cols());
   if (words > 0)
     ::twell::detail::check_cuda(cudaMemcpyAsync(part.twell.packed, a.twell.packed, words * sizeof(std::uint32_t),
                                                 cudaMemcpyDeviceToDevice, stream),
@@ -1718,6 +1734,12 @@ void copy_structure(HybridView<const T> a, HybridView<T> part, cudaStream_t stre
     ::twell::detail::check_cuda(cudaMemcpyAsync(part.row_to_overflow, a.row_to_overflow, m * sizeof(std::int32_t),
                                                 cudaMemcpyDeviceToDevice, stream),
                                 where);
+}
+
+// The rest of a's structure: its overflow rows' map where it is not a's, and a zeroed dense block.
+template <class T>
+void copy_overflow_rows(HybridView<const T> a, HybridView<T> part, cudaStream_t stream, const char* where) {
+  const std::int64_t n = a.cols(), r = a.overflow.rows;
   if (r > 0 && part.overflow_to_row != a.overflow_to_row)
     ::twell::detail::check_cuda(cudaMemcpyAsync(part.overflow_to_row, a.overflow_to_row, r * sizeof(std::int32_t),
                                                 cudaMemcpyDeviceToDevice, stream),
@@ -1727,21 +1749,31 @@ void copy_structure(HybridView<const T> a, HybridView<T> part, cudaStream_t stre
         cudaMemset2DAsync(part.overflow.data, part.overflow.ld * sizeof(T), 0, n * sizeof(T), r, stream), where);
 }
 
+template <class T>
+void copy_structure(HybridView<const T> a, HybridView<T> part, cudaStream_t stream, const char* where) {
+  copy_slot_words<T>(a, part, stream, where);
+  copy_overflow_rows<T>(a, part, stream, where);
+}
+
 // Transposes a K x N weight into `out`, an N x K buffer of leading dimension K.
 template <class T>
 void transpose_into(DenseView<const T> w, T* out, cudaStream_t stream) {
   cuda::transpose<T>(w, DenseView<T>{out, w.cols, w.rows, w.rows, MemorySpace::device}, KernelOptions{Stream{stream}});
 }
 
-// Queues a checked kept up/down run: Wu^T into wu_t (N x K, leading dimension K), a's structure
-// into u and h (the kernel writes the values of its entries only), the kernel, then the shadow
-// slots of u and h from their dense rows. Returns the kernel's path name.
+// Queues a checked kept up/down run: Wu^T into wu_t (N x K, leading dimension K) unless `ahead`
+// queued it, a's structure into u and h (the kernel writes the values of its entries only; its
+// slot words and row map not where `ahead` queued them), the kernel, then the shadow slots of u and
+// h from their dense rows. Returns the kernel's path name.
 template <class T>
 std::string queue_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
                        HybridView<T> u, HybridView<T> h, DenseView<T> y, T* wu_t, const UpDownMemory& memory,
-                       cudaStream_t stream, const char* where) {
-  transpose_into<T>(wu, wu_t, stream);
-  for (const HybridView<T>& part : {u, h}) copy_structure<T>(a, part, stream, where);
+                       KeptAhead ahead, cudaStream_t stream, const char* where) {
+  if (!ahead.wu_t) transpose_into<T>(wu, wu_t, stream);
+  for (const HybridView<T>& part : {u, h}) {
+    if (!ahead.slot_words) copy_slot_words<T>(a, part, stream, where);
+    copy_overflow_rows<T>(a, part, stream, where);
+  }
   EntryParts parts;
   parts.u = placed(u);
   parts.h = placed(h);
@@ -1783,13 +1815,35 @@ std::string queue_backward(const GatedBackwardOperands<T>& op, T* wg_t, T* wu_t,
 }  // namespace
 
 template <Value T>
+void GatedUpDownPlan<T>::queue_ahead(HybridView<const T> a, DenseView<const T> wu, HybridView<T> u, HybridView<T> h) {
+  constexpr const char* where = "twell::cuda::GatedUpDownPlan::queue_ahead";
+  twell::detail::require_live(live_, where);
+  wu_t_source_ = {};
+  ahead_ = {};
+  check_device(wu, where, "wu");
+  check_wu_shape<T>(wu, k_, n_, where);
+  check_parts<T>({{"a", a, false}, {"u", u, true}, {"h", h, true}}, m_, n_, layout_, where);
+  const auto stream = static_cast<cudaStream_t>(stream_.handle);
+  transpose_into<T>(wu, wu_t_.values().data(), stream);
+  wu_t_source_ = wu;
+  for (const HybridView<T>& part : {u, h}) copy_slot_words<T>(a, part, stream, where);
+  ahead_ = {a.twell.packed, a.row_to_overflow, u.twell.packed, u.row_to_overflow, h.twell.packed, h.row_to_overflow};
+}
+
+template <Value T>
 void GatedUpDownPlan<T>::run(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
                              HybridView<T> u, HybridView<T> h, DenseView<T> y) {
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::run";
   twell::detail::require_live(live_, where);
+  // What queue_ahead left, for this run only.
+  const KeptAhead ahead{
+      same_view<T>(wu_t_source_, wu),
+      ahead_.a_words != nullptr && ahead_ == Ahead{a.twell.packed, a.row_to_overflow, u.twell.packed, u.row_to_overflow,
+                                                   h.twell.packed, h.row_to_overflow}};
   wu_t_source_ = {};
+  ahead_ = {};
   check_kept<T>(x, a, wu, wd, u, h, y, m_, k_, n_, layout_, where);
-  path_ = queue_kept<T>(x, a, wu, wd, u, h, y, wu_t_.values().data(), memory_of(buffers_),
+  path_ = queue_kept<T>(x, a, wu, wd, u, h, y, wu_t_.values().data(), memory_of(buffers_), ahead,
                         static_cast<cudaStream_t>(stream_.handle), where);
   wu_t_source_ = wu;
 }
@@ -1804,7 +1858,8 @@ void gated_up_down(DenseView<const T> x, HybridView<const T> a, DenseView<const 
   const cudaStream_t stream = ::twell::cuda::detail::stream_of(options);
   const UpDownScratch memory(UpDownSizes::of<T>(m, k, n, a.twell.layout, where), stream, where);
   const detail::Scratch wu_t(static_cast<std::size_t>(n * k) * sizeof(T), stream, where);
-  const std::string path = queue_kept<T>(x, a, wu, wd, u, h, y, wu_t.as<T>(), memory.memory(), stream, where);
+  const std::string path =
+      queue_kept<T>(x, a, wu, wd, u, h, y, wu_t.as<T>(), memory.memory(), KeptAhead{}, stream, where);
   if (options.report != nullptr) options.report->path = path;
 }
 
@@ -1813,10 +1868,9 @@ void GatedUpDownPlan<T>::backward(const GatedBackwardOperands<T>& op) {
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::backward";
   twell::detail::require_live(live_, where);
   check_backward<T>(op, m_, k_, n_, layout_, where);
-  const DenseView<const T>& made = wu_t_source_;
-  const bool reuse = op.reuse_run_wu_t && made.data != nullptr && made.data == op.wu.data && made.rows == op.wu.rows &&
-                     made.cols == op.wu.cols && made.ld == op.wu.ld;
+  const bool reuse = op.reuse_run_wu_t && same_view<T>(wu_t_source_, op.wu);
   if (!reuse) wu_t_source_ = {};
+  ahead_ = {};
   path_ = queue_backward<T>(op, wg_t_.values().data(), wu_t_.values().data(), reuse, memory_of(buffers_),
                             static_cast<cudaStream_t>(stream_.handle), where);
 }

@@ -4,6 +4,7 @@
 // every sm_80+ device, Hopper included.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "gemm_to_sparse.cuh"
 #include "gemm_to_sparse_sm90.cuh"
 #include "mma_sync.cuh"
+#include "read_back.cuh"
 #include "row_ballots.cuh"
 #include "twell_epilogue.cuh"
 
@@ -719,19 +721,26 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
 }
 
 template <Value T>
-OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where) {
+OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const std::function<void()>& meanwhile) {
+  return sync_overflow_count("twell::cuda::GemmToSparsePlan::sync_overflow_count", meanwhile);
+}
+
+template <Value T>
+OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const std::function<void()>& meanwhile) {
   require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument, where,
           "nothing to count: call run() first");
-  if (state_ == State::synced) return count_;
-  if (!ran_fused_) {
+  if (state_ == State::synced || !ran_fused_) {
+    if (meanwhile) meanwhile();
     state_ = State::synced;
     return count_;
   }
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   std::uint64_t words[kStatusWords - kFlaggedRows] = {};
-  ::twell::detail::check_cuda(
-      cudaMemcpyAsync(words, status_.data() + kFlaggedRows, sizeof words, cudaMemcpyDeviceToHost, stream), where);
-  ::twell::detail::check_cuda(cudaStreamSynchronize(stream), where);
+  {
+    const detail::ReadBack status(status_.data() + kFlaggedRows, sizeof words, stream, where);
+    if (meanwhile) meanwhile();
+    std::memcpy(words, status.wait(), sizeof words);
+  }
   const auto flagged = static_cast<std::int64_t>(words[kFlaggedRows - kFlaggedRows]);
   const auto first_row = static_cast<std::int64_t>(words[kFirstRowPlus1 - kFlaggedRows]) - 1;
   const auto stored = static_cast<std::int64_t>(words[kStored - kFlaggedRows]);

@@ -10,6 +10,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/per_format.hpp>
 
+#include "read_back.cuh"
 #include "sparse_common.cuh"
 #include "vec16.cuh"
 
@@ -173,11 +174,11 @@ class Reducer {
     auto* count_out = reinterpret_cast<unsigned long long*>(sum_out + 1);
     final_kernel<<<1, kThreads, 0, stream_>>>(sums(), counts(), blocks_, sum_out, count_out);
     detail::check_launch(where_);
-    unsigned long long c = 0;
-    detail::check_cuda(cudaMemcpyAsync(&t.l1, sum_out, sizeof(double), cudaMemcpyDeviceToHost, stream_), where_);
-    detail::check_cuda(cudaMemcpyAsync(&c, count_out, sizeof c, cudaMemcpyDeviceToHost, stream_), where_);
-    detail::check_cuda(cudaStreamSynchronize(stream_), where_);
-    t.l0 = static_cast<std::int64_t>(c);
+    // The sum and the count side by side: one read-back of both.
+    static_assert(sizeof(double) == sizeof(unsigned long long));
+    const detail::ReadBack totals(sum_out, 2 * sizeof(double), stream_, where_);
+    t.l1 = totals.get<double>();
+    t.l0 = static_cast<std::int64_t>(totals.get<unsigned long long>(sizeof(double)));
     return t;
   }
 

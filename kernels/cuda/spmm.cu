@@ -28,6 +28,7 @@
 #include "../../converters/cuda/row_builders.cuh"
 #include "../../converters/cuda/warp_scan.cuh"
 #include "device_pool.hpp"
+#include "read_back.cuh"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
 #include "spmm_stream.cuh"
@@ -901,7 +902,7 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
   auto* r_device = reinterpret_cast<std::int64_t*>(work + transposed_words(m, k, layout) - 2);
   const TwellView<T> at{k, m, layout, packed, nullptr, MemorySpace::device};
   detail::twell_transpose_groups(a, at, row_to_overflow, overflow_to_row, max_count, r_device, stream);
-  const detail::CountReadBack r_back(r_device, stream);
+  const detail::ReadBack r_back(r_device, sizeof(std::int64_t), stream, kWhere);
   // Taken before C is written (created at a thread's first use on a device: it may fail).
   const cublasHandle_t blas = cublas_handle();
   const TwellView<const T> at_const = at;
@@ -910,7 +911,7 @@ std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, Dense
       kernel == SpmmAlgorithm::slice_reuse ? slice_buffers(at_const, b) : std::pair<void*, void*>{};
   const std::string path = hybrid_kernel_name(
       twell_none(at_const, row_to_overflow, b, c, alpha, beta, stream, kernel, workspace, staged_b));
-  const std::int64_t r = r_back.wait();
+  const auto r = r_back.get<std::int64_t>();
   if (r == 0) return path;
   const HybridView<T> hybrid{at, DenseView<T>{dense_rows(r), r, m, m, MemorySpace::device}, row_to_overflow,
                              overflow_to_row};

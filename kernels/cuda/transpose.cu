@@ -14,6 +14,7 @@
 
 #include "../../converters/cuda/row_builders.cuh"
 #include "dense_transpose.cuh"
+#include "read_back.cuh"
 #include "sparse_common.cuh"
 #include "transpose_twell.cuh"
 
@@ -94,7 +95,7 @@ HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOpti
     auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
     detail::twell_transpose_groups(rows, out.twell().view(), out.row_to_overflow().data(), overflow_to_row, max_count,
                                    r_device, stream);
-    const std::int64_t r = detail::CountReadBack(r_device, stream).wait();
+    const auto r = detail::ReadBack(r_device, sizeof(std::int64_t), stream, kWhere).get<std::int64_t>();
     if (r > 0) {
       out.overflow() = DenseMatrix<T>(r, m, MemorySpace::device);
       out.overflow_to_row() = Buffer<std::int32_t>(static_cast<std::size_t>(r), MemorySpace::device);

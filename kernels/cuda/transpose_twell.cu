@@ -323,45 +323,6 @@ void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t 
   }
 }
 
-CountReadBack::CountReadBack(const std::int64_t* count_device, cudaStream_t stream) {
-  // One pinned word per host thread, kept for the thread's life: the copy can then run behind the
-  // stream's work while the host enqueues more.
-  struct Pinned {
-    std::int64_t* word = nullptr;
-    ~Pinned() {
-      if (word != nullptr) cudaFreeHost(word);
-    }
-  };
-  thread_local Pinned pinned;
-  if (pinned.word == nullptr)
-    check_cuda(cudaHostAlloc(&pinned.word, sizeof(std::int64_t), cudaHostAllocPortable),
-               "twell::cuda::transpose (cudaHostAlloc)");
-  host_ = pinned.word;
-  check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "twell::cuda::transpose (cudaEventCreate)");
-  // A constructor that throws runs no destructor: a copy queued into the thread's word is waited
-  // for and the event destroyed here instead.
-  cudaError_t status = cudaMemcpyAsync(host_, count_device, sizeof(std::int64_t), cudaMemcpyDeviceToHost, stream);
-  if (status == cudaSuccess) status = cudaEventRecord(done_, stream);
-  if (status != cudaSuccess) {
-    cudaStreamSynchronize(stream);
-    cudaEventDestroy(done_);
-    check_cuda(status, "twell::cuda::transpose (read back)");
-  }
-}
-
-// Waits for the copy even when wait() was not called (an exception left the caller after the copy
-// was queued): the pinned word is the thread's, and a copy still in flight would overwrite the
-// count that the thread's next read-back reads.
-CountReadBack::~CountReadBack() {
-  cudaEventSynchronize(done_);
-  cudaEventDestroy(done_);
-}
-
-std::int64_t CountReadBack::wait() const {
-  check_cuda(cudaEventSynchronize(done_), "twell::cuda::transpose (read back)");
-  return *host_;
-}
-
 #define TWELL_INSTANTIATE(T)                                                                                        \
   template bool twell_transpose_applies<T>(TwellLayout, std::int64_t, std::int64_t, TwellLayout);                   \
   template void twell_transpose_groups<T>(TwellRows<T>, TwellView<T>, std::int32_t*, std::int32_t*, std::uint32_t*, \

@@ -55,20 +55,4 @@ void twell_transpose_groups(TwellRows<T> a, TwellView<T> out, std::int32_t* row_
 template <class T>
 void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t stream);
 
-// A device count copied to pinned host memory behind the work on `stream` so far: the host can
-// enqueue more work before wait() blocks for the value. The pinned word is one per host thread:
-// one CountReadBack at a time per thread.
-class CountReadBack {
- public:
-  CountReadBack(const std::int64_t* count_device, cudaStream_t stream);
-  CountReadBack(const CountReadBack&) = delete;
-  CountReadBack& operator=(const CountReadBack&) = delete;
-  ~CountReadBack();
-  std::int64_t wait() const;
-
- private:
-  std::int64_t* host_ = nullptr;
-  cudaEvent_t done_ = nullptr;
-};
-
 }  // namespace twell::cuda::detail

@@ -214,12 +214,18 @@ struct GatedFfnTraining<T>::Impl {
     return host_gate.view();
   }
 
-  // Runs the gate on x and returns its overflow row count R.
-  std::int64_t run_gate(DenseView<const T> x, DenseView<const T> wg) {
+  // Runs the gate on x and returns its overflow row count R. On the device, the kept up/down
+  // kernel's work that does not need R (Wu^T, a's slot words into u and h) is queued before the
+  // host waits for R, so the GPU has it to do meanwhile.
+  std::int64_t run_gate(DenseView<const T> x, DenseView<const T> wg, [[maybe_unused]] DenseView<const T> wu) {
 #if TWELL_HAS_CUDA
     if (gate_plan) {
       gate_plan->run(x, wg);
-      return gate_plan->sync_overflow_count().rows;
+      return gate_plan
+          ->sync_overflow_count([&] {
+            if (fused()) up_down->queue_ahead(gate_plan->queued_result(), wu, u.view(), h.view());
+          })
+          .rows;
     }
 #endif
     host_gate = gemm_to_sparse<T>(x, wg, act, layout, hybrid_overflow(), options);
@@ -302,7 +308,7 @@ void GatedFfnTraining<T>::forward(In<DenseView<const T>> x, In<DenseView<const T
   s.check_call(where, x, wu);
   // From here the held activations are being overwritten: none is valid until the forward ends.
   s.overflow_rows = -1;
-  const std::int64_t rows = s.run_gate(x, wg);
+  const std::int64_t rows = s.run_gate(x, wg, wu);
   s.hold(rows);
   std::optional<HybridView<T>> g;
   if (s.needs_g()) g = Impl::first_rows(s.g, rows);

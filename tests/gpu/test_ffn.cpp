@@ -1087,6 +1087,83 @@ TEST_CASE("GatedUpDownPlan's backward takes its run's Wu^T only where asked and 
   CHECK(testing::code_of([&] { dx_of_backward(wu.view(), true, true); }) == ErrorCode::invalid_argument);
 }
 
+TEST_CASE("GatedUpDownPlan's queue_ahead gives run()'s bits, and a run after anything else queues its own") {
+  // queue_ahead queues Wu^T and a's slot words into u and h; the run() after it skips them where
+  // it has the same wu view and storage. Each run below is compared bit for bit with a plan's
+  // plain run, into poisoned outputs: a run that skipped what was not queued for it leaves
+  // poison, or another wu's products. Token-skewed rows: dense rows take part.
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const UpDownSetting st{{300, 520, 1000}, 0.05, Distribution::token_skewed, {16, 4}};
+  const Case<bf16> c(workload_inputs<bf16>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act, false);
+  const HybridMatrix<bf16> a = gate_of(c, st);
+  REQUIRE(a.overflow_rows() > 0);
+  const DenseMatrix<bf16> other_wu =
+      testing::random_dense<bf16>(c.k(), st.s.n, 0.05f, seed + 11).to(MemorySpace::device);
+
+  struct Kept {
+    HybridMatrix<bf16> u, h;
+    DenseMatrix<bf16> y;
+  };
+  const auto fresh = [&] {
+    Kept k{shaped_like(a), shaped_like(a), poisoned<bf16>(c.m(), c.k())};
+    for (HybridMatrix<bf16>* part : {&k.u, &k.h}) poison_all(*part);
+    return k;
+  };
+  cuda::GatedUpDownPlan<bf16> plain(c.m(), c.k(), st.s.n, st.layout), plan(c.m(), c.k(), st.s.n, st.layout);
+  const auto run = [&](cuda::GatedUpDownPlan<bf16>& p, Kept& k) {
+    p.run(c.x.view(), a.view(), c.wu.view(), c.wd.view(), k.u.view(), k.h.view(), k.y.view());
+    testing::cuda_ok(cudaDeviceSynchronize());
+  };
+  Kept want = fresh();
+  run(plain, want);
+  const auto check_same = [&](const Kept& got) {
+    for (const auto& [g, w] : {std::pair{&got.u, &want.u}, std::pair{&got.h, &want.h}}) {
+      const HybridMatrix<bf16> gh = g->to(MemorySpace::host), wh = w->to(MemorySpace::host);
+      CHECK(testing::same_bytes(gh.twell().packed(), wh.twell().packed()));
+      CHECK(testing::same_bytes(gh.overflow().values(), wh.overflow().values()));
+      CHECK(testing::same_bytes(gh.row_to_overflow(), wh.row_to_overflow()));
+      CHECK(testing::same_bytes(gh.overflow_to_row(), wh.overflow_to_row()));
+    }
+    CHECK(testing::bitwise_equal<bf16>(got.y.to(MemorySpace::host).view(), want.y.to(MemorySpace::host).view()));
+  };
+
+  SUBCASE("the run that follows takes what was queued") {
+    Kept k = fresh();
+    plan.queue_ahead(a.view(), c.wu.view(), k.u.view(), k.h.view());
+    run(plan, k);
+    check_same(k);
+  }
+  SUBCASE("a run on other storage or another wu queues its own") {
+    Kept elsewhere = fresh(), k = fresh(), k2 = fresh();
+    plan.queue_ahead(a.view(), c.wu.view(), elsewhere.u.view(), elsewhere.h.view());
+    run(plan, k);  // its slot words: copied by the run
+    check_same(k);
+    plan.queue_ahead(a.view(), other_wu.view(), k2.u.view(), k2.h.view());
+    run(plan, k2);  // its Wu^T: transposed by the run
+    check_same(k2);
+  }
+  SUBCASE("a backward in between discards it") {
+    Kept k = fresh();
+    plan.queue_ahead(a.view(), other_wu.view(), k.u.view(), k.h.view());
+    HybridMatrix<bf16> dg = shaped_like(a), du = shaped_like(a);
+    DenseMatrix<bf16> dx = poisoned<bf16>(c.m(), c.k());
+    const DenseMatrix<bf16> dy = testing::random_dense<bf16>(c.m(), c.k(), 1.0f, seed + 7).to(MemorySpace::device);
+    cuda::GatedBackwardOperands<bf16> op{dy.view(), a.view(),    want.u.view(), want.h.view(), {},
+                                         st.act,    c.wg.view(), c.wu.view(),   c.wd.view(),   0.01f,
+                                         dg.view(), du.view(),   dx.view()};
+    plan.backward(op);
+    testing::cuda_ok(cudaDeviceSynchronize());
+    for (HybridMatrix<bf16>* part : {&k.u, &k.h}) poison_all(*part);
+    run(plan, k);
+    check_same(k);
+  }
+  CHECK(testing::code_of([&] {
+          Kept k = fresh();
+          plan.queue_ahead(a.view(), c.wg.to(MemorySpace::host).view(), k.u.view(), k.h.view());
+        }) == ErrorCode::space_mismatch);
+}
+
 TEST_CASE("GatedUpDownPlan rejects bad input") {
   // Half the gate's entries stored and 3 slots per 16 columns: rows overflow, so the dense blocks
   // take part in the checks.

@@ -180,6 +180,14 @@ class GatedUpDownPlan {
   void run(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd, HybridView<T> u,
            HybridView<T> h, DenseView<T> y);
 
+  // Queues the part of run()'s work that does not depend on a's overflow rows: Wu^T, and a's slot
+  // words and row map into u and h (the views' overflow rows are not read). For a caller that
+  // waits for its gate's overflow count between the two (GatedFfnTraining::forward), so that the
+  // GPU has this work while the host waits. The next run() skips it where its wu is the same view
+  // and its a, u and h the same storage; it queues everything itself otherwise, as it does after
+  // any other call of the plan. Checks wu, a, u and h as run() does.
+  void queue_ahead(HybridView<const T> a, DenseView<const T> wu, HybridView<T> u, HybridView<T> h);
+
   // The backward's products on a's pattern and dx, in one kernel (GatedBackwardOperands).
   void backward(const GatedBackwardOperands<T>& operands);
 
@@ -194,10 +202,23 @@ class GatedUpDownPlan {
   twell::detail::LiveFlag live_ = true;
   DenseMatrix<T> wu_t_;  // N x K
   DenseMatrix<T> wg_t_;  // N x K, the backward's
-  // The wu of the latest run(), whose transpose wu_t_ holds; null before the first run, after a
-  // backward() that transposed wu itself, and from the start of a run() (or, once its checks
-  // passed, of such a backward) until its work is queued: one that throws leaves it null.
+  // The wu of the latest run() or queue_ahead(), whose transpose wu_t_ holds; null before the
+  // first, after a backward() that transposed wu itself, and from the start of a run() or
+  // queue_ahead() (or, once its checks passed, of such a backward) until its transpose is queued:
+  // one that throws leaves it null.
   DenseView<const T> wu_t_source_{};
+  // Where queue_ahead() put a's slot words and row map (a's, u's, h's storage), for the next run()
+  // only; all null otherwise.
+  struct Ahead {
+    const void* a_words = nullptr;
+    const void* a_map = nullptr;
+    const void* u_words = nullptr;
+    const void* u_map = nullptr;
+    const void* h_words = nullptr;
+    const void* h_map = nullptr;
+    bool operator==(const Ahead&) const = default;
+  };
+  Ahead ahead_{};
   detail::UpDownBuffers<T> buffers_;
   std::string path_;
 };

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <twell/converters/options.hpp>
@@ -47,7 +48,8 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 // min(R, capacity)-1 into the block. Then:
 //   - in stream order after run(): the TwELL part and row_to_overflow are final, and so are
 //     overflow rows r < min(R, capacity) and overflow_to_row[r]; device_overflow_count() holds R.
-//   - R on the host is known only after sync_overflow_count() (one 32-byte copy + a stream sync).
+//   - R on the host is known only after sync_overflow_count() (a 32-byte read-back the host waits
+//     for; the overload with `meanwhile` lets the caller queue more work before that wait).
 //     If R > capacity (hybrid), that call grows the block and the map to min(M, max(R,
 //     2 * capacity)) rows (an allocation, off the hot path) and computes rows capacity .. R-1 by a second pass,
 //     and says so; the grown block stays for later runs. Under OverflowPolicy::error it throws
@@ -56,8 +58,8 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 //   - result() is valid only between sync_overflow_count() and the next run(); it throws
 //     ErrorCode::invalid_argument otherwise. Its overflow view has exactly R rows.
 // x and w must stay alive and unchanged from run() until the work sync_overflow_count() queues
-// has run, in the plan's stream order (its second pass reads them after the call returns). run() while a previous result is still read by queued work on another
-// stream is the caller's race to avoid, as with any output buffer.
+// has run, in the plan's stream order (its second pass reads them after the call returns). run() while a previous
+// result is still read by queued work on another stream is the caller's race to avoid, as with any output buffer.
 //
 // Paths: the fused kernel needs a 16-bit T, layout.tile 128 or 256, K and N multiples of 8 and
 // (checked at each run) 16-byte aligned x, w and leading dimensions multiple of 8. Otherwise
@@ -67,8 +69,8 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 // Deterministic: same inputs, same bits, on either path. Grids of at most 65535 row blocks bound M:
 // 128-row blocks (~8.4 M rows) for the portable fused kernel, the dense GEMM of the generic path
 // and the second pass (over R - capacity rows), 64-row blocks (~4.2 M) for fp32 or unaligned
-// operands; the Hopper kernel itself has none. A run past a bound throws unsupported. `mainloop` picks the fused kernel's
-// mainloop (FusedMainloop above).
+// operands; the Hopper kernel itself has none. A run past a bound throws unsupported. `mainloop` picks the fused
+// kernel's mainloop (FusedMainloop above).
 template <Value T>
 class GemmToSparsePlan {
  public:
@@ -86,6 +88,11 @@ class GemmToSparsePlan {
 
   void run(DenseView<const T> x, DenseView<const T> w);
   OverflowCount sync_overflow_count();
+  // The same, calling `meanwhile` once the count's read-back is queued and before the host waits
+  // for it: what it queues on the plan's stream (work that does not need R) keeps the GPU busy
+  // while the host waits, and does not delay the count. Called also where there is nothing to wait
+  // for; an exception from it leaves the plan as it was after run().
+  OverflowCount sync_overflow_count(const std::function<void()>& meanwhile);
   HybridView<const T> result() const;
   // The result as the work queued by run() leaves it, for consumers queued after run() on the
   // plan's stream (the fused FFN reads its gate this way, without a host sync). Its overflow view
@@ -131,7 +138,7 @@ class GemmToSparsePlan {
                                         TwellLayout layout, const ConvertOptions& convert,
                                         const KernelOptions& options);
   void run(DenseView<const T> x, DenseView<const T> w, const char* where);
-  OverflowCount sync_overflow_count(const char* where);
+  OverflowCount sync_overflow_count(const char* where, const std::function<void()>& meanwhile = {});
   void run_generic(const char* where);
 
   std::int64_t m_ = 0, k_ = 0, n_ = 0;
