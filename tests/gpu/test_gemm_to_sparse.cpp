@@ -685,6 +685,51 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows complet
   check_bitwise_equal(taken, expect);
 }
 
+TEST_CASE("GemmToSparsePlan's sync_overflow_count(meanwhile): called once, its work queued, a throw leaves the count") {
+  // Capacity 1 on token-skewed rows: the count's wait is followed by a second pass. `meanwhile`
+  // queues a fill of another buffer on the plan's stream; the count, the result and that buffer
+  // must come out as without it.
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto c = workload_case<bf16>({1024, 512, 1408, 0.05, workload::Distribution::token_skewed}, seed);
+  const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+  const TwellLayout layout{256, 16};
+  ConvertOptions conv;
+  conv.overflow = OverflowPolicy::hybrid;
+  const HybridMatrix<bf16> expect =
+      cuda::gemm_to_sparse<bf16>(xd.view(), wd.view(), {}, layout, conv).to(MemorySpace::host);
+  REQUIRE(expect.overflow_rows() > 8);
+  cuda::GemmToSparsePlan<bf16> plan(1024, 512, 1408, {}, layout, 1, OverflowPolicy::hybrid);
+  Buffer<std::int32_t> side(4096, MemorySpace::device);
+  int calls = 0;
+  const auto fill_side = [&] {
+    ++calls;
+    testing::cuda_ok(cudaMemsetAsync(side.data(), 0x5a, side.bytes(), static_cast<cudaStream_t>(plan.stream().handle)));
+  };
+
+  plan.run(xd.view(), wd.view());
+  CHECK(testing::code_of([&] {
+          plan.sync_overflow_count([] { fail(ErrorCode::invalid_argument, "test", "meanwhile throws"); });
+        }) == ErrorCode::invalid_argument);
+  const cuda::OverflowCount first = plan.sync_overflow_count(fill_side);  // the throw left the run to count
+  CHECK(calls == 1);
+  CHECK(first.rows == expect.overflow_rows());
+  CHECK(first.second_pass);
+  check_bitwise_equal(to_host(plan.result()), expect);
+  testing::cuda_ok(cudaDeviceSynchronize());
+  const Buffer<std::int32_t> filled = side.copy_to(MemorySpace::host);
+  CHECK(std::ranges::all_of(filled.host_span(), [](std::int32_t v) { return v == 0x5a5a5a5a; }));
+
+  // Counted already: meanwhile still runs, once, and the count is the same.
+  CHECK(plan.sync_overflow_count(fill_side).rows == first.rows);
+  CHECK(calls == 2);
+  poison(plan);
+  plan.run(xd.view(), wd.view());
+  CHECK(plan.sync_overflow_count(fill_side).rows == first.rows);
+  CHECK(calls == 3);
+  check_bitwise_equal(to_host(plan.result()), expect);
+}
+
 TEST_CASE("GemmToSparsePlan: error policy, misuse and bad input") {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
