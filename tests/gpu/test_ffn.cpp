@@ -1024,6 +1024,25 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan's backward gives dg, du and dx as the compos
   }
 }
 
+namespace {
+// The inputs of the tests of what a plan's calls reuse (Wu^T, a's structure): a token-skewed
+// gate with dense rows, a second wu, and dy.
+struct ReuseInputs {
+  UpDownSetting st{{300, 520, 1000}, 0.05, Distribution::token_skewed, {16, 4}};
+  Case<bf16> c;
+  HybridMatrix<bf16> a;
+  DenseMatrix<bf16> other_wu, dy;
+
+  explicit ReuseInputs(std::uint64_t seed)
+      : c(workload_inputs<bf16>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act, false),
+        a(gate_of(c, st)),
+        other_wu(testing::random_dense<bf16>(c.k(), st.s.n, 0.05f, seed + 11).to(MemorySpace::device)),
+        dy(testing::random_dense<bf16>(c.m(), c.k(), 1.0f, seed + 7).to(MemorySpace::device)) {
+    REQUIRE(a.overflow_rows() > 0);
+  }
+};
+}  // namespace
+
 TEST_CASE("GatedUpDownPlan's backward takes its run's Wu^T only where asked and wu is that run's view") {
   // To see which Wu^T a backward used, wu's buffer is rewritten after the run (breaking the
   // promise reuse_run_wu_t makes): dx then follows the run's weights where the backward reused
@@ -1031,13 +1050,8 @@ TEST_CASE("GatedUpDownPlan's backward takes its run's Wu^T only where asked and 
   // always transposes, gives each reference. Token-skewed rows: dense rows take part.
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const UpDownSetting st{{300, 520, 1000}, 0.05, Distribution::token_skewed, {16, 4}};
-  const Case<bf16> c(workload_inputs<bf16>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act, false);
-  const HybridMatrix<bf16> a = gate_of(c, st);
-  REQUIRE(a.overflow_rows() > 0);
-  const DenseMatrix<bf16> dy = testing::random_dense<bf16>(c.m(), c.k(), 1.0f, seed + 7).to(MemorySpace::device);
-  const DenseMatrix<bf16> other_wu =
-      testing::random_dense<bf16>(c.k(), st.s.n, 0.05f, seed + 11).to(MemorySpace::device);
+  const ReuseInputs in(seed);
+  const auto& [st, c, a, other_wu, dy] = in;
   DenseMatrix<bf16> wu = c.wu.to(MemorySpace::device);  // a buffer of its own, rewritten below
   cuda::GatedUpDownPlan<bf16> plan(c.m(), c.k(), st.s.n, st.layout);
   HybridMatrix<bf16> u = shaped_like(a), h = shaped_like(a), dg = shaped_like(a), du = shaped_like(a);
@@ -1094,12 +1108,8 @@ TEST_CASE("GatedUpDownPlan's queue_ahead gives run()'s bits, and a run after any
   // poison, or another wu's products. Token-skewed rows: dense rows take part.
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const UpDownSetting st{{300, 520, 1000}, 0.05, Distribution::token_skewed, {16, 4}};
-  const Case<bf16> c(workload_inputs<bf16>({st.s.m, st.s.k, st.s.n, st.density, st.d}, seed), st.act, false);
-  const HybridMatrix<bf16> a = gate_of(c, st);
-  REQUIRE(a.overflow_rows() > 0);
-  const DenseMatrix<bf16> other_wu =
-      testing::random_dense<bf16>(c.k(), st.s.n, 0.05f, seed + 11).to(MemorySpace::device);
+  const ReuseInputs in(seed);
+  const auto& [st, c, a, other_wu, dy] = in;
 
   struct Kept {
     HybridMatrix<bf16> u, h;
@@ -1148,7 +1158,6 @@ TEST_CASE("GatedUpDownPlan's queue_ahead gives run()'s bits, and a run after any
     plan.queue_ahead(a.view(), other_wu.view(), k.u.view(), k.h.view());
     HybridMatrix<bf16> dg = shaped_like(a), du = shaped_like(a);
     DenseMatrix<bf16> dx = poisoned<bf16>(c.m(), c.k());
-    const DenseMatrix<bf16> dy = testing::random_dense<bf16>(c.m(), c.k(), 1.0f, seed + 7).to(MemorySpace::device);
     cuda::GatedBackwardOperands<bf16> op{dy.view(), a.view(),    want.u.view(), want.h.view(), {},
                                          st.act,    c.wg.view(), c.wu.view(),   c.wd.view(),   0.01f,
                                          dg.view(), du.view(),   dx.view()};
