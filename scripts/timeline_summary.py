@@ -22,8 +22,8 @@ import sys
 from collections import defaultdict
 
 GPU_KINDS = {"kernel", "memcpy", "memset", "flush"}
-# Host calls that wait for the GPU: time the host spends in them is time it queues nothing.
-WAITS = re.compile(r"Synchronize|^cudaMemcpy(_v\d+)?$|^cudaMemcpy2D(_v\d+)?$|^cuMemcpyDtoH|^cuStreamSynchronize")
+# Runtime calls that wait for the GPU: time the host spends in them is time it queues nothing.
+WAITS = re.compile(r"Synchronize|^cudaMemcpy(_v\d+)?$|^cudaMemcpy2D(_v\d+)?$")
 
 
 def short_name(row):

@@ -12,6 +12,7 @@
 #include <twell/error.hpp>
 
 #if TWELL_BENCH_TIMELINE
+#include <cuda_runtime.h>
 #include <cupti.h>
 #include <cxxabi.h>
 #endif
@@ -38,14 +39,27 @@ struct Row {
   std::uint64_t bytes = 0;
 };
 
+// What CUPTI hands back, possibly on its own thread: a process-wide sink that outlives every
+// trace, so that a buffer delivered late never reaches freed state.
+struct Sink {
+  std::mutex mutex;
+  std::vector<Row> rows;
+};
+Sink sink;
+
+std::vector<Row> take_rows() {
+  std::vector<Row> rows;
+  const std::lock_guard<std::mutex> lock(sink.mutex);
+  rows.swap(sink.rows);
+  return rows;
+}
+
 struct State {
   std::ofstream out;
   std::size_t flush_bytes = 0;
   std::string case_name;  // empty outside a case
   int call = 0;           // Harness::time calls so far in this case
   bool tracing = false;
-  std::mutex mutex;  // CUPTI may hand buffers back on its own thread
-  std::vector<Row> rows;
 };
 State* state = nullptr;
 
@@ -81,14 +95,7 @@ Row row_of(const CUpti_Activity* record) {
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto* s = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-      const bool flush = s->bytes == state->flush_bytes;
-      r = {flush ? "flush" : "memset",
-           flush ? "L2 flush" : "memset",
-           s->start,
-           s->end,
-           s->streamId,
-           s->correlationId,
-           s->bytes};
+      r = {"memset", "memset", s->start, s->end, s->streamId, s->correlationId, s->bytes};
       break;
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME:
@@ -126,9 +133,18 @@ void CUPTIAPI buffer_completed(CUcontext, std::uint32_t, std::uint8_t* buffer, s
     if (r.kind != "other") rows.push_back(std::move(r));
   }
   ::operator delete(buffer);
-  if (state == nullptr) return;
-  const std::lock_guard<std::mutex> lock(state->mutex);
-  for (Row& r : rows) state->rows.push_back(std::move(r));
+  const std::lock_guard<std::mutex> lock(sink.mutex);
+  for (Row& r : rows) sink.rows.push_back(std::move(r));
+}
+
+// Stops recording and hands back what was recorded; never throws. `drain`: first wait for the
+// device, whose work still in flight would otherwise leave records for a later call.
+std::vector<Row> stop_tracing(bool drain) {
+  state->tracing = false;
+  for (CUpti_ActivityKind kind : kKinds) cuptiActivityDisable(kind);
+  if (drain) cudaDeviceSynchronize();
+  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  return take_rows();
 }
 
 // The CSV's quoting: kernel names hold commas and template brackets.
@@ -158,9 +174,7 @@ void open(const std::string& path, std::size_t flush_bytes) {
 
 void close() {
   if (state == nullptr) return;
-  runs_end();
-  // No buffer may come back after the state goes.
-  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  if (state->tracing) stop_tracing(true);  // a call left unfinished: its rows are dropped
   delete state;
   state = nullptr;
 }
@@ -174,35 +188,28 @@ void case_begin(const std::string& name) {
 void case_end() {
   if (state == nullptr) return;
   state->case_name.clear();
-  if (!state->tracing) return;
   // The case threw inside its timed runs: stop, and drop the unfinished call's rows.
-  state->tracing = false;
-  for (CUpti_ActivityKind kind : kKinds) cuptiActivityDisable(kind);
-  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  const std::lock_guard<std::mutex> lock(state->mutex);
-  state->rows.clear();
+  if (state->tracing) stop_tracing(true);
 }
 
 void runs_begin() {
   if (state == nullptr || state->case_name.empty() || state->tracing) return;
+  take_rows();            // a buffer CUPTI delivered after the last call stopped
+  state->tracing = true;  // first: a kind enabled before a failure is disabled by case_end
   for (CUpti_ActivityKind kind : kKinds) check(cuptiActivityEnable(kind), "cuptiActivityEnable");
-  state->tracing = true;
 }
 
 void runs_end() {
   if (state == nullptr || !state->tracing) return;
-  state->tracing = false;
-  for (CUpti_ActivityKind kind : kKinds) check(cuptiActivityDisable(kind), "cuptiActivityDisable");
-  check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
-  std::vector<Row> rows;
-  {
-    const std::lock_guard<std::mutex> lock(state->mutex);
-    rows.swap(state->rows);
-  }
+  // Harness::time synchronised its stream: every record of the call is complete.
+  const std::vector<Row> rows = stop_tracing(false);
   const std::string prefix = quoted(state->case_name) + "," + std::to_string(state->call++) + ",";
-  for (const Row& r : rows)
-    state->out << prefix << r.kind << "," << quoted(r.name) << "," << r.start << "," << r.end << "," << r.stream << ","
-               << r.correlation << "," << r.bytes << "\n";
+  for (const Row& r : rows) {
+    // The harness's flush is the only memset of its size (twice L2, at least 64 MiB) in a run.
+    const bool flush = r.kind == "memset" && r.bytes == state->flush_bytes;
+    state->out << prefix << (flush ? "flush" : r.kind) << "," << quoted(flush ? "L2 flush" : r.name) << "," << r.start
+               << "," << r.end << "," << r.stream << "," << r.correlation << "," << r.bytes << "\n";
+  }
   state->out.flush();
   require(static_cast<bool>(state->out), ErrorCode::io, kWhere, "writing the trace failed");
 }

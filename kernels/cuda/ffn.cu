@@ -1822,12 +1822,18 @@ void GatedUpDownPlan<T>::queue_ahead(HybridView<const T> a, DenseView<const T> w
   ahead_ = {};
   check_device(wu, where, "wu");
   check_wu_shape<T>(wu, k_, n_, where);
-  check_parts<T>({{"a", a, false}, {"u", u, true}, {"h", h, true}}, m_, n_, layout_, where);
+  // Their overflow rows are not read here (a gate's queued result and the parts it will fill may
+  // differ in them until the count is known): the parts are checked without.
+  HybridView<T> slots_u = u, slots_h = h;
+  HybridView<const T> slots_a = a;
+  slots_u.overflow.rows = slots_h.overflow.rows = slots_a.overflow.rows = 0;
+  check_parts<T>({{"a", slots_a, false}, {"u", slots_u, true}, {"h", slots_h, true}}, m_, n_, layout_, where);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   transpose_into<T>(wu, wu_t_.values().data(), stream);
   wu_t_source_ = wu;
   for (const HybridView<T>& part : {u, h}) copy_slot_words<T>(a, part, stream, where);
-  ahead_ = {a.twell.packed, a.row_to_overflow, u.twell.packed, u.row_to_overflow, h.twell.packed, h.row_to_overflow};
+  ahead_ = {true,           a.twell.packed,   a.row_to_overflow, u.twell.packed, u.row_to_overflow,
+            h.twell.packed, h.row_to_overflow};
 }
 
 template <Value T>
@@ -1836,10 +1842,9 @@ void GatedUpDownPlan<T>::run(DenseView<const T> x, HybridView<const T> a, DenseV
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::run";
   twell::detail::require_live(live_, where);
   // What queue_ahead left, for this run only.
-  const KeptAhead ahead{
-      same_view<T>(wu_t_source_, wu),
-      ahead_.a_words != nullptr && ahead_ == Ahead{a.twell.packed, a.row_to_overflow, u.twell.packed, u.row_to_overflow,
-                                                   h.twell.packed, h.row_to_overflow}};
+  const KeptAhead ahead{ahead_.queued && same_view<T>(wu_t_source_, wu),
+                        ahead_ == Ahead{true, a.twell.packed, a.row_to_overflow, u.twell.packed, u.row_to_overflow,
+                                        h.twell.packed, h.row_to_overflow}};
   wu_t_source_ = {};
   ahead_ = {};
   check_kept<T>(x, a, wu, wd, u, h, y, m_, k_, n_, layout_, where);

@@ -184,8 +184,9 @@ class GatedUpDownPlan {
   // words and row map into u and h (the views' overflow rows are not read). For a caller that
   // waits for its gate's overflow count between the two (GatedFfnTraining::forward), so that the
   // GPU has this work while the host waits. The next run() skips it where its wu is the same view
-  // and its a, u and h the same storage; it queues everything itself otherwise, as it does after
-  // any other call of the plan. Checks wu, a, u and h as run() does.
+  // and its a, u and h the same storage, whose contents the caller leaves as they are in between;
+  // it queues everything itself otherwise, as it does after any other call of the plan. Checks
+  // wu, a, u and h as run() does, but for their overflow rows, which it does not read.
   void queue_ahead(HybridView<const T> a, DenseView<const T> wu, HybridView<T> u, HybridView<T> h);
 
   // The backward's products on a's pattern and dx, in one kernel (GatedBackwardOperands).
@@ -207,9 +208,10 @@ class GatedUpDownPlan {
   // queue_ahead() (or, once its checks passed, of such a backward) until its transpose is queued:
   // one that throws leaves it null.
   DenseView<const T> wu_t_source_{};
-  // Where queue_ahead() put a's slot words and row map (a's, u's, h's storage), for the next run()
-  // only; all null otherwise.
+  // What queue_ahead() queued, for the next run() only: Wu^T of wu_t_source_, and a's slot words
+  // and row map into this storage (a's, u's, h's); not `queued` otherwise.
   struct Ahead {
+    bool queued = false;
     const void* a_words = nullptr;
     const void* a_map = nullptr;
     const void* u_words = nullptr;
