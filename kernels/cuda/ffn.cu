@@ -1652,13 +1652,13 @@ void check_parts(std::initializer_list<NamedPart<T>> parts, std::int64_t m, std:
   }
 }
 
-// The weights of a training run for K and N: wu (and wg where given: the backward's) K x N, wd N x K.
 template <class T>
 void check_wu_shape(DenseView<const T> wu, std::int64_t k, std::int64_t n, const char* where) {
   require(wu.rows == k && wu.cols == n, ErrorCode::shape_mismatch, where, "wu is ", wu.rows, " x ", wu.cols,
           " but the plan is for K = ", k, " and N = ", n);
 }
 
+// The weights of a training run for K and N: wu (and wg where given: the backward's) K x N, wd N x K.
 template <class T>
 void check_training_weights(const DenseView<const T>* wg, DenseView<const T> wu, DenseView<const T> wd, std::int64_t k,
                             std::int64_t n, const char* where) {

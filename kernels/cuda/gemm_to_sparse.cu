@@ -716,11 +716,6 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
 }
 
 template <Value T>
-OverflowCount GemmToSparsePlan<T>::sync_overflow_count() {
-  return sync_overflow_count("twell::cuda::GemmToSparsePlan::sync_overflow_count");
-}
-
-template <Value T>
 OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const std::function<void()>& meanwhile) {
   return sync_overflow_count("twell::cuda::GemmToSparsePlan::sync_overflow_count", meanwhile);
 }

@@ -23,8 +23,8 @@ class ReadBack {
   static constexpr int kSlots = 4;
 
   // `device` and `bytes` 4-byte aligned, bytes at most kMaxBytes. Throws twell::Error (cuda) when
-  // the pinned slots, the event or the launch fail, (invalid_argument) on a misaligned or too large read or when the
-  // thread holds every slot.
+  // the pinned slots, the event or the launch fail; (invalid_argument) on a misaligned or too
+  // large read, or when the thread holds every slot.
   ReadBack(const void* device, std::size_t bytes, cudaStream_t stream, const char* where);
   ReadBack(const ReadBack&) = delete;
   ReadBack& operator=(const ReadBack&) = delete;

@@ -87,12 +87,11 @@ class GemmToSparsePlan {
   ~GemmToSparsePlan() = default;
 
   void run(DenseView<const T> x, DenseView<const T> w);
-  OverflowCount sync_overflow_count();
-  // The same, calling `meanwhile` once the count's read-back is queued and before the host waits
-  // for it: what it queues on the plan's stream (work that does not need R) keeps the GPU busy
-  // while the host waits, and does not delay the count. Called also where there is nothing to wait
-  // for; an exception from it leaves the plan as it was after run().
-  OverflowCount sync_overflow_count(const std::function<void()>& meanwhile);
+  // `meanwhile`, where given, is called once the count's read-back is queued and before the host
+  // waits for it: what it queues on the plan's stream (work that does not need R) keeps the GPU
+  // busy while the host waits, and does not delay the count. Called also where there is nothing to
+  // wait for; an exception from it leaves the plan as it was after run().
+  OverflowCount sync_overflow_count(const std::function<void()>& meanwhile = {});
   HybridView<const T> result() const;
   // The result as the work queued by run() leaves it, for consumers queued after run() on the
   // plan's stream (the fused FFN reads its gate this way, without a host sync). Its overflow view
