@@ -20,7 +20,6 @@
 namespace twell::cuda::detail {
 
 using twell::detail::check_cuda;
-using twell::detail::check_launch;
 
 constexpr int kWarpSize = 32;
 constexpr int kBlockThreads = 256;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common.cuh"
+#include "cuda_launch.cuh"
 #include "rows.cuh"
 
 namespace twell::cuda::detail {
@@ -40,8 +41,8 @@ CsrMatrix<T> rows_to_csr(Rows rows, std::int64_t n_rows, std::int64_t cols, cons
   order_after_allocations(stream);
   check_cuda(cudaMemsetAsync(row_ptr.data(), 0, sizeof(std::int64_t), stream), where);
   if (blocks != 0) {
-    count_rows_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, n_rows, options.threshold, counts.get());
-    check_launch(where);
+    ::twell::detail::launch_kernel(where, count_rows_kernel<T, Rows>, blocks, kBlockThreads, 0, stream, rows, n_rows,
+                                   options.threshold, counts.get());
   }
   inclusive_sum(counts.get(), row_ptr.data() + 1, n_rows, stream);
   const std::int64_t nnz = read_value(row_ptr.data() + n_rows, stream);
@@ -50,10 +51,8 @@ CsrMatrix<T> rows_to_csr(Rows rows, std::int64_t n_rows, std::int64_t cols, cons
   out.row_ptr() = std::move(row_ptr);
   order_after_allocations(stream);
   if (blocks != 0 && nnz != 0) {
-    fill_csr_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, n_rows, options.threshold,
-                                                                   out.row_ptr().data(), out.col_idx().data(),
-                                                                   out.values().data());
-    check_launch(where);
+    ::twell::detail::launch_kernel(where, fill_csr_kernel<T, Rows>, blocks, kBlockThreads, 0, stream, rows, n_rows,
+                                   options.threshold, out.row_ptr().data(), out.col_idx().data(), out.values().data());
   }
   if (options.report != nullptr) *options.report = ConvertReport{nnz, 0, 0};
   return out;
@@ -85,8 +84,8 @@ EllMatrix<T> rows_to_ell(Rows rows, std::int64_t n_rows, std::int64_t cols, cons
     if (blocks != 0) {
       DeviceTemp<std::int64_t> counts(static_cast<std::size_t>(n_rows), stream);
       DeviceTemp<std::int64_t> longest(1, stream);
-      count_rows_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, n_rows, options.threshold, counts.get());
-      check_launch(where);
+      ::twell::detail::launch_kernel(where, count_rows_kernel<T, Rows>, blocks, kBlockThreads, 0, stream, rows, n_rows,
+                                     options.threshold, counts.get());
       maximum(counts.get(), longest.get(), n_rows, stream);
       width = read_value(longest.get(), stream);
     }
@@ -96,11 +95,9 @@ EllMatrix<T> rows_to_ell(Rows rows, std::int64_t n_rows, std::int64_t cols, cons
   order_after_allocations(stream);
   DeviceCounters counters(stream);
   if (blocks != 0) {
-    fill_ell_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, n_rows, options.threshold, width,
-                                                                   out.row_count().data(), out.col_idx().data(),
-                                                                   out.values().data(), options.overflow,
-                                                                   counters.get());
-    check_launch(where);
+    ::twell::detail::launch_kernel(where, fill_ell_kernel<T, Rows>, blocks, kBlockThreads, 0, stream, rows, n_rows,
+                                   options.threshold, width, out.row_count().data(), out.col_idx().data(),
+                                   out.values().data(), options.overflow, counters.get());
   }
   if (options.overflow == OverflowPolicy::error || options.report != nullptr) {
     const Counters c = counters.read();
@@ -124,9 +121,8 @@ DenseMatrix<T> rows_to_dense(Rows rows, std::int64_t n_rows, std::int64_t cols, 
   order_after_allocations(stream);
   DeviceCounters counters(stream);
   if (const unsigned blocks = blocks_for_warps(n_rows); blocks != 0 && cols != 0) {
-    to_dense_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, n_rows, nullptr, options.threshold,
-                                                                   out.values().data(), cols, counters.get());
-    check_launch(where);
+    ::twell::detail::launch_kernel(where, to_dense_kernel<T, Rows>, blocks, kBlockThreads, 0, stream, rows, n_rows,
+                                   nullptr, options.threshold, out.values().data(), cols, counters.get());
   }
   if (options.report != nullptr)
     *options.report = ConvertReport{static_cast<std::int64_t>(counters.read().nnz), 0, 0};

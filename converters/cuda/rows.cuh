@@ -13,6 +13,7 @@
 #include <twell/formats/twell_matrix.hpp>
 
 #include "common.cuh"
+#include "cuda_launch.cuh"
 
 namespace twell::cuda::detail {
 
@@ -167,6 +168,7 @@ __device__ std::int64_t for_each_stored(const Rows& rows, std::int64_t row, floa
 template <class T, class Rows>
 __global__ void __launch_bounds__(kBlockThreads)
     count_rows_kernel(Rows rows, std::int64_t n_rows, float threshold, std::int64_t* counts) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t row = global_warp(); row < n_rows; row += warp_count()) {
     const std::int64_t n = for_each_stored<T>(rows, row, threshold, [](std::int64_t, std::int64_t, T) {});
     if (lane_id() == 0) counts[row] = n;
@@ -180,6 +182,7 @@ template <class T, class Rows>
 __global__ void __launch_bounds__(kBlockThreads)
     fill_csr_kernel(Rows rows, std::int64_t n_rows, float threshold, const std::int64_t* row_ptr, std::int32_t* col_idx,
                     T* values) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t row = global_warp(); row < n_rows; row += warp_count()) {
     const std::int64_t base = row_ptr[row];
     for_each_stored<T>(rows, row, threshold, [&](std::int64_t rank, std::int64_t col, T v) {
@@ -197,6 +200,7 @@ template <class T, class Rows>
 __global__ void __launch_bounds__(kBlockThreads)
     fill_ell_kernel(Rows rows, std::int64_t n_rows, float threshold, std::int64_t width, std::int32_t* row_count,
                     std::int32_t* col_idx, T* values, OverflowPolicy policy, Counters* counters) {
+  ::twell::detail::wait_for_prior_grids();
   std::int64_t kept_total = 0;
   for (std::int64_t row = global_warp(); row < n_rows; row += warp_count()) {
     std::int32_t* cols_out = col_idx + row * width;
@@ -235,6 +239,7 @@ template <class T, class Rows>
 __global__ void __launch_bounds__(kBlockThreads)
     to_dense_kernel(Rows rows, std::int64_t n_out_rows, const std::int32_t* map, float threshold, T* out,
                     std::int64_t cols, Counters* counters) {
+  ::twell::detail::wait_for_prior_grids();
   std::int64_t stored_total = 0;
   for (std::int64_t r = global_warp(); r < n_out_rows; r += warp_count()) {
     const std::int64_t src_row = map != nullptr ? map[r] : r;
@@ -257,6 +262,7 @@ template <class T>
 __global__ void __launch_bounds__(kBlockThreads)
     gather_dense_rows_kernel(DenseRows<T> src, std::int64_t n_out_rows, const std::int32_t* map, float threshold,
                              T* out) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t r = blockIdx.y; r < n_out_rows; r += gridDim.y) {
     const T* row = src.data + static_cast<std::int64_t>(map[r]) * src.ld;
     T* o = out + r * src.cols;

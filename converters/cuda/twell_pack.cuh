@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common.cuh"
+#include "cuda_launch.cuh"
 #include "packing.cuh"
 #include "rows.cuh"
 #include "slot_group.cuh"
@@ -65,6 +66,7 @@ template <class T, bool kVector>
 __global__ void __launch_bounds__(kBlockThreads, kDenseMinBlocks)
     dense_to_twell_kernel(DenseView<const T> src, TwellLayout layout, std::int64_t tiles, std::uint32_t* packed,
                           T* value_plane, float threshold, OverflowTarget overflow) {
+  ::twell::detail::wait_for_prior_grids();
   constexpr int kPerLane = 16 / static_cast<int>(sizeof(T));
   constexpr int kChunk = kWarpSize * kPerLane;
   constexpr int kGroup = kDensePairsPerWarp;
@@ -191,6 +193,7 @@ template <class T, int kTile, bool kZeroThreshold>
 __global__ void __launch_bounds__(kBlockThreads, kTilesMinBlocks)
     dense_to_twell_tiles_kernel(DenseView<const T> src, TwellGeometry geo, std::uint32_t* packed, float threshold,
                                 OverflowTarget overflow) {
+  ::twell::detail::wait_for_prior_grids();
   constexpr int kPerLane = kTile / 16;
   const int lane = lane_id();
   const int col0 = (lane & 15) * kPerLane;
@@ -268,6 +271,7 @@ __global__ void __launch_bounds__(kBlockThreads) sparse_to_twell_kernel(Rows row
                                                                         std::int64_t tiles, std::uint32_t* packed,
                                                                         T* value_plane, float threshold,
                                                                         OverflowTarget overflow) {
+  ::twell::detail::wait_for_prior_grids();
   const int lane = lane_id();
   const int slot_count = layout.slots();
   const int capacity = layout.capacity();
@@ -304,6 +308,7 @@ static __global__ void __launch_bounds__(kBlockThreads) map_overflow_rows_kernel
                                                                           std::int64_t n_rows,
                                                                           std::int32_t* row_to_overflow,
                                                                           std::int32_t* overflow_to_row) {
+  ::twell::detail::wait_for_prior_grids();
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < n_rows;
        row += stride) {
@@ -325,7 +330,8 @@ void launch_dense_to_twell_tiles(DenseView<const T> src, TwellView<T> out, float
   const TwellGeometry geo = twell_geometry(out.layout, src.cols);
   if (blocks == 0 || geo.tiles == 0) return;
   const auto launch = [&](auto kernel) {
-    kernel<<<blocks, kBlockThreads, 0, stream>>>(src, geo, out.packed, threshold, overflow);
+    ::twell::detail::launch_kernel(where, kernel, blocks, kBlockThreads, 0, stream, src, geo, out.packed, threshold,
+                                   overflow);
   };
   const bool zero = threshold == 0.0f;
   if (out.layout.tile == 256) {
@@ -333,7 +339,6 @@ void launch_dense_to_twell_tiles(DenseView<const T> src, TwellView<T> out, float
   } else {
     zero ? launch(dense_to_twell_tiles_kernel<T, 128, true>) : launch(dense_to_twell_tiles_kernel<T, 128, false>);
   }
-  check_launch(where);
 }
 
 // Launches dense -> TwELL into out (on the device, src's shape), vectorised when alignment allows.
@@ -354,14 +359,9 @@ void launch_dense_to_twell(DenseView<const T> src, TwellView<T> out, float thres
       return;
     }
   }
-  if (aligned) {
-    dense_to_twell_kernel<T, true><<<blocks, kBlockThreads, 0, stream>>>(src, layout, tiles, out.packed,
-                                                                        out.value_plane, threshold, overflow);
-  } else {
-    dense_to_twell_kernel<T, false><<<blocks, kBlockThreads, 0, stream>>>(src, layout, tiles, out.packed,
-                                                                         out.value_plane, threshold, overflow);
-  }
-  check_launch(where);
+  ::twell::detail::launch_kernel(where, aligned ? dense_to_twell_kernel<T, true> : dense_to_twell_kernel<T, false>,
+                                 blocks, kBlockThreads, 0, stream, src, layout, tiles, out.packed, out.value_plane,
+                                 threshold, overflow);
 }
 
 template <class T, class Rows>
@@ -371,9 +371,8 @@ void launch_sparse_to_twell(Rows rows, std::int64_t n_rows, std::int64_t cols, T
   const std::int64_t tiles = layout.tiles(cols);
   const unsigned blocks = blocks_for_warps(n_rows * tiles);
   if (blocks == 0) return;
-  sparse_to_twell_kernel<T, Rows><<<blocks, kBlockThreads, 0, stream>>>(rows, n_rows, cols, layout, tiles, out.packed,
-                                                                       out.value_plane, threshold, overflow);
-  check_launch(where);
+  ::twell::detail::launch_kernel(where, sparse_to_twell_kernel<T, Rows>, blocks, kBlockThreads, 0, stream, rows, n_rows,
+                                 cols, layout, tiles, out.packed, out.value_plane, threshold, overflow);
 }
 
 // Into TwELL, options.overflow is error or drop; the hybrid policy belongs to *_to_hybrid.
@@ -426,9 +425,8 @@ void write_hybrid_rows(const std::int32_t* flags, const std::int32_t* ranks, Hyb
   if (n_rows > 0) {
     const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n_rows + kBlockThreads - 1) / kBlockThreads,
                                                                      kMaxBlocks));
-    map_overflow_rows_kernel<<<blocks, kBlockThreads, 0, stream>>>(flags, ranks, n_rows, out.row_to_overflow,
-                                                                   out.overflow_to_row);
-    check_launch(where);
+    ::twell::detail::launch_kernel(where, map_overflow_rows_kernel, blocks, kBlockThreads, 0, stream, flags, ranks,
+                                   n_rows, out.row_to_overflow, out.overflow_to_row);
   }
   const std::int64_t r = out.overflow.rows;
   if (r == 0 || out.cols() == 0) return;
@@ -436,13 +434,12 @@ void write_hybrid_rows(const std::int32_t* flags, const std::int32_t* ranks, Hyb
     const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((out.cols() + kBlockThreads - 1) / kBlockThreads,
                                                                  kMaxBlocks)),
                     static_cast<unsigned>(std::min<std::int64_t>(r, 65535)));
-    gather_dense_rows_kernel<T><<<grid, kBlockThreads, 0, stream>>>(rows, r, out.overflow_to_row, threshold,
-                                                                    out.overflow.data);
+    ::twell::detail::launch_kernel(where, gather_dense_rows_kernel<T>, grid, kBlockThreads, 0, stream, rows, r,
+                                   out.overflow_to_row, threshold, out.overflow.data);
   } else {
-    to_dense_kernel<T, Rows><<<blocks_for_warps(r), kBlockThreads, 0, stream>>>(
-        rows, r, out.overflow_to_row, threshold, out.overflow.data, out.cols(), nullptr);
+    ::twell::detail::launch_kernel(where, to_dense_kernel<T, Rows>, blocks_for_warps(r), kBlockThreads, 0, stream, rows,
+                                   r, out.overflow_to_row, threshold, out.overflow.data, out.cols(), nullptr);
   }
-  check_launch(where);
 }
 
 // The packing kernel has written `twell` (true counts: shadows) and flagged the rows with an

@@ -7,6 +7,7 @@
 #include <twell/instantiate.hpp>
 #include <twell/kernels/baselines.hpp>
 
+#include "cuda_launch.cuh"
 #include "handles.cuh"
 
 namespace twell::baseline {
@@ -174,6 +175,7 @@ struct MapOperands {
 
 template <class T, bool kVec, int kIn, int kOut, class F>
 __global__ void map_kernel(MapOperands<T, kIn, kOut> o, F f) {
+  ::twell::detail::wait_for_prior_grids();
   constexpr int kPer = kVec ? 16 / static_cast<int>(sizeof(T)) : 1;
   const std::int64_t chunks_per_row = (o.cols + kPer - 1) / kPer;
   const std::int64_t n = o.rows * chunks_per_row;
@@ -224,12 +226,8 @@ void map(const MapOperands<T, kIn, kOut>& o, F f, cudaStream_t stream, const cha
   for (int p = 0; p < kOut; ++p) vec = vec && aligned(o.out[p], o.ld_out[p]);
   const std::int64_t items = vec ? o.rows * (o.cols / v) : o.rows * o.cols;
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((items + 255) / 256, std::int64_t{1} << 20));
-  if (vec) {
-    map_kernel<T, true><<<blocks, 256, 0, stream>>>(o, f);
-  } else {
-    map_kernel<T, false><<<blocks, 256, 0, stream>>>(o, f);
-  }
-  detail::check_launch(where);
+  ::twell::detail::launch_kernel(where, vec ? map_kernel<T, true, kIn, kOut, F> : map_kernel<T, false, kIn, kOut, F>,
+                                 blocks, 256, 0, stream, o, f);
 }
 
 // h = a * u (the gated product).

@@ -60,7 +60,6 @@ namespace detail {
 using twell::detail::check_cublas;
 using twell::detail::check_cuda;
 using twell::detail::check_cusparse;
-using twell::detail::check_launch;
 
 template <class T>
 constexpr cudaDataType_t cuda_type() {

@@ -7,6 +7,7 @@
 #include <twell/instantiate.hpp>
 #include <twell/kernels/baselines.hpp>
 
+#include "cuda_launch.cuh"
 #include "handles.cuh"
 
 namespace twell::baseline {
@@ -79,17 +80,20 @@ class DeviceBytes {
 
 // row_ptr (64-bit) -> 32-bit offsets, and, for COO, the row index of each entry.
 __global__ void narrow_row_ptr_kernel(std::int64_t rows, const std::int64_t* row_ptr, std::int32_t* out) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i <= rows;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     out[i] = static_cast<std::int32_t>(row_ptr[i]);
 }
 __global__ void expand_rows_kernel(std::int64_t rows, const std::int64_t* row_ptr, std::int32_t* row_idx) {
+  ::twell::detail::wait_for_prior_grids();
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
   for (std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32; i < rows; i += warps)
     for (std::int64_t e = row_ptr[i] + (threadIdx.x & 31); e < row_ptr[i + 1]; e += 32)
       row_idx[e] = static_cast<std::int32_t>(i);
 }
 __global__ void widen_row_ptr_kernel(std::int64_t rows, const std::int32_t* in, std::int64_t* out) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i <= rows;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     out[i] = in[i];
@@ -97,6 +101,7 @@ __global__ void widen_row_ptr_kernel(std::int64_t rows, const std::int32_t* in, 
 template <class From, class To>
 __global__ void convert_kernel(const From* in, To* out, std::int64_t rows, std::int64_t cols, std::int64_t ld_in,
                                std::int64_t ld_out) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < rows * cols;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t r = idx / cols, j = idx - r * cols;
@@ -165,9 +170,8 @@ SpmmPlan<T>::SpmmPlan(Handles& handles, Op op_a, CsrView<const T> a, SparseStora
   const cudaDataType_t type = detail::cuda_type<T>();
   if (storage == SparseStorage::csr) {
     p.indices = DeviceBytes(static_cast<std::size_t>(a.rows + 1) * 4);
-    narrow_row_ptr_kernel<<<blocks_for(a.rows + 1), 256, 0, stream>>>(a.rows, a.row_ptr,
-                                                                      static_cast<std::int32_t*>(p.indices.get()));
-    detail::check_launch(where);
+    ::twell::detail::launch_kernel(where, narrow_row_ptr_kernel, blocks_for(a.rows + 1), 256, 0, stream, a.rows,
+                                   a.row_ptr, static_cast<std::int32_t*>(p.indices.get()));
     detail::check_cusparse(cusparseCreateCsr(&p.a, a.rows, a.cols, a.nnz, p.indices.get(),
                                              const_cast<std::int32_t*>(a.col_idx), const_cast<T*>(a.values),
                                              CUSPARSE_INDEX_32I, CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, type),
@@ -175,9 +179,8 @@ SpmmPlan<T>::SpmmPlan(Handles& handles, Op op_a, CsrView<const T> a, SparseStora
   } else {
     p.indices = DeviceBytes(static_cast<std::size_t>(std::max<std::int64_t>(a.nnz, 1)) * 4);
     if (a.rows > 0) {
-      expand_rows_kernel<<<blocks_for(a.rows * 32), 256, 0, stream>>>(a.rows, a.row_ptr,
-                                                                      static_cast<std::int32_t*>(p.indices.get()));
-      detail::check_launch(where);
+      ::twell::detail::launch_kernel(where, expand_rows_kernel, blocks_for(a.rows * 32), 256, 0, stream, a.rows,
+                                     a.row_ptr, static_cast<std::int32_t*>(p.indices.get()));
     }
     detail::check_cusparse(
         cusparseCreateCoo(&p.a, a.rows, a.cols, a.nnz, p.indices.get(), const_cast<std::int32_t*>(a.col_idx),
@@ -252,12 +255,10 @@ struct SddmmPlan<T>::Impl {
   DeviceBytes buffer;
   // A and B into their fp32 copies, on `stream`.
   void convert_inputs(cudaStream_t stream, const char* where) {
-    convert_kernel<T, float><<<blocks_for(a_src.rows * a_src.cols), 256, 0, stream>>>(
-        a_src.data, static_cast<float*>(a32.get()), a_src.rows, a_src.cols, a_src.ld, lda32);
-    detail::check_launch(where);
-    convert_kernel<T, float><<<blocks_for(b_src.rows * b_src.cols), 256, 0, stream>>>(
-        b_src.data, static_cast<float*>(b32.get()), b_src.rows, b_src.cols, b_src.ld, ldb32);
-    detail::check_launch(where);
+    ::twell::detail::launch_kernel(where, convert_kernel<T, float>, blocks_for(a_src.rows * a_src.cols), 256, 0, stream,
+                                   a_src.data, static_cast<float*>(a32.get()), a_src.rows, a_src.cols, a_src.ld, lda32);
+    ::twell::detail::launch_kernel(where, convert_kernel<T, float>, blocks_for(b_src.rows * b_src.cols), 256, 0, stream,
+                                   b_src.data, static_cast<float*>(b32.get()), b_src.rows, b_src.cols, b_src.ld, ldb32);
   }
   // The fp32 values are ours: cleared so that a cuSPARSE read of C under beta = 0 sees zeros, not
   // whatever the allocation held. With copies made once they are cleared once, at construction:
@@ -323,9 +324,8 @@ SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseVi
   p.b_src = b;
   const cudaStream_t stream = handles.impl().stream;
   p.offsets = DeviceBytes(static_cast<std::size_t>(out.rows + 1) * 4);
-  narrow_row_ptr_kernel<<<blocks_for(out.rows + 1), 256, 0, stream>>>(out.rows, out.row_ptr,
-                                                                      static_cast<std::int32_t*>(p.offsets.get()));
-  detail::check_launch(where);
+  ::twell::detail::launch_kernel(where, narrow_row_ptr_kernel, blocks_for(out.rows + 1), 256, 0, stream, out.rows,
+                                 out.row_ptr, static_cast<std::int32_t*>(p.offsets.get()));
   std::size_t bytes = 0;
   cusparseStatus_t status =
       sddmm_setup<T>(p, detail::cuda_type<T>(), a.data, a.ld, b.data, b.ld, out.values, bytes, where);
@@ -382,18 +382,18 @@ void SddmmPlan<T>::run() {
       if (p.beta == 0.0f) p.clear_values32(stream, where);
     }
     if (p.beta != 0.0f) {
-      convert_kernel<T, float><<<blocks_for(p.target.nnz), 256, 0, stream>>>(
-          p.target.values, static_cast<float*>(p.values32.get()), 1, p.target.nnz, p.target.nnz, p.target.nnz);
-      detail::check_launch(where);
+      ::twell::detail::launch_kernel(where, convert_kernel<T, float>, blocks_for(p.target.nnz), 256, 0, stream,
+                                     p.target.values, static_cast<float*>(p.values32.get()), 1, p.target.nnz,
+                                     p.target.nnz, p.target.nnz);
     }
   }
   check_supported(cusparseSDDMM(p.handles->impl().sparse, CUSPARSE_OPERATION_NON_TRANSPOSE, p.op_b, &p.alpha, p.a, p.b,
                                 &p.beta, p.out, CUDA_R_32F, CUSPARSE_SDDMM_ALG_DEFAULT, p.buffer.get()),
                   where, "cusparseSDDMM");
   if (!p.native && p.target.nnz > 0) {
-    convert_kernel<float, T><<<blocks_for(p.target.nnz), 256, 0, stream>>>(
-        static_cast<const float*>(p.values32.get()), p.target.values, 1, p.target.nnz, p.target.nnz, p.target.nnz);
-    detail::check_launch(where);
+    ::twell::detail::launch_kernel(where, convert_kernel<float, T>, blocks_for(p.target.nnz), 256, 0, stream,
+                                   static_cast<const float*>(p.values32.get()), p.target.values, 1, p.target.nnz,
+                                   p.target.nnz, p.target.nnz);
   }
 }
 
@@ -437,9 +437,9 @@ struct DenseToCsrPlan<T>::Impl {
     check_supported(cusparseDenseToSparse_convert(handles->impl().sparse, dense, csr,
                                                   CUSPARSE_DENSETOSPARSE_ALG_DEFAULT, buffer.get()),
                     where, "cusparseDenseToSparse_convert");
-    widen_row_ptr_kernel<<<blocks_for(src.rows + 1), 256, 0, handles->impl().stream>>>(
-        src.rows, static_cast<const std::int32_t*>(offsets.get()), out_row_ptr);
-    detail::check_launch(where);
+    ::twell::detail::launch_kernel(where, widen_row_ptr_kernel, blocks_for(src.rows + 1), 256, 0,
+                                   handles->impl().stream, src.rows, static_cast<const std::int32_t*>(offsets.get()),
+                                   out_row_ptr);
   }
 };
 

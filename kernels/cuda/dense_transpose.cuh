@@ -8,6 +8,7 @@
 
 #include <twell/error.hpp>
 
+#include "cuda_launch.cuh"
 #include "sparse_common.cuh"
 
 namespace twell::cuda::detail {
@@ -18,6 +19,7 @@ namespace twell::cuda::detail {
 template <class T>
 __global__ void transpose_words_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out,
                                        std::int64_t ld_out) {
+  ::twell::detail::wait_for_prior_grids();
   __shared__ T tile[32][33];
   const std::int64_t c0 = std::int64_t{blockIdx.x} * 32, r0 = std::int64_t{blockIdx.y} * 32;
   for (int i = static_cast<int>(threadIdx.y); i < 32; i += 8) {
@@ -46,6 +48,7 @@ __global__ void transpose_words_kernel(const T* in, std::int64_t rows, std::int6
 template <class T>
 __global__ void transpose_pairs_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out,
                                        std::int64_t ld_out, bool pairs) {
+  ::twell::detail::wait_for_prior_grids();
   constexpr int kTile = 64, kStep = 8;                           // rows of threads: blockDim.y
   __shared__ __align__(4) std::uint16_t tile[kTile][kTile + 2];  // rows of 33 words: pairs are 32-bit accesses
   const auto* src = reinterpret_cast<const std::uint16_t*>(in);
@@ -112,12 +115,13 @@ void transpose_dense(const T* in, std::int64_t rows, std::int64_t cols, std::int
   if constexpr (sizeof(T) == 2) {
     const bool pairs = reinterpret_cast<std::uintptr_t>(in) % 4 == 0 && reinterpret_cast<std::uintptr_t>(out) % 4 == 0 &&
                        ld_in % 2 == 0 && ld_out % 2 == 0;
-    transpose_pairs_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(in, rows, cols, ld_in, out, ld_out, pairs);
+    ::twell::detail::launch_kernel(where, transpose_pairs_kernel<T>, grid, dim3(32, 8), 0, stream, in, rows, cols,
+                                   ld_in, out, ld_out, pairs);
   } else {
     static_assert(sizeof(T) == 4);
-    transpose_words_kernel<T><<<grid, dim3(32, 8), 0, stream>>>(in, rows, cols, ld_in, out, ld_out);
+    ::twell::detail::launch_kernel(where, transpose_words_kernel<T>, grid, dim3(32, 8), 0, stream, in, rows, cols,
+                                   ld_in, out, ld_out);
   }
-  check_launch(where);
 }
 
 }  // namespace twell::cuda::detail

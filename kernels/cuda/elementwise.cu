@@ -8,6 +8,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/per_format.hpp>
 
+#include "cuda_launch.cuh"
 #include "hybrid_shadow.cuh"
 #include "pattern_ops.cuh"
 #include "sparse_common.cuh"
@@ -46,6 +47,7 @@ struct AddScaledSign {
 // training step).
 template <class T, class F>
 __global__ void values_kernel(std::int64_t n, const T* x, const T* y, T* out, F f) {
+  ::twell::detail::wait_for_prior_grids();
   TWELL_GRID_STRIDE(e, n) {
     detail::store_f(out + e, f(detail::load_f(x + e), detail::load_f(y + e)));
   }
@@ -55,6 +57,7 @@ __global__ void values_kernel(std::int64_t n, const T* x, const T* y, T* out, F 
 template <class T, class F>
 __global__ void ell_kernel(std::int64_t rows, std::int64_t width, const std::int32_t* count, const T* x, const T* y,
                            T* out, F f) {
+  ::twell::detail::wait_for_prior_grids();
   TWELL_GRID_STRIDE(idx, rows * width) {
     const std::int64_t i = idx / width, s = idx - i * width;
     if (s < count[i])
@@ -68,6 +71,7 @@ __global__ void ell_kernel(std::int64_t rows, std::int64_t width, const std::int
 template <class T, class F>
 __global__ void twell_kernel(std::int64_t words, TwellLayout layout, const std::uint32_t* x, const T* x_plane,
                              const std::uint32_t* y, const T* y_plane, std::uint32_t* out, T* out_plane, F f) {
+  ::twell::detail::wait_for_prior_grids();
   const int slots = layout.slots();
   TWELL_GRID_STRIDE(idx, words) {
     const std::int64_t s = idx % slots;
@@ -96,6 +100,7 @@ __global__ void twell_kernel(std::int64_t words, TwellLayout layout, const std::
 template <class T, class F>
 __global__ void twell_quad_kernel(std::int64_t quads, std::uint32_t slot_mask, std::uint32_t capacity,
                                   const uint4* x, const uint4* y, uint4* out, F f) {
+  ::twell::detail::wait_for_prior_grids();
   TWELL_GRID_STRIDE(q, quads) {
     const uint4 xq = x[q], yq = y[q];
     const detail::QuadSlots slots = detail::quad_slots(x, q, xq, slot_mask, capacity);
@@ -119,6 +124,7 @@ __global__ void twell_quad_kernel(std::int64_t quads, std::uint32_t slot_mask, s
 template <class T, class F>
 __global__ void overflow_kernel(std::int64_t r_rows, std::int64_t cols, const T* x, std::int64_t ldx, const T* y,
                                 std::int64_t ldy, T* out, std::int64_t ldo, F f) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t r = blockIdx.y; r < r_rows; r += gridDim.y) {
     for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j < cols;
          j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -135,17 +141,15 @@ __global__ void overflow_kernel(std::int64_t r_rows, std::int64_t cols, const T*
 template <class T, class F>
 void run(CsrView<const T> x, const T* y, CsrView<T> out, F f, const char* where, const KernelOptions& options) {
   if (x.nnz == 0) return;
-  values_kernel<T><<<detail::grid_for(x.nnz, kThreads), kThreads, 0, detail::stream_of(options)>>>(x.nnz, x.values, y,
-                                                                                                   out.values, f);
-  detail::check_launch(where);
+  ::twell::detail::launch_kernel(where, values_kernel<T, F>, detail::grid_for(x.nnz, kThreads), kThreads, 0,
+                                 detail::stream_of(options), x.nnz, x.values, y, out.values, f);
 }
 
 template <class T, class F>
 void run(EllView<const T> x, const T* y, EllView<T> out, F f, const char* where, const KernelOptions& options) {
   if (x.rows * x.width == 0) return;
-  ell_kernel<T><<<detail::grid_for(x.rows * x.width, kThreads), kThreads, 0, detail::stream_of(options)>>>(
-      x.rows, x.width, x.row_count, x.values, y, out.values, f);
-  detail::check_launch(where);
+  ::twell::detail::launch_kernel(where, ell_kernel<T, F>, detail::grid_for(x.rows * x.width, kThreads), kThreads, 0,
+                                 detail::stream_of(options), x.rows, x.width, x.row_count, x.values, y, out.values, f);
 }
 
 template <class T, class F>
@@ -157,17 +161,17 @@ void run(TwellView<const T> x, const TwellView<const T>* y, TwellView<T> out, F 
   if constexpr (ValueTraits<T>::packs_in_slot) {
     if (detail::quad_words(x.layout, x.packed, y->packed, out.packed)) {
       const std::int64_t quads = words / 4;
-      twell_quad_kernel<T><<<detail::grid_for(quads, kThreads), kThreads, 0, stream>>>(
-          quads, static_cast<std::uint32_t>(x.layout.slots() - 1), static_cast<std::uint32_t>(x.layout.capacity()),
+      ::twell::detail::launch_kernel(
+          where, twell_quad_kernel<T, F>, detail::grid_for(quads, kThreads), kThreads, 0, stream, quads,
+          static_cast<std::uint32_t>(x.layout.slots() - 1), static_cast<std::uint32_t>(x.layout.capacity()),
           reinterpret_cast<const uint4*>(x.packed), reinterpret_cast<const uint4*>(y->packed),
           reinterpret_cast<uint4*>(out.packed), f);
-      detail::check_launch(where);
       return;
     }
   }
-  twell_kernel<T><<<detail::grid_for(words, kThreads), kThreads, 0, stream>>>(
-      words, x.layout, x.packed, x.value_plane, y->packed, y->value_plane, out.packed, out.value_plane, f);
-  detail::check_launch(where);
+  ::twell::detail::launch_kernel(where, twell_kernel<T, F>, detail::grid_for(words, kThreads), kThreads, 0, stream,
+                                 words, x.layout, x.packed, x.value_plane, y->packed, y->value_plane, out.packed,
+                                 out.value_plane, f);
 }
 
 template <class T, class F>
@@ -178,10 +182,9 @@ void run(HybridView<const T> x, const HybridView<const T>* y, HybridView<T> out,
   const std::int64_t r = x.overflow.rows;
   if (r > 0 && x.cols() > 0) {
     const dim3 grid(detail::grid_for(x.cols(), kThreads), static_cast<unsigned>(std::min<std::int64_t>(r, 65535)));
-    overflow_kernel<T><<<grid, kThreads, 0, stream>>>(
-        r, x.cols(), x.overflow.data, x.overflow.ld, y->overflow.data, y->overflow.ld, out.overflow.data,
-        out.overflow.ld, f);
-    detail::check_launch(where);
+    ::twell::detail::launch_kernel(where, overflow_kernel<T, F>, grid, kThreads, 0, stream, r, x.cols(),
+                                   x.overflow.data, x.overflow.ld, y->overflow.data, y->overflow.ld, out.overflow.data,
+                                   out.overflow.ld, f);
     detail::copy_dense_rows_into_shadows(x.twell, x.overflow_to_row, out, stream, where);
   }
   if (x.rows() > 0 && out.row_to_overflow != x.row_to_overflow)

@@ -23,6 +23,7 @@
 #include "../../converters/cuda/slot_group.cuh"
 #include "../../converters/cuda/warp_scan.cuh"
 #include "cuda_check.hpp"
+#include "cuda_launch.cuh"
 #include "hybrid_shadow.cuh"
 #include "mma_sync.cuh"
 #include "pattern_ops.cuh"
@@ -475,6 +476,7 @@ __device__ __forceinline__ void ffn_token(const FfnArgs& a, std::int64_t row, fl
 
 template <class T, int V, Pass kPass>
 __global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
+  ::twell::detail::wait_for_prior_grids();
   extern __shared__ float smem[];
   ffn_token<T, V, static_cast<int>(kFusedFfnMaxK / (kThreads * V)), kPass>(a, blockIdx.x, smem);
 }
@@ -941,6 +943,7 @@ __device__ void run_split_parts(const FfnArgs& a, unsigned char* smem) {
 
 template <class T, int kChunks, Pass kPass>
 __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kernel(FfnArgs a) {
+  ::twell::detail::wait_for_prior_grids();
   static_assert(ValueTraits<T>::packs_in_slot, "the block kernel stages 16-bit x");
   extern __shared__ __align__(16) unsigned char block_smem[];
   if (static_cast<std::int32_t>(blockIdx.x) < a.helpers) {
@@ -1107,6 +1110,7 @@ static_assert(kCountRows % kMaxBlockTokens == 0 && kMaxBlockTokens % kCountRowsP
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a, std::int32_t* order) {
+  ::twell::detail::wait_for_prior_grids();
   constexpr int kWarps = kThreads / 32;
   __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps], warp_overflow[kWarps];
   __shared__ bool last;
@@ -1442,25 +1446,21 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
         a.helpers = static_cast<std::int32_t>(std::min(buffers.split_capacity * parts, fit.sms));
       }
       a.block_tokens = block_tokens_for(x.rows, fit.resident);
-      count_and_order_kernel<T><<<static_cast<unsigned>((x.rows + kCountRows - 1) / kCountRows), kThreads, 0, stream>>>(
-          a, buffers.block_order);
-      ::twell::detail::check_launch(where);
+      ::twell::detail::launch_kernel(where, count_and_order_kernel<T>,
+                                     static_cast<unsigned>((x.rows + kCountRows - 1) / kCountRows), kThreads, 0, stream,
+                                     a, buffers.block_order);
       a.block_order = buffers.block_order;
       const auto blocks = static_cast<unsigned>((x.rows + a.block_tokens - 1) / a.block_tokens);
-      block_kernel_for<T, kPass>(
-          x.cols)<<<blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols), stream>>>(a);
-      ::twell::detail::check_launch(where);
+      ::twell::detail::launch_kernel(where, block_kernel_for<T, kPass>(x.cols),
+                                     blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols),
+                                     stream, a);
       return (x.cols > kThreads * 8 ? "ffn_block_wide" : "ffn_block") + pass + "_v8";
     }
   }
   const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + 3 * kThreads * sizeof(std::int32_t);
   const auto grid = static_cast<unsigned>(x.rows);
-  if (vec) {
-    ffn_rows_kernel<T, 8, kPass><<<grid, kThreads, smem, stream>>>(a);
-  } else {
-    ffn_rows_kernel<T, 1, kPass><<<grid, kThreads, smem, stream>>>(a);
-  }
-  ::twell::detail::check_launch(where);
+  ::twell::detail::launch_kernel(where, vec ? ffn_rows_kernel<T, 8, kPass> : ffn_rows_kernel<T, 1, kPass>, grid,
+                                 kThreads, smem, stream, a);
   return "ffn_rows" + pass + (vec ? "_v8" : "_v1");
 }
 

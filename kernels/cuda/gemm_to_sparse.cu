@@ -20,6 +20,7 @@
 
 #include "cp_async.cuh"
 #include "cuda_check.hpp"
+#include "cuda_launch.cuh"
 #include "gemm_to_sparse.cuh"
 #include "gemm_to_sparse_sm90.cuh"
 #include "mma_sync.cuh"
@@ -237,6 +238,7 @@ __device__ __forceinline__ void stage_tile(std::uint16_t* vals, int ld, const fl
 // Benchmark: bench/suites/gemm_to_sparse.cpp.
 template <class T, int BN>
 __global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_twell_kernel(GemmArgs g, TwellOut o) {
+  ::twell::detail::wait_for_prior_grids();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto* smem = reinterpret_cast<std::uint16_t*>(smem_raw);
   const int tid = static_cast<int>(threadIdx.x);
@@ -275,6 +277,7 @@ __global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_twell_ker
 // gemm_twell_kernel except the tile.
 template <class T, int BN>
 __global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_dense_kernel(GemmArgs g, T* out, std::int64_t ldo) {
+  ::twell::detail::wait_for_prior_grids();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto* smem = reinterpret_cast<std::uint16_t*>(smem_raw);
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -304,6 +307,7 @@ __global__ void __launch_bounds__(256) gemm_simt_kernel(const T* x, std::int64_t
                                                         const T* w, std::int64_t ldw, std::int64_t m, std::int64_t n,
                                                         std::int64_t k, Activation kind, float threshold, T* out,
                                                         std::int64_t ldo) {
+  ::twell::detail::wait_for_prior_grids();
   constexpr int kTile = 64, kDepth = 16;
   __shared__ float as[kDepth][kTile + 1];
   __shared__ float bs[kDepth][kTile];
@@ -354,6 +358,7 @@ __global__ void __launch_bounds__(256) gemm_simt_kernel(const T* x, std::int64_t
 __global__ void gather_rows_kernel(const uint4* __restrict__ x, std::int64_t ldx, const std::int32_t* overflow_to_row,
                                    const unsigned long long* flagged, std::int64_t rows, std::int64_t vecs,
                                    uint4* __restrict__ out, std::int64_t ldo) {
+  ::twell::detail::wait_for_prior_grids();
   const std::int64_t used = min(rows, static_cast<std::int64_t>(*flagged));
   const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
   const std::int64_t r = i / vecs, v = i - r * vecs;
@@ -386,6 +391,7 @@ __global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* 
                                                                   std::int64_t capacity, std::int32_t* row_to_overflow,
                                                                   std::int32_t* overflow_to_row,
                                                                   unsigned long long* status) {
+  ::twell::detail::wait_for_prior_grids();
   using Ballots = std::uint32_t[detail::kBallotSteps];
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
@@ -436,6 +442,7 @@ __global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* 
 // Thread per row: overflow_to_row[row_to_overflow[i]] = i.
 __global__ void invert_overflow_map_kernel(const std::int32_t* row_to_overflow, std::int64_t m,
                                            std::int32_t* overflow_to_row) {
+  ::twell::detail::wait_for_prior_grids();
   const std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < m && row_to_overflow[i] >= 0) overflow_to_row[row_to_overflow[i]] = static_cast<std::int32_t>(i);
 }
@@ -534,8 +541,8 @@ void launch_twell(const GemmArgs& g, const TwellOut& o, cudaStream_t stream, con
   constexpr int kSmem = smem_bytes<BN>();
   static_assert(kBM * (BN + kPad) * 2 <= kSmem, "the epilogue tile must fit in the pipeline's shared memory");
   allow_smem(gemm_twell_kernel<T, BN>, kSmem, where);
-  gemm_twell_kernel<T, BN><<<grid_for(g.m, g.n, kBM, BN, where), kThreads, kSmem, stream>>>(g, o);
-  ::twell::detail::check_launch(where);
+  ::twell::detail::launch_kernel(where, gemm_twell_kernel<T, BN>, grid_for(g.m, g.n, kBM, BN, where), kThreads, kSmem,
+                                 stream, g, o);
 }
 
 // The tensor-core dense GEMM (128 x 128 CTAs) over g.m rows (fewer if g.m_limit says so).
@@ -543,8 +550,8 @@ template <class T>
 void launch_dense(const GemmArgs& g, T* out, std::int64_t ldo, cudaStream_t stream, const char* where) {
   constexpr int kSmem = smem_bytes<128>();
   allow_smem(gemm_dense_kernel<T, 128>, kSmem, where);
-  gemm_dense_kernel<T, 128><<<grid_for(g.m, g.n, kBM, 128, where), kThreads, kSmem, stream>>>(g, out, ldo);
-  ::twell::detail::check_launch(where);
+  ::twell::detail::launch_kernel(where, gemm_dense_kernel<T, 128>, grid_for(g.m, g.n, kBM, 128, where), kThreads, kSmem,
+                                 stream, g, out, ldo);
 }
 
 // The fused kernel serves this plan's shape (operand alignment is checked per run).
@@ -575,9 +582,9 @@ std::string gemm_activate_dense(DenseView<const T> x, const std::int32_t* rows, 
       return "mma_sync_dense";
     }
   }
-  gemm_simt_kernel<T><<<grid_for(m, w.cols, 64, 64, kWhere), 256, 0, stream>>>(
-      x.data, x.ld, rows, w.data, w.ld, m, w.cols, x.cols, act.kind, act.threshold, out.data, out.ld);
-  ::twell::detail::check_launch(kWhere);
+  ::twell::detail::launch_kernel(kWhere, gemm_simt_kernel<T>, grid_for(m, w.cols, 64, 64, kWhere), 256, 0, stream,
+                                 x.data, x.ld, rows, w.data, w.ld, m, w.cols, x.cols, act.kind, act.threshold, out.data,
+                                 out.ld);
   return "simt_dense";
 }
 
@@ -683,9 +690,8 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
       }
     }
     const bool route = policy_ == OverflowPolicy::hybrid;
-    rank_overflow_rows_kernel<<<1, 1024, 0, stream>>>(flags_.data(), m_, route, overflow_.rows(),
-                                                      row_to_overflow_.data(), overflow_to_row_.data(), status);
-    ::twell::detail::check_launch(where);
+    ::twell::detail::launch_kernel(where, rank_overflow_rows_kernel, 1, 1024, 0, stream, flags_.data(), m_, route,
+                                   overflow_.rows(), row_to_overflow_.data(), overflow_to_row_.data(), status);
     path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") + (layout_.tile == 128 ? "128" : "256");
     if (route && overflow_.rows() > 0 && n_ > 0) {
       // The overflow rows' dense values, for the whole block; the kernels read the device-side R
@@ -699,10 +705,10 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
         hr.ldx = gathered_x_.view().ld;
         hr.m = overflow_.rows();
         const std::int64_t vectors = overflow_.rows() * (k_ / 8);
-        gather_rows_kernel<<<static_cast<unsigned>((vectors + 255) / 256), 256, 0, stream>>>(
-            reinterpret_cast<const uint4*>(x.data), x.ld / 8, overflow_to_row_.data(), flagged, overflow_.rows(),
-            k_ / 8, reinterpret_cast<uint4*>(gathered_x_.view().data), gathered_x_.view().ld / 8);
-        ::twell::detail::check_launch(where);
+        ::twell::detail::launch_kernel(where, gather_rows_kernel, static_cast<unsigned>((vectors + 255) / 256), 256, 0,
+                                       stream, reinterpret_cast<const uint4*>(x.data), x.ld / 8,
+                                       overflow_to_row_.data(), flagged, overflow_.rows(), k_ / 8,
+                                       reinterpret_cast<uint4*>(gathered_x_.view().data), gathered_x_.view().ld / 8);
         detail::launch_gemm_dense_sm90<T>(hr, {overflow_.view().data, overflow_.view().ld, flagged}, layout_.tile,
                                           stream, where);
       } else {
@@ -777,9 +783,8 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
         // The old block is freed below; its copy must have landed first.
         ::twell::detail::check_cuda(cudaStreamSynchronize(stream), where);
       }
-      invert_overflow_map_kernel<<<static_cast<unsigned>((m_ + 255) / 256), 256, 0, stream>>>(row_to_overflow_.data(),
-                                                                                            m_, map.data());
-      ::twell::detail::check_launch(where);
+      ::twell::detail::launch_kernel(where, invert_overflow_map_kernel, static_cast<unsigned>((m_ + 255) / 256), 256, 0,
+                                     stream, row_to_overflow_.data(), m_, map.data());
       const DenseView<T> rest{block.view().data + capacity * n_, flagged - capacity, n_, n_, MemorySpace::device};
       path_ += "+second_pass:" +
                detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);

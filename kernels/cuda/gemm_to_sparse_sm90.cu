@@ -20,6 +20,7 @@
 #include <twell/instantiate.hpp>
 
 #include "cuda_check.hpp"
+#include "cuda_launch.cuh"
 #include "gemm_to_sparse_sm90.cuh"
 #include "mbarrier.cuh"
 
@@ -297,6 +298,7 @@ template <class T, int BN, bool kDense>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_twell_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                            Sm90Gemm g, TwellOut o, Sm90Dense d) {
+  ::twell::detail::wait_for_prior_grids();
 #if TWELL_SM90A_DEVICE
   using P = Sm90Tile<BN>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -468,7 +470,10 @@ CUtensorMap tensor_map(const void* base, std::int64_t rows, std::int64_t cols, s
 // or plain sm_90) runs the empty wgmma kernel instead, and cudaFuncGetAttributes reports binary
 // version 90 for both, so only code that runs can tell them apart.
 __device__ int sm90a_code_flag;
-__global__ void sm90a_probe_kernel() { sm90a_code_flag = TWELL_SM90A_DEVICE; }
+__global__ void sm90a_probe_kernel() {
+  ::twell::detail::wait_for_prior_grids();
+  sm90a_code_flag = TWELL_SM90A_DEVICE;
+}
 
 // Asked once per device and process; the probe runs on a private stream of its own.
 bool device_runs_sm90a_code(int device, const char* where) {
@@ -479,8 +484,7 @@ bool device_runs_sm90a_code(int device, const char* where) {
   cudaStream_t probe_stream = nullptr;
   ::twell::detail::check_cuda(cudaStreamCreateWithFlags(&probe_stream, cudaStreamNonBlocking), where);
   int flag = 0;
-  sm90a_probe_kernel<<<1, 1, 0, probe_stream>>>();
-  cudaError_t status = cudaGetLastError();
+  cudaError_t status = ::twell::detail::try_launch_kernel(sm90a_probe_kernel, 1, 1, 0, probe_stream);
   if (status == cudaSuccess)
     status = cudaMemcpyFromSymbolAsync(&flag, sm90a_code_flag, sizeof flag, 0, cudaMemcpyDeviceToHost, probe_stream);
   if (status == cudaSuccess) status = cudaStreamSynchronize(probe_stream);
@@ -512,16 +516,19 @@ void launch(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d, cudaStream
   const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
   ::twell::detail::check_cuda(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmem), where);
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kCluster;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = kCluster;
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  // As detail::launch_kernel does: the kernel begins with wait_for_prior_grids().
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = P::kSmem;
   config.stream = stream;
-  config.attrs = &cluster;
+  config.attrs = attributes;
   config.numAttrs = 1;
   // Persistent: as many clusters as the device holds at once (66 of 2 CTAs on an H100), at most
   // one per tile pair.
@@ -532,6 +539,7 @@ void launch(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d, cudaStream
           " bytes of shared memory fits on this device");
   config.gridDim =
       dim3(static_cast<unsigned>(std::min<std::int64_t>(tile_pairs(g.m, g.n, BN), resident) * kCluster));
+  if (::twell::detail::early_launch_allowed()) config.numAttrs = 2;
   ::twell::detail::check_cuda(cudaLaunchKernelEx(&config, kernel, map_x, map_w, g, o, d), where);
 }
 

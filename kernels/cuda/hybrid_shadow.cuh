@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda_launch.cuh"
 #include "sparse_common.cuh"
 
 namespace twell::cuda::detail {
@@ -17,6 +18,7 @@ namespace twell::cuda::detail {
 template <class T>
 __global__ void shadows_from_dense_rows_kernel(std::int64_t r_rows, const std::int32_t* overflow_to_row,
                                                const std::uint32_t* structure, TwellView<T> out, DenseView<T> dense) {
+  ::twell::detail::wait_for_prior_grids();
   const std::int64_t width = out.layout.packed_width(out.cols);
   const std::int64_t slots = out.layout.slots();
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < r_rows * width;
@@ -46,9 +48,8 @@ void copy_dense_rows_into_shadows(TwellView<const T> structure, const std::int32
   const std::int64_t r = out.overflow.rows, words = r * structure.layout.packed_width(structure.cols);
   if (words == 0) return;
   constexpr int kThreads = 256;
-  shadows_from_dense_rows_kernel<T><<<grid_for(words, kThreads), kThreads, 0, stream>>>(
-      r, overflow_to_row, structure.packed, out.twell, out.overflow);
-  check_launch(where);
+  ::twell::detail::launch_kernel(where, shadows_from_dense_rows_kernel<T>, grid_for(words, kThreads), kThreads, 0,
+                                 stream, r, overflow_to_row, structure.packed, out.twell, out.overflow);
 }
 
 }  // namespace twell::cuda::detail

@@ -1,3 +1,4 @@
+#include "cuda_launch.cuh"
 #include "read_back.cuh"
 
 #include <cstdint>
@@ -12,6 +13,7 @@ namespace {
 using twell::detail::check_cuda;
 
 __global__ void copy_words_kernel(const std::uint32_t* from, std::uint32_t* to, int words) {
+  ::twell::detail::wait_for_prior_grids();
   if (static_cast<int>(threadIdx.x) < words) to[threadIdx.x] = from[threadIdx.x];
 }
 
@@ -48,10 +50,9 @@ ReadBack::ReadBack(const void* device, std::size_t bytes, cudaStream_t stream, c
           " read-backs at once on one host thread");
   check_cuda(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), where);
   const auto offset = static_cast<std::size_t>(free_slot) * kMaxBytes;
-  copy_words_kernel<<<1, 32, 0, stream>>>(static_cast<const std::uint32_t*>(device),
-                                          reinterpret_cast<std::uint32_t*>(slots.device + offset),
-                                          static_cast<int>(bytes / 4));
-  cudaError_t status = cudaGetLastError();
+  cudaError_t status = ::twell::detail::try_launch_kernel(
+      copy_words_kernel, 1, 32, 0, stream, static_cast<const std::uint32_t*>(device),
+      reinterpret_cast<std::uint32_t*>(slots.device + offset), static_cast<int>(bytes / 4));
   if (status == cudaSuccess) status = cudaEventRecord(done_, stream);
   if (status != cudaSuccess) {
     // A constructor that throws runs no destructor: wait for a copy that may be queued, here.

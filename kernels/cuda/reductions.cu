@@ -10,6 +10,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/per_format.hpp>
 
+#include "cuda_launch.cuh"
 #include "read_back.cuh"
 #include "sparse_common.cuh"
 #include "vec16.cuh"
@@ -114,6 +115,7 @@ __device__ __forceinline__ void tree_reduce(double* s_sum, unsigned long long* s
 template <class Source>
 __global__ void __launch_bounds__(kThreads)
     partial_kernel(Source src, std::int64_t n, double* sums, unsigned long long* counts) {
+  ::twell::detail::wait_for_prior_grids();
   __shared__ double s_sum[kThreads];
   __shared__ unsigned long long s_count[kThreads];
   double sum = 0.0;
@@ -131,6 +133,7 @@ __global__ void __launch_bounds__(kThreads)
 // One block adds `parts` partials: thread t sums t, t + kThreads, ..., then the same fixed tree.
 __global__ void __launch_bounds__(kThreads) final_kernel(const double* sums, const unsigned long long* counts,
                                                          int parts, double* sum_out, unsigned long long* count_out) {
+  ::twell::detail::wait_for_prior_grids();
   __shared__ double s_sum[kThreads];
   __shared__ unsigned long long s_count[kThreads];
   double sum = 0.0;
@@ -164,16 +167,16 @@ class Reducer {
     if (n <= 0) return;
     const unsigned grid = detail::grid_for(n, kThreads, kMaxBlocks);
     blocks_ = std::max<int>(blocks_, static_cast<int>(grid));
-    partial_kernel<Source><<<grid, kThreads, 0, stream_>>>(src, n, sums(), counts());
-    detail::check_launch(where_);
+    ::twell::detail::launch_kernel(where_, partial_kernel<Source>, grid, kThreads, 0, stream_, src, n, sums(),
+                                   counts());
   }
   Totals finish() {
     Totals t;
     if (blocks_ == 0) return t;
     double* sum_out = reinterpret_cast<double*>(counts() + kMaxBlocks);
     auto* count_out = reinterpret_cast<unsigned long long*>(sum_out + 1);
-    final_kernel<<<1, kThreads, 0, stream_>>>(sums(), counts(), blocks_, sum_out, count_out);
-    detail::check_launch(where_);
+    ::twell::detail::launch_kernel(where_, final_kernel, 1, kThreads, 0, stream_, sums(), counts(), blocks_, sum_out,
+                                   count_out);
     // The sum and the count side by side: one read-back of both.
     static_assert(sizeof(double) == sizeof(unsigned long long));
     const detail::ReadBack totals(sum_out, 2 * sizeof(double), stream_, where_);

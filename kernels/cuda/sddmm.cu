@@ -26,6 +26,7 @@
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/per_format.hpp>
 
+#include "cuda_launch.cuh"
 #include "dense_transpose.cuh"
 #include "hybrid_shadow.cuh"
 #include "sparse_common.cuh"
@@ -113,6 +114,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     csr_sddmm_kernel(std::int64_t rows, std::int64_t nnz, const std::int64_t* row_ptr, const std::int32_t* col_idx,
                      T* out_values, const T* a, const T* b, Operands o, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   const int lane = threadIdx.x & 31;
   const std::int64_t first = row_ptr[0], last = min(row_ptr[rows], nnz);
   const std::int64_t chunks = (nnz + kChunk - 1) / kChunk;
@@ -145,6 +147,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     ell_sddmm_kernel(std::int64_t rows, const std::int32_t* row_count, std::int64_t width, const std::int32_t* col_idx,
                      T* out_values, const T* a, const T* b, Operands o, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   const int lane = threadIdx.x & 31;
   const std::int64_t per_row = (width + kChunk - 1) / kChunk;
   for (std::int64_t w = warp_id(); w < rows * per_row; w += warp_count()) {
@@ -169,6 +172,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads)
     twell_sddmm_kernel(std::int64_t rows, std::int64_t cols, TwellLayout layout, const std::uint32_t* pattern,
                        std::uint32_t* out, T* out_plane, const T* a, const T* b, Operands o, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   const int lane = threadIdx.x & 31;
   const int slots = layout.slots();
   const std::int64_t width = layout.packed_width(cols);
@@ -218,6 +222,7 @@ __global__ void __launch_bounds__(kThreads)
     overflow_sddmm_kernel(std::int64_t r_rows, std::int64_t cols, const std::int32_t* overflow_to_row, std::int64_t m,
                           const T* pattern, std::int64_t ldp, T* out, std::int64_t ldo, const T* a, const T* b,
                           Operands o, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   const int lane = threadIdx.x & 31;
   const std::int64_t per_row = (cols + kChunk - 1) / kChunk;
   for (std::int64_t w = warp_id(); w < r_rows * per_row; w += warp_count()) {
@@ -317,10 +322,9 @@ void launch_twell(DenseView<const T> a, const T* b, TwellView<const T> pattern, 
           pattern.layout.compression);
   if (pattern.rows == 0 || pattern.cols == 0) return;
   const std::int64_t chunks = pattern.rows * chunks_of(pattern.layout.packed_width(pattern.cols));
-  twell_sddmm_kernel<T><<<chunk_grid(chunks), kThreads, 0, stream>>>(pattern.rows, pattern.cols, pattern.layout,
-                                                                     pattern.packed, out.packed, out.value_plane,
-                                                                     a.data, b, o, alpha, beta);
-  detail::check_launch("twell::cuda::sddmm (TwELL kernel)");
+  ::twell::detail::launch_kernel("twell::cuda::sddmm (TwELL kernel)", twell_sddmm_kernel<T>, chunk_grid(chunks),
+                                 kThreads, 0, stream, pattern.rows, pattern.cols, pattern.layout, pattern.packed,
+                                 out.packed, out.value_plane, a.data, b, o, alpha, beta);
 }
 
 }  // namespace
@@ -332,10 +336,10 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, CsrView<const T>
   const Prepared<T> p(a, op_b, b, pattern, out, stream);
   require_index_shape(out, pattern, "nnz", out.nnz, pattern.nnz);
   if (pattern.rows > 0 && pattern.nnz > 0) {
-    csr_sddmm_kernel<T><<<chunk_grid(chunks_of(pattern.nnz)), kThreads, 0, stream>>>(
-        pattern.rows, pattern.nnz, pattern.row_ptr, pattern.col_idx, out.values, a.data, p.b(), p.operands(), alpha,
-        beta);
-    detail::check_launch("twell::cuda::sddmm (CSR kernel)");
+    ::twell::detail::launch_kernel("twell::cuda::sddmm (CSR kernel)", csr_sddmm_kernel<T>,
+                                   chunk_grid(chunks_of(pattern.nnz)), kThreads, 0, stream, pattern.rows, pattern.nnz,
+                                   pattern.row_ptr, pattern.col_idx, out.values, a.data, p.b(), p.operands(), alpha,
+                                   beta);
   }
   detail::report_path(options, "cuda/sddmm/csr/entry_chunks");
 }
@@ -347,10 +351,10 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, EllView<const T>
   const Prepared<T> p(a, op_b, b, pattern, out, stream);
   require_index_shape(out, pattern, "width", out.width, pattern.width);
   if (pattern.rows > 0 && pattern.width > 0) {
-    ell_sddmm_kernel<T><<<chunk_grid(pattern.rows * chunks_of(pattern.width)), kThreads, 0, stream>>>(
-        pattern.rows, pattern.row_count, pattern.width, pattern.col_idx, out.values, a.data, p.b(), p.operands(), alpha,
-        beta);
-    detail::check_launch("twell::cuda::sddmm (ELL kernel)");
+    ::twell::detail::launch_kernel("twell::cuda::sddmm (ELL kernel)", ell_sddmm_kernel<T>,
+                                   chunk_grid(pattern.rows * chunks_of(pattern.width)), kThreads, 0, stream,
+                                   pattern.rows, pattern.row_count, pattern.width, pattern.col_idx, out.values, a.data,
+                                   p.b(), p.operands(), alpha, beta);
   }
   detail::report_path(options, "cuda/sddmm/ell/slot_chunks");
 }
@@ -374,10 +378,10 @@ void sddmm(DenseView<const T> a, Op op_b, DenseView<const T> b, HybridView<const
   launch_twell(a, p.b(), pattern.twell, out.twell, p.operands(), alpha, beta, stream);
   const std::int64_t r = pattern.overflow.rows;
   if (r > 0 && pattern.cols() > 0) {
-    overflow_sddmm_kernel<T><<<chunk_grid(r * chunks_of(pattern.cols())), kThreads, 0, stream>>>(
-        r, pattern.cols(), pattern.overflow_to_row, pattern.rows(), pattern.overflow.data, pattern.overflow.ld,
-        out.overflow.data, out.overflow.ld, a.data, p.b(), p.operands(), alpha, beta);
-    detail::check_launch("twell::cuda::sddmm (overflow kernel)");
+    ::twell::detail::launch_kernel("twell::cuda::sddmm (overflow kernel)", overflow_sddmm_kernel<T>,
+                                   chunk_grid(r * chunks_of(pattern.cols())), kThreads, 0, stream, r, pattern.cols(),
+                                   pattern.overflow_to_row, pattern.rows(), pattern.overflow.data, pattern.overflow.ld,
+                                   out.overflow.data, out.overflow.ld, a.data, p.b(), p.operands(), alpha, beta);
     detail::copy_dense_rows_into_shadows(pattern.twell, pattern.overflow_to_row, out, stream,
                                          "twell::cuda::sddmm (shadow slots)");
   }

@@ -28,7 +28,6 @@ namespace twell::cuda::detail {
 
 using twell::detail::check_cublas;
 using twell::detail::check_cuda;
-using twell::detail::check_launch;
 
 // ---- values on the device ----------------------------------------------------------------------
 

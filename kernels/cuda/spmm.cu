@@ -27,6 +27,7 @@
 
 #include "../../converters/cuda/row_builders.cuh"
 #include "../../converters/cuda/warp_scan.cuh"
+#include "cuda_launch.cuh"
 #include "device_pool.hpp"
 #include "read_back.cuh"
 #include "sparse_common.cuh"
@@ -193,6 +194,7 @@ __global__ void __launch_bounds__(kThreads)
     row_spmm_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* row_count, std::int64_t width,
                     const std::int32_t* col_idx, const T* values, std::int64_t long_row, std::int64_t k_cols,
                     const T* b, std::int64_t ldb, T* c, std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   const int lane = threadIdx.x & 31;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * kWarps;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; i < rows; i += warps) {
@@ -228,6 +230,7 @@ __global__ void __launch_bounds__(kThreads)
     long_row_spmm_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* col_idx, const T* values,
                          std::int64_t long_row, std::int64_t k_cols, const T* b, std::int64_t ldb, T* c,
                          std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   __shared__ float part[kWarps][32 * V];
   __shared__ unsigned long_items;
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -288,6 +291,7 @@ __global__ void __launch_bounds__(kThreads)
     twell_spmm_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, const std::uint32_t* packed,
                       const T* value_plane, const std::int32_t* shadow, int block_rows, const T* b, std::int64_t ldb,
                       T* c, std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   constexpr int kSlice = 32 * V;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tiles = static_cast<int>(layout.tiles(k_cols));
@@ -458,6 +462,7 @@ template <class T>
 __global__ void scatter_rows_kernel(std::int64_t r_rows, std::int64_t nb, const float* tmp,
                                     const std::int32_t* overflow_to_row, T* c, std::int64_t ldc, std::int64_t m,
                                     float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   const std::int64_t n = r_rows * nb;
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -492,6 +497,7 @@ void check_operands(std::int64_t m, std::int64_t k, DenseView<const T> b, DenseV
 // C = beta * C (or zero) when op(A) B has no terms: K == 0.
 template <class T>
 __global__ void scale_kernel(T* c, std::int64_t rows, std::int64_t cols, std::int64_t ldc, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   const std::int64_t n = rows * cols;
   for (std::int64_t idx = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -510,21 +516,15 @@ void launch_rows(std::int64_t rows, const std::int64_t* row_ptr, const std::int3
   const std::int64_t long_row = ell ? INT64_MAX : kLongRow;
   const auto launch = [&]<int V, bool kVec>() {
     const unsigned grid = detail::grid_for(rows, kWarps, 1 << 20);
-    if (ell) {
-      row_spmm_kernel<T, V, kVec, true><<<grid, kThreads, 0, stream>>>(rows, row_ptr, row_count, width, col_idx, values,
-                                                                        long_row, k_cols, b.data, b.ld, c.data, c.ld,
-                                                                        b.cols, alpha, beta);
-    } else {
-      row_spmm_kernel<T, V, kVec, false><<<grid, kThreads, 0, stream>>>(rows, row_ptr, row_count, width, col_idx,
-                                                                         values, long_row, k_cols, b.data, b.ld, c.data,
-                                                                         c.ld, b.cols, alpha, beta);
-    }
-    detail::check_launch("twell::cuda::spmm (row kernel)");
+    ::twell::detail::launch_kernel("twell::cuda::spmm (row kernel)",
+                                   ell ? row_spmm_kernel<T, V, kVec, true> : row_spmm_kernel<T, V, kVec, false>, grid,
+                                   kThreads, 0, stream, rows, row_ptr, row_count, width, col_idx, values, long_row,
+                                   k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
     if (ell) return;
     const std::int64_t chunks = (b.cols + 32 * V - 1) / (32 * V);
-    long_row_spmm_kernel<T, V, kVec><<<detail::grid_for(rows * chunks, 1, kLongRowCtas), kThreads, 0, stream>>>(
-        rows, row_ptr, col_idx, values, long_row, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
-    detail::check_launch("twell::cuda::spmm (long-row kernel)");
+    ::twell::detail::launch_kernel("twell::cuda::spmm (long-row kernel)", long_row_spmm_kernel<T, V, kVec>,
+                                   detail::grid_for(rows * chunks, 1, kLongRowCtas), kThreads, 0, stream, rows, row_ptr,
+                                   col_idx, values, long_row, k_cols, b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
   };
   if (detail::vector_operands(b, c)) {
     launch.template operator()<16 / static_cast<int>(sizeof(T)), true>();
@@ -536,8 +536,9 @@ void launch_rows(std::int64_t rows, const std::int64_t* row_ptr, const std::int3
 template <class T>
 void launch_scale(DenseView<T> c, float beta, cudaStream_t stream) {
   if (c.rows == 0 || c.cols == 0) return;
-  scale_kernel<T><<<detail::grid_for(c.rows * c.cols, 256), 256, 0, stream>>>(c.data, c.rows, c.cols, c.ld, beta);
-  detail::check_launch("twell::cuda::spmm (scale kernel)");
+  ::twell::detail::launch_kernel("twell::cuda::spmm (scale kernel)", scale_kernel<T>,
+                                 detail::grid_for(c.rows * c.cols, 256), 256, 0, stream, c.data, c.rows, c.cols, c.ld,
+                                 beta);
 }
 
 template <class T>
@@ -587,9 +588,9 @@ void launch_twell(TwellView<const T> a, const std::int32_t* shadow, DenseView<co
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
         "twell::cuda::spmm (cudaFuncSetAttribute)");
     const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(row_blocks));
-    kernel<<<grid, kThreads, shared, stream>>>(a.rows, a.cols, a.layout, a.packed, a.value_plane, shadow, block_rows,
-                                               b.data, b.ld, c.data, c.ld, b.cols, alpha, beta);
-    detail::check_launch("twell::cuda::spmm (TwELL kernel)");
+    ::twell::detail::launch_kernel("twell::cuda::spmm (TwELL kernel)", kernel, grid, kThreads, shared, stream, a.rows,
+                                   a.cols, a.layout, a.packed, a.value_plane, shadow, block_rows, b.data, b.ld, c.data,
+                                   c.ld, b.cols, alpha, beta);
   };
   if (detail::vector_operands(b, c)) {
     launch.template operator()<16 / sizeof(T), true>();
@@ -652,9 +653,9 @@ void overflow_rows(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
                                     a.overflow.data, type, static_cast<int>(a.overflow.ld), &zero, tmp, CUDA_R_32F,
                                     static_cast<int>(b.cols), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                        "twell::cuda::spmm (cublasGemmEx of the overflow block)");
-  scatter_rows_kernel<T><<<detail::grid_for(r * b.cols, 256), 256, 0, stream>>>(
-      r, b.cols, tmp, a.overflow_to_row, c.data, c.ld, c.rows, alpha, beta);
-  detail::check_launch("twell::cuda::spmm (overflow scatter)");
+  ::twell::detail::launch_kernel("twell::cuda::spmm (overflow scatter)", scatter_rows_kernel<T>,
+                                 detail::grid_for(r * b.cols, 256), 256, 0, stream, r, b.cols, tmp, a.overflow_to_row,
+                                 c.data, c.ld, c.rows, alpha, beta);
 }
 
 void require_int(std::int64_t v, const char* what) {

@@ -33,6 +33,7 @@
 
 #include "../../converters/cuda/warp_scan.cuh"
 #include "cp_async.cuh"
+#include "cuda_launch.cuh"
 #include "mbarrier.cuh"
 #include "sparse_common.cuh"
 #include "spmm_slices.cuh"
@@ -232,6 +233,7 @@ __device__ __forceinline__ int lanes_of(int n) { return n < 0 ? 0 : max(1, (n + 
 __global__ void __launch_bounds__(kPieceRows)
     count_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, const std::uint32_t* __restrict__ packed,
                  const std::int32_t* __restrict__ shadow, Lists lists, std::int64_t meta_lanes) {
+  ::twell::detail::wait_for_prior_grids();
   extern __shared__ __align__(16) unsigned char counts[];  // [kPieceRows][tiles]
   __shared__ long long scratch[kPieceWarps];
   const int tid = threadIdx.x;
@@ -382,6 +384,7 @@ __global__ void __launch_bounds__(kFillThreads)
     fill_kernel(std::int64_t k_cols, TwellLayout layout, const std::uint32_t* __restrict__ packed, Lists lists,
                 std::int64_t pieces, const std::uint16_t* __restrict__ b, std::int64_t ldb, std::int64_t b_cols,
                 std::uint16_t* __restrict__ staged) {
+  ::twell::detail::wait_for_prior_grids();
   if (blockIdx.x >= pieces) {
     stage_b<kKc>(b, ldb, k_cols, b_cols, staged, blockIdx.x - pieces, gridDim.x - pieces);
     return;
@@ -616,6 +619,7 @@ template <class T, int kKc>
 __global__ void __launch_bounds__(kLanes, 1)
     slices_kernel(std::int64_t k_cols, std::int64_t pieces, Lists lists, const unsigned char* __restrict__ staged,
                   int slice_bytes, int slices, T* __restrict__ c, std::int64_t ldc, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   using Piece = std::conditional_t<kKc == 8, uint4, uint2>;
   constexpr int kRowBytes = 2 * kKc;
   // Everything but the entries and the accumulators lives in shared memory and is read where it is
@@ -909,9 +913,9 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   const unsigned pieces = static_cast<unsigned>(geo.pieces);
   const int sms = multiprocessor_count("twell::cuda::spmm (multiprocessors)");
 
-  count_kernel<<<pieces, kPieceRows, kPieceRows * tiles, stream>>>(a.rows, a.cols, a.layout, a.packed, shadow, lists,
-                                                                   geo.groups_max * kLanes);
-  check_launch("twell::cuda::spmm (slice pre-pass: counts)");
+  ::twell::detail::launch_kernel("twell::cuda::spmm (slice pre-pass: counts)", count_kernel, pieces, kPieceRows,
+                                 kPieceRows * tiles, stream, a.rows, a.cols, a.layout, a.packed, shadow, lists,
+                                 geo.groups_max * kLanes);
 
   const int fill_shared = kPieceRows * tiles + kFillThreads * kScratch;
   auto fill = fill_kernel<kKc>;
@@ -927,10 +931,10 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   const std::int64_t copy_ctas = free_sms > 0 && free_sms >= sms / 4 ? free_sms : sms;
   const unsigned copy_blocks =
       static_cast<unsigned>(std::clamp<std::int64_t>((copy_units + kFillWarps - 1) / kFillWarps, 1, copy_ctas));
-  fill<<<pieces + copy_blocks, kFillThreads, fill_shared, stream>>>(a.cols, a.layout, a.packed, lists, geo.pieces,
-                                                                  reinterpret_cast<const std::uint16_t*>(b.data), b.ld,
-                                                                  b.cols, static_cast<std::uint16_t*>(staged_b));
-  check_launch("twell::cuda::spmm (slice pre-pass: chunks and B copy)");
+  ::twell::detail::launch_kernel("twell::cuda::spmm (slice pre-pass: chunks and B copy)", fill, pieces + copy_blocks,
+                                 kFillThreads, fill_shared, stream, a.cols, a.layout, a.packed, lists, geo.pieces,
+                                 reinterpret_cast<const std::uint16_t*>(b.data), b.ld, b.cols,
+                                 static_cast<std::uint16_t*>(staged_b));
   if (before_product) before_product();
 
   const int slice_bytes = static_cast<int>(k_pad * 2 * kKc);
@@ -940,10 +944,10 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   auto product = slices_kernel<T, kKc>;
   check_cuda(cudaFuncSetAttribute(product, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * slice_bytes),
              "twell::cuda::spmm (cudaFuncSetAttribute, slice kernel)");
-  product<<<static_cast<unsigned>(sms), kLanes, 2 * slice_bytes, stream>>>(
-      a.cols, geo.pieces, lists, static_cast<const unsigned char*>(staged_b), slice_bytes,
-      static_cast<int>(b.cols / kKc), c.data, c.ld, alpha, beta);
-  check_launch("twell::cuda::spmm (slice kernel)");
+  ::twell::detail::launch_kernel("twell::cuda::spmm (slice kernel)", product, static_cast<unsigned>(sms), kLanes,
+                                 2 * slice_bytes, stream, a.cols, geo.pieces, lists,
+                                 static_cast<const unsigned char*>(staged_b), slice_bytes,
+                                 static_cast<int>(b.cols / kKc), c.data, c.ld, alpha, beta);
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include <twell/types.hpp>
 
 #include "cp_async.cuh"
+#include "cuda_launch.cuh"
 #include "sparse_common.cuh"
 #include "spmm_stream.cuh"
 #include "vec16.cuh"
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, const std::uint32_t* __restrict__ packed,
                   const std::int32_t* __restrict__ shadow, const T* __restrict__ b, std::int64_t ldb, T* __restrict__ c,
                   std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
   extern __shared__ __align__(16) unsigned char smem[];  // [kStages][B rows | slot heads]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
@@ -277,9 +279,9 @@ void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseVi
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
                "twell::cuda::spmm (cudaFuncSetAttribute)");
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(slices));
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(a.rows, a.cols, a.layout, a.packed, shadow, b.data, b.ld, c.data,
-                                                   c.ld, b.cols, alpha, beta);
-    check_launch("twell::cuda::spmm (tile-streaming kernel)");
+    ::twell::detail::launch_kernel("twell::cuda::spmm (tile-streaming kernel)", kernel, grid, kThreads, kSmemBytes,
+                                   stream, a.rows, a.cols, a.layout, a.packed, shadow, b.data, b.ld, c.data, c.ld,
+                                   b.cols, alpha, beta);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <twell/kernels/detail/per_format.hpp>
 
 #include "../../converters/cuda/row_builders.cuh"
+#include "cuda_launch.cuh"
 #include "dense_transpose.cuh"
 #include "read_back.cuh"
 #include "sparse_common.cuh"
@@ -28,6 +29,7 @@ constexpr const char* kWhere = "twell::cuda::transpose";
 // spmm(op = transpose) in bench/suites/spmm.cpp when that suite runs the transposed case.
 __global__ void expand_rows_kernel(std::int64_t rows, const std::int64_t* row_ptr, const std::int32_t* col_idx,
                                    std::int32_t* row_of, std::int64_t* entry, std::uint32_t* key) {
+  ::twell::detail::wait_for_prior_grids();
   const int lane = threadIdx.x & 31;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
   for (std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32; i < rows; i += warps) {
@@ -43,6 +45,7 @@ __global__ void expand_rows_kernel(std::int64_t rows, const std::int64_t* row_pt
 template <class T>
 __global__ void gather_kernel(std::int64_t nnz, const std::int64_t* perm, const std::int32_t* row_of, const T* values,
                               std::int32_t* out_col, T* out_values) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t p = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; p < nnz;
        p += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t e = perm[p];
@@ -54,6 +57,7 @@ __global__ void gather_kernel(std::int64_t nnz, const std::int64_t* perm, const 
 // A thread owns new row j: row_ptr[j] = number of sorted keys below j (binary search).
 __global__ void row_ptr_kernel(std::int64_t new_rows, std::int64_t nnz, const std::uint32_t* sorted_key,
                                std::int64_t* row_ptr) {
+  ::twell::detail::wait_for_prior_grids();
   for (std::int64_t j = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; j <= new_rows;
        j += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     std::int64_t lo = 0, hi = nnz;
@@ -134,9 +138,9 @@ CsrMatrix<T> transpose(CsrView<const T> a, const KernelOptions& options) {
     const std::size_t n = static_cast<std::size_t>(nnz);
     detail::Scratch row_of(n * 4, stream, kWhere), entry(n * 8, stream, kWhere), entry_sorted(n * 8, stream, kWhere),
         key(n * 4, stream, kWhere), key_sorted(n * 4, stream, kWhere);
-    expand_rows_kernel<<<detail::grid_for(a.rows * 32, 256), 256, 0, stream>>>(
-        a.rows, a.row_ptr, a.col_idx, row_of.as<std::int32_t>(), entry.as<std::int64_t>(), key.as<std::uint32_t>());
-    detail::check_launch("twell::cuda::transpose (expand rows)");
+    ::twell::detail::launch_kernel("twell::cuda::transpose (expand rows)", expand_rows_kernel,
+                                   detail::grid_for(a.rows * 32, 256), 256, 0, stream, a.rows, a.row_ptr, a.col_idx,
+                                   row_of.as<std::int32_t>(), entry.as<std::int64_t>(), key.as<std::uint32_t>());
     std::size_t temp_bytes = 0;
     const int bits = key_bits(a.cols);
     detail::check_cuda(
@@ -150,13 +154,12 @@ CsrMatrix<T> transpose(CsrView<const T> a, const KernelOptions& options) {
                                         key_sorted.as<std::uint32_t>(), entry.as<std::int64_t>(),
                                         entry_sorted.as<std::int64_t>(), static_cast<int>(nnz), 0, bits, stream),
         "twell::cuda::transpose (radix sort)");
-    gather_kernel<T><<<detail::grid_for(nnz, 256), 256, 0, stream>>>(nnz, entry_sorted.as<std::int64_t>(),
-                                                                     row_of.as<std::int32_t>(), a.values,
-                                                                     out.col_idx().data(), out.values().data());
-    detail::check_launch("twell::cuda::transpose (gather)");
-    row_ptr_kernel<<<detail::grid_for(a.cols + 1, 256), 256, 0, stream>>>(a.cols, nnz, key_sorted.as<std::uint32_t>(),
-                                                                          out.row_ptr().data());
-    detail::check_launch("twell::cuda::transpose (row_ptr)");
+    ::twell::detail::launch_kernel("twell::cuda::transpose (gather)", gather_kernel<T>, detail::grid_for(nnz, 256), 256,
+                                   0, stream, nnz, entry_sorted.as<std::int64_t>(), row_of.as<std::int32_t>(), a.values,
+                                   out.col_idx().data(), out.values().data());
+    ::twell::detail::launch_kernel("twell::cuda::transpose (row_ptr)", row_ptr_kernel,
+                                   detail::grid_for(a.cols + 1, 256), 256, 0, stream, a.cols, nnz,
+                                   key_sorted.as<std::uint32_t>(), out.row_ptr().data());
   }
   // The buffers are host-synchronous from here on: the caller may read them at once.
   detail::check_cuda(cudaStreamSynchronize(stream), "twell::cuda::transpose (synchronize)");

@@ -15,6 +15,7 @@
 // then gives the rows of A^T with such a group their dense-block indices (R), and a second, light
 // pass writes those rows whole once the caller has allocated the block: from A^T's groups where
 // they fit, walking A again only in CTAs that hold a group past capacity.
+#include "cuda_launch.cuh"
 #include "transpose_twell.cuh"
 
 #include <cstdint>
@@ -184,6 +185,7 @@ __device__ __forceinline__ void write_groups(const TwellView<T>& out, const std:
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     transpose_groups_kernel(TwellRows<T> a, TwellView<T> out, std::uint32_t* max_count) {
+  ::twell::detail::wait_for_prior_grids();
   // masks[c][w] bit i: row 32 w + i of the CTA's block has an entry in column c.
   __shared__ std::uint32_t masks[kMaxTile][kMaskPitch];
   // groups[c * slots + s]: slot s of column c's group (a count, then the entries that fit).
@@ -222,6 +224,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kMapThreads)
     transpose_map_kernel(std::int64_t k, const std::uint32_t* max_count, std::uint32_t capacity,
                          std::int32_t* row_to_overflow, std::int32_t* overflow_to_row, std::int64_t* r_out) {
+  ::twell::detail::wait_for_prior_grids();
   using Scan = cub::BlockScan<std::int64_t, kMapThreads>;
   __shared__ typename Scan::TempStorage scan;
   const std::int64_t per = (k + kMapThreads - 1) / kMapThreads;
@@ -246,6 +249,7 @@ __global__ void __launch_bounds__(kMapThreads)
 // a product, the groups pass 32; the step's A/B did not separate the change from its noise).
 template <class T>
 __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(TwellRows<T> a, HybridView<T> out) {
+  ::twell::detail::wait_for_prior_grids();
   const int t = static_cast<int>(blockIdx.y), tile = out.twell.layout.tile, c = static_cast<int>(threadIdx.x);
   const std::int64_t k0 = a.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * tile;
   // Entry (A's row row0 + row) of A^T's dense row at_row.
@@ -296,15 +300,14 @@ void twell_transpose_groups(TwellRows<T> a, TwellView<T> out, std::int32_t* row_
              "twell::cuda::transpose (memset)");
   if constexpr (sizeof(T) == 2) {
     if (m > 0 && k > 0) {
-      transpose_groups_kernel<T>
-          <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads, 0, stream>>>(a, out,
-                                                                                                       max_count);
-      check_launch("twell::cuda::transpose (groups kernel)");
+      ::twell::detail::launch_kernel("twell::cuda::transpose (groups kernel)", transpose_groups_kernel<T>,
+                                     dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads, 0,
+                                     stream, a, out, max_count);
     }
   }
-  transpose_map_kernel<<<1, kMapThreads, 0, stream>>>(k, max_count, static_cast<std::uint32_t>(out.layout.capacity()),
-                                                      row_to_overflow, overflow_to_row, r_device);
-  check_launch("twell::cuda::transpose (map kernel)");
+  ::twell::detail::launch_kernel("twell::cuda::transpose (map kernel)", transpose_map_kernel, 1, kMapThreads, 0, stream,
+                                 k, max_count, static_cast<std::uint32_t>(out.layout.capacity()), row_to_overflow,
+                                 overflow_to_row, r_device);
 }
 
 template <class T>
@@ -316,10 +319,9 @@ void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t 
              "twell::cuda::transpose (memset)");
   if constexpr (sizeof(T) == 2) {
     const std::int64_t blocks = (m + out.twell.layout.tile - 1) / out.twell.layout.tile;
-    transpose_dense_kernel<T>
-        <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.twell.layout.tiles(k))), kThreads, 0, stream>>>(
-            a, out);
-    check_launch("twell::cuda::transpose (dense rows kernel)");
+    ::twell::detail::launch_kernel("twell::cuda::transpose (dense rows kernel)", transpose_dense_kernel<T>,
+                                   dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.twell.layout.tiles(k))),
+                                   kThreads, 0, stream, a, out);
   }
 }
 

@@ -22,9 +22,6 @@ inline void check_cuda(cudaError_t status, const char* where) {
   }
 }
 
-// After a kernel launch: reports launch-configuration errors at the call that caused them.
-inline void check_launch(const char* where) { check_cuda(cudaGetLastError(), where); }
-
 inline void check_cublas(cublasStatus_t status, const char* where) {
   if (status == CUBLAS_STATUS_ALLOC_FAILED) fail(ErrorCode::out_of_memory, where, "cuBLAS could not allocate its resources");
   if (status != CUBLAS_STATUS_SUCCESS) {

@@ -1,0 +1,61 @@
+// Internal: how the library launches its kernels. Each launch lets its grid start while the
+// kernel before it in the stream drains (programmatic dependent launch, sm_90 and later), so that
+// the GPU does not idle ~1-1.5 µs at each kernel boundary launching it. In exchange every
+// kernel launched here must begin with wait_for_prior_grids(); tests/cpu/check_kernel_launches.py
+// holds every kernel under converters/ and kernels/ to that.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "cuda_check.hpp"
+
+namespace twell::detail {
+
+// The first statement of every kernel: waits until the grids before it in the stream have
+// completed and their writes are visible (an early launch must not read their outputs or
+// overwrite their inputs), then lets the grid after it launch. Without an early launch, and
+// before sm_90, it does nothing.
+__device__ __forceinline__ void wait_for_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launches on the current device may start early: the device is sm_90 or later and runs
+// this library's code compiled for sm_90 or later (code compiled for an older target, e.g.
+// compute_80 PTX that the driver compiles for a Hopper, has no wait in wait_for_prior_grids).
+// Asked once per device and process.
+bool early_launch_allowed();
+
+// kernel<<<grid, block, shared, stream>>>(args...), allowed to start early where it may; returns
+// the launch's status, which it also clears from cudaGetLastError (as a check after <<<>>> does).
+template <class... Params, class... Args>
+cudaError_t try_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream,
+                              Args&&... args) {
+  cudaLaunchAttribute early{};
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = &early;
+  config.numAttrs = early_launch_allowed() ? 1 : 0;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  return status;
+}
+
+// try_launch_kernel whose error becomes a twell::Error naming `where`.
+template <class... Params, class... Args>
+void launch_kernel(const char* where, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
+                   cudaStream_t stream, Args&&... args) {
+  check_cuda(try_launch_kernel(kernel, grid, block, shared, stream, std::forward<Args>(args)...), where);
+}
+
+}  // namespace twell::detail
