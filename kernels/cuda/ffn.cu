@@ -1721,38 +1721,97 @@ struct KeptAhead {
   bool slot_words = false;  // a's slot words and row map into u and h
 };
 
-// Gives `part` a's slot words (the kernel then writes the values of a's entries) and a's row map
-// where it is not a's: the part of a's structure that does not depend on its overflow rows.
+// Which parts of a's structure copy_structure gives u and h (or dg and du): the slot words and
+// row map (all that does not depend on a's overflow rows), the overflow rows' map and zeroed dense
+// block, or both.
+enum class StructurePart { slot_words = 1, overflow_rows = 2, all = 3 };
+
+// One kernel's operands: a's arrays and up to two destinations of each (nullptr: none).
 template <class T>
-void copy_slot_words(HybridView<const T> a, HybridView<T> part, cudaStream_t stream, const char* where) {
-  const std::int64_t m = a.rows(), words = m * a.twell.layout.packed_width(a.cols());
-  if (words > 0)
-    ::twell::detail::check_cuda(cudaMemcpyAsync(part.twell.packed, a.twell.packed, words * sizeof(std::uint32_t),
-                                                cudaMemcpyDeviceToDevice, stream),
-                                where);
-  if (m > 0 && part.row_to_overflow != a.row_to_overflow)
-    ::twell::detail::check_cuda(cudaMemcpyAsync(part.row_to_overflow, a.row_to_overflow, m * sizeof(std::int32_t),
-                                                cudaMemcpyDeviceToDevice, stream),
-                                where);
+struct StructureCopy {
+  const std::uint32_t* words = nullptr;
+  std::uint32_t* words_to[2] = {};
+  std::int64_t n_words = 0;
+  bool vector_words = false;  // all three word arrays 16-byte aligned
+  const std::int32_t* row_map = nullptr;
+  std::int32_t* row_map_to[2] = {};
+  std::int64_t m = 0;
+  const std::int32_t* overflow_map = nullptr;
+  std::int32_t* overflow_map_to[2] = {};
+  std::int64_t r = 0;
+  T* dense_to[2] = {};
+  std::int64_t dense_ld[2] = {};
+  std::int64_t n = 0;
+};
+
+// Reads each of a's arrays once and writes it to both destinations: one launch where copies and
+// memsets took one call each (up to eight), with ~1-2 µs of idle GPU at each.
+template <class T>
+__global__ void copy_structure_kernel(StructureCopy<T> c) {
+  ::twell::detail::wait_for_prior_grids();
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const auto to_both = [](auto* const(&to)[2], std::int64_t i, auto v) {
+    for (auto* dst : to)
+      if (dst != nullptr) dst[i] = v;
+  };
+  std::int64_t scalar_from = 0;
+  if (c.vector_words) {
+    const auto* from = reinterpret_cast<const uint4*>(c.words);
+    uint4* const to[2] = {reinterpret_cast<uint4*>(c.words_to[0]), reinterpret_cast<uint4*>(c.words_to[1])};
+    for (std::int64_t i = first; i < c.n_words / 4; i += stride) to_both(to, i, from[i]);
+    scalar_from = c.n_words / 4 * 4;
+  }
+  for (std::int64_t i = scalar_from + first; i < c.n_words; i += stride) to_both(c.words_to, i, c.words[i]);
+  for (std::int64_t i = first; i < c.m; i += stride) to_both(c.row_map_to, i, c.row_map[i]);
+  for (std::int64_t i = first; i < c.r; i += stride) to_both(c.overflow_map_to, i, c.overflow_map[i]);
+  for (std::int64_t i = first; i < c.r * c.n; i += stride) {
+    const std::int64_t row = i / c.n, col = i - row * c.n;
+    for (int p = 0; p < 2; ++p)
+      if (c.dense_to[p] != nullptr) detail::store_f(c.dense_to[p] + row * c.dense_ld[p] + col, 0.0f);
+  }
 }
 
-// The rest of a's structure: its overflow rows' map where it is not a's, and a zeroed dense block.
+// Gives both `parts` the `what` of a's structure: the up/down kernel then writes the values of
+// a's entries. Row maps are copied only where a part's are not a's own.
 template <class T>
-void copy_overflow_rows(HybridView<const T> a, HybridView<T> part, cudaStream_t stream, const char* where) {
-  const std::int64_t n = a.cols(), r = a.overflow.rows;
-  if (r > 0 && part.overflow_to_row != a.overflow_to_row)
-    ::twell::detail::check_cuda(cudaMemcpyAsync(part.overflow_to_row, a.overflow_to_row, r * sizeof(std::int32_t),
-                                                cudaMemcpyDeviceToDevice, stream),
-                                where);
-  if (r > 0 && n > 0)
-    ::twell::detail::check_cuda(
-        cudaMemset2DAsync(part.overflow.data, part.overflow.ld * sizeof(T), 0, n * sizeof(T), r, stream), where);
-}
-
-template <class T>
-void copy_structure(HybridView<const T> a, HybridView<T> part, cudaStream_t stream, const char* where) {
-  copy_slot_words<T>(a, part, stream, where);
-  copy_overflow_rows<T>(a, part, stream, where);
+void copy_structure(HybridView<const T> a, const HybridView<T> (&parts)[2], StructurePart what, cudaStream_t stream,
+                    const char* where) {
+  StructureCopy<T> c;
+  const bool words = (static_cast<int>(what) & static_cast<int>(StructurePart::slot_words)) != 0;
+  const bool overflow = (static_cast<int>(what) & static_cast<int>(StructurePart::overflow_rows)) != 0;
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  c.vector_words = aligned(a.twell.packed);
+  int p = 0;
+  for (const HybridView<T>& part : parts) {
+    if (words) {
+      c.words_to[p] = part.twell.packed;
+      c.vector_words = c.vector_words && aligned(part.twell.packed);
+      if (part.row_to_overflow != a.row_to_overflow) c.row_map_to[p] = part.row_to_overflow;
+    }
+    if (overflow) {
+      if (part.overflow_to_row != a.overflow_to_row) c.overflow_map_to[p] = part.overflow_to_row;
+      c.dense_to[p] = part.overflow.data;
+      c.dense_ld[p] = part.overflow.ld;
+    }
+    ++p;
+  }
+  if (words) {
+    c.words = a.twell.packed;
+    c.n_words = a.rows() * a.twell.layout.packed_width(a.cols());
+    c.row_map = a.row_to_overflow;
+    c.m = a.rows();
+  }
+  if (overflow) {
+    c.overflow_map = a.overflow_to_row;
+    c.r = a.overflow.rows;
+    c.n = a.cols();
+  }
+  const std::int64_t items = std::max({c.vector_words ? c.n_words / 4 : c.n_words, c.m, c.r * c.n});
+  if (items == 0) return;
+  constexpr int kThreads = 256;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((items + kThreads - 1) / kThreads, 4096));
+  ::twell::detail::launch_kernel(where, copy_structure_kernel<T>, blocks, kThreads, 0, stream, c);
 }
 
 // Transposes a K x N weight into `out`, an N x K buffer of leading dimension K.
@@ -1770,10 +1829,7 @@ std::string queue_kept(DenseView<const T> x, HybridView<const T> a, DenseView<co
                        HybridView<T> u, HybridView<T> h, DenseView<T> y, T* wu_t, const UpDownMemory& memory,
                        KeptAhead ahead, cudaStream_t stream, const char* where) {
   if (!ahead.wu_t) transpose_into<T>(wu, wu_t, stream);
-  for (const HybridView<T>& part : {u, h}) {
-    if (!ahead.slot_words) copy_slot_words<T>(a, part, stream, where);
-    copy_overflow_rows<T>(a, part, stream, where);
-  }
+  copy_structure<T>(a, {u, h}, ahead.slot_words ? StructurePart::overflow_rows : StructurePart::all, stream, where);
   EntryParts parts;
   parts.u = placed(u);
   parts.h = placed(h);
@@ -1794,7 +1850,7 @@ std::string queue_backward(const GatedBackwardOperands<T>& op, T* wg_t, T* wu_t,
   transpose_into<T>(op.wg, wg_t, stream);
   if (!wu_t_made) transpose_into<T>(op.wu, wu_t, stream);
   const HybridView<T> written[] = {op.dg, op.du};
-  for (const HybridView<T>& part : written) copy_structure<T>(op.a, part, stream, where);
+  copy_structure<T>(op.a, written, StructurePart::all, stream, where);
   EntryParts parts;
   parts.u = placed(op.u);
   parts.h = placed(op.h);
@@ -1831,7 +1887,7 @@ void GatedUpDownPlan<T>::queue_ahead(HybridView<const T> a, DenseView<const T> w
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   transpose_into<T>(wu, wu_t_.values().data(), stream);
   wu_t_source_ = wu;
-  for (const HybridView<T>& part : {u, h}) copy_slot_words<T>(a, part, stream, where);
+  copy_structure<T>(a, {u, h}, StructurePart::slot_words, stream, where);
   ahead_ = {true,           a.twell.packed,   a.row_to_overflow, u.twell.packed, u.row_to_overflow,
             h.twell.packed, h.row_to_overflow};
 }
