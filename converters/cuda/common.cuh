@@ -15,6 +15,7 @@
 #include <twell/formats/dense_checks.hpp>
 
 #include "cuda_check.hpp"
+#include "cuda_launch.cuh"
 #include "cuda_scratch.hpp"
 
 namespace twell::cuda::detail {
@@ -78,10 +79,10 @@ constexpr unsigned long long kNoOverflow = ~0ull;
 class DeviceCounters {
  public:
   explicit DeviceCounters(cudaStream_t stream) : temp_(1, stream), stream_(stream) {
-    check_cuda(cudaMemsetAsync(&temp_.get()->first_overflow, 0xff, sizeof(unsigned long long), stream),
-               "twell::cuda converter (cudaMemsetAsync)");
-    check_cuda(cudaMemsetAsync(&temp_.get()->dropped, 0, 2 * sizeof(unsigned long long), stream),
-               "twell::cuda converter (cudaMemsetAsync)");
+    ::twell::detail::fill_bytes_async(&temp_.get()->first_overflow, 0xff, sizeof(unsigned long long), stream,
+                                      "twell::cuda converter (fill)");
+    ::twell::detail::fill_bytes_async(&temp_.get()->dropped, 0, 2 * sizeof(unsigned long long), stream,
+                                      "twell::cuda converter (fill)");
   }
   Counters* get() const { return temp_.get(); }
   // One small copy and a stream sync: the only host round trip of most conversions.

@@ -6,6 +6,7 @@
 #include <twell/converters/hybrid_plan.hpp>
 #include <twell/instantiate.hpp>
 
+#include "cuda_launch.cuh"
 #include "twell_pack.cuh"
 
 namespace twell::cuda {
@@ -51,8 +52,7 @@ HybridView<T> DenseToHybridPlan<T>::run(DenseView<const T> src, const ConvertOpt
   const cudaStream_t stream = detail::stream_of(options);
   const std::int64_t n = rows();
   if (n > 0)
-    detail::check_cuda(cudaMemsetAsync(flags_.data(), 0, flags_.bytes(), stream),
-                       "twell::cuda::DenseToHybridPlan::run");
+    ::twell::detail::fill_bytes_async(flags_.data(), 0, flags_.bytes(), stream, "twell::cuda::DenseToHybridPlan::run");
   std::optional<detail::DeviceCounters> counters;  // only when a report wants the entry count
   if (options.report != nullptr) counters.emplace(stream);
   detail::launch_dense_to_twell(

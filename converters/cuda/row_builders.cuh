@@ -39,7 +39,7 @@ CsrMatrix<T> rows_to_csr(Rows rows, std::int64_t n_rows, std::int64_t cols, cons
   DeviceTemp<std::int64_t> counts(static_cast<std::size_t>(n_rows), stream);
   Buffer<std::int64_t> row_ptr(static_cast<std::size_t>(n_rows) + 1, MemorySpace::device);
   order_after_allocations(stream);
-  check_cuda(cudaMemsetAsync(row_ptr.data(), 0, sizeof(std::int64_t), stream), where);
+  ::twell::detail::fill_bytes_async(row_ptr.data(), 0, sizeof(std::int64_t), stream, where);
   if (blocks != 0) {
     ::twell::detail::launch_kernel(where, count_rows_kernel<T, Rows>, blocks, kBlockThreads, 0, stream, rows, n_rows,
                                    options.threshold, counts.get());

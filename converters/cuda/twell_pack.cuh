@@ -401,9 +401,9 @@ void conclude_twell(const DeviceCounters& counters, TwellView<T> out, const Conv
     // Under the error policy slot 0 keeps the true count.
     const std::uint32_t count = read_value(out.packed + layout.slot_offset(row, tile, out.cols), stream);
     const auto words = static_cast<std::size_t>(out.rows * out.packed_width());
-    check_cuda(cudaMemsetAsync(out.packed, 0, words * sizeof(std::uint32_t), stream), where);
+    ::twell::detail::fill_bytes_async(out.packed, 0, words * sizeof(std::uint32_t), stream, where);
     if constexpr (!ValueTraits<T>::packs_in_slot) {
-      check_cuda(cudaMemsetAsync(out.value_plane, 0, words * sizeof(T), stream), where);
+      ::twell::detail::fill_bytes_async(out.value_plane, 0, words * sizeof(T), stream, where);
     }
     // The error path may wait: the caller gets the exception with dst already cleared.
     check_cuda(cudaStreamSynchronize(stream), where);
@@ -514,8 +514,8 @@ HybridMatrix<T> pack_hybrid(std::int64_t n_rows, std::int64_t cols, TwellLayout 
   TwellMatrix<T> twell(n_rows, cols, layout, MemorySpace::device, Uninitialized{});
   DeviceTemp<std::int32_t> flags(static_cast<std::size_t>(n_rows), stream);
   if (n_rows != 0)
-    check_cuda(cudaMemsetAsync(flags.get(), 0, static_cast<std::size_t>(n_rows) * sizeof(std::int32_t), stream),
-               where);
+    ::twell::detail::fill_bytes_async(flags.get(), 0, static_cast<std::size_t>(n_rows) * sizeof(std::int32_t), stream,
+                                      where);
   DeviceCounters counters(stream);
   launch(twell.view(), OverflowTarget{OverflowPolicy::hybrid, counters.get(), flags.get()});
   return assemble_hybrid(std::move(twell), flags.get(), rows, counters, options, where);

@@ -1360,7 +1360,7 @@ class UpDownScratch {
         sum_(z.sum * 4, stream, where),
         capacity_(z.capacity) {
     for (const auto& [part, words] : {std::pair{&state_, z.block_state}, std::pair{&turn_, z.capacity}})
-      if (words > 0) ::twell::detail::check_cuda(cudaMemsetAsync(part->as<void>(), 0, words * 4, stream), where);
+      ::twell::detail::fill_bytes_async(part->as<void>(), 0, words * 4, stream, where);
   }
   UpDownMemory memory() const {
     return {row_nnz_.as<std::int32_t>(),

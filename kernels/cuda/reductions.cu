@@ -160,7 +160,7 @@ class Reducer {
  public:
   Reducer(cudaStream_t stream, const char* where)
       : stream_(stream), where_(where), scratch_(kMaxBlocks * 16 + 16, stream, where) {
-    detail::check_cuda(cudaMemsetAsync(scratch_.as<void>(), 0, kMaxBlocks * 16 + 16, stream), where);
+    ::twell::detail::fill_bytes_async(scratch_.as<void>(), 0, kMaxBlocks * 16 + 16, stream, where);
   }
   template <class Source>
   void add(Source src, std::int64_t n) {

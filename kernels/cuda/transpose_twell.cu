@@ -296,8 +296,8 @@ void twell_transpose_groups(TwellRows<T> a, TwellView<T> out, std::int32_t* row_
   require(twell_transpose_applies<T>(a.twell.layout, m, k, out.layout), ErrorCode::invalid_argument, kWhere,
           "the direct TwELL transpose was called on operands it does not take (A is ", shape(m, k), ")");
   const std::int64_t blocks = (m + out.layout.tile - 1) / out.layout.tile, tiles = a.twell.layout.tiles(k);
-  check_cuda(cudaMemsetAsync(max_count, 0, static_cast<std::size_t>(k) * sizeof(std::uint32_t), stream),
-             "twell::cuda::transpose (memset)");
+  ::twell::detail::fill_bytes_async(max_count, 0, static_cast<std::size_t>(k) * sizeof(std::uint32_t), stream,
+                                    "twell::cuda::transpose (fill)");
   if constexpr (sizeof(T) == 2) {
     if (m > 0 && k > 0) {
       ::twell::detail::launch_kernel("twell::cuda::transpose (groups kernel)", transpose_groups_kernel<T>,
@@ -314,9 +314,9 @@ template <class T>
 void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t stream) {
   const std::int64_t m = a.twell.rows, k = a.twell.cols;
   if (out.overflow.rows == 0 || m == 0) return;
-  check_cuda(cudaMemsetAsync(out.overflow.data, 0,
-                             static_cast<std::size_t>(out.overflow.rows * out.overflow.ld) * sizeof(T), stream),
-             "twell::cuda::transpose (memset)");
+  ::twell::detail::fill_bytes_async(out.overflow.data, 0,
+                                    static_cast<std::size_t>(out.overflow.rows * out.overflow.ld) * sizeof(T), stream,
+                                    "twell::cuda::transpose (fill)");
   if constexpr (sizeof(T) == 2) {
     const std::int64_t blocks = (m + out.twell.layout.tile - 1) / out.twell.layout.tile;
     ::twell::detail::launch_kernel("twell::cuda::transpose (dense rows kernel)", transpose_dense_kernel<T>,

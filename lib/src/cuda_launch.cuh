@@ -51,6 +51,11 @@ cudaError_t try_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, 
   return status;
 }
 
+// cudaMemsetAsync(p, value, bytes) as one of the library's kernels: between two kernels it lets
+// both start early, where a memset would hold the one after it until it has run. For the small
+// fills between a call's kernels; a twell::Error naming `where` on a launch error.
+void fill_bytes_async(void* p, unsigned char value, std::size_t bytes, cudaStream_t stream, const char* where);
+
 // try_launch_kernel whose error becomes a twell::Error naming `where`.
 template <class... Params, class... Args>
 void launch_kernel(const char* where, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
