@@ -9,9 +9,12 @@ at the harness's L2 flush. A run spans from the flush's end to the end of its la
 the rest. Each idle gap is split by when the host called the API that queued the activity after
 it: "host" is the part of the gap before that call began (the GPU had nothing queued: the host
 was late, e.g. waiting in a synchronisation), "queue" the rest (launch latency and dependency
-resolution with the work already queued). Where every run has the same activities, each gap is
-the median over the runs at its position; otherwise the median run's own. Prints one line per
-case and call; writes the tables to SUMMARY.md.
+resolution with the work already queued). A kernel launched early (docs/decisions.md, "Kernels
+launch early") is recorded from when it starts on the GPU, which may be while the kernel before it
+still runs and it waits: kernels then overlap, busy includes that waiting, and idle is the time
+with nothing on the GPU at all. Where every run has the same activities, each gap is the median
+over the runs at its position; otherwise the median run's own. Prints one line per case and call;
+writes the tables to SUMMARY.md.
 """
 import argparse
 import bisect
