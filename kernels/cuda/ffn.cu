@@ -1764,7 +1764,8 @@ __global__ void copy_structure_kernel(StructureCopy<T> c) {
   }
   for (std::int64_t i = scalar_from + first; i < c.n_words; i += stride) to_both(c.words_to, i, c.words[i]);
   for (std::int64_t i = first; i < c.m; i += stride) to_both(c.row_map_to, i, c.row_map[i]);
-  for (std::int64_t i = first; i < c.r; i += stride) to_both(c.overflow_map_to, i, c.overflow_map[i]);
+  if (c.overflow_map_to[0] != nullptr || c.overflow_map_to[1] != nullptr)
+    for (std::int64_t i = first; i < c.r; i += stride) to_both(c.overflow_map_to, i, c.overflow_map[i]);
   for (std::int64_t i = first; i < c.r * c.n; i += stride) {
     const std::int64_t row = i / c.n, col = i - row * c.n;
     for (int p = 0; p < 2; ++p)
@@ -1796,18 +1797,20 @@ void copy_structure(HybridView<const T> a, const HybridView<T> (&parts)[2], Stru
     }
     ++p;
   }
+  // A map with no destination (both parts share a's) is not read.
+  const auto wanted = [](auto* const(&to)[2]) { return to[0] != nullptr || to[1] != nullptr; };
   if (words) {
     c.words = a.twell.packed;
     c.n_words = a.rows() * a.twell.layout.packed_width(a.cols());
     c.row_map = a.row_to_overflow;
-    c.m = a.rows();
+    c.m = wanted(c.row_map_to) ? a.rows() : 0;
   }
   if (overflow) {
     c.overflow_map = a.overflow_to_row;
     c.r = a.overflow.rows;
     c.n = a.cols();
   }
-  const std::int64_t items = std::max({c.vector_words ? c.n_words / 4 : c.n_words, c.m, c.r * c.n});
+  const std::int64_t items = std::max({c.vector_words ? c.n_words / 4 : c.n_words, c.m, c.r, c.r * c.n});
   if (items == 0) return;
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((items + kThreads - 1) / kThreads, 4096));

@@ -12,8 +12,8 @@ namespace twell::detail {
 
 inline void check_cuda(cudaError_t status, const char* where) {
   if (status == cudaErrorMemoryAllocation) {
-    // Not sticky: cleared here so that the next launch check does not report it again, and the
-    // caller can free memory and retry.
+    // Not sticky: cleared here so that a later cudaGetLastError does not report it again, and
+    // the caller can free memory and retry.
     cudaGetLastError();
     fail(ErrorCode::out_of_memory, where, "out of device memory (", cudaGetErrorName(status), ")");
   }

@@ -8,7 +8,6 @@
 namespace twell::detail {
 namespace {
 
-// Compiled like every kernel of the library, so its PTX version is theirs on any device.
 // p's first `head` bytes one by one (up to its 16-byte boundary), then `body` 16-byte words, then
 // `tail` bytes.
 __global__ void fill_bytes_kernel(unsigned char* p, unsigned char value, std::size_t head, std::size_t body,
@@ -23,14 +22,17 @@ __global__ void fill_bytes_kernel(unsigned char* p, unsigned char value, std::si
   if (first < tail) p[head + 16 * body + first] = value;
 }
 
+// Compiled like every kernel of the library, so its PTX version is theirs on any device.
 __global__ void compiled_target_probe_kernel() { ::twell::detail::wait_for_prior_grids(); }
 
 }  // namespace
 
 bool early_launch_allowed() {
-  constexpr const char* where = "twell (kernel launch)";
   int device = 0;
-  check_cuda(cudaGetDevice(&device), where);
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();  // the launch that asks reports its own error
+    return false;
+  }
   // 0: not asked yet, 1: no, 2: yes. Two threads asking at once get the same answer.
   static std::array<std::atomic<int>, 64> known{};
   const bool cached = device >= 0 && device < static_cast<int>(known.size());
@@ -39,9 +41,12 @@ bool early_launch_allowed() {
       return answer == 2;
   }
   int major = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), where);
   cudaFuncAttributes attributes{};
-  check_cuda(cudaFuncGetAttributes(&attributes, compiled_target_probe_kernel), where);
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaFuncGetAttributes(&attributes, compiled_target_probe_kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // e.g. no image for this device: the launch reports it
+    return false;
+  }
   const bool allowed = major >= 9 && attributes.ptxVersion >= 90;
   if (cached) known[static_cast<std::size_t>(device)].store(allowed ? 2 : 1, std::memory_order_relaxed);
   return allowed;

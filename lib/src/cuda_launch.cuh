@@ -2,7 +2,7 @@
 // kernel before it in the stream drains (programmatic dependent launch, sm_90 and later), so that
 // the GPU does not idle ~1-1.5 µs at each kernel boundary launching it. In exchange every
 // kernel launched here must begin with wait_for_prior_grids(); tests/cpu/check_kernel_launches.py
-// holds every kernel under converters/ and kernels/ to that.
+// holds every kernel under converters/, kernels/ and lib/src/ to that.
 #pragma once
 
 #include <cstddef>
@@ -28,11 +28,13 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 // Whether launches on the current device may start early: the device is sm_90 or later and runs
 // this library's code compiled for sm_90 or later (code compiled for an older target, e.g.
 // compute_80 PTX that the driver compiles for a Hopper, has no wait in wait_for_prior_grids).
-// Asked once per device and process.
+// Asked once per device and process; false, and not remembered, where the runtime cannot tell
+// (the launch then reports its own error). Never throws.
 bool early_launch_allowed();
 
 // kernel<<<grid, block, shared, stream>>>(args...), allowed to start early where it may; returns
-// the launch's status, which it also clears from cudaGetLastError (as a check after <<<>>> does).
+// the launch's status, which it also clears from cudaGetLastError, and never throws (for callers
+// that must clean up before they report).
 template <class... Params, class... Args>
 cudaError_t try_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream,
                               Args&&... args) {

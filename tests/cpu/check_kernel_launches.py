@@ -5,47 +5,68 @@
 
 launch_kernel lets a kernel start before the kernel ahead of it in the stream has finished, so
 every kernel it may launch must begin with wait_for_prior_grids(): one that does not could read
-inputs still being written. This checks, in every CUDA source under ROOT's converters/, kernels/
-and lib/src/, that each __global__ function's body opens with that call and that no kernel is
-launched with <<<>>> (which would bypass launch_kernel's checks). Prints each fault and exits 1
-on any; exits 0 with the number of kernels checked otherwise.
+inputs still being written. This checks, in every C++ and CUDA source under ROOT's converters/,
+kernels/ and lib/src/, that each __global__ function's body opens with that call, that no kernel
+is launched with <<<>>> (which would bypass launch_kernel), and that it could read every
+__global__ it found (e.g. not one made by a macro). Prints each fault and exits 1 on any; exits 0
+with the number of kernels checked otherwise.
 """
 import pathlib
 import re
 import sys
 
 DIRS = ("converters", "kernels", "lib/src")
+SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".inl")
 WAIT = re.compile(r"(::)?(twell::)?(detail::)?wait_for_prior_grids\(\);")
+ATTRIBUTE = re.compile(r"__\w+__\s*$")  # __launch_bounds__, __maxnreg__, __cluster_dims__, ...
 
 
-def strip_comments(text):
-    """The text with comments blanked (same length, so offsets still give line numbers)."""
-    out = re.sub(r"//[^\n]*", lambda m: " " * len(m.group()), text)
-    return re.sub(r"/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group()), out, flags=re.S)
+def blank_comments_and_literals(text):
+    """The text with comments and string and character literals blanked, in one left-to-right
+    pass (so "//" inside a block comment or a string is not taken for a comment); the same length,
+    so offsets still give line numbers."""
+    token = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+    return token.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
+
+
+def balanced_end(text, open_paren):
+    """The offset just past the parenthesis that closes the one at open_paren (None if none)."""
+    depth = 0
+    for i in range(open_paren, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    return None
 
 
 def kernels(text):
-    """(name, offset of the body's first statement) of each __global__ function defined."""
-    for m in re.finditer(r"__global__\b", text):
-        open_paren = text.find("(", m.end())
-        # The parameter list's "(" is the one after the name; __launch_bounds__(...) comes before.
-        head = text[m.end():open_paren]
-        if "__launch_bounds__" in head:
-            close = text.find(")", open_paren)
-            open_paren = text.find("(", close)
-            head = text[m.end():open_paren]
-        name = head.split()[-1] if head.split() else "?"
-        depth, i = 0, open_paren
+    """(name, offset of the body's first statement or None for a declaration, offset of
+    __global__) of each __global__ function; name None where it could not be read."""
+    for m in re.finditer(r"\b__global__\b", text):
+        pos = m.end()
         while True:
-            depth += {"(": 1, ")": -1}.get(text[i], 0)
-            i += 1
-            if depth == 0:
+            open_paren = text.find("(", pos)
+            if open_paren < 0:
+                yield None, None, m.start()
                 break
-        rest = text[i:]
-        brace = re.match(r"\s*\{", rest)
-        if brace is None:  # a declaration
-            continue
-        yield name, i + brace.end()
+            head = text[m.end():open_paren]
+            if ATTRIBUTE.search(head):  # an attribute's arguments, not the parameters
+                pos = balanced_end(text, open_paren) or len(text)
+                continue
+            words = re.findall(r"\w+", head)
+            close = balanced_end(text, open_paren)
+            if not words or close is None:
+                yield None, None, m.start()
+                break
+            rest = text[close:]
+            brace = re.match(r"\s*\{", rest)
+            if brace is not None:
+                yield words[-1], close + brace.end(), m.start()
+            elif re.match(r"\s*;", rest):
+                yield words[-1], None, m.start()
+            else:
+                yield None, None, m.start()
+            break
 
 
 def main(root):
@@ -53,18 +74,21 @@ def main(root):
     faults, count = [], 0
     for d in DIRS:
         for path in sorted((root / d).rglob("*")):
-            if path.suffix not in (".cu", ".cuh"):
+            if path.suffix not in SUFFIXES:
                 continue
-            text = strip_comments(path.read_text())
+            text = blank_comments_and_literals(path.read_text())
             rel = path.relative_to(root)
+            line = lambda offset: text.count("\n", 0, offset) + 1
             for m in re.finditer(r"<<<", text):
-                faults.append("%s:%d: a kernel launched with <<<>>>; use detail::launch_kernel"
-                              % (rel, text.count("\n", 0, m.start()) + 1))
-            for name, body in kernels(text):
-                count += 1
-                if not WAIT.match(text[body:].lstrip()):
-                    faults.append("%s:%d: kernel %s does not begin with wait_for_prior_grids()"
-                                  % (rel, text.count("\n", 0, body) + 1, name))
+                faults.append("%s:%d: a kernel launched with <<<>>>; use detail::launch_kernel" % (rel, line(m.start())))
+            for name, body, at in kernels(text):
+                if name is None:
+                    faults.append("%s:%d: a __global__ function this check cannot read" % (rel, line(at)))
+                elif body is not None:
+                    count += 1
+                    if not WAIT.match(text[body:].lstrip()):
+                        faults.append("%s:%d: kernel %s does not begin with wait_for_prior_grids()"
+                                      % (rel, line(body), name))
     for f in faults:
         print(f)
     if count == 0:

@@ -1012,6 +1012,47 @@ TEST_CASE_TEMPLATE("cuda dense transpose matches the reference bit for bit", T, 
 // limit both run and equal the reference bit for bit. Two columns: 16 MB per bf16 operand.
 // sddmm's operands hold +-1, so that its K-term dot products are exact integers in fp32 whatever
 // the order of the sum.
+// Each kernel lets the next one in its stream launch early and begins by waiting for the grids
+// before it (docs/decisions.md, "Kernels launch early"); captured into a graph, that becomes a
+// programmatic edge. The second transpose reads what the first writes, so a launch that did not
+// wait would read poison.
+TEST_CASE("kernels launched early keep their order inside a captured CUDA graph") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const std::int64_t m = 1000, n = 3000;
+  const DenseMatrix<bf16> a = testing::random_dense<bf16>(m, n, 1.0f, seed);
+  const DenseMatrix<bf16> a_dev = copy_to(a.view(), MemorySpace::device);
+  DenseMatrix<bf16> t_dev(n, m, MemorySpace::device), back_dev(m, n, MemorySpace::device);
+  cudaStream_t stream = nullptr;
+  testing::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const KernelOptions options{Stream{stream}};
+  cudaGraph_t graph = nullptr;
+  testing::cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  twell::transpose<bf16>(a_dev.view(), t_dev.view(), options);
+  twell::transpose<bf16>(std::as_const(t_dev).view(), back_dev.view(), options);
+  testing::cuda_ok(cudaStreamEndCapture(stream, &graph));
+  std::size_t edges = 0;
+  testing::cuda_ok(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+  REQUIRE(edges == 1);
+  cudaGraphNode_t from = nullptr, to = nullptr;
+  cudaGraphEdgeData edge{};
+  testing::cuda_ok(cudaGraphGetEdges(graph, &from, &to, &edge, &edges));
+  MESSAGE("the captured edge is ", edge.type == cudaGraphDependencyTypeProgrammatic ? "programmatic" : "plain");
+  cudaGraphExec_t exec = nullptr;
+  testing::cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    CAPTURE(replay);
+    testing::poison_device(t_dev.values());
+    testing::poison_device(back_dev.values());
+    testing::cuda_ok(cudaGraphLaunch(exec, stream));
+    testing::cuda_ok(cudaStreamSynchronize(stream));
+    CHECK(testing::bitwise_equal<bf16>(copy_to(std::as_const(back_dev).view(), MemorySpace::host).view(), a.view()));
+  }
+  testing::cuda_ok(cudaGraphExecDestroy(exec));
+  testing::cuda_ok(cudaGraphDestroy(graph));
+  testing::cuda_ok(cudaStreamDestroy(stream));
+}
+
 TEST_CASE_TEMPLATE("cuda dense transpose refuses more rows than 65535 CTAs cover, naming the limit, and is exact at it",
                    T, bf16, float) {
   constexpr std::int64_t kLimit = 65535 * (sizeof(T) == 2 ? 64 : 32), kCols = 2;
