@@ -1037,7 +1037,8 @@ TEST_CASE("kernels launched early keep their order inside a captured CUDA graph"
   cudaGraphNode_t from = nullptr, to = nullptr;
   cudaGraphEdgeData edge{};
   testing::cuda_ok(cudaGraphGetEdges(graph, &from, &to, &edge, &edges));
-  MESSAGE("the captured edge is ", edge.type == cudaGraphDependencyTypeProgrammatic ? "programmatic" : "plain");
+  const std::string kind = edge.type == cudaGraphDependencyTypeProgrammatic ? "programmatic" : "plain";
+  MESSAGE("the captured edge is " << kind);
   cudaGraphExec_t exec = nullptr;
   testing::cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 3; ++replay) {
