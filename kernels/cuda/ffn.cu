@@ -1724,9 +1724,10 @@ struct KeptAhead {
 // Which parts of a's structure copy_structure gives u and h (or dg and du): the slot words and
 // row map (all that does not depend on a's overflow rows), the overflow rows' map and zeroed dense
 // block, or both.
-enum class StructurePart { slot_words = 1, overflow_rows = 2, all = 3 };
+enum class StructurePart { slot_words, overflow_rows, all };
 
-// One kernel's operands: a's arrays and up to two destinations of each (nullptr: none).
+// One kernel's operands: a's arrays, up to two destinations of each (nullptr: none) and how many
+// elements of each to copy (0: none, and the source is not read).
 template <class T>
 struct StructureCopy {
   const std::uint32_t* words = nullptr;
@@ -1735,13 +1736,13 @@ struct StructureCopy {
   bool vector_words = false;  // all three word arrays 16-byte aligned
   const std::int32_t* row_map = nullptr;
   std::int32_t* row_map_to[2] = {};
-  std::int64_t m = 0;
+  std::int64_t n_row_map = 0;
   const std::int32_t* overflow_map = nullptr;
   std::int32_t* overflow_map_to[2] = {};
-  std::int64_t r = 0;
-  T* dense_to[2] = {};
+  std::int64_t n_overflow_map = 0;
+  T* dense_to[2] = {};  // r x n blocks to zero
   std::int64_t dense_ld[2] = {};
-  std::int64_t n = 0;
+  std::int64_t r = 0, n = 0;
 };
 
 // Reads each of a's arrays once and writes it to both destinations: one launch where copies and
@@ -1763,9 +1764,8 @@ __global__ void copy_structure_kernel(StructureCopy<T> c) {
     scalar_from = c.n_words / 4 * 4;
   }
   for (std::int64_t i = scalar_from + first; i < c.n_words; i += stride) to_both(c.words_to, i, c.words[i]);
-  for (std::int64_t i = first; i < c.m; i += stride) to_both(c.row_map_to, i, c.row_map[i]);
-  if (c.overflow_map_to[0] != nullptr || c.overflow_map_to[1] != nullptr)
-    for (std::int64_t i = first; i < c.r; i += stride) to_both(c.overflow_map_to, i, c.overflow_map[i]);
+  for (std::int64_t i = first; i < c.n_row_map; i += stride) to_both(c.row_map_to, i, c.row_map[i]);
+  for (std::int64_t i = first; i < c.n_overflow_map; i += stride) to_both(c.overflow_map_to, i, c.overflow_map[i]);
   for (std::int64_t i = first; i < c.r * c.n; i += stride) {
     const std::int64_t row = i / c.n, col = i - row * c.n;
     for (int p = 0; p < 2; ++p)
@@ -1779,8 +1779,7 @@ template <class T>
 void copy_structure(HybridView<const T> a, const HybridView<T> (&parts)[2], StructurePart what, cudaStream_t stream,
                     const char* where) {
   StructureCopy<T> c;
-  const bool words = (static_cast<int>(what) & static_cast<int>(StructurePart::slot_words)) != 0;
-  const bool overflow = (static_cast<int>(what) & static_cast<int>(StructurePart::overflow_rows)) != 0;
+  const bool words = what != StructurePart::overflow_rows, overflow = what != StructurePart::slot_words;
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   c.vector_words = aligned(a.twell.packed);
   int p = 0;
@@ -1803,14 +1802,16 @@ void copy_structure(HybridView<const T> a, const HybridView<T> (&parts)[2], Stru
     c.words = a.twell.packed;
     c.n_words = a.rows() * a.twell.layout.packed_width(a.cols());
     c.row_map = a.row_to_overflow;
-    c.m = wanted(c.row_map_to) ? a.rows() : 0;
+    c.n_row_map = wanted(c.row_map_to) ? a.rows() : 0;
   }
   if (overflow) {
     c.overflow_map = a.overflow_to_row;
+    c.n_overflow_map = wanted(c.overflow_map_to) ? a.overflow.rows : 0;
     c.r = a.overflow.rows;
     c.n = a.cols();
   }
-  const std::int64_t items = std::max({c.vector_words ? c.n_words / 4 : c.n_words, c.m, c.r, c.r * c.n});
+  const std::int64_t items =
+      std::max({c.vector_words ? c.n_words / 4 : c.n_words, c.n_row_map, c.n_overflow_map, c.r * c.n});
   if (items == 0) return;
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((items + kThreads - 1) / kThreads, 4096));

@@ -1,4 +1,3 @@
-#include "cuda_launch.cuh"
 #include "read_back.cuh"
 
 #include <cstdint>
@@ -6,6 +5,7 @@
 #include <twell/error.hpp>
 
 #include "cuda_check.hpp"
+#include "cuda_launch.cuh"
 
 namespace twell::cuda::detail {
 namespace {

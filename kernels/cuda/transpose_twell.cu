@@ -15,7 +15,6 @@
 // then gives the rows of A^T with such a group their dense-block indices (R), and a second, light
 // pass writes those rows whole once the caller has allocated the block: from A^T's groups where
 // they fit, walking A again only in CTAs that hold a group past capacity.
-#include "cuda_launch.cuh"
 #include "transpose_twell.cuh"
 
 #include <cstdint>
@@ -25,6 +24,7 @@
 #include <twell/error.hpp>
 #include <twell/instantiate.hpp>
 
+#include "cuda_launch.cuh"
 #include "sparse_common.cuh"
 
 namespace twell::cuda::detail {

@@ -49,7 +49,7 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 //   - in stream order after run(): the TwELL part and row_to_overflow are final, and so are
 //     overflow rows r < min(R, capacity) and overflow_to_row[r]; device_overflow_count() holds R.
 //   - R on the host is known only after sync_overflow_count() (a 32-byte read-back the host waits
-//     for; the overload with `meanwhile` lets the caller queue more work before that wait).
+//     for; its `meanwhile` lets the caller queue more work before that wait).
 //     If R > capacity (hybrid), that call grows the block and the map to min(M, max(R,
 //     2 * capacity)) rows (an allocation, off the hot path) and computes rows capacity .. R-1 by a second pass,
 //     and says so; the grown block stays for later runs. Under OverflowPolicy::error it throws
