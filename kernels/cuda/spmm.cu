@@ -10,10 +10,12 @@
 // sort, deterministic), and the CSR kernel runs on A^T (path ".../via_csr_transpose").
 // Every path is deterministic: each output element is summed in a fixed order, without atomics.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -738,7 +740,8 @@ const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseVi
                        float alpha, float beta, cudaStream_t stream, SpmmAlgorithm path, void* workspace,
                        void* staged_b, const std::function<void()>& before_product = {}) {
   if (path == SpmmAlgorithm::tile_stream) {
-    detail::spmm_twell_stream(a, shadow, b, c, alpha, beta, stream);
+    const detail::StreamProduct<T> product{a, shadow, b, c};
+    detail::spmm_twell_stream<T>({&product, 1}, alpha, beta, stream);
     return kStreamPath;
   }
   if (path == SpmmAlgorithm::slice_reuse) {
@@ -878,47 +881,123 @@ std::size_t transposed_words(std::int64_t m, std::int64_t k, TwellLayout layout)
   return (words * static_cast<std::size_t>(layout.packed_width(m)) + 3 * words + 1) / 2 * 2 + 2;
 }
 
-// C = alpha A^T B + beta C through A^T in `layout`, in `work` (transposed_words). The product of
-// A^T's TwELL rows is enqueued before the host waits for the number R of A^T's dense rows; then
-// dense_rows(R) gives room for R x m values and overflow_tmp(R) for R x Nb floats (or null: the
-// overflow product allocates its own). Should that product take the slice-reuse kernel,
-// slice_buffers(A^T, B) gives its workspace and copy of B (or nulls: stream-ordered scratch).
-// Returns the op-none path on A^T.
+// A^T of the transposed route for A (m x k) in `layout`, in `work` (transposed_words): the
+// constructor queues its groups and the read-back of its number R of dense rows, so that the
+// host may queue the product on A^T's TwELL rows before finish() waits for R.
+template <class T>
+class TransposedA {
+ public:
+  // A^T's TwELL rows in `work`, before or after they are built.
+  static TwellView<T> storage(detail::TwellRows<T> a, TwellLayout layout, std::uint32_t* work) {
+    return {a.twell.cols, a.twell.rows, layout, work, nullptr, MemorySpace::device};
+  }
+
+  TransposedA(detail::TwellRows<T> a, TwellLayout layout, std::uint32_t* work, cudaStream_t stream)
+      : a_(a), stream_(stream), at_(storage(a, layout, work)) {
+    const std::int64_t k = a.twell.cols, m = a.twell.rows;
+    const auto words = static_cast<std::size_t>(k);
+    const auto packed_words = words * static_cast<std::size_t>(layout.packed_width(m));
+    row_to_overflow_ = reinterpret_cast<std::int32_t*>(work + packed_words);
+    overflow_to_row_ = row_to_overflow_ + words;
+    auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row_ + words);
+    auto* r_device = reinterpret_cast<std::int64_t*>(work + transposed_words(m, k, layout) - 2);
+    detail::twell_transpose_groups(a, at_, row_to_overflow_, overflow_to_row_, max_count, r_device, stream);
+    r_back_.emplace(r_device, sizeof(std::int64_t), stream, kWhere);
+  }
+
+  // A^T's TwELL rows, which the op-none kernels take with shadow() (A^T's dense rows skipped).
+  TwellView<const T> twell() const { return at_; }
+  const std::int32_t* shadow() const { return row_to_overflow_; }
+  // Waits for R.
+  std::int64_t dense_rows() const { return r_back_->get<std::int64_t>(); }
+
+  // C += alpha times A^T's dense rows B (C's TwELL rows written already): A^T's R dense rows into
+  // `dense` (R x m values), their product by cuBLAS (`blas`) in `overflow_tmp` (R x Nb floats, or
+  // null: allocated). Nothing when R = 0.
+  void finish(DenseView<const T> b, DenseView<T> c, float alpha, float beta, cublasHandle_t blas, T* dense,
+              float* overflow_tmp) const {
+    const std::int64_t r = dense_rows();
+    if (r == 0) return;
+    const std::int64_t m = a_.twell.rows;
+    const HybridView<T> hybrid{at_, DenseView<T>{dense, r, m, m, MemorySpace::device}, row_to_overflow_,
+                               overflow_to_row_};
+    detail::twell_transpose_dense_rows(a_, hybrid, stream_);
+    overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream_, overflow_tmp, blas);
+  }
+
+ private:
+  detail::TwellRows<T> a_;
+  cudaStream_t stream_;
+  TwellView<T> at_;
+  std::int32_t* row_to_overflow_ = nullptr;
+  std::int32_t* overflow_to_row_ = nullptr;
+  std::optional<detail::ReadBack> r_back_;
+};
+
+// C_i = alpha A_i^T B_i + beta C_i through each A_i^T in `layout`, in work[i] (transposed_words
+// each; A_i of one shape, B_i of one column count). Where every product takes the tile-streaming
+// kernel, they take one launch: every A_i^T is built first, then the kernel is queued before the
+// host waits for the numbers R_i of their dense rows, whose products follow in turn. Otherwise
+// the products go one after another, each queued before the host waits for its R. dense_rows(R)
+// gives room for R x m values and overflow_tmp(R) for R x Nb floats (or null: the overflow product
+// allocates its own), and, should the products take the slice-reuse kernel, slice_buffers(A^T, B)
+// gives its workspace and copy of B (or nulls: stream-ordered scratch); the products use each in
+// turn. Returns the op-none path on A^T.
 template <class T, class DenseRows, class OverflowTmp, class SliceBuffers>
-std::string transposed_product(detail::TwellRows<T> a, TwellLayout layout, DenseView<const T> b, DenseView<T> c,
-                               float alpha, float beta, SpmmAlgorithm algorithm, cudaStream_t stream,
-                               std::uint32_t* work, DenseRows dense_rows, OverflowTmp overflow_tmp,
-                               SliceBuffers slice_buffers) {
-  const std::int64_t k = a.twell.cols, m = a.twell.rows;
-  // What cuBLAS takes for A^T's dense rows, checked before any work is queued.
-  require_int(b.cols, "B columns");
-  require_int(m, "A^T columns");
-  require_int(b.ld, "B leading dimension");
-  const auto words = static_cast<std::size_t>(k);
-  const auto packed_words = words * static_cast<std::size_t>(layout.packed_width(m));
-  std::uint32_t* packed = work;
-  auto* row_to_overflow = reinterpret_cast<std::int32_t*>(packed + packed_words);
-  std::int32_t* overflow_to_row = row_to_overflow + words;
-  auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
-  auto* r_device = reinterpret_cast<std::int64_t*>(work + transposed_words(m, k, layout) - 2);
-  const TwellView<T> at{k, m, layout, packed, nullptr, MemorySpace::device};
-  detail::twell_transpose_groups(a, at, row_to_overflow, overflow_to_row, max_count, r_device, stream);
-  const detail::ReadBack r_back(r_device, sizeof(std::int64_t), stream, kWhere);
+std::string transposed_products(std::span<const detail::TwellRows<T>> a, TwellLayout layout,
+                                std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha,
+                                float beta, SpmmAlgorithm algorithm, cudaStream_t stream,
+                                std::span<std::uint32_t* const> work, DenseRows dense_rows, OverflowTmp overflow_tmp,
+                                SliceBuffers slice_buffers) {
+  const std::size_t n = a.size();
+  std::array<SpmmAlgorithm, detail::kMaxStreamBatch> kernels{};
+  require(n <= kernels.size(), ErrorCode::invalid_argument, kWhere, "at most ", kernels.size(),
+          " products on A^T at once");
+  bool batched = n > 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    // What cuBLAS takes for A^T's dense rows, before any work is queued.
+    require_int(b[i].cols, "B columns");
+    require_int(a[i].twell.rows, "A^T columns");
+    require_int(b[i].ld, "B leading dimension");
+    // The kernel follows from A^T's shape and storage, known before A^T is built.
+    kernels[i] =
+        choose_twell_path(TwellView<const T>(TransposedA<T>::storage(a[i], layout, work[i])), b[i], c[i], algorithm);
+    batched = batched && kernels[i] == SpmmAlgorithm::tile_stream;
+  }
   // Taken before C is written (created at a thread's first use on a device: it may fail).
   const cublasHandle_t blas = cublas_handle();
-  const TwellView<const T> at_const = at;
-  const SpmmAlgorithm kernel = choose_twell_path(at_const, b, c, algorithm);
-  const auto [workspace, staged_b] =
-      kernel == SpmmAlgorithm::slice_reuse ? slice_buffers(at_const, b) : std::pair<void*, void*>{};
-  const std::string path = hybrid_kernel_name(
-      twell_none(at_const, row_to_overflow, b, c, alpha, beta, stream, kernel, workspace, staged_b));
-  const auto r = r_back.get<std::int64_t>();
-  if (r == 0) return path;
-  const HybridView<T> hybrid{at, DenseView<T>{dense_rows(r), r, m, m, MemorySpace::device}, row_to_overflow,
-                             overflow_to_row};
-  detail::twell_transpose_dense_rows(a, hybrid, stream);
-  overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream, overflow_tmp(r), blas);
-  return path + "+cublas_overflow";
+  std::string path;
+  bool dense = false;
+  if (!batched) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const TransposedA<T> at(a[i], layout, work[i], stream);
+      const auto [workspace, staged_b] =
+          kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(at.twell(), b[i]) : std::pair<void*, void*>{};
+      path = hybrid_kernel_name(
+          twell_none(at.twell(), at.shadow(), b[i], c[i], alpha, beta, stream, kernels[i], workspace, staged_b));
+      const std::int64_t r = at.dense_rows();
+      if (r > 0) at.finish(b[i], c[i], alpha, beta, blas, dense_rows(r), overflow_tmp(r));
+      dense = dense || r > 0;
+    }
+  } else {
+    std::array<std::optional<TransposedA<T>>, detail::kMaxStreamBatch> at;
+    std::array<detail::StreamProduct<T>, detail::kMaxStreamBatch> products{};
+    for (std::size_t i = 0; i < n; ++i) {
+      at[i].emplace(a[i], layout, work[i], stream);
+      products[i] = {at[i]->twell(), at[i]->shadow(), b[i], c[i]};
+    }
+    detail::spmm_twell_stream<T>(std::span(products).first(n), alpha, beta, stream);
+    path = std::string(kStreamPath) + "_batched";
+    std::int64_t r = 0;
+    for (std::size_t i = 0; i < n; ++i) r = std::max(r, at[i]->dense_rows());
+    if (r > 0) {
+      T* const rows = dense_rows(r);
+      float* const tmp = overflow_tmp(r);
+      for (std::size_t i = 0; i < n; ++i) at[i]->finish(b[i], c[i], alpha, beta, blas, rows, tmp);
+    }
+    dense = r > 0;
+  }
+  return dense ? path + "+cublas_overflow" : path;
 }
 
 // The free function's transposed route for TwELL and Hybrid A: its storage in stream-ordered
@@ -933,8 +1012,9 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
   const std::int64_t m = rows.twell.rows;
   detail::Scratch work(transposed_words(m, rows.twell.cols, *layout) * sizeof(std::uint32_t), stream, kWhere);
   std::optional<detail::Scratch> dense;  // kept to the end: freed in stream order after its last use
-  const std::string path = transposed_product(
-      rows, *layout, b, c, alpha, beta, options.spmm_algorithm, stream, work.as<std::uint32_t>(),
+  std::uint32_t* const work_words = work.as<std::uint32_t>();
+  const std::string path = transposed_products<T>(
+      {&rows, 1}, *layout, {&b, 1}, {&c, 1}, alpha, beta, options.spmm_algorithm, stream, {&work_words, 1},
       [&](std::int64_t r) {
         dense.emplace(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
         return dense->as<T>();
@@ -1009,6 +1089,20 @@ void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
   detail::report_path(options, path.c_str());
 }
 
+static_assert(SpmmPlan<bf16>::kMaxTransposedBatch <= detail::kMaxStreamBatch);
+
+namespace {
+// A TwELL as the Hybrid of no overflow rows that the transposed route takes.
+template <class T>
+HybridView<const T> as_hybrid(TwellView<const T> a) {
+  return {a, DenseView<const T>{}, nullptr, nullptr};
+}
+template <class T>
+HybridView<const T> as_hybrid(HybridView<const T> a) {
+  return a;
+}
+}  // namespace
+
 // ---- SpmmPlan ------------------------------------------------------------------------------------
 
 template <Value T>
@@ -1078,19 +1172,34 @@ template <Value T>
 template <class View>
 void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha,
                                  float beta) {
-  const detail::TwellRows<T> rows = detail::twell_rows<T>(a);
-  check_a(rows.twell.rows, rows.twell.cols, rows.twell.layout);
-  const std::optional<TwellLayout> layout = transposed_layout<T>(rows.twell.layout, rows.twell.rows, rows.twell.cols);
-  if (!layout) {  // the CSR route, as spmm() takes it
+  const HybridView<const T> hybrid = as_hybrid(a);
+  check_a(hybrid.rows(), hybrid.cols(), hybrid.twell.layout);
+  if (!transposed_layout<T>(layout_, m_, k_)) {  // the CSR route, as spmm()
     KernelReport report;
     cuda::spmm<T>(Op::transpose, a, b, c, alpha, beta, KernelOptions{stream_, &report, false, algorithm_});
     path_ = report.path;
     return;
   }
-  const std::size_t words = transposed_words(m_, k_, *layout);
-  if (words > transposed_.size()) transposed_ = Buffer<std::uint32_t>(words, MemorySpace::device, Uninitialized{});
-  const std::string path = transposed_product(
-      rows, *layout, b, c, alpha, beta, algorithm_, static_cast<cudaStream_t>(stream_.handle), transposed_.data(),
+  path_ = std::string("cuda/spmm/") + format + "/via_transpose+" +
+          transposed_batch({&hybrid, 1}, {&b, 1}, {&c, 1}, alpha, beta);
+}
+
+template <Value T>
+std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
+                                          std::span<const DenseView<T>> c, float alpha, float beta) {
+  const TwellLayout layout = *transposed_layout<T>(layout_, m_, k_);
+  const std::size_t words = transposed_words(m_, k_, layout);
+  std::array<detail::TwellRows<T>, kMaxTransposedBatch> rows{};
+  std::array<std::uint32_t*, kMaxTransposedBatch> work{};
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    rows[i] = detail::twell_rows<T>(a[i]);
+    if (words > transposed_[i].size())
+      transposed_[i] = Buffer<std::uint32_t>(words, MemorySpace::device, Uninitialized{});
+    work[i] = transposed_[i].data();
+  }
+  return transposed_products<T>(
+      std::span(rows).first(a.size()), layout, b, c, alpha, beta, algorithm_, static_cast<cudaStream_t>(stream_.handle),
+      std::span(work).first(a.size()),
       [&](std::int64_t r) {
         const auto need = static_cast<std::size_t>(r * m_);
         if (need > transposed_dense_.size())
@@ -1098,7 +1207,7 @@ void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> 
         return transposed_dense_.data();
       },
       [&](std::int64_t r) {
-        reserve_overflow(r, b.cols);
+        reserve_overflow(r, b.front().cols);
         return overflow_.data();
       },
       [&](TwellView<const T> at, DenseView<const T> bt) {
@@ -1106,7 +1215,32 @@ void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> 
             grow_bytes(transposed_workspace_, detail::spmm_slices_workspace_bytes(at.rows, at.cols, at.layout)),
             grow_bytes(transposed_staged_b_, detail::spmm_slices_staged_b_bytes(at.cols, bt.cols))};
       });
-  path_ = std::string("cuda/spmm/") + format + "/via_transpose+" + path;
+}
+
+template <Value T>
+void SpmmPlan<T>::run_transposed(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
+                                 std::span<const DenseView<T>> c, float alpha, float beta) {
+  constexpr const char* where = "twell::cuda::SpmmPlan::run_transposed";
+  const std::size_t n = a.size();
+  require(n >= 1 && n <= kMaxTransposedBatch && b.size() == n && c.size() == n, ErrorCode::invalid_argument, where,
+          "takes 1 to ", kMaxTransposedBatch, " products, each with its B and C; given ", n, " A, ", b.size(),
+          " B and ", c.size(), " C");
+  for (std::size_t i = 0; i < n; ++i) {
+    check_spmm(Op::transpose, a[i], a[i].rows(), a[i].cols(), b[i], c[i]);
+    check_a(a[i].rows(), a[i].cols(), a[i].twell.layout);
+    require(b[i].cols == b[0].cols, ErrorCode::shape_mismatch, where, "B ", i, " has ", b[i].cols,
+            " columns but B 0 has ", b[0].cols, "; the products of one call share B's column count");
+    for (std::size_t j = 0; j < n; ++j)
+      require(j == i || (!twell::detail::byte_range(c[i]).overlaps(twell::detail::byte_range(c[j])) &&
+                         !twell::detail::byte_range(c[i]).overlaps(twell::detail::byte_range(b[j]))),
+              ErrorCode::invalid_argument, where, "C ", i, " overlaps C or B ", j,
+              "; the products of one call run together, so none may write another's operand");
+  }
+  if (!transposed_layout<T>(layout_, m_, k_)) {  // the CSR route: the products in turn
+    for (std::size_t i = 0; i < n; ++i) run_transposed(a[i], "hybrid", b[i], c[i], alpha, beta);
+    return;
+  }
+  path_ = "cuda/spmm/hybrid/via_transpose+" + transposed_batch(a, b, c, alpha, beta);
 }
 
 template <Value T>

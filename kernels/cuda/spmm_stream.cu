@@ -87,19 +87,37 @@ __device__ __forceinline__ void add_entry(std::uint32_t word, const unsigned cha
   acc[3] = fmaf(a, hi.y, acc[3]);
 }
 
+// The products of one launch (spmm_twell_stream_batch), product blockIdx.z; they share A's shape
+// and layout and B's columns.
+template <class T>
+struct StreamBatch {
+  const std::uint32_t* packed[kMaxStreamBatch];
+  const std::int32_t* shadow[kMaxStreamBatch];
+  const T* b[kMaxStreamBatch];
+  std::int64_t ldb[kMaxStreamBatch];
+  T* c[kMaxStreamBatch];
+  std::int64_t ldc[kMaxStreamBatch];
+};
+
 // Preconditions (spmm_stream_applies): 16-bit T; layout.tile <= 256, slots() a multiple of 4 and
 // at least 8, packed 16-byte aligned; B 16-byte aligned, ldb and nb multiples of 8; C 16-byte
 // aligned, ldc a multiple of 8; dynamic shared memory of kSmemBytes. Counts above capacity
 // are clipped to capacity; a column outside the tile reads the zero row, so it adds nothing
 // (NaN if its value is Inf or NaN: valid TwELL has no such entry); rows >= M and shadow rows (>= 0)
 // are left untouched.
+// A CTA of product z does what the same CTA of a launch of that product alone does (same bits).
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
-    stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, const std::uint32_t* __restrict__ packed,
-                  const std::int32_t* __restrict__ shadow, const T* __restrict__ b, std::int64_t ldb, T* __restrict__ c,
-                  std::int64_t ldc, std::int64_t nb, float alpha, float beta) {
+    stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch, std::int64_t nb,
+                  float alpha, float beta) {
   ::twell::detail::wait_for_prior_grids();
   extern __shared__ __align__(16) unsigned char smem[];  // [kStages][B rows | slot heads]
+  const unsigned product = blockIdx.z;
+  const std::uint32_t* __restrict__ packed = batch.packed[product];
+  const std::int32_t* __restrict__ shadow = batch.shadow[product];
+  const T* __restrict__ b = batch.b[product];
+  T* __restrict__ c = batch.c[product];
+  const std::int64_t ldb = batch.ldb[product], ldc = batch.ldc[product];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
   const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kCols;
@@ -266,29 +284,44 @@ std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols) {
 }
 
 template <class T>
-void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
-                       float alpha, float beta, cudaStream_t stream) {
-  require(spmm_stream_applies(a, b, c), ErrorCode::invalid_argument, kWhere,
-          "the tile-streaming TwELL kernel was called on operands it does not take");
-  const auto [row_blocks, slices] = stream_grid(a.rows, b.cols);
-  require(row_blocks <= 0x7fffffffLL && slices <= 65535, ErrorCode::unsupported, kWhere, "A has ", a.rows,
-          " rows and B ", b.cols, " columns; the tile-streaming kernel takes at most ", 0x7fffffffLL * kRows, " and ",
-          65535LL * kCols);
+void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, float beta, cudaStream_t stream) {
+  require(!products.empty() && products.size() <= kMaxStreamBatch, ErrorCode::invalid_argument, kWhere,
+          "the tile-streaming TwELL kernel takes 1 to ", kMaxStreamBatch, " products at once, not ", products.size());
+  const StreamProduct<T>& first = products.front();
+  StreamBatch<T> batch{};
+  for (std::size_t i = 0; i < products.size(); ++i) {
+    const StreamProduct<T>& p = products[i];
+    require(spmm_stream_applies(p.a, p.b, p.c) && p.a.rows == first.a.rows && p.a.cols == first.a.cols &&
+                p.a.layout == first.a.layout && p.b.cols == first.b.cols,
+            ErrorCode::invalid_argument, kWhere,
+            "the tile-streaming TwELL kernel was called on operands it does not take, or on products of different "
+            "shapes");
+    batch.packed[i] = p.a.packed;
+    batch.shadow[i] = p.shadow;
+    batch.b[i] = p.b.data;
+    batch.ldb[i] = p.b.ld;
+    batch.c[i] = p.c.data;
+    batch.ldc[i] = p.c.ld;
+  }
+  const auto [row_blocks, slices] = stream_grid(first.a.rows, first.b.cols);
+  require(row_blocks <= 0x7fffffffLL && slices <= 65535, ErrorCode::unsupported, kWhere, "A has ", first.a.rows,
+          " rows and B ", first.b.cols, " columns; the tile-streaming kernel takes at most ", 0x7fffffffLL * kRows,
+          " and ", 65535LL * kCols);
   if constexpr (sizeof(T) == 2) {
     auto kernel = stream_kernel<T>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
                "twell::cuda::spmm (cudaFuncSetAttribute)");
-    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(slices));
+    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(slices),
+                    static_cast<unsigned>(products.size()));
     ::twell::detail::launch_kernel("twell::cuda::spmm (tile-streaming kernel)", kernel, grid, kThreads, kSmemBytes,
-                                   stream, a.rows, a.cols, a.layout, a.packed, shadow, b.data, b.ld, c.data, c.ld,
-                                   b.cols, alpha, beta);
+                                   stream, first.a.rows, first.a.cols, first.a.layout, batch, first.b.cols, alpha,
+                                   beta);
   }
 }
 
-#define TWELL_INSTANTIATE(T)                                                                                           \
-  template bool spmm_stream_applies<T>(TwellView<const T>, DenseView<const T>, DenseView<T>);                          \
-  template void spmm_twell_stream<T>(TwellView<const T>, const std::int32_t*, DenseView<const T>, DenseView<T>, float, \
-                                     float, cudaStream_t);
+#define TWELL_INSTANTIATE(T)                                                                  \
+  template bool spmm_stream_applies<T>(TwellView<const T>, DenseView<const T>, DenseView<T>); \
+  template void spmm_twell_stream<T>(std::span<const StreamProduct<T>>, float, float, cudaStream_t);
 TWELL_INSTANTIATE(bf16)
 TWELL_INSTANTIATE(fp16)
 TWELL_INSTANTIATE(float)

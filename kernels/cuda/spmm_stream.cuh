@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include <cuda_runtime.h>
 
@@ -23,11 +24,24 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
 // 256 x 128 block of C, all resident at once only up to one per SM).
 std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols);
 
-// C = alpha * A B + beta * C for the rows of A whose `shadow` entry is negative (every row when
-// shadow is null); other rows of C are left untouched. Requires spmm_stream_applies. One kernel on
-// `stream`, no workspace.
+// One product of spmm_twell_stream: C = alpha * A B + beta * C for the rows of A whose `shadow`
+// entry is negative (every row when shadow is null); other rows of C are left untouched.
 template <class T>
-void spmm_twell_stream(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
-                       float alpha, float beta, cudaStream_t stream);
+struct StreamProduct {
+  TwellView<const T> a;
+  const std::int32_t* shadow;
+  DenseView<const T> b;
+  DenseView<T> c;
+};
+
+// The most products one launch of spmm_twell_stream takes.
+inline constexpr int kMaxStreamBatch = 3;
+
+// The products (1 to kMaxStreamBatch, each taken by spmm_stream_applies; A of one shape and
+// layout, B of one column count) in one kernel on `stream`, no workspace. Each product's bits are
+// those it gets alone; batching only fills the waves: a product's last wave of CTAs leaves SMs
+// idle that the next one's CTAs take.
+template <class T>
+void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, float beta, cudaStream_t stream);
 
 }  // namespace twell::cuda::detail

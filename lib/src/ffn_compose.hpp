@@ -4,6 +4,7 @@
 // storage allocated per call and storage a plan holds.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -80,6 +81,20 @@ auto spmm_on_backend(const KernelOptions& options) {
   };
 }
 
+// The backward's products on A^T (its weight gradients): C_i = A_i^T B_i for each i, at most three.
+template <class T>
+using ProductsOnTranspose = std::function<void(std::span<const HybridView<const T>> a,
+                                               std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c)>;
+
+// The products on whichever backend holds the operands, one spmm after another.
+template <class T>
+ProductsOnTranspose<T> products_on_backend(const KernelOptions& options) {
+  return [options](std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
+                   std::span<const DenseView<T>> c) {
+    for (std::size_t i = 0; i < a.size(); ++i) spmm<T>(Op::transpose, a[i], b[i], c[i], 1.0f, 0.0f, options);
+  };
+}
+
 // The saved activations of an M x N gate in `space`: u, h (and g for SiLU and GELU) share a's
 // layout and overflow rows, because the operations of the backward index them by a's structure.
 template <class T>
@@ -132,12 +147,12 @@ void gated_after_gate(DenseView<const T> x, DenseView<const T> wg, DenseView<con
 }
 
 // What the backward computes into besides the gradients: dh, dg and du on a's structure (a's
-// layout and overflow rows; dh unused, and may be empty, where BackwardRows runs) and one N x K
-// dense matrix.
+// layout and overflow rows; dh unused, and may be empty, where BackwardRows runs) and two N x K
+// dense matrices: dwg and dwu before their transposes (and a weight's transpose for a composed dx).
 template <class T>
 struct BackwardScratch {
   HybridView<T> dh, dg, du;
-  DenseView<T> n_by_k;
+  std::array<DenseView<T>, 2> n_by_k;
 };
 
 // Runs the backward's rows in one kernel (cuda::GatedUpDownPlan::backward): dg and du on a's
@@ -152,14 +167,14 @@ using BackwardRows = std::function<void(HybridView<T> dg, HybridView<T> du, Dens
 //   dh  = sddmm(dy, wd^T) on P, then + scale sign(h);
 //   dg  = dh * u, times act'(g) for SiLU and GELU (ReLU's act' is 1 on P), du = dh * a;
 //   dx = dg wg^T + du wu^T (these three by `rows` where given);
-//   dwd = h^T dy; dwg = (dg^T x)^T, dwu = (du^T x)^T.
+//   dwd = h^T dy; dwg = (dg^T x)^T, dwu = (du^T x)^T (these three products by `products`).
 template <class T, class Spmm>
 double gated_backward(const GatedFfnActivationViews<T>& s, DenseView<const T> x, DenseView<const T> wg,
                       DenseView<const T> wu, DenseView<const T> wd, DenseView<const T> dy, double scale,
                       const BackwardScratch<T>& w, const GatedFfnGradientViews<T>& out, const KernelOptions& options,
-                      Spmm&& spmm, const BackwardRows<T>& rows) {
+                      Spmm&& spmm, const ProductsOnTranspose<T>& products, const BackwardRows<T>& rows) {
   const HybridView<const T> dg(w.dg), du(w.du);
-  const DenseView<const T> n_by_k(w.n_by_k);
+  const DenseView<const T> n_by_k_0(w.n_by_k[0]), n_by_k_1(w.n_by_k[1]);
   if (rows) {
     rows(w.dg, w.du, out.dx);
   } else {
@@ -169,19 +184,21 @@ double gated_backward(const GatedFfnActivationViews<T>& s, DenseView<const T> x,
     multiply_on_pattern<T>(dh, s.u, w.dg, options);
     if (s.act.kind != Activation::relu) multiply_by_activation_derivative<T>(dg, s.g, s.act.kind, w.dg, options);
     multiply_on_pattern<T>(dh, s.a, w.du, options);
-    // spmm takes its dense operand as stored, so each weight is transposed into the one N x K
-    // buffer in turn (same stream: the second transpose waits for the first product).
-    transpose<T>(wg, w.n_by_k, options);
-    spmm(Op::none, dg, n_by_k, out.dx, 1.0f, 0.0f);
-    transpose<T>(wu, w.n_by_k, options);
-    spmm(Op::none, du, n_by_k, out.dx, 1.0f, 1.0f);
+    // spmm takes its dense operand as stored, so each weight is transposed into one N x K buffer
+    // in turn (same stream: the second transpose waits for the first product).
+    transpose<T>(wg, w.n_by_k[0], options);
+    spmm(Op::none, dg, n_by_k_0, out.dx, 1.0f, 0.0f);
+    transpose<T>(wu, w.n_by_k[0], options);
+    spmm(Op::none, du, n_by_k_0, out.dx, 1.0f, 1.0f);
   }
-  spmm(Op::transpose, s.h, dy, out.dwd, 1.0f, 0.0f);
-  // The weights are K x N, the products N x K.
-  spmm(Op::transpose, dg, x, w.n_by_k, 1.0f, 0.0f);
-  transpose<T>(n_by_k, out.dwg, options);
-  spmm(Op::transpose, du, x, w.n_by_k, 1.0f, 0.0f);
-  transpose<T>(n_by_k, out.dwu, options);
+  // dwd = h^T dy; the weights are K x N, so dg^T x and du^T x go N x K first. One call, so that a
+  // plan runs the three together (SpmmPlan::run_transposed).
+  const HybridView<const T> at_a[] = {s.h, dg, du};
+  const DenseView<const T> at_b[] = {dy, x, x};
+  const DenseView<T> at_c[] = {out.dwd, w.n_by_k[0], w.n_by_k[1]};
+  products(at_a, at_b, at_c);
+  transpose<T>(n_by_k_0, out.dwg, options);
+  transpose<T>(n_by_k_1, out.dwu, options);
   return scale * l1_norm<T>(s.h, options);
 }
 

@@ -125,7 +125,7 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
   const bool fused = keeps_up_down<T>(k, space);
   HybridMatrix<T> dh = fused ? HybridMatrix<T>() : hybrid_like(saved.a);
   HybridMatrix<T> dg = hybrid_like(saved.a), du = hybrid_like(saved.a);
-  DenseMatrix<T> n_by_k(n, k, space);
+  DenseMatrix<T> n_by_k[] = {DenseMatrix<T>(n, k, space), DenseMatrix<T>(n, k, space)};
   ffn_detail::BackwardRows<T> rows;
 #if TWELL_HAS_CUDA
   if (fused)
@@ -134,9 +134,11 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
                                       options);
     };
 #endif
-  out.l1_term = ffn_detail::gated_backward<T>(
-      saved.view(), x, wg, wu, wd, dy, l1.scale, {dh.view(), dg.view(), du.view(), n_by_k.view()},
-      {out.dx.view(), out.dwg.view(), out.dwu.view(), out.dwd.view()}, options, spmm_on_backend<T>(options), rows);
+  out.l1_term =
+      ffn_detail::gated_backward<T>(saved.view(), x, wg, wu, wd, dy, l1.scale,
+                                    {dh.view(), dg.view(), du.view(), {n_by_k[0].view(), n_by_k[1].view()}},
+                                    {out.dx.view(), out.dwg.view(), out.dwu.view(), out.dwd.view()}, options,
+                                    spmm_on_backend<T>(options), ffn_detail::products_on_backend<T>(options), rows);
   if (options.report != nullptr)
     options.report->path = space == MemorySpace::host ? "composed:reference" : fused ? "fused:cuda" : "composed:cuda";
   return out;
@@ -157,7 +159,7 @@ struct GatedFfnTraining<T>::Impl {
   // gate's overflow rows).
   std::int64_t capacity = 0;
   HybridMatrix<T> u, h, g, dh, dg, du;
-  DenseMatrix<T> n_by_k;
+  DenseMatrix<T> n_by_k[2];  // the backward's N x K dwg and dwu before their transposes
   // R of the latest forward that completed; -1 before the first and after one that threw.
   std::int64_t overflow_rows = -1;
   HybridMatrix<T> host_gate;  // the host gate, allocated by gemm_to_sparse per forward
@@ -245,6 +247,16 @@ struct GatedFfnTraining<T>::Impl {
     };
   }
 
+  // The backward's products on A^T: the held plan runs them together, the host one after another.
+  ffn_detail::ProductsOnTranspose<T> products_fn() {
+#if TWELL_HAS_CUDA
+    if (spmm_plan)
+      return [this](std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
+                    std::span<const DenseView<T>> c) { spmm_plan->run_transposed(a, b, c); };
+#endif
+    return ffn_detail::products_on_backend<T>(options);
+  }
+
   void check_call(const char* where, DenseView<const T> x, DenseView<const T> wu) const {
     require(x.rows == m && x.cols == k && wu.cols == n, ErrorCode::shape_mismatch, where, "the object is for x of ",
             shape(m, k), " and ", n, " intermediate units, but x is ", shape(x.rows, x.cols), " and wu ",
@@ -296,7 +308,7 @@ GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, 
 #endif
   }
   s.allocate(capacity);
-  s.n_by_k = DenseMatrix<T>(intermediate, hidden, space);
+  for (DenseMatrix<T>& part : s.n_by_k) part = DenseMatrix<T>(intermediate, hidden, space);
 }
 
 template <Value T>
@@ -357,11 +369,12 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
       s.up_down->backward(op);
     };
 #endif
-  const double l1_term =
-      ffn_detail::gated_backward<T>(saved, x, wg, wu, wd, dy, l1.scale,
-                                    {s.fused() ? HybridView<T>{} : Impl::first_rows(s.dh, rows),
-                                     Impl::first_rows(s.dg, rows), Impl::first_rows(s.du, rows), s.n_by_k.view()},
-                                    out, s.options, s.spmm_fn(), fused_rows);
+  const double l1_term = ffn_detail::gated_backward<T>(saved, x, wg, wu, wd, dy, l1.scale,
+                                                       {s.fused() ? HybridView<T>{} : Impl::first_rows(s.dh, rows),
+                                                        Impl::first_rows(s.dg, rows),
+                                                        Impl::first_rows(s.du, rows),
+                                                        {s.n_by_k[0].view(), s.n_by_k[1].view()}},
+                                                       out, s.options, s.spmm_fn(), s.products_fn(), fused_rows);
   s.path = s.on_device() ? "planned:cuda" : "composed:reference";
   return l1_term;
 }

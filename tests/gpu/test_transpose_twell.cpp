@@ -14,10 +14,12 @@
 //   NaN in B reaching only the rows of C whose column of A has an entry in their row of B (a dense
 //   row's -0.0 is none), and the operands this route does not take going through CSR; SpmmPlan's
 //   op(A) = A^T runs bit-equal to spmm() on fresh matrices, its storage growing with the hot
-//   columns.
+//   columns; its run_transposed gives one, two and three products at once the bits each gets
+//   alone, and writes nothing when it refuses a call.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -627,5 +629,121 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan with op(A) = A^T equals spmm() bit for bit and
     DenseMatrix<T> c_other(kK + 8, kN, kDevice);
     CHECK(testing::code_of([&] { plan.run(Op::transpose, other.view(), b_other.view(), c_other.view()); }) ==
           ErrorCode::shape_mismatch);
+  }
+}
+
+// SpmmPlan::run_transposed runs up to three products on A^T in one call (the training step's
+// weight gradients): each C_i must have the bits that spmm() gives it alone, into NaN-poisoned C
+// (beta = 0) and over C0, for one, two and three products whose A^T hold different numbers of
+// dense rows (the plan sizes their storage for the largest), on the tile-streaming kernel (one
+// launch for all: path "tile_stream_batched") and on the slice-reuse kernel (one product after
+// another). A refused call writes nothing: every product is checked before any is queued.
+TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of each alone", T, bf16, fp16) {
+  struct Setting {
+    std::int64_t m, k;
+    TwellLayout layout;
+    SpmmAlgorithm algorithm;
+    const char* path;
+  };
+  constexpr std::int64_t kN = 64;
+  constexpr int kProducts = dev::SpmmPlan<T>::kMaxTransposedBatch;
+  const Setting settings[] = {
+      {1500, 777, {256, 16}, SpmmAlgorithm::automatic, "tile_stream_batched"},
+      {testing::sweep_size(2000, 700), 5632, {256, 16}, SpmmAlgorithm::tile_stream, "tile_stream_batched"},
+      {300, 2100, {256, 8}, SpmmAlgorithm::automatic, "slice_reuse"}};
+  for (const Setting& st : settings) {
+    CAPTURE(st.m);
+    CAPTURE(st.k);
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    dev::SpmmPlan<T> plan(st.m, st.k, st.layout, {}, st.algorithm);
+    std::vector<HybridMatrix<T>> a_host, a_dev;
+    std::vector<DenseMatrix<T>> a_dense_all, b_host, b_dev, c0;
+    for (int i = 0; i < kProducts; ++i) {
+      DenseMatrix<T> a_dense = workload::activations<T>({.tokens = st.m,
+                                                         .units = st.k,
+                                                         .density = 0.005,
+                                                         .distribution = workload::Distribution::token_skewed,
+                                                         .seed = seed + 10 * i});
+      for (std::int64_t j = 0; j < 4 * i; ++j)  // hot columns: 0, 4 and 8 dense rows of A^T
+        for (std::int64_t r = j % 2; r < st.m; r += 2) a_dense.view().at(r, 5 + 13 * j) = from_float<T>(0.5f);
+      a_host.push_back(ref::dense_to_hybrid<T>(a_dense.view(), st.layout));
+      a_dense_all.push_back(std::move(a_dense));
+      a_dev.push_back(a_host.back().to(kDevice));
+      b_host.push_back(testing::random_dense<T>(st.m, kN, 1.0f, seed + 10 * i + 1));
+      b_dev.push_back(b_host.back().to(kDevice));
+      c0.push_back(testing::random_dense<T>(st.k, kN, 1.0f, seed + 10 * i + 2));
+    }
+    for (const auto& [alpha, beta] : {kSpmmAlphaBeta[1], kSpmmAlphaBeta[2]}) {
+      CAPTURE(alpha);
+      CAPTURE(beta);
+      std::vector<SpmmRun<T>> alone;
+      for (int i = 0; i < kProducts; ++i) {
+        alone.push_back(run_spmm_t<T>(a_dev[i], b_dev[i], c0[i], alpha, beta, st.algorithm));
+        check_close<T>(alone.back(), reference_spmm_t<T>(a_host[i], b_host[i], c0[i], alpha, beta));
+      }
+      for (int n = 1; n <= kProducts; ++n) {
+        CAPTURE(n);
+        std::vector<DenseMatrix<T>> c;
+        std::vector<HybridView<const T>> a_views;
+        std::vector<DenseView<const T>> b_views;
+        std::vector<DenseView<T>> c_views;
+        for (int i = 0; i < n; ++i) {
+          c.push_back(beta == 0.0f ? nan_dense<T>(st.k, kN).to(kDevice) : c0[i].to(kDevice));
+          a_views.push_back(a_dev[i].view());
+          b_views.push_back(b_dev[i].view());
+        }
+        for (DenseMatrix<T>& part : c) c_views.push_back(part.view());
+        plan.run_transposed(a_views, b_views, c_views, alpha, beta);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        if (n == 1) {
+          CHECK(plan.path() == alone[0].path);
+        } else {
+          CHECK(plan.path().rfind("cuda/spmm/hybrid/via_transpose+", 0) == 0);
+          CHECK(plan.path().find(st.path) != std::string::npos);
+        }
+        for (int i = 0; i < n; ++i) {
+          CAPTURE(i);
+          CHECK(testing::bitwise_equal<T>(c[i].to(kHost).view(), alone[i].got.view()));
+        }
+      }
+    }
+    // Refused calls, each before anything is queued: C 0 keeps its poison. (A C's byte range runs
+    // from its first element to its last: views of interleaved columns of one buffer overlap.)
+    DenseMatrix<T> c_first = nan_dense<T>(st.k, kN).to(kDevice);
+    DenseMatrix<T> c_second(st.k, kN, kDevice), c_third(st.k, kN, kDevice);
+    const HybridView<const T> a3[] = {a_dev[0].view(), a_dev[1].view(), a_dev[2].view()};
+    const DenseView<const T> b3[] = {b_dev[0].view(), b_dev[1].view(), b_dev[2].view()};
+    const DenseView<T> c3[] = {c_first.view(), c_second.view(), c_third.view()};
+    const auto refused = [&](std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
+                             std::span<const DenseView<T>> c) {
+      return testing::code_of([&] { plan.run_transposed(a, b, c); });
+    };
+    CHECK(refused({}, {}, {}) == ErrorCode::invalid_argument);
+    CHECK(refused(a3, std::span(b3).first(2), c3) == ErrorCode::invalid_argument);
+    const DenseView<T> c_twice[] = {c_first.view(), c_second.view(), c_second.view()};
+    CHECK(refused(a3, b3, c_twice) == ErrorCode::invalid_argument);
+    // B 2 is C 1's memory: a product may not read what another writes.
+    DenseMatrix<T> shared(std::max(st.m, st.k), kN, kDevice);
+    const DenseView<T> c_shared[] = {c_first.view(), DenseView<T>{shared.view().data, st.k, kN, kN, kDevice},
+                                     c_third.view()};
+    const DenseView<const T> b_shared[] = {b3[0], b3[1], DenseView<const T>{shared.view().data, st.m, kN, kN, kDevice}};
+    CHECK(refused(a3, b_shared, c_shared) == ErrorCode::invalid_argument);
+    // B 2 narrower than the others (its C too); A 2 of another layout.
+    DenseMatrix<T> c_narrow_store(st.k, kN - 8, kDevice);
+    const DenseView<const T> b_narrow[] = {b3[0], b3[1], DenseView<const T>{b3[2].data, st.m, kN - 8, kN, kDevice}};
+    const DenseView<T> c_narrow[] = {c_first.view(), c_second.view(), c_narrow_store.view()};
+    CHECK(refused(a3, b_narrow, c_narrow) == ErrorCode::shape_mismatch);
+    const HybridMatrix<T> other =
+        ref::dense_to_hybrid<T>(a_dense_all[2].view(), TwellLayout{st.layout.tile, st.layout.compression * 2})
+            .to(kDevice);
+    const HybridView<const T> a_other[] = {a3[0], a3[1], other.view()};
+    CHECK(refused(a_other, b3, c3) == ErrorCode::shape_mismatch);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    const DenseMatrix<T> first = c_first.to(kHost);
+    bool poisoned = true;
+    for (std::int64_t r = 0; r < st.k; ++r)
+      for (std::int64_t j = 0; j < kN; ++j) poisoned = poisoned && std::isnan(to_float(first.view().at(r, j)));
+    CHECK(poisoned);
   }
 }

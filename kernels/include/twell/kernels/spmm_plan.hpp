@@ -4,8 +4,10 @@
 // TWELL_HAS_CUDA.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include <twell/formats/dense.hpp>
@@ -76,6 +78,19 @@ class SpmmPlan {
            float beta = 0.0f);
   void run(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha = 1.0f,
            float beta = 0.0f);
+  // The most products one run_transposed call takes.
+  static constexpr int kMaxTransposedBatch = 3;
+  // C_i = alpha * A_i^T B_i + beta * C_i for i < a.size() (1 to kMaxTransposedBatch products; every
+  // A_i of the plan's shape and layout, b and c of a's size, every B_i of one column count): the
+  // bits of run(Op::transpose, a[i], b[i], c[i], alpha, beta) for each i in turn, but with every
+  // A_i^T built first and, where their products on A^T take the tile-streaming kernel, one launch
+  // for all of them, so that a product's last wave of CTAs does not leave SMs idle (the training
+  // step's dWd and its N x K dWg and dWu, docs/api.md). Every C_i is apart from every other C_j and
+  // every B_j (a C written by one product cannot feed another in the same call). The plan then
+  // holds an A^T per product. Errors: as run(), checked for every product before any is queued;
+  // invalid_argument for sizes or overlaps outside the above.
+  void run_transposed(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
+                      std::span<const DenseView<T>> c, float alpha = 1.0f, float beta = 0.0f);
   // Holds an overflow buffer for `rows` overflow rows times `b_cols` columns of B.
   void reserve_overflow(std::int64_t rows, std::int64_t b_cols);
   // Holds the slice-reuse path's buffers for a B of `b_cols` columns: the pre-pass workspace and
@@ -94,6 +109,9 @@ class SpmmPlan {
   // op transpose: through A^T on the plan's buffers where spmm() transposes A, else as spmm().
   template <class View>
   void run_transposed(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha, float beta);
+  // The products through A^T on the plan's buffers (transposed_layout applies); returns the path.
+  std::string transposed_batch(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
+                               std::span<const DenseView<T>> c, float alpha, float beta);
 
   std::int64_t m_ = 0, k_ = 0;
   TwellLayout layout_{};
@@ -102,7 +120,7 @@ class SpmmPlan {
   Buffer<std::uint64_t> workspace_;  // 8-byte elements (blocks 256-byte aligned; the kernels need 16)
   Buffer<std::uint64_t> staged_b_;   // B slice-major
   Buffer<float> overflow_;           // R x Nb products of the overflow rows
-  Buffer<std::uint32_t> transposed_;  // op transpose: A^T's slots and maps
+  std::array<Buffer<std::uint32_t>, kMaxTransposedBatch> transposed_;  // op transpose: each A^T's slots and maps
   Buffer<T> transposed_dense_;        // op transpose: A^T's dense rows
   Buffer<std::uint64_t> transposed_workspace_;  // op transpose: the slice-reuse kernel's on A^T
   Buffer<std::uint64_t> transposed_staged_b_;   // op transpose: B slice-major for A^T's product
