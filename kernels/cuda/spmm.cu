@@ -1090,6 +1090,9 @@ void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, 
 }
 
 static_assert(SpmmPlan<bf16>::kMaxTransposedBatch <= detail::kMaxStreamBatch);
+// A batch holds a read-back per product while the host queues it; one slot stays for the caller
+// (a gate's count read back around the call).
+static_assert(detail::kMaxStreamBatch < detail::ReadBack::kSlots);
 
 namespace {
 // A TwELL as the Hybrid of no overflow rows that the transposed route takes.

@@ -357,6 +357,20 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
     // Here, not in the operation that writes it: a refused gradient must leave the others unwritten.
     twell::detail::check_dense_geometry(view, where, name);
   }
+  // The backward reads every input while it writes the gradients, and computes dwd from dy beside
+  // dwg and dwu from x: no gradient may share a byte with an input or another gradient.
+  const std::pair<const char*, DenseView<const T>> inputs[] = {
+      {"x", x}, {"wg", wg}, {"wu", wu}, {"wd", wd}, {"dy", dy}};
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto [name, view] = grads[i];
+    const twell::detail::ByteRange range = twell::detail::byte_range(view);
+    for (const auto& [input, in_view] : inputs)
+      require(!range.overlaps(twell::detail::byte_range(in_view)), ErrorCode::invalid_argument, where, name,
+              " overlaps ", input, "; the gradients need memory of their own");
+    for (std::size_t j = 0; j < i; ++j)
+      require(!range.overlaps(twell::detail::byte_range(grads[j].second)), ErrorCode::invalid_argument, where, name,
+              " overlaps ", grads[j].first, "; the gradients need memory of their own");
+  }
   const ffn_detail::L1Scale l1 = ffn_detail::l1_scale(where, lambda, norm, s.m, s.n);
   const std::int64_t rows = s.overflow_rows;
   ffn_detail::BackwardRows<T> fused_rows;

@@ -606,8 +606,22 @@ TEST_CASE("GatedFfnTraining rejects bad calls with twell::Error") {
   std::fill(dwd.values().data(), dwd.values().data() + dwd.values().size(), 42.0f);
   CHECK(code_of([&] { backward({dx_overlapping, dwg.view(), dwu.view(), dwd.view()}); }) ==
         ErrorCode::invalid_argument);
-  CHECK(std::all_of(dwd.values().data(), dwd.values().data() + dwd.values().size(),
-                    [](float v) { return v == 42.0f; }));
+  CHECK(
+      std::all_of(dwd.values().data(), dwd.values().data() + dwd.values().size(), [](float v) { return v == 42.0f; }));
+  // A gradient over an input or over another gradient is refused before any is written (dx is
+  // written before dwd's product, which would refuse C over B on its own).
+  std::fill(dx.values().data(), dx.values().data() + dx.values().size(), 42.0f);
+  DenseMatrix<float> dy_and_dwd(s.n + s.m, s.k);
+  const DenseView<float> dwd_over_dy{dy_and_dwd.view().data, s.n, s.k, s.k, MemorySpace::host};
+  const DenseView<const float> dy_under_dwd{dy_and_dwd.view().data + (s.n - 1) * s.k, s.m, s.k, s.k, MemorySpace::host};
+  CHECK(code_of([&] {
+          step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy_under_dwd, 0.1f,
+                        L1Normalization::per_token, {dx.view(), dwg.view(), dwu.view(), dwd_over_dy});
+        }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { backward({dx.view(), dwg.view(), dwg.view(), dwd.view()}); }) == ErrorCode::invalid_argument);
+  for (const DenseMatrix<float>* kept : {&dx, &dwd})
+    CHECK(std::all_of(kept->values().data(), kept->values().data() + kept->values().size(),
+                      [](float v) { return v == 42.0f; }));
   CHECK(code_of([&] {
           step.backward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), dy.view(), -1.0f,
                         L1Normalization::per_token, grads);

@@ -635,9 +635,12 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan with op(A) = A^T equals spmm() bit for bit and
 // SpmmPlan::run_transposed runs up to three products on A^T in one call (the training step's
 // weight gradients): each C_i must have the bits that spmm() gives it alone, into NaN-poisoned C
 // (beta = 0) and over C0, for one, two and three products whose A^T hold different numbers of
-// dense rows (the plan sizes their storage for the largest), on the tile-streaming kernel (one
-// launch for all: path "tile_stream_batched") and on the slice-reuse kernel (one product after
-// another). A refused call writes nothing: every product is checked before any is queued.
+// dense rows (the plan sizes their storage for the largest), in both orders, with the middle
+// product's B and C wider than their columns (a kernel reading one product's leading dimension
+// for another fails), on every route: the tile-streaming kernel (one launch for all: path
+// "tile_stream_batched"), the slice-reuse and pair-balanced kernels and the CSR route (one product
+// after another), and a call whose products take different kernels. A refused call writes
+// nothing: every product is checked before any is queued.
 TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of each alone", T, bf16, fp16) {
   struct Setting {
     std::int64_t m, k;
@@ -645,20 +648,39 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of
     SpmmAlgorithm algorithm;
     const char* path;
   };
-  constexpr std::int64_t kN = 64;
+  constexpr std::int64_t kN = 64, kWider = 8;
   constexpr int kProducts = dev::SpmmPlan<T>::kMaxTransposedBatch;
-  const Setting settings[] = {
-      {1500, 777, {256, 16}, SpmmAlgorithm::automatic, "tile_stream_batched"},
-      {testing::sweep_size(2000, 700), 5632, {256, 16}, SpmmAlgorithm::tile_stream, "tile_stream_batched"},
-      {300, 2100, {256, 8}, SpmmAlgorithm::automatic, "slice_reuse"}};
+  const Setting settings[] = {{1500, 777, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+tile_stream_batched"},
+                              {testing::sweep_size(2000, 700),
+                               5632,
+                               {256, 16},
+                               SpmmAlgorithm::tile_stream,
+                               "/via_transpose+tile_stream_batched"},
+                              {300, 2100, {256, 8}, SpmmAlgorithm::automatic, "/via_transpose+slice_reuse"},
+                              {600, 500, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+pair_balanced"},
+                              {300, 777, {256, 4}, SpmmAlgorithm::automatic, "/via_csr_transpose"}};
+  // `m` with `extra` columns more in its buffer, filled with 7s, and its view of its own columns.
+  const auto widened = [](const DenseMatrix<T>& m, std::int64_t extra) {
+    DenseMatrix<T> wide(m.rows(), m.cols() + extra);
+    for (std::int64_t r = 0; r < m.rows(); ++r)
+      for (std::int64_t j = 0; j < wide.cols(); ++j)
+        wide.view().at(r, j) = j < m.cols() ? m.view().at(r, j) : from_float<T>(7.0f);
+    return wide;
+  };
+  const auto narrowed = [](DenseMatrix<T>& wide, std::int64_t cols) {
+    DenseView<T> v = wide.view();
+    v.cols = cols;
+    return v;
+  };
   for (const Setting& st : settings) {
     CAPTURE(st.m);
     CAPTURE(st.k);
+    CAPTURE(st.path);
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     dev::SpmmPlan<T> plan(st.m, st.k, st.layout, {}, st.algorithm);
     std::vector<HybridMatrix<T>> a_host, a_dev;
-    std::vector<DenseMatrix<T>> a_dense_all, b_host, b_dev, c0;
+    std::vector<DenseMatrix<T>> a_dense_all, b_host, b_dev, b_wide, c0;
     for (int i = 0; i < kProducts; ++i) {
       DenseMatrix<T> a_dense = workload::activations<T>({.tokens = st.m,
                                                          .units = st.k,
@@ -668,10 +690,11 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of
       for (std::int64_t j = 0; j < 4 * i; ++j)  // hot columns: 0, 4 and 8 dense rows of A^T
         for (std::int64_t r = j % 2; r < st.m; r += 2) a_dense.view().at(r, 5 + 13 * j) = from_float<T>(0.5f);
       a_host.push_back(ref::dense_to_hybrid<T>(a_dense.view(), st.layout));
-      a_dense_all.push_back(std::move(a_dense));
       a_dev.push_back(a_host.back().to(kDevice));
+      a_dense_all.push_back(std::move(a_dense));
       b_host.push_back(testing::random_dense<T>(st.m, kN, 1.0f, seed + 10 * i + 1));
       b_dev.push_back(b_host.back().to(kDevice));
+      b_wide.push_back(widened(b_host.back(), i == 1 ? kWider : 0).to(kDevice));
       c0.push_back(testing::random_dense<T>(st.k, kN, 1.0f, seed + 10 * i + 2));
     }
     for (const auto& [alpha, beta] : {kSpmmAlphaBeta[1], kSpmmAlphaBeta[2]}) {
@@ -682,29 +705,66 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of
         alone.push_back(run_spmm_t<T>(a_dev[i], b_dev[i], c0[i], alpha, beta, st.algorithm));
         check_close<T>(alone.back(), reference_spmm_t<T>(a_host[i], b_host[i], c0[i], alpha, beta));
       }
-      for (int n = 1; n <= kProducts; ++n) {
-        CAPTURE(n);
+      // The products `order` (the first n of it), product 1's B and C wider than their columns.
+      const auto run_together = [&](const std::vector<int>& order) {
+        CAPTURE(order.size());
+        CAPTURE(order.front());
         std::vector<DenseMatrix<T>> c;
         std::vector<HybridView<const T>> a_views;
         std::vector<DenseView<const T>> b_views;
         std::vector<DenseView<T>> c_views;
-        for (int i = 0; i < n; ++i) {
-          c.push_back(beta == 0.0f ? nan_dense<T>(st.k, kN).to(kDevice) : c0[i].to(kDevice));
+        for (const int i : order) {
+          const DenseMatrix<T> start = beta == 0.0f ? nan_dense<T>(st.k, kN) : c0[i].to(kHost);
+          c.push_back(widened(start, i == 1 ? kWider : 0).to(kDevice));
           a_views.push_back(a_dev[i].view());
-          b_views.push_back(b_dev[i].view());
+          b_views.push_back(narrowed(b_wide[i], kN));
         }
-        for (DenseMatrix<T>& part : c) c_views.push_back(part.view());
+        for (DenseMatrix<T>& part : c) c_views.push_back(narrowed(part, kN));
         plan.run_transposed(a_views, b_views, c_views, alpha, beta);
         REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        if (n == 1) {
-          CHECK(plan.path() == alone[0].path);
+        if (order.size() == 1) {
+          CHECK(plan.path() == alone[order[0]].path);
         } else {
-          CHECK(plan.path().rfind("cuda/spmm/hybrid/via_transpose+", 0) == 0);
+          CHECK(plan.path().rfind("cuda/spmm/hybrid/via_", 0) == 0);
           CHECK(plan.path().find(st.path) != std::string::npos);
         }
-        for (int i = 0; i < n; ++i) {
-          CAPTURE(i);
-          CHECK(testing::bitwise_equal<T>(c[i].to(kHost).view(), alone[i].got.view()));
+        for (std::size_t p = 0; p < order.size(); ++p) {
+          CAPTURE(order[p]);
+          DenseMatrix<T> got = c[p].to(kHost);
+          CHECK(testing::bitwise_equal<T>(narrowed(got, kN), alone[order[p]].got.view()));
+          if (got.cols() > kN) {  // the columns past C's own are untouched
+            bool kept = true;
+            for (std::int64_t r = 0; r < st.k; ++r)
+              for (std::int64_t j = kN; j < got.cols(); ++j) kept = kept && to_float(got.view().at(r, j)) == 7.0f;
+            CHECK(kept);
+          }
+        }
+      };
+      run_together({0});
+      run_together({1});
+      run_together({0, 1});
+      run_together({0, 1, 2});
+      run_together({2, 1, 0});
+    }
+    if (st.algorithm == SpmmAlgorithm::automatic && std::string(st.path).find("tile_stream") != std::string::npos) {
+      // Product 1's B with an odd leading dimension takes the pair-balanced kernel, the others the
+      // tile-streaming one: the call runs them one after another, each with its own kernel's bits.
+      DenseMatrix<T> b_odd = widened(b_host[1], 1).to(kDevice);
+      DenseMatrix<T> c_mixed[] = {nan_dense<T>(st.k, kN).to(kDevice), nan_dense<T>(st.k, kN).to(kDevice),
+                                  nan_dense<T>(st.k, kN).to(kDevice)};
+      const HybridView<const T> a_views[] = {a_dev[0].view(), a_dev[1].view(), a_dev[2].view()};
+      const DenseView<const T> b_views[] = {b_dev[0].view(), narrowed(b_odd, kN), b_dev[2].view()};
+      const DenseView<T> c_views[] = {c_mixed[0].view(), c_mixed[1].view(), c_mixed[2].view()};
+      plan.run_transposed(a_views, b_views, c_views, 1.0f, 0.0f);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      CHECK(plan.path().find("tile_stream_batched") == std::string::npos);
+      for (int i = 0; i < kProducts; ++i) {
+        CAPTURE(i);
+        const DenseMatrix<T> want = reference_spmm_t<T>(a_host[i], b_host[i], c0[i], 1.0f, 0.0f);
+        check_close<T>({c_mixed[i].to(kHost), plan.path()}, want);
+        if (i != 1) {
+          const SpmmRun<T> lone = run_spmm_t<T>(a_dev[i], b_dev[i], c0[i], 1.0f, 0.0f, st.algorithm);
+          CHECK(testing::bitwise_equal<T>(c_mixed[i].to(kHost).view(), lone.got.view()));
         }
       }
     }

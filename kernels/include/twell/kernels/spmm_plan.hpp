@@ -82,13 +82,17 @@ class SpmmPlan {
   static constexpr int kMaxTransposedBatch = 3;
   // C_i = alpha * A_i^T B_i + beta * C_i for i < a.size() (1 to kMaxTransposedBatch products; every
   // A_i of the plan's shape and layout, b and c of a's size, every B_i of one column count): the
-  // bits of run(Op::transpose, a[i], b[i], c[i], alpha, beta) for each i in turn, but with every
-  // A_i^T built first and, where their products on A^T take the tile-streaming kernel, one launch
-  // for all of them, so that a product's last wave of CTAs does not leave SMs idle (the training
-  // step's dWd and its N x K dWg and dWu, docs/api.md). Every C_i is apart from every other C_j and
-  // every B_j (a C written by one product cannot feed another in the same call). The plan then
-  // holds an A^T per product. Errors: as run(), checked for every product before any is queued;
-  // invalid_argument for sizes or overlaps outside the above.
+  // bits of run(Op::transpose, a[i], b[i], c[i], alpha, beta) for each i in turn, but where every
+  // product on A^T takes the tile-streaming kernel, every A_i^T is built first and one launch runs
+  // them all, so that a product's last wave of CTAs does not leave SMs idle (the training step's
+  // dWd and its N x K dWg and dWu, docs/api.md); otherwise one after another, as run() would. No
+  // C_i shares a byte (from its first element to its last) with another C_j or any B_j: a C
+  // written by one product cannot feed another in the same call. Precondition, not checked (run()
+  // does not check it either): no C_i overlaps any A_j's arrays. The plan then holds an A^T per
+  // product. Errors: as run(), and invalid_argument for spans of other sizes or overlapping
+  // operands, shape_mismatch for B of different column counts; all checked for every product
+  // before any work is queued. An error after that (an allocation, cuBLAS) leaves every C_i
+  // unspecified.
   void run_transposed(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
                       std::span<const DenseView<T>> c, float alpha = 1.0f, float beta = 0.0f);
   // Holds an overflow buffer for `rows` overflow rows times `b_cols` columns of B.
