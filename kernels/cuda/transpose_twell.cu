@@ -91,23 +91,44 @@ __device__ __forceinline__ void for_each_slot_entry(const TwellRows<T>& a, const
 // among A's rows row0 + [0, rows) in tile t: a warp per dense row of its own 32 rows, its lanes
 // over the columns. A thread per dense row, walking it whole, set the CTA's length (H100,
 // token-skewed training step, M = 16384: the groups kernel took 114-117 us against 50 on uniform
-// rows; 73 us with the warps, 2026-11-27). Every thread of the CTA calls it.
+// rows; 73 us with the warps, 2026-11-27). A lane reads its 8 columns of a row with one 16-byte
+// load where the dense block allows it (rows 16-byte aligned, tiles in 8s): with a 2-byte load
+// per column, each dense row cost its warp 8 loads in two dependent batches, and at M = 4096,
+// token-skewed, 91 % of the groups and dense-rows kernels' warps walked dense rows, their stall
+// samples on those loads (H200, Nsight Compute, 2026-11-30). Every thread of the CTA calls it;
+// the order of the calls is not fixed (the callers' results do not depend on it).
 template <class T, class F>
 __device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std::int64_t row0, int rows, int t, F&& f) {
   if (a.shadow == nullptr) return;
   const int r = static_cast<int>(threadIdx.x), lane = r % 32;
   const std::int64_t m = row0 + r;
   unsigned pending = __ballot_sync(0xffffffffu, r < rows && m < a.twell.rows && a.shadow[m] >= 0);
-  const int width = a.twell.layout.tile_cols(t, a.twell.cols);
-  const std::int64_t c0 = a.twell.layout.tile_begin(t);
+  const TwellLayout layout = a.twell.layout;
+  const int width = layout.tile_cols(t, a.twell.cols);
+  const std::int64_t c0 = layout.tile_begin(t);
+  const bool quads =
+      a.dense.ld % 8 == 0 && layout.tile % 8 == 0 && reinterpret_cast<std::uintptr_t>(a.dense.data) % 16 == 0;
+  const int first = 8 * lane;  // the lane's columns with 16-byte loads
   while (pending != 0) {
     const int rr = r - lane + __ffs(pending) - 1;
     pending &= pending - 1;
     const auto* values =
         reinterpret_cast<const std::uint16_t*>(a.dense.data + std::int64_t{a.shadow[row0 + rr]} * a.dense.ld + c0);
-    for (int c = lane; c < width; c += 32) {
-      const std::uint16_t v = values[c];
+    const auto visit = [&](int c, std::uint16_t v) {
       if ((v & 0x7fffu) != 0) f(rr, c, v);
+    };
+    if (quads && first + 8 <= width) {
+      const uint4 q = *reinterpret_cast<const uint4*>(values + first);
+      const std::uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        visit(first + 2 * i, static_cast<std::uint16_t>(words[i] & 0xffffu));
+        visit(first + 2 * i + 1, static_cast<std::uint16_t>(words[i] >> 16));
+      }
+    } else if (quads) {  // the lane's part of a ragged last tile
+      for (int c = first; c < width; ++c) visit(c, values[c]);
+    } else {
+      for (int c = lane; c < width; c += 32) visit(c, values[c]);
     }
   }
 }

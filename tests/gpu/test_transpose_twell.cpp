@@ -6,6 +6,8 @@
 //   values, input tiles of 16 to 256 (3 to 32 slots) and output tiles of 16 to 256, TwELL and
 //   Hybrid inputs (Hybrid dense rows read as whole rows), columns of A hot enough to overflow A^T's
 //   groups; every output layout of 32 slots, with a group at exactly capacity and one past it;
+//   a Hybrid's dense rows read 16 bytes at a time, a ragged last tile and a leading dimension past
+//   the columns included;
 //   -0.0 written into a Hybrid's dense block, which is no entry (through spmm too).
 // - spmm: C = alpha A^T B + beta C (B: M x Nb, C: K x Nb) with beta = 0 into NaN-poisoned C, every
 //   row of C checked on its own (and, in the shapes, token-skewed and SpmmPlan cases, every
@@ -241,6 +243,52 @@ TEST_CASE_TEMPLATE("cuda direct transpose of TwELL and Hybrid matches the refere
       if (k > 1 && density > 0.0)
         for (std::int64_t i = 0; i < m; i += 2) a_dense.view().at(i, 1) = from_float<T>(0.5f + 0.001f * i);
       check_transposes<T>(a_dense, kIn, kOut, [](TwellLayout, const HybridMatrix<T>&) {});
+    }
+  }
+}
+
+// A Hybrid's dense rows with a leading dimension in 8s past their columns (K = 997 of ld 1000),
+// so that a lane of the warp walking a dense row reads 16 bytes at a time except in the last
+// tile, where one lane's 8 columns end past the row (229 columns): that lane reads its columns one
+// by one. Then K = 1000 (ld 1000), whose last tile of 232 columns ends on a lane's boundary.
+// Word for word against the reference, dense rows of A^T included (a hot column).
+TEST_CASE_TEMPLATE("cuda direct transpose reads a Hybrid's dense rows 16 bytes at a time, ragged tiles included", T,
+                   bf16, fp16) {
+  constexpr std::int64_t kM = 600, kLd = 1000;
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  for (const std::int64_t k : {std::int64_t{997}, kLd}) {
+    CAPTURE(k);
+    auto a_dense = transpose_source<T>(kM, kLd, 0.02, 0.05, seed + static_cast<std::uint64_t>(k));
+    for (std::int64_t i = 0; i < kM; ++i)
+      for (std::int64_t j = k; j < kLd; ++j) a_dense.view().at(i, j) = from_float<T>(0.0f);
+    for (std::int64_t i = 0; i < kM; i += 2) a_dense.view().at(i, 1) = from_float<T>(0.5f + 0.001f * i);
+    for (const TwellLayout in : {TwellLayout{256, 16}, TwellLayout{128, 8}}) {
+      CAPTURE(in.tile);
+      const HybridMatrix<T> host = ref::dense_to_hybrid<T>(a_dense.view(), in);
+      REQUIRE(host.overflow_rows() > 0);
+      const HybridMatrix<T> device = host.to(kDevice);
+      // The same matrix seen k columns wide: the columns past k hold nothing, and the tiles of
+      // 997 and 1000 columns are the same four.
+      const auto narrowed = [k](HybridView<const T> v) {
+        v.twell.cols = k;
+        v.overflow.cols = k;
+        return v;
+      };
+      for (const TwellLayout out : {TwellLayout{256, 16}, TwellLayout{128, 8}}) {
+        CAPTURE(out.tile);
+        const HybridMatrix<T> want = ref::transpose<T>(narrowed(host.view()), out);
+        KernelReport report;
+        const HybridMatrix<T> got = dev::transpose<T>(narrowed(device.view()), out, KernelOptions{{}, &report});
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(report.path == "cuda/transpose/hybrid/direct");
+        CHECK(want.overflow_rows() > 0);
+        REQUIRE(got.overflow_rows() == want.overflow_rows());
+        CHECK(same_words(got.twell().packed(), want.twell().packed()));
+        CHECK(same_words(got.row_to_overflow(), want.row_to_overflow()));
+        CHECK(same_words(got.overflow_to_row(), want.overflow_to_row()));
+        CHECK(same_words(got.overflow().values(), want.overflow().values()));
+      }
     }
   }
 }
