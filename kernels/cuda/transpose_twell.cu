@@ -88,30 +88,45 @@ __device__ __forceinline__ void for_each_slot_entry(const TwellRows<T>& a, const
 }
 
 // Calls f(row in the block, column in the tile, value bits) for each entry of the dense rows
-// among A's rows row0 + [0, rows) in tile t: a warp per dense row of its own 32 rows, its lanes
-// over the columns. A thread per dense row, walking it whole, set the CTA's length (H100,
-// token-skewed training step, M = 16384: the groups kernel took 114-117 us against 50 on uniform
-// rows; 73 us with the warps, 2026-11-27). A lane reads its 8 columns of a row with one 16-byte
-// load where the dense block allows it (rows 16-byte aligned, tiles in 8s): with a 2-byte load
-// per column, each dense row cost its warp 8 loads in two dependent batches, and at M = 4096,
+// among A's rows row0 + [0, rows) in tile t: a warp per dense row, its lanes over the columns,
+// the CTA's dense rows dealt to its warps in turn. A thread per dense row, walking it whole, set
+// the CTA's length (H100, token-skewed training step, M = 16384: the groups kernel took 114-117 us
+// against 50 on uniform rows; 73 us with the warps, 2026-11-27), and so does a warp whose 32
+// rows hold more dense rows than the others'. A lane reads its 8 columns of a row with one
+// 16-byte load where the dense block allows it (rows 16-byte aligned, tiles in 8s): with a 2-byte
+// load per column, each dense row cost its warp 8 loads in two dependent batches, and at M = 4096,
 // token-skewed, 91 % of the groups and dense-rows kernels' warps walked dense rows, their stall
-// samples on those loads (H200, Nsight Compute, 2026-11-30). Every thread of the CTA calls it;
-// the order of the calls is not fixed (the callers' results do not depend on it).
+// samples on those loads (H200, Nsight Compute, 2026-11-30). Every thread of the CTA calls it
+// (it synchronises the CTA); the order of the calls is not fixed (the callers' results do not
+// depend on it).
 template <class T, class F>
 __device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std::int64_t row0, int rows, int t, F&& f) {
   if (a.shadow == nullptr) return;
-  const int r = static_cast<int>(threadIdx.x), lane = r % 32;
+  constexpr int kWarps = kThreads / 32;
+  __shared__ std::uint8_t dense[kMaxTile];  // the CTA's dense rows, rows in the block
+  __shared__ int warp_dense[kWarps];
+  const int r = static_cast<int>(threadIdx.x), lane = r % 32, warp = r / 32;
   const std::int64_t m = row0 + r;
-  unsigned pending = __ballot_sync(0xffffffffu, r < rows && m < a.twell.rows && a.shadow[m] >= 0);
+  const bool mine = r < rows && m < a.twell.rows && a.shadow[m] >= 0;
+  const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+  if (lane == 0) warp_dense[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0, count = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    before += w < warp ? warp_dense[w] : 0;
+    count += warp_dense[w];
+  }
+  if (mine) dense[before + __popc(ballot & ((1u << lane) - 1u))] = static_cast<std::uint8_t>(r);
+  __syncthreads();
   const TwellLayout layout = a.twell.layout;
   const int width = layout.tile_cols(t, a.twell.cols);
   const std::int64_t c0 = layout.tile_begin(t);
   const bool quads =
       a.dense.ld % 8 == 0 && layout.tile % 8 == 0 && reinterpret_cast<std::uintptr_t>(a.dense.data) % 16 == 0;
   const int first = 8 * lane;  // the lane's columns with 16-byte loads
-  while (pending != 0) {
-    const int rr = r - lane + __ffs(pending) - 1;
-    pending &= pending - 1;
+  for (int i = warp; i < count; i += kWarps) {
+    const int rr = dense[i];
     const auto* values =
         reinterpret_cast<const std::uint16_t*>(a.dense.data + std::int64_t{a.shadow[row0 + rr]} * a.dense.ld + c0);
     const auto visit = [&](int c, std::uint16_t v) {
