@@ -93,8 +93,9 @@ __device__ __forceinline__ void for_each_slot_entry(const TwellRows<T>& a, const
 // the CTA's length (H100, token-skewed training step, M = 16384: the groups kernel took 114-117 us
 // against 50 on uniform rows; 73 us with the warps, 2026-11-27), and so does a warp whose 32
 // rows hold more dense rows than the others'. A lane reads its 8 columns of a row with one
-// 16-byte load where the dense block allows it (rows 16-byte aligned, tiles in 8s): with a 2-byte
-// load per column, each dense row cost its warp 8 loads in two dependent batches, and at M = 4096,
+// 16-byte load where the dense block allows it (rows 16-byte aligned, tiles in 8s; in a tile of
+// fewer than 256 columns the lanes past it idle): with a 2-byte load per column, each dense row of
+// a 256-column tile cost its warp 8 loads in two dependent batches, and at M = 4096,
 // token-skewed, 91 % of the groups and dense-rows kernels' warps walked dense rows, their stall
 // samples on those loads (H200, Nsight Compute, 2026-11-30). Every thread of the CTA calls it
 // (it synchronises the CTA); the order of the calls is not fixed (the callers' results do not
@@ -103,6 +104,7 @@ template <class T, class F>
 __device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std::int64_t row0, int rows, int t, F&& f) {
   if (a.shadow == nullptr) return;
   constexpr int kWarps = kThreads / 32;
+  static_assert(kThreads <= 256, "a row in the block fits in a byte");
   __shared__ std::uint8_t dense[kMaxTile];  // the CTA's dense rows, rows in the block
   __shared__ int warp_dense[kWarps];
   const int r = static_cast<int>(threadIdx.x), lane = r % 32, warp = r / 32;
@@ -140,7 +142,7 @@ __device__ __forceinline__ void for_each_dense_entry(const TwellRows<T>& a, std:
         visit(first + 2 * i, static_cast<std::uint16_t>(words[i] & 0xffffu));
         visit(first + 2 * i + 1, static_cast<std::uint16_t>(words[i] >> 16));
       }
-    } else if (quads) {  // the lane's part of a ragged last tile
+    } else if (quads) {  // the lane's part of a ragged last tile (nothing for lanes past the tile)
       for (int c = first; c < width; ++c) visit(c, values[c]);
     } else {
       for (int c = lane; c < width; c += 32) visit(c, values[c]);
