@@ -87,7 +87,7 @@ __device__ __forceinline__ void add_entry(std::uint32_t word, const unsigned cha
   acc[3] = fmaf(a, hi.y, acc[3]);
 }
 
-// The products of one launch (spmm_twell_stream_batch), product blockIdx.z; they share A's shape
+// The products of one launch of spmm_twell_stream, product blockIdx.z; they share A's shape
 // and layout and B's columns.
 template <class T>
 struct StreamBatch {
