@@ -874,16 +874,19 @@ std::optional<TwellLayout> transposed_layout(TwellLayout in, std::int64_t m, std
 }
 
 // 32-bit words of the transposed route's working storage for A (m x k), A^T in `layout`: A^T's
-// slots first (the op-none kernels want them 16-byte aligned), its two maps, the count workspace,
-// and R (8-byte aligned).
+// slots first (the op-none kernels want them 16-byte aligned), its two maps, the count workspace
+// (k counts and the transpose's structure flag), and R (8-byte aligned).
 std::size_t transposed_words(std::int64_t m, std::int64_t k, TwellLayout layout) {
   const auto words = static_cast<std::size_t>(k);
-  return (words * static_cast<std::size_t>(layout.packed_width(m)) + 3 * words + 1) / 2 * 2 + 2;
+  return (words * static_cast<std::size_t>(layout.packed_width(m)) + 3 * words + 2) / 2 * 2 + 2;
 }
 
 // A^T of the transposed route for A (m x k) in `layout`, in `work` (transposed_words): the
 // constructor queues its groups and the read-back of its number R of dense rows, so that the
-// host may queue the product on A^T's TwELL rows before finish() waits for R.
+// host may queue the product on A^T's TwELL rows before finish() waits for R. Several A of one
+// slot structure (value planes, SlotStructure::shared) transpose together: plane p's A^T in
+// work[p] (its slots only; the maps, counts and R in work[0]), all of them with plane 0's groups
+// and dense rows.
 template <class T>
 class TransposedA {
  public:
@@ -892,43 +895,59 @@ class TransposedA {
     return {a.twell.cols, a.twell.rows, layout, work, nullptr, MemorySpace::device};
   }
 
-  TransposedA(detail::TwellRows<T> a, TwellLayout layout, std::uint32_t* work, cudaStream_t stream)
-      : a_(a), stream_(stream), at_(storage(a, layout, work)) {
-    const std::int64_t k = a.twell.cols, m = a.twell.rows;
+  TransposedA(std::span<const detail::TwellRows<T>> planes, TwellLayout layout, std::span<std::uint32_t* const> work,
+              cudaStream_t stream)
+      : planes_(planes.size()), stream_(stream) {
+    const std::int64_t k = planes.front().twell.cols, m = planes.front().twell.rows;
+    for (std::size_t p = 0; p < planes_; ++p) {
+      a_[p] = planes[p];
+      at_[p] = storage(planes[p], layout, work[p]);
+    }
     const auto words = static_cast<std::size_t>(k);
     const auto packed_words = words * static_cast<std::size_t>(layout.packed_width(m));
-    row_to_overflow_ = reinterpret_cast<std::int32_t*>(work + packed_words);
+    row_to_overflow_ = reinterpret_cast<std::int32_t*>(work[0] + packed_words);
     overflow_to_row_ = row_to_overflow_ + words;
     auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row_ + words);
-    auto* r_device = reinterpret_cast<std::int64_t*>(work + transposed_words(m, k, layout) - 2);
-    detail::twell_transpose_groups(a, at_, row_to_overflow_, overflow_to_row_, max_count, r_device, stream);
+    auto* r_device = reinterpret_cast<std::int64_t*>(work[0] + transposed_words(m, k, layout) - 2);
+    detail::twell_transpose_groups<T>(std::span(a_).first(planes_), std::span(at_).first(planes_), row_to_overflow_,
+                                      overflow_to_row_, max_count, r_device, stream);
     r_back_.emplace(r_device, sizeof(std::int64_t), stream, kWhere);
   }
+  TransposedA(detail::TwellRows<T> a, TwellLayout layout, std::uint32_t* work, cudaStream_t stream)
+      : TransposedA({&a, 1}, layout, {&work, 1}, stream) {}
 
-  // A^T's TwELL rows, which the op-none kernels take with shadow() (A^T's dense rows skipped).
-  TwellView<const T> twell() const { return at_; }
+  // Plane p's A^T's TwELL rows, which the op-none kernels take with shadow() (A^T's dense rows
+  // skipped).
+  TwellView<const T> twell(std::size_t p = 0) const { return at_[p]; }
   const std::int32_t* shadow() const { return row_to_overflow_; }
-  // Waits for R.
-  std::int64_t dense_rows() const { return r_back_->get<std::int64_t>(); }
+  // Waits for R. Planes whose slot structures differ are refused here, once the transpose has run.
+  std::int64_t dense_rows() const {
+    const auto r = r_back_->get<std::int64_t>();
+    require(r >= 0, ErrorCode::invalid_argument, kWhere,
+            "the products' A were given as sharing one slot structure (SlotStructure::shared), but their slot "
+            "counts, slot columns or dense rows differ from A 0's; the results are unspecified");
+    return r;
+  }
 
-  // C += alpha times A^T's dense rows B (C's TwELL rows written already): A^T's R dense rows into
-  // `dense` (R x m values), their product by cuBLAS (`blas`) in `overflow_tmp` (R x Nb floats, or
-  // null: allocated). Nothing when R = 0.
-  void finish(DenseView<const T> b, DenseView<T> c, float alpha, float beta, cublasHandle_t blas, T* dense,
-              float* overflow_tmp) const {
+  // C += alpha times plane p's A^T's dense rows B (C's TwELL rows written already): A^T's R dense
+  // rows into `dense` (R x m values), their product by cuBLAS (`blas`) in `overflow_tmp` (R x Nb
+  // floats, or null: allocated). Nothing when R = 0.
+  void finish(std::size_t p, DenseView<const T> b, DenseView<T> c, float alpha, float beta, cublasHandle_t blas,
+              T* dense, float* overflow_tmp) const {
     const std::int64_t r = dense_rows();
     if (r == 0) return;
-    const std::int64_t m = a_.twell.rows;
-    const HybridView<T> hybrid{at_, DenseView<T>{dense, r, m, m, MemorySpace::device}, row_to_overflow_,
+    const std::int64_t m = a_[p].twell.rows;
+    const HybridView<T> hybrid{at_[p], DenseView<T>{dense, r, m, m, MemorySpace::device}, row_to_overflow_,
                                overflow_to_row_};
-    detail::twell_transpose_dense_rows(a_, hybrid, stream_);
+    detail::twell_transpose_dense_rows(a_[p], hybrid, stream_);
     overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream_, overflow_tmp, blas);
   }
 
  private:
-  detail::TwellRows<T> a_;
+  std::array<detail::TwellRows<T>, detail::kMaxTransposePlanes> a_{};
+  std::array<TwellView<T>, detail::kMaxTransposePlanes> at_{};
+  std::size_t planes_ = 0;
   cudaStream_t stream_;
-  TwellView<T> at_;
   std::int32_t* row_to_overflow_ = nullptr;
   std::int32_t* overflow_to_row_ = nullptr;
   std::optional<detail::ReadBack> r_back_;
@@ -938,19 +957,22 @@ class TransposedA {
 // each; A_i of one shape, B_i of one column count). Where every product takes the tile-streaming
 // kernel, they take one launch: every A_i^T is built first, then the kernel is queued before the
 // host waits for the numbers R_i of their dense rows, whose products follow in turn. Otherwise
-// the products go one after another, each queued before the host waits for its R. dense_rows(R)
-// gives room for R x m values and overflow_tmp(R) for R x Nb floats (or null: the overflow product
-// allocates its own), and, should the products take the slice-reuse kernel, slice_buffers(A^T, B)
-// gives its workspace and copy of B (or nulls: stream-ordered scratch); the products use each in
-// turn. Returns the op-none path on A^T.
+// the products go one after another, each queued before the host waits for its R. With `shared`
+// (SlotStructure::shared) the A_i are value planes of one slot structure, transposed together
+// first (TransposedA), then the products as above. dense_rows(R) gives room for R x m values and
+// overflow_tmp(R) for R x Nb floats (or null: the overflow product allocates its own), and, should
+// the products take the slice-reuse kernel, slice_buffers(A^T, B) gives its workspace and copy of
+// B (or nulls: stream-ordered scratch); the products use each in turn. Returns the op-none path on
+// A^T.
 template <class T, class DenseRows, class OverflowTmp, class SliceBuffers>
-std::string transposed_products(std::span<const detail::TwellRows<T>> a, TwellLayout layout,
+std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool shared, TwellLayout layout,
                                 std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha,
                                 float beta, SpmmAlgorithm algorithm, cudaStream_t stream,
                                 std::span<std::uint32_t* const> work, DenseRows dense_rows, OverflowTmp overflow_tmp,
                                 SliceBuffers slice_buffers) {
   const std::size_t n = a.size();
   std::array<SpmmAlgorithm, detail::kMaxStreamBatch> kernels{};
+  static_assert(detail::kMaxStreamBatch <= detail::kMaxTransposePlanes);
   require(n <= kernels.size(), ErrorCode::invalid_argument, kWhere, "at most ", kernels.size(),
           " products on A^T at once");
   bool batched = n > 1;
@@ -967,8 +989,8 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, TwellLa
   // Taken before C is written (created at a thread's first use on a device: it may fail).
   const cublasHandle_t blas = cublas_handle();
   std::string path;
-  bool dense = false;
-  if (!batched) {
+  if (!batched && !shared) {  // each A^T built just before its product
+    bool dense = false;
     for (std::size_t i = 0; i < n; ++i) {
       const TransposedA<T> at(a[i], layout, work[i], stream);
       const auto [workspace, staged_b] =
@@ -976,28 +998,44 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, TwellLa
       path = hybrid_kernel_name(
           twell_none(at.twell(), at.shadow(), b[i], c[i], alpha, beta, stream, kernels[i], workspace, staged_b));
       const std::int64_t r = at.dense_rows();
-      if (r > 0) at.finish(b[i], c[i], alpha, beta, blas, dense_rows(r), overflow_tmp(r));
+      if (r > 0) at.finish(0, b[i], c[i], alpha, beta, blas, dense_rows(r), overflow_tmp(r));
       dense = dense || r > 0;
     }
+    return dense ? path + "+cublas_overflow" : path;
+  }
+  // Every A^T first: one per product, or one for all planes. Product i's A^T is plane(i) of
+  // transposed(i).
+  std::array<std::optional<TransposedA<T>>, detail::kMaxStreamBatch> at;
+  if (shared) {
+    at[0].emplace(a, layout, work, stream);
   } else {
-    std::array<std::optional<TransposedA<T>>, detail::kMaxStreamBatch> at;
+    for (std::size_t i = 0; i < n; ++i) at[i].emplace(a[i], layout, work[i], stream);
+  }
+  const auto transposed = [&](std::size_t i) -> const TransposedA<T>& { return shared ? *at[0] : *at[i]; };
+  const auto plane = [&](std::size_t i) { return shared ? i : std::size_t{0}; };
+  if (batched) {
     std::array<detail::StreamProduct<T>, detail::kMaxStreamBatch> products{};
-    for (std::size_t i = 0; i < n; ++i) {
-      at[i].emplace(a[i], layout, work[i], stream);
-      products[i] = {at[i]->twell(), at[i]->shadow(), b[i], c[i]};
-    }
+    for (std::size_t i = 0; i < n; ++i)
+      products[i] = {transposed(i).twell(plane(i)), transposed(i).shadow(), b[i], c[i]};
     detail::spmm_twell_stream<T>(std::span(products).first(n), alpha, beta, stream);
     path = std::string(kStreamPath) + "_batched";
-    std::int64_t r = 0;
-    for (std::size_t i = 0; i < n; ++i) r = std::max(r, at[i]->dense_rows());
-    if (r > 0) {
-      T* const rows = dense_rows(r);
-      float* const tmp = overflow_tmp(r);
-      for (std::size_t i = 0; i < n; ++i) at[i]->finish(b[i], c[i], alpha, beta, blas, rows, tmp);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      const TwellView<const T> at_i = transposed(i).twell(plane(i));
+      const auto [workspace, staged_b] =
+          kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(at_i, b[i]) : std::pair<void*, void*>{};
+      path = hybrid_kernel_name(
+          twell_none(at_i, transposed(i).shadow(), b[i], c[i], alpha, beta, stream, kernels[i], workspace, staged_b));
     }
-    dense = r > 0;
   }
-  return dense ? path + "+cublas_overflow" : path;
+  std::int64_t r = 0;
+  for (std::size_t i = 0; i < n; ++i) r = std::max(r, transposed(i).dense_rows());
+  if (r > 0) {
+    T* const rows = dense_rows(r);
+    float* const tmp = overflow_tmp(r);
+    for (std::size_t i = 0; i < n; ++i) transposed(i).finish(plane(i), b[i], c[i], alpha, beta, blas, rows, tmp);
+  }
+  return r > 0 ? path + "+cublas_overflow" : path;
 }
 
 // The free function's transposed route for TwELL and Hybrid A: its storage in stream-ordered
@@ -1014,7 +1052,7 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
   std::optional<detail::Scratch> dense;  // kept to the end: freed in stream order after its last use
   std::uint32_t* const work_words = work.as<std::uint32_t>();
   const std::string path = transposed_products<T>(
-      {&rows, 1}, *layout, {&b, 1}, {&c, 1}, alpha, beta, options.spmm_algorithm, stream, {&work_words, 1},
+      {&rows, 1}, false, *layout, {&b, 1}, {&c, 1}, alpha, beta, options.spmm_algorithm, stream, {&work_words, 1},
       [&](std::int64_t r) {
         dense.emplace(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
         return dense->as<T>();
@@ -1184,12 +1222,13 @@ void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> 
     return;
   }
   path_ = std::string("cuda/spmm/") + format + "/via_transpose+" +
-          transposed_batch({&hybrid, 1}, {&b, 1}, {&c, 1}, alpha, beta);
+          transposed_batch({&hybrid, 1}, {&b, 1}, {&c, 1}, alpha, beta, SlotStructure::separate);
 }
 
 template <Value T>
 std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
-                                          std::span<const DenseView<T>> c, float alpha, float beta) {
+                                          std::span<const DenseView<T>> c, float alpha, float beta,
+                                          SlotStructure structure) {
   const TwellLayout layout = *transposed_layout<T>(layout_, m_, k_);
   const std::size_t words = transposed_words(m_, k_, layout);
   std::array<detail::TwellRows<T>, kMaxTransposedBatch> rows{};
@@ -1201,8 +1240,8 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
     work[i] = transposed_[i].data();
   }
   return transposed_products<T>(
-      std::span(rows).first(a.size()), layout, b, c, alpha, beta, algorithm_, static_cast<cudaStream_t>(stream_.handle),
-      std::span(work).first(a.size()),
+      std::span(rows).first(a.size()), structure == SlotStructure::shared, layout, b, c, alpha, beta, algorithm_,
+      static_cast<cudaStream_t>(stream_.handle), std::span(work).first(a.size()),
       [&](std::int64_t r) {
         const auto need = static_cast<std::size_t>(r * m_);
         if (need > transposed_dense_.size())
@@ -1222,7 +1261,7 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
 
 template <Value T>
 void SpmmPlan<T>::run_transposed(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
-                                 std::span<const DenseView<T>> c, float alpha, float beta) {
+                                 std::span<const DenseView<T>> c, float alpha, float beta, SlotStructure structure) {
   constexpr const char* where = "twell::cuda::SpmmPlan::run_transposed";
   const std::size_t n = a.size();
   require(n >= 1 && n <= kMaxTransposedBatch && b.size() == n && c.size() == n, ErrorCode::invalid_argument, where,
@@ -1243,7 +1282,7 @@ void SpmmPlan<T>::run_transposed(std::span<const HybridView<const T>> a, std::sp
     for (std::size_t i = 0; i < n; ++i) run_transposed(a[i], "hybrid", b[i], c[i], alpha, beta);
     return;
   }
-  path_ = "cuda/spmm/hybrid/via_transpose+" + transposed_batch(a, b, c, alpha, beta);
+  path_ = "cuda/spmm/hybrid/via_transpose+" + transposed_batch(a, b, c, alpha, beta, structure);
 }
 
 template <Value T>

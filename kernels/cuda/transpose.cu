@@ -93,12 +93,13 @@ HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOpti
     const std::int64_t k = rows.twell.cols, m = rows.twell.rows;
     const auto words = static_cast<std::size_t>(k);
     HybridMatrix<T> out(k, m, layout, 0, MemorySpace::device);  // the dense block once R is known
-    detail::Scratch work(2 * words * sizeof(std::int32_t) + sizeof(std::int64_t), stream, kWhere);
+    detail::Scratch work((2 * words + 1) * sizeof(std::int32_t) + sizeof(std::int64_t), stream, kWhere);
     auto* r_device = work.as<std::int64_t>();
     auto* overflow_to_row = reinterpret_cast<std::int32_t*>(r_device + 1);
     auto* max_count = reinterpret_cast<std::uint32_t*>(overflow_to_row + words);
-    detail::twell_transpose_groups(rows, out.twell().view(), out.row_to_overflow().data(), overflow_to_row, max_count,
-                                   r_device, stream);
+    const TwellView<T> at = out.twell().view();
+    detail::twell_transpose_groups<T>({&rows, 1}, {&at, 1}, out.row_to_overflow().data(), overflow_to_row, max_count,
+                                      r_device, stream);
     const auto r = detail::ReadBack(r_device, sizeof(std::int64_t), stream, kWhere).get<std::int64_t>();
     if (r > 0) {
       out.overflow() = DenseMatrix<T>(r, m, MemorySpace::device);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include <cuda_runtime.h>
 
@@ -39,18 +40,29 @@ TwellRows<T> twell_rows(HybridView<const T> a) {
 template <class T>
 bool twell_transpose_applies(TwellLayout a_layout, std::int64_t m, std::int64_t k, TwellLayout out_layout);
 
+// The most value planes one transpose takes.
+inline constexpr int kMaxTransposePlanes = 3;
+
 // Pass 1 of A^T (K x M) into `out` (K x M in its layout): every slot group in full (the true count,
 // the first entries in increasing row of A, zeros); which rows of A^T have a group past capacity
 // (row_to_overflow: K entries, -1 or the row's index in the dense block; the first R entries of
-// overflow_to_row, room for K); R into *r_device. `max_count`: K words of workspace. Asynchronous.
+// overflow_to_row, room for K); R into *r_device. `max_count`: K + 1 words of workspace.
+// Asynchronous.
+// With several value planes a[p] (A's of one shape and layout, out[p] each plane's A^T), plane 0
+// gives the structure (its counts and columns, its dense rows) and the others must share it: an
+// entry of every plane's A^T is a slot or dense-row column where any plane holds one (a value
+// other than +-0), so a plane's A^T may hold +-0 values; all planes' A^T share the counts and
+// row_to_overflow. Where a plane's counts, columns or dense rows differ from plane 0's, R is -1
+// (the groups are then plane 0's structure with each plane's values at its slots).
 template <class T>
-void twell_transpose_groups(TwellRows<T> a, TwellView<T> out, std::int32_t* row_to_overflow,
-                            std::int32_t* overflow_to_row, std::uint32_t* max_count, std::int64_t* r_device,
-                            cudaStream_t stream);
+void twell_transpose_groups(std::span<const TwellRows<T>> a, std::span<const TwellView<T>> out,
+                            std::int32_t* row_to_overflow, std::int32_t* overflow_to_row, std::uint32_t* max_count,
+                            std::int64_t* r_device, cudaStream_t stream);
 
 // Pass 2: the rows of A^T past capacity, whole, into out's R x M dense block (zeroed here), with
 // the maps of pass 1 and the groups it wrote into out.twell (read as pass 1 left them: their
-// counts say which groups fit). Together the two passes give the reference transpose.
+// counts say which groups fit). Together the two passes give the reference transpose. For planes
+// transposed together, once per plane, with that plane's A and A^T and the shared maps.
 // Asynchronous.
 template <class T>
 void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t stream);

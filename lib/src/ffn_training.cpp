@@ -248,11 +248,17 @@ struct GatedFfnTraining<T>::Impl {
   }
 
   // The backward's products on A^T: the held plan runs them together, the host one after another.
+  // Where the up/down kernel made h (forward) and dg, du (backward), all three hold their values
+  // in a's slots, so the plan transposes them together (SlotStructure::shared).
   ffn_detail::ProductsOnTranspose<T> products_fn() {
 #if TWELL_HAS_CUDA
-    if (spmm_plan)
-      return [this](std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
-                    std::span<const DenseView<T>> c) { spmm_plan->run_transposed(a, b, c); };
+    if (spmm_plan) {
+      const cuda::SlotStructure structure = fused() ? cuda::SlotStructure::shared : cuda::SlotStructure::separate;
+      return [this, structure](std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
+                               std::span<const DenseView<T>> c) {
+        spmm_plan->run_transposed(a, b, c, 1.0f, 0.0f, structure);
+      };
+    }
 #endif
     return ffn_detail::products_on_backend<T>(options);
   }

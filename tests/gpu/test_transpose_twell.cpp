@@ -855,3 +855,174 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of
     CHECK(poisoned);
   }
 }
+
+// SpmmPlan::run_transposed with SlotStructure::shared (the training step's h, dg and du): value
+// planes of one structure transpose together. Plane p is A_0's Hybrid with other values at the
+// same entries (A_0's dense rows as dense rows); each C_p must be within one rounding of the
+// reference and, where no plane holds +-0 at another's entry, carry the bits of the separate call.
+// Then plane 1 gets +-0 at some of its entries (and all planes at one slot): planes 0 and 2 keep
+// their bits (their entries are the union), plane 1 matches the reference. Every route: the
+// tile-streaming kernel in one launch, slice-reuse, pair-balanced, and the CSR route (where shared
+// changes nothing). Planes of other structures (a column moved in one group; other activations)
+// are refused, and the plan runs correctly after the refusal.
+TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure together", T, bf16, fp16) {
+  struct Setting {
+    std::int64_t m, k;
+    TwellLayout layout;
+    SpmmAlgorithm algorithm;
+    const char* path;
+  };
+  constexpr std::int64_t kN = 64;
+  constexpr int kPlanes = dev::SpmmPlan<T>::kMaxTransposedBatch;
+  const Setting settings[] = {{1500, 777, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+tile_stream_batched"},
+                              {testing::sweep_size(2000, 700),
+                               5632,
+                               {256, 16},
+                               SpmmAlgorithm::tile_stream,
+                               "/via_transpose+tile_stream_batched"},
+                              {300, 2100, {256, 8}, SpmmAlgorithm::automatic, "/via_transpose+slice_reuse"},
+                              {600, 500, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+pair_balanced"},
+                              {300, 777, {256, 4}, SpmmAlgorithm::automatic, "/via_csr_transpose"}};
+  for (const Setting& st : settings) {
+    CAPTURE(st.m);
+    CAPTURE(st.k);
+    CAPTURE(st.path);
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    const bool direct = std::string(st.path).find("csr") == std::string::npos;
+    dev::SpmmPlan<T> plan(st.m, st.k, st.layout, {}, st.algorithm);
+    DenseMatrix<T> a0_dense = workload::activations<T>({.tokens = st.m,
+                                                        .units = st.k,
+                                                        .density = 0.005,
+                                                        .distribution = workload::Distribution::token_skewed,
+                                                        .seed = seed});
+    for (std::int64_t j = 0; j < 6; ++j)  // hot columns: dense rows of A^T
+      for (std::int64_t r = j % 2; r < st.m; r += 2) a0_dense.view().at(r, 5 + 13 * j) = from_float<T>(0.5f);
+    for (std::int64_t j = 0; j < 100; ++j) a0_dense.view().at(7, j) = from_float<T>(-0.5f);  // a dense row of A
+    // Plane p: A_0's entries with fresh values (nonzero: the structure stays), as a Hybrid.
+    std::vector<HybridMatrix<T>> planes;
+    std::vector<DenseMatrix<T>> b_host, b_dev, c0;
+    for (int p = 0; p < kPlanes; ++p) {
+      DenseMatrix<T> values = a0_dense.to(kHost);
+      const DenseMatrix<T> fresh = testing::random_dense<T>(st.m, st.k, 1.0f, seed + 10 * p + 3);
+      for (std::int64_t r = 0; r < st.m; ++r)
+        for (std::int64_t j = 0; j < st.k; ++j)
+          if (p > 0 && is_stored(values.view().at(r, j)))
+            values.view().at(r, j) = is_stored(fresh.view().at(r, j)) ? fresh.view().at(r, j) : from_float<T>(0.25f);
+      planes.push_back(ref::dense_to_hybrid<T>(values.view(), st.layout));
+      b_host.push_back(testing::random_dense<T>(st.m, kN, 1.0f, seed + 10 * p + 1));
+      b_dev.push_back(b_host.back().to(kDevice));
+      c0.push_back(testing::random_dense<T>(st.k, kN, 1.0f, seed + 10 * p + 2));
+    }
+    REQUIRE(planes[0].overflow_rows() > 0);
+    const auto dense_row = [](const HybridMatrix<T>& h, std::int64_t r) { return h.row_to_overflow().data()[r] >= 0; };
+    // Runs the planes together into C poisoned with NaN (beta = 0) or C0; returns each C.
+    const auto run_shared = [&](const std::vector<HybridMatrix<T>>& a_dev, float alpha, float beta) {
+      std::vector<DenseMatrix<T>> c;
+      std::vector<HybridView<const T>> a_views;
+      std::vector<DenseView<const T>> b_views;
+      std::vector<DenseView<T>> c_views;
+      for (int p = 0; p < kPlanes; ++p) {
+        c.push_back(beta == 0.0f ? nan_dense<T>(st.k, kN).to(kDevice) : c0[p].to(kDevice));
+        a_views.push_back(a_dev[p].view());
+        b_views.push_back(b_dev[p].view());
+      }
+      for (DenseMatrix<T>& part : c) c_views.push_back(part.view());
+      plan.run_transposed(a_views, b_views, c_views, alpha, beta, dev::SlotStructure::shared);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      CHECK(plan.path().find(st.path) != std::string::npos);
+      std::vector<DenseMatrix<T>> got;
+      for (const DenseMatrix<T>& part : c) got.push_back(part.to(kHost));
+      return got;
+    };
+    const auto to_device = [](const std::vector<HybridMatrix<T>>& host) {
+      std::vector<HybridMatrix<T>> out;
+      for (const HybridMatrix<T>& h : host) out.push_back(h.to(kDevice));
+      return out;
+    };
+    const auto check_planes = [&](const std::vector<HybridMatrix<T>>& a_host, const std::vector<bool>& same_bits) {
+      const std::vector<HybridMatrix<T>> a_dev = to_device(a_host);
+      for (const auto& [alpha, beta] : {kSpmmAlphaBeta[1], kSpmmAlphaBeta[2]}) {
+        CAPTURE(alpha);
+        CAPTURE(beta);
+        const std::vector<DenseMatrix<T>> got = run_shared(a_dev, alpha, beta);
+        for (int p = 0; p < kPlanes; ++p) {
+          CAPTURE(p);
+          check_close<T>({got[p].to(kHost), plan.path()},
+                         reference_spmm_t<T>(a_host[p], b_host[p], c0[p], alpha, beta));
+          if (same_bits[p]) {
+            const SpmmRun<T> alone = run_spmm_t<T>(a_dev[p], b_dev[p], c0[p], alpha, beta, st.algorithm);
+            CHECK(testing::bitwise_equal<T>(got[p].view(), alone.got.view()));
+          }
+        }
+      }
+    };
+    check_planes(planes, {true, true, true});
+    // +-0 at a third of plane 1's TwELL entries and at one slot of every plane.
+    std::vector<HybridMatrix<T>> zeros;
+    for (const HybridMatrix<T>& h : planes) zeros.push_back(h.to(kHost));
+    const TwellLayout lay = st.layout;
+    const std::int64_t pw = lay.packed_width(st.k);
+    std::int64_t planted = 0, everywhere = -1;
+    for (std::int64_t r = 0; r < st.m; ++r) {
+      if (dense_row(zeros[1], r)) continue;  // a dense row: its slots are not read
+      for (std::int64_t t = 0; t < lay.tiles(st.k); ++t) {
+        std::uint32_t* group = zeros[1].twell().view().packed + r * pw + t * lay.slots();
+        const std::uint32_t n = std::min<std::uint32_t>(group[0], static_cast<std::uint32_t>(lay.capacity()));
+        for (std::uint32_t s = 1; s <= n; ++s) {
+          if ((r + t + s) % 3 != 0) continue;
+          const std::uint16_t zero = (planted++ % 2 == 0) ? 0x0000u : 0x8000u;
+          group[s] = TwellLayout::pack(zero, TwellLayout::slot_column(group[s]));
+          if (everywhere < 0) everywhere = group + s - zeros[1].twell().view().packed;
+        }
+      }
+    }
+    REQUIRE(everywhere >= 0);
+    for (int p : {0, 2}) {
+      std::uint32_t& word = zeros[p].twell().view().packed[everywhere];
+      word = TwellLayout::pack(0x8000u, TwellLayout::slot_column(word));
+    }
+    check_planes(zeros, {true, !direct, true});
+    if (!direct) continue;
+    // Refused, once the transpose has run: plane 1 with one entry moved to the next column, and
+    // plane 2 from other activations. A correct call after them runs as before.
+    std::vector<HybridMatrix<T>> moved;
+    for (const HybridMatrix<T>& h : planes) moved.push_back(h.to(kHost));
+    bool shifted = false;
+    for (std::int64_t r = 0; r < st.m && !shifted; ++r) {
+      if (dense_row(moved[1], r)) continue;
+      for (std::int64_t t = 0; t < lay.tiles(st.k) && !shifted; ++t) {
+        std::uint32_t* group = moved[1].twell().view().packed + r * pw + t * lay.slots();
+        const std::uint32_t column = TwellLayout::slot_column(group[1]);
+        if (group[0] == 1 && column + 1 < static_cast<std::uint32_t>(lay.tile_cols(t, st.k))) {
+          group[1] = TwellLayout::pack(TwellLayout::slot_value_bits(group[1]), column + 1);
+          shifted = true;
+        }
+      }
+    }
+    REQUIRE(shifted);
+    std::vector<HybridMatrix<T>> other;
+    for (const HybridMatrix<T>& h : planes) other.push_back(h.to(kHost));
+    other[2] = ref::dense_to_hybrid<T>(
+        workload::activations<T>({.tokens = st.m, .units = st.k, .density = 0.005, .seed = seed + 99}).view(),
+        st.layout);
+    for (const auto* wrong : {&moved, &other}) {
+      const std::vector<HybridMatrix<T>> wrong_dev = to_device(*wrong);
+      std::vector<HybridView<const T>> a_views;
+      std::vector<DenseView<const T>> b_views;
+      std::vector<DenseMatrix<T>> c;
+      std::vector<DenseView<T>> c_views;
+      for (int p = 0; p < kPlanes; ++p) {
+        a_views.push_back(wrong_dev[p].view());
+        b_views.push_back(b_dev[p].view());
+        c.push_back(DenseMatrix<T>(st.k, kN, kDevice));
+      }
+      for (DenseMatrix<T>& part : c) c_views.push_back(part.view());
+      CHECK(testing::code_of([&] {
+              plan.run_transposed(a_views, b_views, c_views, 1.0f, 0.0f, dev::SlotStructure::shared);
+            }) == ErrorCode::invalid_argument);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    }
+    check_planes(planes, {true, true, true});
+  }
+}

@@ -26,6 +26,15 @@ struct SpmmSideLaneDeleter {
 };
 }  // namespace detail
 
+// How the A_i of one SpmmPlan::run_transposed call relate.
+enum class SlotStructure {
+  separate,  // each A_i its own entries
+  // Value planes of one sparsity structure, as the training backward's h, dg and du: every A_i
+  // holds its values in A_0's slots (the same counts and columns in every (row, tile) group) and
+  // has A_0's dense rows; the values differ, +-0 included.
+  shared,
+};
+
 // C = alpha * op(A) B + beta * C, exactly what twell::cuda::spmm computes (same paths, same bits),
 // with A of m rows, k columns and `layout`.
 //
@@ -93,8 +102,17 @@ class SpmmPlan {
   // operands, shape_mismatch for B of different column counts; all checked for every product
   // before any work is queued. An error after that (an allocation, cuBLAS) leaves every C_i
   // unspecified.
+  // SlotStructure::shared (where this route transposes A; the CSR route runs as separate) builds
+  // every A_i^T in one transpose of all the A_i together: an entry of each A_i^T is then a slot or
+  // dense-row column where any A_j holds a value other than +-0, so a product adds its own +-0
+  // there (which changes C only where B holds Inf or NaN, as the dense rows of A^T, multiplied by
+  // cuBLAS, already do), and a row of A^T is dense where the union of the entries overflows its
+  // group. Where no A_i holds +-0 at another's entry the bits are those of separate. A_i whose
+  // slot counts, columns or dense rows differ from A_0's are refused (invalid_argument) once the
+  // transpose has run, with every C_i unspecified.
   void run_transposed(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
-                      std::span<const DenseView<T>> c, float alpha = 1.0f, float beta = 0.0f);
+                      std::span<const DenseView<T>> c, float alpha = 1.0f, float beta = 0.0f,
+                      SlotStructure structure = SlotStructure::separate);
   // Holds an overflow buffer for `rows` overflow rows times `b_cols` columns of B.
   void reserve_overflow(std::int64_t rows, std::int64_t b_cols);
   // Holds the slice-reuse path's buffers for a B of `b_cols` columns: the pre-pass workspace and
@@ -115,7 +133,7 @@ class SpmmPlan {
   void run_transposed(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha, float beta);
   // The products through A^T on the plan's buffers (transposed_layout applies); returns the path.
   std::string transposed_batch(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
-                               std::span<const DenseView<T>> c, float alpha, float beta);
+                               std::span<const DenseView<T>> c, float alpha, float beta, SlotStructure structure);
 
   std::int64_t m_ = 0, k_ = 0;
   TwellLayout layout_{};
