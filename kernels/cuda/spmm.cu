@@ -898,6 +898,8 @@ class TransposedA {
   TransposedA(std::span<const detail::TwellRows<T>> planes, TwellLayout layout, std::span<std::uint32_t* const> work,
               cudaStream_t stream)
       : planes_(planes.size()), stream_(stream) {
+    require(!planes.empty() && planes_ <= a_.size() && work.size() == planes_, ErrorCode::invalid_argument, kWhere,
+            "A^T of 1 to ", a_.size(), " value planes, each with its storage");
     const std::int64_t k = planes.front().twell.cols, m = planes.front().twell.rows;
     for (std::size_t p = 0; p < planes_; ++p) {
       a_[p] = planes[p];
@@ -923,6 +925,9 @@ class TransposedA {
   // Waits for R. Planes whose slot structures differ are refused here, once the transpose has run.
   std::int64_t dense_rows() const {
     const auto r = r_back_->get<std::int64_t>();
+    // The products on the A^T were queued already: they must be done with the caller's memory
+    // before the caller hears of the error.
+    if (r < 0) detail::check_cuda(cudaStreamSynchronize(stream_), "twell::cuda::spmm (synchronize)");
     require(r >= 0, ErrorCode::invalid_argument, kWhere,
             "the products' A were given as sharing one slot structure (SlotStructure::shared), but their slot "
             "counts, slot columns or dense rows differ from A 0's; the results are unspecified");
@@ -959,7 +964,8 @@ class TransposedA {
 // host waits for the numbers R_i of their dense rows, whose products follow in turn. Otherwise
 // the products go one after another, each queued before the host waits for its R. With `shared`
 // (SlotStructure::shared) the A_i are value planes of one slot structure, transposed together
-// first (TransposedA), then the products as above. dense_rows(R) gives room for R x m values and
+// first (TransposedA), then the products (one launch where they all take the tile-streaming kernel,
+// else one after another), then one wait for R. dense_rows(R) gives room for R x m values and
 // overflow_tmp(R) for R x Nb floats (or null: the overflow product allocates its own), and, should
 // the products take the slice-reuse kernel, slice_buffers(A^T, B) gives its workspace and copy of
 // B (or nulls: stream-ordered scratch); the products use each in turn. Returns the op-none path on

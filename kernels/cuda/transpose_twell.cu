@@ -483,7 +483,7 @@ void twell_transpose_groups(std::span<const TwellRows<T>> a, std::span<const Twe
       }
       auto kernel = transpose_groups_kernel<T, P>;
       const std::size_t shared = groups_shared_bytes(P, layout.slots());
-      // Past the default 48 KB only with three planes of 32 slots.
+      // Past the default 48 KB only with two or three planes of 32 slots.
       if (shared > 48 * 1024)
         check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
                    "twell::cuda::transpose (cudaFuncSetAttribute)");

@@ -17,7 +17,9 @@
 //   row's -0.0 is none), and the operands this route does not take going through CSR; SpmmPlan's
 //   op(A) = A^T runs bit-equal to spmm() on fresh matrices, its storage growing with the hot
 //   columns; its run_transposed gives one, two and three products at once the bits each gets
-//   alone, and writes nothing when it refuses a call.
+//   alone, and writes nothing when it refuses a call; with SlotStructure::shared, value planes of
+//   one structure (+-0 values included) give the reference's products and, where no plane holds
+//   +-0 at another's entry, the separate call's bits, and planes of other structures are refused.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -860,11 +862,12 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of
 // planes of one structure transpose together. Plane p is A_0's Hybrid with other values at the
 // same entries (A_0's dense rows as dense rows); each C_p must be within one rounding of the
 // reference and, where no plane holds +-0 at another's entry, carry the bits of the separate call.
-// Then plane 1 gets +-0 at some of its entries (and all planes at one slot): planes 0 and 2 keep
-// their bits (their entries are the union), plane 1 matches the reference. Every route: the
+// Then planes 0 and 1 get +-0 at some of their entries (plane 0 in its dense rows too) and all
+// planes at one slot: plane 2 keeps its bits (its entries are the union), all match the reference.
+// Two planes as well as three. Every route: the
 // tile-streaming kernel in one launch, slice-reuse, pair-balanced, and the CSR route (where shared
-// changes nothing). Planes of other structures (a column moved in one group; other activations)
-// are refused, and the plan runs correctly after the refusal.
+// changes nothing). Planes of other structures (a column moved in one group; other activations; a
+// dense row in one plane only) are refused, and the plan runs correctly after the refusal.
 TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure together", T, bf16, fp16) {
   struct Setting {
     std::int64_t m, k;
@@ -917,12 +920,12 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
     REQUIRE(planes[0].overflow_rows() > 0);
     const auto dense_row = [](const HybridMatrix<T>& h, std::int64_t r) { return h.row_to_overflow().data()[r] >= 0; };
     // Runs the planes together into C poisoned with NaN (beta = 0) or C0; returns each C.
-    const auto run_shared = [&](const std::vector<HybridMatrix<T>>& a_dev, float alpha, float beta) {
+    const auto run_shared = [&](const std::vector<HybridMatrix<T>>& a_dev, int count, float alpha, float beta) {
       std::vector<DenseMatrix<T>> c;
       std::vector<HybridView<const T>> a_views;
       std::vector<DenseView<const T>> b_views;
       std::vector<DenseView<T>> c_views;
-      for (int p = 0; p < kPlanes; ++p) {
+      for (int p = 0; p < count; ++p) {
         c.push_back(beta == 0.0f ? nan_dense<T>(st.k, kN).to(kDevice) : c0[p].to(kDevice));
         a_views.push_back(a_dev[p].view());
         b_views.push_back(b_dev[p].view());
@@ -945,35 +948,45 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
       for (const auto& [alpha, beta] : {kSpmmAlphaBeta[1], kSpmmAlphaBeta[2]}) {
         CAPTURE(alpha);
         CAPTURE(beta);
-        const std::vector<DenseMatrix<T>> got = run_shared(a_dev, alpha, beta);
-        for (int p = 0; p < kPlanes; ++p) {
-          CAPTURE(p);
-          check_close<T>({got[p].to(kHost), plan.path()},
-                         reference_spmm_t<T>(a_host[p], b_host[p], c0[p], alpha, beta));
-          if (same_bits[p]) {
-            const SpmmRun<T> alone = run_spmm_t<T>(a_dev[p], b_dev[p], c0[p], alpha, beta, st.algorithm);
-            CHECK(testing::bitwise_equal<T>(got[p].view(), alone.got.view()));
+        // Three planes, then the first two (the kernel of two planes).
+        for (const int count : {kPlanes, 2}) {
+          CAPTURE(count);
+          const std::vector<DenseMatrix<T>> got = run_shared(a_dev, count, alpha, beta);
+          for (int p = 0; p < count; ++p) {
+            CAPTURE(p);
+            check_close<T>({got[p].to(kHost), plan.path()},
+                           reference_spmm_t<T>(a_host[p], b_host[p], c0[p], alpha, beta));
+            if (same_bits[p]) {
+              const SpmmRun<T> alone = run_spmm_t<T>(a_dev[p], b_dev[p], c0[p], alpha, beta, st.algorithm);
+              CHECK(testing::bitwise_equal<T>(got[p].view(), alone.got.view()));
+            }
           }
         }
       }
     };
     check_planes(planes, {true, true, true});
-    // +-0 at a third of plane 1's TwELL entries and at one slot of every plane.
+    // +-0 in plane 0 at a third of its TwELL entries and of its dense row's, in plane 1 at another
+    // third of the TwELL entries, and at one slot in every plane. Plane 2 keeps every entry but
+    // that slot, so its entries are the union: a transpose that took one plane's values for the
+    // union would lose some of them.
     std::vector<HybridMatrix<T>> zeros;
     for (const HybridMatrix<T>& h : planes) zeros.push_back(h.to(kHost));
     const TwellLayout lay = st.layout;
     const std::int64_t pw = lay.packed_width(st.k);
     std::int64_t planted = 0, everywhere = -1;
     for (std::int64_t r = 0; r < st.m; ++r) {
-      if (dense_row(zeros[1], r)) continue;  // a dense row: its slots are not read
+      if (dense_row(zeros[0], r)) continue;  // a dense row: its slots are not read
       for (std::int64_t t = 0; t < lay.tiles(st.k); ++t) {
-        std::uint32_t* group = zeros[1].twell().view().packed + r * pw + t * lay.slots();
-        const std::uint32_t n = std::min<std::uint32_t>(group[0], static_cast<std::uint32_t>(lay.capacity()));
+        const std::int64_t at = r * pw + t * lay.slots();
+        const std::uint32_t n =
+            std::min<std::uint32_t>(zeros[0].twell().view().packed[at], static_cast<std::uint32_t>(lay.capacity()));
         for (std::uint32_t s = 1; s <= n; ++s) {
-          if ((r + t + s) % 3 != 0) continue;
+          const std::int64_t third = (r + t + s) % 3;
+          if (third == 2) continue;
+          std::uint32_t& word = zeros[third].twell().view().packed[at + s];
           const std::uint16_t zero = (planted++ % 2 == 0) ? 0x0000u : 0x8000u;
-          group[s] = TwellLayout::pack(zero, TwellLayout::slot_column(group[s]));
-          if (everywhere < 0) everywhere = group + s - zeros[1].twell().view().packed;
+          word = TwellLayout::pack(zero, TwellLayout::slot_column(word));
+          if (everywhere < 0 && third == 1) everywhere = at + s;
         }
       }
     }
@@ -982,10 +995,13 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
       std::uint32_t& word = zeros[p].twell().view().packed[everywhere];
       word = TwellLayout::pack(0x8000u, TwellLayout::slot_column(word));
     }
-    check_planes(zeros, {true, !direct, true});
+    const std::int32_t row7 = zeros[0].row_to_overflow().data()[7];
+    REQUIRE(row7 >= 0);
+    for (std::int64_t j = 0; j < 100; j += 3) zeros[0].overflow().view().at(row7, j) = from_float<T>(-0.0f);
+    check_planes(zeros, {!direct, !direct, true});
     if (!direct) continue;
-    // Refused, once the transpose has run: plane 1 with one entry moved to the next column, and
-    // plane 2 from other activations. A correct call after them runs as before.
+    // Refused, once the transpose has run: plane 1 with one entry moved to the next column, plane
+    // 2 from other activations, plane 1 without plane 0's dense row 7. A correct call after them runs as before.
     std::vector<HybridMatrix<T>> moved;
     for (const HybridMatrix<T>& h : planes) moved.push_back(h.to(kHost));
     bool shifted = false;
@@ -1006,7 +1022,12 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
     other[2] = ref::dense_to_hybrid<T>(
         workload::activations<T>({.tokens = st.m, .units = st.k, .density = 0.005, .seed = seed + 99}).view(),
         st.layout);
-    for (const auto* wrong : {&moved, &other}) {
+    // Plane 1 reading row 7 from its slots, where plane 0 has it dense: the same slots, another
+    // dense row.
+    std::vector<HybridMatrix<T>> undensed;
+    for (const HybridMatrix<T>& h : planes) undensed.push_back(h.to(kHost));
+    undensed[1].row_to_overflow().data()[7] = -1;
+    for (const auto* wrong : {&moved, &other, &undensed}) {
       const std::vector<HybridMatrix<T>> wrong_dev = to_device(*wrong);
       std::vector<HybridView<const T>> a_views;
       std::vector<DenseView<const T>> b_views;
