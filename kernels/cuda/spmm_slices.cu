@@ -913,9 +913,9 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   const unsigned pieces = static_cast<unsigned>(geo.pieces);
   const int sms = multiprocessor_count("twell::cuda::spmm (multiprocessors)");
 
-  ::twell::detail::launch_kernel("twell::cuda::spmm (slice pre-pass: counts)", count_kernel, pieces, kPieceRows,
-                                 kPieceRows * tiles, stream, a.rows, a.cols, a.layout, a.packed, shadow, lists,
-                                 geo.groups_max * kLanes);
+  ::twell::detail::launch_kernel_in_order("twell::cuda::spmm (slice pre-pass: counts)", count_kernel, pieces,
+                                          kPieceRows, kPieceRows * tiles, stream, a.rows, a.cols, a.layout, a.packed,
+                                          shadow, lists, geo.groups_max * kLanes);
 
   const int fill_shared = kPieceRows * tiles + kFillThreads * kScratch;
   auto fill = fill_kernel<kKc>;

@@ -32,25 +32,34 @@ __device__ __forceinline__ void wait_for_prior_grids() {
 // (the launch then reports its own error). Never throws.
 bool early_launch_allowed();
 
+// kernel<<<grid, block, shared, stream>>>(args...), allowed to start early where `early` (and
+// early_launch_allowed()); returns the launch's status, which it also clears from
+// cudaGetLastError, and never throws.
+template <class... Params, class... Args>
+cudaError_t try_launch_kernel_started(bool early, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
+                                      cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = early && early_launch_allowed() ? 1 : 0;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  return status;
+}
+
 // kernel<<<grid, block, shared, stream>>>(args...), allowed to start early where it may; returns
 // the launch's status, which it also clears from cudaGetLastError, and never throws (for callers
 // that must clean up before they report).
 template <class... Params, class... Args>
 cudaError_t try_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream,
                               Args&&... args) {
-  cudaLaunchAttribute early{};
-  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  config.attrs = &early;
-  config.numAttrs = early_launch_allowed() ? 1 : 0;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  if (status != cudaSuccess) (void)cudaGetLastError();
-  return status;
+  return try_launch_kernel_started(true, kernel, grid, block, shared, stream, std::forward<Args>(args)...);
 }
 
 // cudaMemsetAsync(p, value, bytes) as one of the library's kernels: between two kernels it lets
@@ -63,6 +72,17 @@ template <class... Params, class... Args>
 void launch_kernel(const char* where, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
                    cudaStream_t stream, Args&&... args) {
   check_cuda(try_launch_kernel(kernel, grid, block, shared, stream, std::forward<Args>(args)...), where);
+}
+
+// launch_kernel without the early start: the grid launches once the kernel before it has
+// completed. For a grid of a few latency-bound CTAs that may follow a long kernel: launched early,
+// its CTAs take the first SMs that have room while that kernel's last wave runs, several to an
+// SM, and then share those SMs (the slice pre-pass's count kernel, 22 CTAs at 4096 rows, right
+// after another product's slices kernel: ~22 us against ~5, H200, 2026-11-30).
+template <class... Params, class... Args>
+void launch_kernel_in_order(const char* where, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
+                            cudaStream_t stream, Args&&... args) {
+  check_cuda(try_launch_kernel_started(false, kernel, grid, block, shared, stream, std::forward<Args>(args)...), where);
 }
 
 }  // namespace twell::detail
