@@ -1,8 +1,9 @@
-// Internal: how the library launches its kernels. Each launch lets its grid start while the
-// kernel before it in the stream drains (programmatic dependent launch, sm_90 and later), so that
-// the GPU does not idle ~1-1.5 µs at each kernel boundary launching it. In exchange every
-// kernel launched here must begin with wait_for_prior_grids(); tests/cpu/check_kernel_launches.py
-// holds every kernel under converters/, kernels/ and lib/src/ to that.
+// Internal: how the library launches its kernels. Each launch (but launch_kernel_in_order's) lets
+// its grid start while the kernel before it in the stream drains (programmatic dependent launch,
+// sm_90 and later), so that the GPU does not idle ~1-1.5 µs at each kernel boundary launching it.
+// In exchange every kernel launched here must begin with wait_for_prior_grids();
+// tests/cpu/check_kernel_launches.py holds every kernel under converters/, kernels/ and lib/src/
+// to that.
 #pragma once
 
 #include <cstddef>
@@ -77,8 +78,8 @@ void launch_kernel(const char* where, void (*kernel)(Params...), dim3 grid, dim3
 // launch_kernel without the early start: the grid launches once the kernel before it has
 // completed. For a grid of a few latency-bound CTAs that may follow a long kernel: launched early,
 // its CTAs take the first SMs that have room while that kernel's last wave runs, several to an
-// SM, and then share those SMs (the slice pre-pass's count kernel, 22 CTAs at 4096 rows, right
-// after another product's slices kernel: ~22 us against ~5, H200, 2026-11-30).
+// SM, and then share those SMs (the slice pre-pass's count kernel, 22 CTAs for 5632 rows,
+// right after another product's slices kernel: ~22 us against ~5, H200, 2026-11-30).
 template <class... Params, class... Args>
 void launch_kernel_in_order(const char* where, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared,
                             cudaStream_t stream, Args&&... args) {

@@ -682,6 +682,31 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan with op(A) = A^T equals spmm() bit for bit and
   }
 }
 
+namespace {
+
+// The routes of SpmmPlan::run_transposed, each A m x k in `layout` with `algorithm`, and the path it
+// reports: the tile-streaming kernel (all products in one launch; automatic and forced), the
+// slice-reuse and pair-balanced kernels (one product after another) and the CSR route.
+struct TransposedRoute {
+  std::int64_t m, k;
+  TwellLayout layout;
+  SpmmAlgorithm algorithm;
+  const char* path;
+};
+std::vector<TransposedRoute> transposed_routes() {
+  return {{1500, 777, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+tile_stream_batched"},
+          {testing::sweep_size(2000, 700),
+           5632,
+           {256, 16},
+           SpmmAlgorithm::tile_stream,
+           "/via_transpose+tile_stream_batched"},
+          {300, 2100, {256, 8}, SpmmAlgorithm::automatic, "/via_transpose+slice_reuse"},
+          {600, 500, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+pair_balanced"},
+          {300, 777, {256, 4}, SpmmAlgorithm::automatic, "/via_csr_transpose"}};
+}
+
+}  // namespace
+
 // SpmmPlan::run_transposed runs up to three products on A^T in one call (the training step's
 // weight gradients): each C_i must have the bits that spmm() gives it alone, into NaN-poisoned C
 // (beta = 0) and over C0, for one, two and three products whose A^T hold different numbers of
@@ -692,23 +717,9 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan with op(A) = A^T equals spmm() bit for bit and
 // after another), and a call whose products take different kernels. A refused call writes
 // nothing: every product is checked before any is queued.
 TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of each alone", T, bf16, fp16) {
-  struct Setting {
-    std::int64_t m, k;
-    TwellLayout layout;
-    SpmmAlgorithm algorithm;
-    const char* path;
-  };
   constexpr std::int64_t kN = 64, kWider = 8;
   constexpr int kProducts = dev::SpmmPlan<T>::kMaxTransposedBatch;
-  const Setting settings[] = {{1500, 777, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+tile_stream_batched"},
-                              {testing::sweep_size(2000, 700),
-                               5632,
-                               {256, 16},
-                               SpmmAlgorithm::tile_stream,
-                               "/via_transpose+tile_stream_batched"},
-                              {300, 2100, {256, 8}, SpmmAlgorithm::automatic, "/via_transpose+slice_reuse"},
-                              {600, 500, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+pair_balanced"},
-                              {300, 777, {256, 4}, SpmmAlgorithm::automatic, "/via_csr_transpose"}};
+  const std::vector<TransposedRoute> settings = transposed_routes();
   // `m` with `extra` columns more in its buffer, filled with 7s, and its view of its own columns.
   const auto widened = [](const DenseMatrix<T>& m, std::int64_t extra) {
     DenseMatrix<T> wide(m.rows(), m.cols() + extra);
@@ -722,7 +733,7 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of
     v.cols = cols;
     return v;
   };
-  for (const Setting& st : settings) {
+  for (const TransposedRoute& st : settings) {
     CAPTURE(st.m);
     CAPTURE(st.k);
     CAPTURE(st.path);
@@ -862,34 +873,19 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan runs products on A^T together with the bits of
 // planes of one structure transpose together. Plane p is A_0's Hybrid with other values at the
 // same entries (A_0's dense rows as dense rows); each C_p must be within one rounding of the
 // reference and, where no plane holds +-0 at another's entry, carry the bits of the separate call.
-// Then planes 0 and 1 get +-0 at some of their entries (plane 0 in its dense rows too) and all
-// planes at one slot: plane 2 keeps its bits (its entries are the union), all match the reference.
-// Two planes as well as three. Every route: the
+// Then every entry (slot or dense-row column) is kept by one plane alone, the others holding +-0
+// there (and one slot +-0 in every plane): each C must match the reference. Two planes as well
+// as three. Every route: the
 // tile-streaming kernel in one launch, slice-reuse, pair-balanced, and the CSR route (where shared
 // changes nothing). Planes of other structures (a column moved in one group; other activations; a
 // dense row in one plane only) are refused, and the plan runs correctly after the refusal.
 TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure together", T, bf16, fp16) {
-  struct Setting {
-    std::int64_t m, k;
-    TwellLayout layout;
-    SpmmAlgorithm algorithm;
-    const char* path;
-  };
   constexpr std::int64_t kN = 64;
   constexpr int kPlanes = dev::SpmmPlan<T>::kMaxTransposedBatch;
-  const Setting settings[] = {{1500, 777, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+tile_stream_batched"},
-                              {testing::sweep_size(2000, 700),
-                               5632,
-                               {256, 16},
-                               SpmmAlgorithm::tile_stream,
-                               "/via_transpose+tile_stream_batched"},
-                              {300, 2100, {256, 8}, SpmmAlgorithm::automatic, "/via_transpose+slice_reuse"},
-                              {600, 500, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+pair_balanced"},
-                              {300, 777, {256, 4}, SpmmAlgorithm::automatic, "/via_csr_transpose"}};
-  for (const Setting& st : settings) {
-    CAPTURE(st.m);
+  const std::vector<TransposedRoute> settings = transposed_routes();
+  for (const TransposedRoute& st : settings) {
+    CAPTURE(st.path);  // with k, one route
     CAPTURE(st.k);
-    CAPTURE(st.path);
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     const bool direct = std::string(st.path).find("csr") == std::string::npos;
@@ -965,15 +961,15 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
       }
     };
     check_planes(planes, {true, true, true});
-    // +-0 in plane 0 at a third of its TwELL entries and of its dense row's, in plane 1 at another
-    // third of the TwELL entries, and at one slot in every plane. Plane 2 keeps every entry but
-    // that slot, so its entries are the union: a transpose that took one plane's values for the
-    // union would lose some of them.
+    // Each entry kept by one plane alone: at a TwELL slot or dense-row column in the q-th third,
+    // every plane but q holds +-0 there (and every plane at one slot). Then each plane holds a
+    // third of the union, and a union taken from fewer planes than all would lose entries.
     std::vector<HybridMatrix<T>> zeros;
     for (const HybridMatrix<T>& h : planes) zeros.push_back(h.to(kHost));
     const TwellLayout lay = st.layout;
     const std::int64_t pw = lay.packed_width(st.k);
     std::int64_t planted = 0, everywhere = -1;
+    const auto zero_bits = [&] { return (planted++ % 2 == 0) ? std::uint16_t{0x0000u} : std::uint16_t{0x8000u}; };
     for (std::int64_t r = 0; r < st.m; ++r) {
       if (dense_row(zeros[0], r)) continue;  // a dense row: its slots are not read
       for (std::int64_t t = 0; t < lay.tiles(st.k); ++t) {
@@ -981,24 +977,24 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
         const std::uint32_t n =
             std::min<std::uint32_t>(zeros[0].twell().view().packed[at], static_cast<std::uint32_t>(lay.capacity()));
         for (std::uint32_t s = 1; s <= n; ++s) {
-          const std::int64_t third = (r + t + s) % 3;
-          if (third == 2) continue;
-          std::uint32_t& word = zeros[third].twell().view().packed[at + s];
-          const std::uint16_t zero = (planted++ % 2 == 0) ? 0x0000u : 0x8000u;
-          word = TwellLayout::pack(zero, TwellLayout::slot_column(word));
-          if (everywhere < 0 && third == 1) everywhere = at + s;
+          const bool all = everywhere < 0;
+          for (int p = 0; p < kPlanes; ++p) {
+            if (!all && p == static_cast<int>((r + t + s) % 3)) continue;
+            std::uint32_t& word = zeros[p].twell().view().packed[at + s];
+            word = TwellLayout::pack(zero_bits(), TwellLayout::slot_column(word));
+          }
+          if (all) everywhere = at + s;
         }
       }
     }
     REQUIRE(everywhere >= 0);
-    for (int p : {0, 2}) {
-      std::uint32_t& word = zeros[p].twell().view().packed[everywhere];
-      word = TwellLayout::pack(0x8000u, TwellLayout::slot_column(word));
+    for (int p = 0; p < kPlanes; ++p) {
+      const std::int32_t row7 = zeros[p].row_to_overflow().data()[7];
+      REQUIRE(row7 >= 0);
+      for (std::int64_t j = 0; j < 100; ++j)
+        if (j % 3 != p) zeros[p].overflow().view().at(row7, j) = from_float<T>(zero_bits() == 0 ? 0.0f : -0.0f);
     }
-    const std::int32_t row7 = zeros[0].row_to_overflow().data()[7];
-    REQUIRE(row7 >= 0);
-    for (std::int64_t j = 0; j < 100; j += 3) zeros[0].overflow().view().at(row7, j) = from_float<T>(-0.0f);
-    check_planes(zeros, {!direct, !direct, true});
+    check_planes(zeros, {!direct, !direct, !direct});
     if (!direct) continue;
     // Refused, once the transpose has run: plane 1 with one entry moved to the next column, plane
     // 2 from other activations, plane 1 without plane 0's dense row 7. A correct call after them runs as before.
