@@ -1023,8 +1023,10 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
     std::array<detail::StreamProduct<T>, detail::kMaxStreamBatch> products{};
     for (std::size_t i = 0; i < n; ++i)
       products[i] = {transposed(i).twell(plane(i)), transposed(i).shadow(), b[i], c[i]};
-    detail::spmm_twell_stream<T>(std::span(products).first(n), alpha, beta, stream);
-    path = std::string(kStreamPath) + "_batched";
+    // dg^T x and du^T x of the training backward: two planes of one structure times one B.
+    const bool pair = shared && n == 3 && b[1].data == b[2].data && b[1].ld == b[2].ld;
+    detail::spmm_twell_stream<T>(std::span(products).first(n), alpha, beta, stream, pair);
+    path = std::string(kStreamPath) + (pair ? "_batched_paired" : "_batched");
   } else {
     for (std::size_t i = 0; i < n; ++i) {
       const TwellView<const T> at_i = transposed(i).twell(plane(i));

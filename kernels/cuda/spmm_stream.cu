@@ -23,6 +23,7 @@
 //
 // Determinism: each output element is summed by one lane, tiles in order and a tile's entries in
 // slot order; no atomics. The result does not depend on the grid.
+#include <array>
 #include <cstdint>
 
 #include <twell/error.hpp>
@@ -52,17 +53,23 @@ constexpr std::uint32_t kZeroWord = kZeroRow;  // an entry of value 0 in the zer
 // H100 (2026-11-25, paper shape, 0.5 %, M = 4096, before the staging change below): 115 us at
 // 16 x 4 against 188 us at 32 x 2, whose
 // B traffic is half but whose warps pay the per-entry instructions for half the columns.
-constexpr int kRowsPerWarp = 16;
+// With two value planes of one structure (dual products: two A of one slot structure times one
+// B) a warp owns half the rows, each with two sets of accumulators.
+constexpr int kRowValues = 16;  // rows x planes per warp
 constexpr int kColsPerLane = 4;
-constexpr int kRows = kWarps * kRowsPerWarp;  // rows of A and C per CTA
-constexpr int kCols = 32 * kColsPerLane;      // columns of B and C per CTA
-constexpr int kRowBytes = 2 * kCols;          // one staged row of B
+constexpr int kRowHeads = kWarps * kRowValues;  // staged slot heads per CTA (rows x planes)
+constexpr int kCols = 32 * kColsPerLane;        // columns of B and C per CTA
+constexpr int kRowBytes = 2 * kCols;            // one staged row of B
 constexpr int kChunksPerRow = kRowBytes / 16;
 constexpr int kBBytes = (kMaxTile + 1) * kRowBytes;
-constexpr int kHeadChunks = kRows * kHeadSlots * 4 / 16;  // 16-byte copies of a stage's heads
-constexpr int kStageBytes = kBBytes + kRows * kHeadSlots * 4;
+constexpr int kHeadChunks = kRowHeads * kHeadSlots * 4 / 16;  // 16-byte copies of a stage's heads
+constexpr int kStageBytes = kBBytes + kRowHeads * kHeadSlots * 4;
 constexpr int kSmemBytes = kStages * kStageBytes;
 static_assert(kHeadChunks % kThreads == 0 && kBBytes % 16 == 0 && kColsPerLane == 4);
+template <int kPlanes>
+constexpr int kRowsPerWarp = kRowValues / kPlanes;
+template <int kPlanes>
+constexpr int kRows = kWarps* kRowsPerWarp<kPlanes>;  // rows of A and C per CTA
 
 template <class T>
 __device__ __forceinline__ float2 unpack_pair(std::uint32_t w) {
@@ -73,22 +80,28 @@ __device__ __forceinline__ std::uint32_t pack_pair(float lo, float hi) {
   return static_cast<std::uint32_t>(bits_of<T>(lo)) | static_cast<std::uint32_t>(bits_of<T>(hi)) << 16;
 }
 
-// acc += value(word) x the lane's 4 columns of B row column(word) of the stage at b_lane (the
-// lane's first column of staged row 0). Columns past the tile read the zero row.
-template <class T>
-__device__ __forceinline__ void add_entry(std::uint32_t word, const unsigned char* b_lane, float (&acc)[kColsPerLane]) {
-  const std::uint32_t k = min(TwellLayout::slot_column(word), static_cast<std::uint32_t>(kZeroRow));
-  const float a = twell_value<T>(word, static_cast<const T*>(nullptr), 0);
+// acc[p] += value(words[p]) x the lane's 4 columns of B row column(words[0]) of the stage at
+// b_lane (the lane's first column of staged row 0), for each plane p: the planes share the
+// column, so one load of B serves all. Columns past the tile read the zero row.
+template <class T, int kPlanes>
+__device__ __forceinline__ void add_entry(const std::uint32_t (&words)[kPlanes], const unsigned char* b_lane,
+                                          float (&acc)[kPlanes][kColsPerLane]) {
+  const std::uint32_t k = min(TwellLayout::slot_column(words[0]), static_cast<std::uint32_t>(kZeroRow));
   const uint2 w = *reinterpret_cast<const uint2*>(b_lane + k * kRowBytes);
   const float2 lo = unpack_pair<T>(w.x), hi = unpack_pair<T>(w.y);
-  acc[0] = fmaf(a, lo.x, acc[0]);
-  acc[1] = fmaf(a, lo.y, acc[1]);
-  acc[2] = fmaf(a, hi.x, acc[2]);
-  acc[3] = fmaf(a, hi.y, acc[3]);
+#pragma unroll
+  for (int p = 0; p < kPlanes; ++p) {
+    const float a = twell_value<T>(words[p], static_cast<const T*>(nullptr), 0);
+    acc[p][0] = fmaf(a, lo.x, acc[p][0]);
+    acc[p][1] = fmaf(a, lo.y, acc[p][1]);
+    acc[p][2] = fmaf(a, hi.x, acc[p][2]);
+    acc[p][3] = fmaf(a, hi.y, acc[p][3]);
+  }
 }
 
 // The products of one launch of spmm_twell_stream, product blockIdx.z; they share A's shape
-// and layout and B's columns.
+// and layout and B's columns. A CTA of kPlanes planes reads entries first_plane + [0, kPlanes),
+// which share entry first_plane's shadow and B (stream_cta).
 template <class T>
 struct StreamBatch {
   const std::uint32_t* packed[kMaxStreamBatch];
@@ -101,25 +114,35 @@ struct StreamBatch {
 
 // Preconditions (spmm_stream_applies): 16-bit T; layout.tile <= 256, slots() a multiple of 4 and
 // at least 8, packed 16-byte aligned; B 16-byte aligned, ldb and nb multiples of 8; C 16-byte
-// aligned, ldc a multiple of 8; dynamic shared memory of kSmemBytes. Counts above capacity
-// are clipped to capacity; a column outside the tile reads the zero row, so it adds nothing
-// (NaN if its value is Inf or NaN: valid TwELL has no such entry); rows >= M and shadow rows (>= 0)
-// are left untouched.
-// A CTA of product z does what the same CTA of a launch of that product alone does (same bits).
-template <class T>
-__global__ void __launch_bounds__(kThreads, 1)
-    stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch, std::int64_t nb,
-                  float alpha, float beta) {
-  ::twell::detail::wait_for_prior_grids();
+// aligned, ldc a multiple of 8; dynamic shared memory of kSmemBytes; with two planes, both of one
+// slot structure (counts and columns; plane 0's are read). Counts above capacity are clipped to
+// capacity; a column outside the tile reads the zero row, so it adds nothing (NaN if its value is
+// Inf or NaN: valid TwELL has no such entry); rows >= M and shadow rows (>= 0) are left untouched.
+// A CTA of product z does what the same CTA of a launch of that product alone does, and a plane
+// of a two-plane CTA sums its entries in the order a one-plane CTA does (same bits).
+// The CTA (blockIdx.x, blockIdx.y) of the product whose planes are batch entries first_plane +
+// [0, kPlanes); nothing for a row block past A.
+template <class T, int kPlanes>
+__device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_cols, TwellLayout layout,
+                                           const StreamBatch<T>& batch, unsigned first_plane, std::int64_t nb,
+                                           float alpha, float beta) {
   extern __shared__ __align__(16) unsigned char smem[];  // [kStages][B rows | slot heads]
-  const unsigned product = blockIdx.z;
-  const std::uint32_t* __restrict__ packed = batch.packed[product];
-  const std::int32_t* __restrict__ shadow = batch.shadow[product];
-  const T* __restrict__ b = batch.b[product];
-  T* __restrict__ c = batch.c[product];
-  const std::int64_t ldb = batch.ldb[product], ldc = batch.ldc[product];
+  constexpr int kWarpRows = kRowsPerWarp<kPlanes>;
+  if (static_cast<std::int64_t>(blockIdx.x) * kRows<kPlanes> >= rows) return;
+  const std::uint32_t* packed[kPlanes];
+  T* c[kPlanes];
+  std::int64_t ldc[kPlanes];
+#pragma unroll
+  for (int p = 0; p < kPlanes; ++p) {
+    packed[p] = batch.packed[first_plane + p];
+    c[p] = batch.c[first_plane + p];
+    ldc[p] = batch.ldc[first_plane + p];
+  }
+  const std::int32_t* __restrict__ shadow = batch.shadow[first_plane];
+  const T* __restrict__ b = batch.b[first_plane];
+  const std::int64_t ldb = batch.ldb[first_plane];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kRows;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kRows<kPlanes>;
   const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kCols;
   const int tile = layout.tile, slots = layout.slots();
   const int tiles = static_cast<int>(layout.tiles(k_cols));
@@ -127,15 +150,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto cap = static_cast<std::uint32_t>(layout.capacity());
 
   // The slot heads this thread stages, fixed over the tiles: null for rows past M and shadow rows,
-  // whose heads are zero-filled (count 0).
+  // whose heads are zero-filled (count 0). A row's heads are its planes' in turn, two 16-byte
+  // copies each.
   constexpr int kHeadsPerThread = kHeadChunks / kThreads;
   const std::uint32_t* head_src[kHeadsPerThread];
 #pragma unroll
   for (int j = 0; j < kHeadsPerThread; ++j) {
     const int q = tid + j * kThreads;
-    const std::int64_t row = row0 + q / 2;
+    const std::int64_t row = row0 + q / (2 * kPlanes);
+    const int plane = q / 2 % kPlanes;
     const bool live = row < rows && (shadow == nullptr || shadow[row] < 0);
-    head_src[j] = live ? packed + row * pw + (q % 2) * 4 : nullptr;
+    const std::uint32_t* from = packed[0];
+#pragma unroll
+    for (int p = 1; p < kPlanes; ++p) from = plane == p ? packed[p] : from;
+    head_src[j] = live ? from + row * pw + (q % 2) * 4 : nullptr;
   }
 
   // Staged rows at and past the tile width never receive a copy: zero them once in every stage.
@@ -174,17 +202,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < kHeadsPerThread; ++j) {
       const std::uint32_t* src = head_src[j];
       cp_async16_or_zero(stage + kBBytes + (tid + j * kThreads) * 16,
-                         src != nullptr ? src + static_cast<std::int64_t>(t) * slots : packed, src != nullptr);
+                         src != nullptr ? src + static_cast<std::int64_t>(t) * slots : packed[0], src != nullptr);
     }
   };
 
   // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past the heads.
-  const std::int64_t lane_offset = (row0 + warp * kRowsPerWarp + lane) * pw;
-  float acc[kRowsPerWarp][kColsPerLane] = {};
+  const std::int64_t lane_offset = (row0 + warp * kWarpRows + lane) * pw;
+  float acc[kWarpRows][kPlanes][kColsPerLane] = {};
   for (int t = 0; t < kStages - 1; ++t) {
     if (t < tiles) stage_tile(t);
     cp_async_commit_group();
   }
+  // The planes' words of one slot, `member` of each plane's 16-byte head chunk, or the zero row's.
+  const auto slot_words = [](const uint4(&q)[kPlanes], auto member, bool present) {
+    std::array<std::uint32_t, kPlanes> words;
+#pragma unroll
+    for (int p = 0; p < kPlanes; ++p) words[p] = present ? member(q[p]) : kZeroWord;
+    return words;
+  };
   for (int t = 0; t < tiles; ++t) {
     if (t + kStages - 1 < tiles) stage_tile(t + kStages - 1);
     cp_async_commit_group();
@@ -193,74 +228,135 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     const unsigned char* stage = smem + (t % kStages) * kStageBytes;
     const unsigned char* b_lane = stage + lane * kColsPerLane * 2;
-    const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + warp * kRowsPerWarp * 2;
-    // The next row's head is loaded before this row's entries, and a row's first two entries
+    const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + warp * kWarpRows * kPlanes * 2;
+    const auto add = [&](const std::array<std::uint32_t, kPlanes>& words, int r) {
+      std::uint32_t w[kPlanes];
+#pragma unroll
+      for (int p = 0; p < kPlanes; ++p) w[p] = words[p];
+      add_entry<T, kPlanes>(w, b_lane, acc[r]);
+    };
+    // The next row's heads are loaded before this row's entries, and a row's first two entries
     // take no branch (a missing second entry reads the zero row), so that shared loads of
     // different entries overlap.
-    uint4 h_next = heads[0];
+    uint4 h_next[kPlanes];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const uint4 h = h_next;
-      if (r + 1 < kRowsPerWarp) h_next = heads[2 * (r + 1)];
-      const std::uint32_t n = min(h.x, cap);
+    for (int p = 0; p < kPlanes; ++p) h_next[p] = heads[2 * p];
+#pragma unroll
+    for (int r = 0; r < kWarpRows; ++r) {
+      uint4 h[kPlanes];
+#pragma unroll
+      for (int p = 0; p < kPlanes; ++p) {
+        h[p] = h_next[p];
+        if (r + 1 < kWarpRows) h_next[p] = heads[2 * ((r + 1) * kPlanes + p)];
+      }
+      const std::uint32_t n = min(h[0].x, cap);
       if (n == 0) continue;
-      add_entry<T>(h.y, b_lane, acc[r]);
-      add_entry<T>(n > 1 ? h.z : kZeroWord, b_lane, acc[r]);
+      add(slot_words(
+              h, [](uint4 v) { return v.y; }, true),
+          r);
+      add(slot_words(
+              h, [](uint4 v) { return v.z; }, n > 1),
+          r);
       if (n <= 2) continue;
-      add_entry<T>(h.w, b_lane, acc[r]);
+      add(slot_words(
+              h, [](uint4 v) { return v.w; }, true),
+          r);
       if (n <= 3) continue;
-      const uint4 g = heads[2 * r + 1];
-      add_entry<T>(g.x, b_lane, acc[r]);
-      add_entry<T>(n > 4 ? g.y : kZeroWord, b_lane, acc[r]);
-      add_entry<T>(n > 5 ? g.z : kZeroWord, b_lane, acc[r]);
-      add_entry<T>(n > 6 ? g.w : kZeroWord, b_lane, acc[r]);
+      uint4 g[kPlanes];
+#pragma unroll
+      for (int p = 0; p < kPlanes; ++p) g[p] = heads[2 * (r * kPlanes + p) + 1];
+      add(slot_words(
+              g, [](uint4 v) { return v.x; }, true),
+          r);
+      add(slot_words(
+              g, [](uint4 v) { return v.y; }, n > 4),
+          r);
+      add(slot_words(
+              g, [](uint4 v) { return v.z; }, n > 5),
+          r);
+      add(slot_words(
+              g, [](uint4 v) { return v.w; }, n > 6),
+          r);
       if (n <= 7) continue;
       // Slots 8..n from global memory, 32 at a time, one per lane. The group's offset comes from
       // lane r, so the compiler does not keep one per row in registers.
       const std::int64_t offset = __shfl_sync(kFull, lane_offset, r) + static_cast<std::int64_t>(t) * slots;
-      const std::uint32_t* group = packed + offset;
       for (std::uint32_t j0 = kHeadSlots; j0 <= n; j0 += 32) {
-        const std::uint32_t mine = j0 + lane <= n ? group[j0 + lane] : 0u;
+        std::uint32_t mine[kPlanes];
+#pragma unroll
+        for (int p = 0; p < kPlanes; ++p) mine[p] = j0 + lane <= n ? packed[p][offset + j0 + lane] : 0u;
         const int m = static_cast<int>(min(32u, n + 1 - j0));
 #pragma unroll 1
-        for (int q = 0; q < m; ++q) add_entry<T>(__shfl_sync(kFull, mine, q), b_lane, acc[r]);
+        for (int q = 0; q < m; ++q) {
+          std::array<std::uint32_t, kPlanes> words;
+#pragma unroll
+          for (int p = 0; p < kPlanes; ++p) words[p] = __shfl_sync(kFull, mine[p], q);
+          add(words, r);
+        }
       }
     }
     __syncthreads();  // this stage is refilled kStages - 1 tiles later
   }
   cp_async_wait_groups<0>();
 
-  const std::int64_t first = row0 + warp * kRowsPerWarp;
+  const std::int64_t first = row0 + warp * kWarpRows;
   const std::int64_t my_row = first + lane;
-  const bool mine_live = lane < kRowsPerWarp && my_row < rows && (shadow == nullptr || shadow[my_row] < 0);
+  const bool mine_live = lane < kWarpRows && my_row < rows && (shadow == nullptr || shadow[my_row] < 0);
   const unsigned live = __ballot_sync(kFull, mine_live);
   const std::int64_t col = col0 + lane * kColsPerLane;
   if (col >= nb) return;  // nb is a multiple of 8: a lane's 4 columns are all inside or all out
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    if ((live >> r & 1u) == 0) continue;
-    auto* out = reinterpret_cast<uint2*>(c + (first + r) * ldc + col);
-    float v[kColsPerLane];
+  for (int p = 0; p < kPlanes; ++p) {
 #pragma unroll
-    for (int u = 0; u < kColsPerLane; ++u) v[u] = alpha * acc[r][u];
-    if (beta != 0.0f) {
-      const uint2 old = *out;
-      const float2 lo = unpack_pair<T>(old.x), hi = unpack_pair<T>(old.y);
-      v[0] += beta * lo.x;
-      v[1] += beta * lo.y;
-      v[2] += beta * hi.x;
-      v[3] += beta * hi.y;
+    for (int r = 0; r < kWarpRows; ++r) {
+      if ((live >> r & 1u) == 0) continue;
+      auto* out = reinterpret_cast<uint2*>(c[p] + (first + r) * ldc[p] + col);
+      float v[kColsPerLane];
+#pragma unroll
+      for (int u = 0; u < kColsPerLane; ++u) v[u] = alpha * acc[r][p][u];
+      if (beta != 0.0f) {
+        const uint2 old = *out;
+        const float2 lo = unpack_pair<T>(old.x), hi = unpack_pair<T>(old.y);
+        v[0] += beta * lo.x;
+        v[1] += beta * lo.y;
+        v[2] += beta * hi.x;
+        v[3] += beta * hi.y;
+      }
+      *out = make_uint2(pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]));
     }
-    *out = make_uint2(pack_pair<T>(v[0], v[1]), pack_pair<T>(v[2], v[3]));
   }
 }
 
-// The kernel's grid: a CTA per kRows rows of A (x) and kCols columns of B (y).
+// Products blockIdx.z of one plane each.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch, std::int64_t nb,
+                  float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
+  stream_cta<T, 1>(rows, k_cols, layout, batch, blockIdx.z, nb, alpha, beta);
+}
+
+// Product 0 of one plane (blockIdx.z = 0) and products 1 and 2 as the two planes of one
+// (blockIdx.z = 1): the training backward's dwd = h^T dy beside dg^T x and du^T x.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    stream_pair_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch,
+                       std::int64_t nb, float alpha, float beta) {
+  ::twell::detail::wait_for_prior_grids();
+  if (blockIdx.z == 0) {
+    stream_cta<T, 1>(rows, k_cols, layout, batch, 0, nb, alpha, beta);
+  } else {
+    stream_cta<T, 2>(rows, k_cols, layout, batch, 1, nb, alpha, beta);
+  }
+}
+
+// The kernel's grid: a CTA per kRows<planes> rows of A (x) and kCols columns of B (y).
 struct StreamGrid {
   std::int64_t row_blocks, slices;
 };
-StreamGrid stream_grid(std::int64_t rows, std::int64_t b_cols) {
-  return {(rows + kRows - 1) / kRows, (b_cols + kCols - 1) / kCols};
+StreamGrid stream_grid(std::int64_t rows, std::int64_t b_cols, int planes = 1) {
+  const std::int64_t block = planes == 1 ? kRows<1> : kRows<2>;
+  return {(rows + block - 1) / block, (b_cols + kCols - 1) / kCols};
 }
 
 }  // namespace
@@ -284,9 +380,14 @@ std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols) {
 }
 
 template <class T>
-void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, float beta, cudaStream_t stream) {
+void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, float beta, cudaStream_t stream,
+                       bool pair_last_two) {
   require(!products.empty() && products.size() <= kMaxStreamBatch, ErrorCode::invalid_argument, kWhere,
           "the tile-streaming TwELL kernel takes 1 to ", kMaxStreamBatch, " products at once, not ", products.size());
+  require(!pair_last_two || (products.size() == 3 && products[1].b.data == products[2].b.data &&
+                             products[1].b.ld == products[2].b.ld && products[1].shadow == products[2].shadow),
+          ErrorCode::invalid_argument, kWhere,
+          "the tile-streaming TwELL kernel pairs the last two of three products only where they share B and shadow");
   const StreamProduct<T>& first = products.front();
   StreamBatch<T> batch{};
   for (std::size_t i = 0; i < products.size(); ++i) {
@@ -303,16 +404,16 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
     batch.c[i] = p.c.data;
     batch.ldc[i] = p.c.ld;
   }
-  const auto [row_blocks, slices] = stream_grid(first.a.rows, first.b.cols);
+  const auto [row_blocks, slices] = stream_grid(first.a.rows, first.b.cols, pair_last_two ? 2 : 1);
   require(row_blocks <= 0x7fffffffLL && slices <= 65535, ErrorCode::unsupported, kWhere, "A has ", first.a.rows,
-          " rows and B ", first.b.cols, " columns; the tile-streaming kernel takes at most ", 0x7fffffffLL * kRows,
-          " and ", 65535LL * kCols);
+          " rows and B ", first.b.cols, " columns; the tile-streaming kernel takes at most ",
+          0x7fffffffLL * (pair_last_two ? kRows<2> : kRows<1>), " and ", 65535LL * kCols);
   if constexpr (sizeof(T) == 2) {
-    auto kernel = stream_kernel<T>;
+    auto kernel = pair_last_two ? stream_pair_kernel<T> : stream_kernel<T>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
                "twell::cuda::spmm (cudaFuncSetAttribute)");
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(slices),
-                    static_cast<unsigned>(products.size()));
+                    static_cast<unsigned>(pair_last_two ? 2 : products.size()));
     ::twell::detail::launch_kernel("twell::cuda::spmm (tile-streaming kernel)", kernel, grid, kThreads, kSmemBytes,
                                    stream, first.a.rows, first.a.cols, first.a.layout, batch, first.b.cols, alpha,
                                    beta);
@@ -321,7 +422,7 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
 
 #define TWELL_INSTANTIATE(T)                                                                  \
   template bool spmm_stream_applies<T>(TwellView<const T>, DenseView<const T>, DenseView<T>); \
-  template void spmm_twell_stream<T>(std::span<const StreamProduct<T>>, float, float, cudaStream_t);
+  template void spmm_twell_stream<T>(std::span<const StreamProduct<T>>, float, float, cudaStream_t, bool);
 TWELL_INSTANTIATE(bf16)
 TWELL_INSTANTIATE(fp16)
 TWELL_INSTANTIATE(float)

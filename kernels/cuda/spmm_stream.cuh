@@ -41,7 +41,12 @@ inline constexpr int kMaxStreamBatch = 3;
 // layout, B of one column count) in one kernel on `stream`, no workspace. Each product's bits are
 // those it gets alone; batching only fills the waves: a product's last wave of CTAs leaves SMs
 // idle that the next one's CTAs take.
+// pair_last_two: three products whose last two share B and shadow and whose A share one slot
+// structure (counts and columns: SlotStructure::shared) run those two as one product of two value
+// planes, whose CTAs own half the rows and load each entry's B row once for both planes. Each C
+// has the bits it gets without the pairing.
 template <class T>
-void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, float beta, cudaStream_t stream);
+void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, float beta, cudaStream_t stream,
+                       bool pair_last_two = false);
 
 }  // namespace twell::cuda::detail

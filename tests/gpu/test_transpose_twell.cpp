@@ -898,6 +898,11 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
     for (std::int64_t j = 0; j < 6; ++j)  // hot columns: dense rows of A^T
       for (std::int64_t r = j % 2; r < st.m; r += 2) a0_dense.view().at(r, 5 + 13 * j) = from_float<T>(0.5f);
     for (std::int64_t j = 0; j < 100; ++j) a0_dense.view().at(7, j) = from_float<T>(-0.5f);  // a dense row of A
+    // Column 9: 10 entries in rows 0-255 besides row 7's and no others there, a group of A^T past
+    // the 7 entries its staged head holds (the kernel reads the rest from global memory) and
+    // within 15 slots.
+    for (std::int64_t r = 0; r < 256; ++r)
+      if (r != 7) a0_dense.view().at(r, 9) = from_float<T>(r % 25 == 0 && r < 250 ? 0.375f : 0.0f);
     // Plane p: A_0's entries with fresh values (nonzero: the structure stays), as a Hybrid.
     std::vector<HybridMatrix<T>> planes;
     std::vector<DenseMatrix<T>> b_host, b_dev, c0;
@@ -914,9 +919,14 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
       c0.push_back(testing::random_dense<T>(st.k, kN, 1.0f, seed + 10 * p + 2));
     }
     REQUIRE(planes[0].overflow_rows() > 0);
+    std::int64_t column9 = 0;
+    for (std::int64_t r = 0; r < 256; ++r) column9 += is_stored(a0_dense.view().at(r, 9)) ? 1 : 0;
+    REQUIRE(column9 == 11);
     const auto dense_row = [](const HybridMatrix<T>& h, std::int64_t r) { return h.row_to_overflow().data()[r] >= 0; };
     // Runs the planes together into C poisoned with NaN (beta = 0) or C0; returns each C.
-    const auto run_shared = [&](const std::vector<HybridMatrix<T>>& a_dev, int count, float alpha, float beta) {
+    // Plane p's B is b[p] (b_dev by default).
+    const auto run_shared = [&](const std::vector<HybridMatrix<T>>& a_dev, int count, float alpha, float beta,
+                                std::vector<const DenseMatrix<T>*> b = {}) {
       std::vector<DenseMatrix<T>> c;
       std::vector<HybridView<const T>> a_views;
       std::vector<DenseView<const T>> b_views;
@@ -924,7 +934,7 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
       for (int p = 0; p < count; ++p) {
         c.push_back(beta == 0.0f ? nan_dense<T>(st.k, kN).to(kDevice) : c0[p].to(kDevice));
         a_views.push_back(a_dev[p].view());
-        b_views.push_back(b_dev[p].view());
+        b_views.push_back(b.empty() ? b_dev[p].view() : b[p]->view());
       }
       for (DenseMatrix<T>& part : c) c_views.push_back(part.view());
       plan.run_transposed(a_views, b_views, c_views, alpha, beta, dev::SlotStructure::shared);
@@ -960,7 +970,66 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
         }
       }
     };
+    // Planes 1 and 2 over one B (the training step's dg^T x and du^T x): on the tile-streaming
+    // kernel one product of two planes, with the bits of two Bs of the same values.
+    // Paired products get their own operands: B of two column slices, plane 2's C wider than its
+    // columns, alpha and beta as run_transposed's other cases.
+    constexpr std::int64_t kPairN = 136, kPairLd = 144;
+    const DenseMatrix<T> b0_pair = testing::random_dense<T>(st.m, kPairN, 1.0f, seed + 7),
+                         b1_pair = testing::random_dense<T>(st.m, kPairN, 1.0f, seed + 8);
+    const DenseMatrix<T> b0_pair_dev = b0_pair.to(kDevice), b1_pair_dev = b1_pair.to(kDevice),
+                         b1_copy = b1_pair.to(kDevice);
+    std::vector<DenseMatrix<T>> c0_pair;
+    for (int p = 0; p < kPlanes; ++p) c0_pair.push_back(testing::random_dense<T>(st.k, kPairN, 1.0f, seed + 20 + p));
+    const auto check_paired = [&](const std::vector<HybridMatrix<T>>& a_host) {
+      const std::vector<HybridMatrix<T>> a_dev = to_device(a_host);
+      const HybridView<const T> a_views[] = {a_dev[0].view(), a_dev[1].view(), a_dev[2].view()};
+      for (const auto& [alpha, beta] : {kSpmmAlphaBeta[1], kSpmmAlphaBeta[2]}) {
+        CAPTURE(alpha);
+        CAPTURE(beta);
+        // Planes 1 and 2 over `b2` for plane 2 (b1_pair_dev: one B, paired on the tile-streaming
+        // kernel; b1_copy: the same values elsewhere, not paired).
+        const auto run = [&](const DenseMatrix<T>& b2) {
+          std::vector<DenseMatrix<T>> c;
+          for (int p = 0; p < kPlanes; ++p) {
+            DenseMatrix<T> start(st.k, p == 2 ? kPairLd : kPairN);
+            for (std::int64_t r = 0; r < st.k; ++r)
+              for (std::int64_t j = 0; j < start.cols(); ++j)
+                start.view().at(r, j) = j >= kPairN    ? from_float<T>(7.0f)
+                                        : beta == 0.0f ? from_float<T>(std::numeric_limits<float>::quiet_NaN())
+                                                       : c0_pair[p].view().at(r, j);
+            c.push_back(start.to(kDevice));
+          }
+          const DenseView<const T> b_views[] = {b0_pair_dev.view(), b1_pair_dev.view(), b2.view()};
+          DenseView<T> c_views[kPlanes];
+          for (int p = 0; p < kPlanes; ++p) {
+            c_views[p] = c[p].view();
+            c_views[p].cols = kPairN;
+          }
+          plan.run_transposed(a_views, b_views, c_views, alpha, beta, dev::SlotStructure::shared);
+          REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+          std::vector<DenseMatrix<T>> got;
+          for (const DenseMatrix<T>& part : c) got.push_back(part.to(kHost));
+          return std::pair(std::move(got), plan.path());
+        };
+        const auto [paired, paired_path] = run(b1_pair_dev);
+        const bool stream = std::string(st.path).find("tile_stream") != std::string::npos;
+        CHECK((paired_path.find("_paired") != std::string::npos) == stream);
+        const auto [apart, apart_path] = run(b1_copy);
+        CHECK(apart_path.find("_paired") == std::string::npos);
+        for (int p = 0; p < kPlanes; ++p) {
+          CAPTURE(p);
+          CHECK(testing::identical(paired[p], apart[p]));  // the 7s past plane 2's columns included
+          DenseMatrix<T> own(st.k, kPairN);
+          for (std::int64_t r = 0; r < st.k; ++r)
+            for (std::int64_t j = 0; j < kPairN; ++j) own.view().at(r, j) = paired[p].view().at(r, j);
+          check_close<T>({std::move(own), paired_path},
+                         reference_spmm_t<T>(a_host[p], p == 0 ? b0_pair : b1_pair, c0_pair[p], alpha, beta));
+        }
+      }
+    };
     check_planes(planes, {true, true, true});
+    check_paired(planes);
     // Each entry kept by one plane alone: at a TwELL slot or dense-row column in the q-th third,
     // every plane but q holds +-0 there (and every plane at one slot). Then each plane holds a
     // third of the union, and a union taken from fewer planes than all would lose entries.
@@ -995,6 +1064,7 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
         if (j % 3 != p) zeros[p].overflow().view().at(row7, j) = from_float<T>(zero_bits() == 0 ? 0.0f : -0.0f);
     }
     check_planes(zeros, {!direct, !direct, !direct});
+    check_paired(zeros);
     if (!direct) continue;
     // Refused, once the transpose has run: plane 1 with one entry moved to the next column, plane
     // 2 from other activations, plane 1 without plane 0's dense row 7. A correct call after them runs as before.
