@@ -29,6 +29,7 @@ const std::vector<workload::Distribution>& distributions(bool quick) {
 
 std::int64_t tokens_large(bool quick) { return quick ? 2048 : 16384; }
 std::int64_t tokens_small(bool quick) { return quick ? 512 : 4096; }
+std::int64_t tokens_decode() { return 256; }
 
 bool in_scope(const Config& config, const std::string& shape, std::int64_t m, double density,
               workload::Distribution dist) {

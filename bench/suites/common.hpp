@@ -27,6 +27,8 @@ const std::vector<workload::Distribution>& distributions(bool quick);
 // Tokens of the large and small cases; --quick shrinks them to smoke-test sizes.
 std::int64_t tokens_large(bool quick);
 std::int64_t tokens_small(bool quick);
+// A decode step's batch, one token of each of 256 sequences (the FFN suite only; not in --quick).
+std::int64_t tokens_decode();
 
 // Whether a point (checked before its inputs are generated) belongs to this run: every point,
 // or with --contract only the paper shape at the large M, 0.5 %, uniform or token-skewed.

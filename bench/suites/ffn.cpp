@@ -53,6 +53,9 @@ std::vector<FfnPoint> ffn_points(bool quick) {
   out.push_back({workload::paper_shape(), large, 0.005, Distribution::neuron_skewed});
   for (const Distribution d : {Distribution::uniform, Distribution::neuron_skewed, Distribution::token_skewed})
     out.push_back({workload::paper_shape(), small, 0.005, d});
+  // Decode-sized: the GPU's work is a few microseconds a kernel, so the host's own time per call
+  // (launches, the wait for the gate's count) shows.
+  out.push_back({workload::paper_shape(), detail::tokens_decode(), 0.005, Distribution::uniform});
   for (const Distribution d : {Distribution::uniform, Distribution::token_skewed}) {
     out.push_back({workload::small_shape(), large, 0.005, d});
     out.push_back({workload::llama7b_shape(), large, 0.005, d});
