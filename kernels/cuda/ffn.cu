@@ -1292,10 +1292,9 @@ bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
     ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
     if (bytes > static_cast<std::size_t>(optin)) return false;
     const auto kernel = block_kernel_for<T, kPass>(k);
-    ::twell::detail::check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), where);
+    ::twell::detail::allow_dynamic_shared(kernel, bytes, where);
     ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
-    ::twell::detail::check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes), where);
+    per_sm = ::twell::detail::resident_blocks_per_sm(kernel, kThreads, bytes, where);
     fit.sms = sms;
     fit.resident = std::int64_t{sms} * std::max(per_sm, 1);
     return true;

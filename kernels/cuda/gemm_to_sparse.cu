@@ -486,7 +486,7 @@ GemmArgs make_args(DenseView<const T> x, const std::int32_t* rows, std::int64_t 
 
 template <class Kernel>
 void allow_smem(Kernel kernel, int bytes, const char* where) {
-  ::twell::detail::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), where);
+  ::twell::detail::allow_dynamic_shared(kernel, static_cast<std::size_t>(bytes), where);
 }
 
 dim3 grid_for(std::int64_t m, std::int64_t n, int bm, int bn, const char* where) {

@@ -514,8 +514,7 @@ void launch(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d, cudaStream
   const auto kernel = gemm_twell_sm90_kernel<T, BN, kDense>;
   const CUtensorMap map_x = tensor_map<T>(g.x, g.m, g.k, g.ldx, kBM, where);
   const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
-  ::twell::detail::check_cuda(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, P::kSmem), where);
+  ::twell::detail::allow_dynamic_shared(kernel, static_cast<std::size_t>(P::kSmem), where);
   cudaLaunchAttribute attributes[2]{};
   attributes[0].id = cudaLaunchAttributeClusterDimension;
   attributes[0].val.clusterDim.x = kCluster;
@@ -533,8 +532,7 @@ void launch(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d, cudaStream
   // Persistent: as many clusters as the device holds at once (66 of 2 CTAs on an H100), at most
   // one per tile pair.
   config.gridDim = dim3(kCluster);
-  int resident = 0;
-  ::twell::detail::check_cuda(cudaOccupancyMaxActiveClusters(&resident, kernel, &config), where);
+  const int resident = ::twell::detail::resident_clusters(kernel, config, where);
   require(resident > 0, ErrorCode::cuda, where, "no cluster of ", kCluster, " CTAs with ", P::kSmem,
           " bytes of shared memory fits on this device");
   config.gridDim =

@@ -586,9 +586,7 @@ void launch_twell(TwellView<const T> a, const std::int32_t* shadow, DenseView<co
     require(slices <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, "B has too many columns: ", b.cols);
     const std::size_t shared = sizeof(float) * kWarps * 2 * kSlice + sizeof(int) * (pairs + 1 + kThreads);
     auto kernel = twell_spmm_kernel<T, V, kVec>;
-    detail::check_cuda(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
-        "twell::cuda::spmm (cudaFuncSetAttribute)");
+    ::twell::detail::allow_dynamic_shared(kernel, shared, "twell::cuda::spmm (cudaFuncSetAttribute)");
     const dim3 grid(static_cast<unsigned>(slices), static_cast<unsigned>(row_blocks));
     ::twell::detail::launch_kernel("twell::cuda::spmm (TwELL kernel)", kernel, grid, kThreads, shared, stream, a.rows,
                                    a.cols, a.layout, a.packed, a.value_plane, shadow, block_rows, b.data, b.ld, c.data,

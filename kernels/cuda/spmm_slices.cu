@@ -919,8 +919,8 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
 
   const int fill_shared = kPieceRows * tiles + kFillThreads * kScratch;
   auto fill = fill_kernel<kKc>;
-  check_cuda(cudaFuncSetAttribute(fill, cudaFuncAttributeMaxDynamicSharedMemorySize, fill_shared),
-             "twell::cuda::spmm (cudaFuncSetAttribute, slice pre-pass)");
+  ::twell::detail::allow_dynamic_shared(fill, static_cast<std::size_t>(fill_shared),
+                                        "twell::cuda::spmm (cudaFuncSetAttribute, slice pre-pass)");
   const std::int64_t k_pad = padded_k(a.cols);
   const std::int64_t copy_units = (k_pad + 7) / 8 * ((b.cols / kKc + 3) / 4);
   // One fill CTA fits an SM (registers). The copy takes the SMs that the row CTAs leave free, so
@@ -942,8 +942,8 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   require(slice_bytes < (1 << 20), ErrorCode::unsupported, kWhere, "a B slice of ", slice_bytes,
           " bytes is past what one mbarrier phase can expect");
   auto product = slices_kernel<T, kKc>;
-  check_cuda(cudaFuncSetAttribute(product, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * slice_bytes),
-             "twell::cuda::spmm (cudaFuncSetAttribute, slice kernel)");
+  ::twell::detail::allow_dynamic_shared(product, static_cast<std::size_t>(2 * slice_bytes),
+                                        "twell::cuda::spmm (cudaFuncSetAttribute, slice kernel)");
   ::twell::detail::launch_kernel("twell::cuda::spmm (slice kernel)", product, static_cast<unsigned>(sms), kLanes,
                                  2 * slice_bytes, stream, a.cols, geo.pieces, lists,
                                  static_cast<const unsigned char*>(staged_b), slice_bytes,

@@ -410,8 +410,7 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
           0x7fffffffLL * (pair_last_two ? kRows<2> : kRows<1>), " and ", 65535LL * kCols);
   if constexpr (sizeof(T) == 2) {
     auto kernel = pair_last_two ? stream_pair_kernel<T> : stream_kernel<T>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-               "twell::cuda::spmm (cudaFuncSetAttribute)");
+    ::twell::detail::allow_dynamic_shared(kernel, kSmemBytes, "twell::cuda::spmm (cudaFuncSetAttribute)");
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(slices),
                     static_cast<unsigned>(pair_last_two ? 2 : products.size()));
     ::twell::detail::launch_kernel("twell::cuda::spmm (tile-streaming kernel)", kernel, grid, kThreads, kSmemBytes,

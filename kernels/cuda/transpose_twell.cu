@@ -485,8 +485,7 @@ void twell_transpose_groups(std::span<const TwellRows<T>> a, std::span<const Twe
       const std::size_t shared = groups_shared_bytes(P, layout.slots());
       // Past the default 48 KB only with two or three planes of 32 slots.
       if (shared > 48 * 1024)
-        check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)),
-                   "twell::cuda::transpose (cudaFuncSetAttribute)");
+        ::twell::detail::allow_dynamic_shared(kernel, shared, "twell::cuda::transpose (cudaFuncSetAttribute)");
       ::twell::detail::launch_kernel("twell::cuda::transpose (groups kernel)", kernel,
                                      dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads,
                                      shared, stream, in, to, max_count);

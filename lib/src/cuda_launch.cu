@@ -4,6 +4,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace twell::detail {
 namespace {
@@ -50,6 +53,62 @@ bool early_launch_allowed() {
   const bool allowed = major >= 9 && attributes.ptxVersion >= 90;
   if (cached) known[static_cast<std::size_t>(device)].store(allowed ? 2 : 1, std::memory_order_relaxed);
   return allowed;
+}
+
+namespace {
+
+// What the launch helpers below remember, per device and kernel: the dynamic shared memory a
+// kernel is allowed, and occupancy answers.
+struct LaunchFacts {
+  std::mutex mutex;
+  std::map<std::pair<int, const void*>, int> allowed_shared;
+  std::map<std::tuple<int, const void*, int, std::size_t>, int> resident, clusters;
+};
+LaunchFacts& launch_facts() {
+  static LaunchFacts facts;  // never destroyed before a kernel's last launch: a static of this unit
+  return facts;
+}
+
+int current_device(const char* where) {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), where);
+  return device;
+}
+
+}  // namespace
+
+void allow_dynamic_shared(const void* kernel, int bytes, const char* where) {
+  const int device = current_device(where);
+  LaunchFacts& facts = launch_facts();
+  const std::lock_guard lock(facts.mutex);
+  int& allowed = facts.allowed_shared[{device, kernel}];
+  if (bytes <= allowed) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), where);
+  allowed = bytes;
+}
+
+int resident_blocks_per_sm(const void* kernel, int threads, std::size_t bytes, const char* where) {
+  const int device = current_device(where);
+  LaunchFacts& facts = launch_facts();
+  const std::lock_guard lock(facts.mutex);
+  const auto key = std::tuple(device, kernel, threads, bytes);
+  if (const auto known = facts.resident.find(key); known != facts.resident.end()) return known->second;
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes), where);
+  facts.resident.emplace(key, per_sm);
+  return per_sm;
+}
+
+int resident_clusters(const void* kernel, const cudaLaunchConfig_t& config, const char* where) {
+  const int device = current_device(where);
+  LaunchFacts& facts = launch_facts();
+  const std::lock_guard lock(facts.mutex);
+  const auto key = std::tuple(device, kernel, static_cast<int>(config.blockDim.x), config.dynamicSmemBytes);
+  if (const auto known = facts.clusters.find(key); known != facts.clusters.end()) return known->second;
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), where);
+  facts.clusters.emplace(key, clusters);
+  return clusters;
 }
 
 void fill_bytes_async(void* p, unsigned char value, std::size_t bytes, cudaStream_t stream, const char* where) {

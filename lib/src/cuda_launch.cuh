@@ -63,6 +63,31 @@ cudaError_t try_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, 
   return try_launch_kernel_started(true, kernel, grid, block, shared, stream, std::forward<Args>(args)...);
 }
 
+// The per-launch queries of a kernel, answered once per device and kernel (each costs the host
+// ~1-5 µs, and a plan's call made several after its wait for the gate's count, while the GPU
+// idled: docs/benchmarks/README.md, "Between the kernels"). allow_dynamic_shared raises the kernel's
+// dynamic shared-memory limit to at least `bytes` (cudaFuncSetAttribute only when it grows, so a
+// size allowed once stays allowed). The occupancy answers depend on the kernel, its block and
+// its shared memory only, all in the key. A cudaDeviceReset clears the attributes set, so twell
+// is not used on a device after one (docs/api.md, "Conventions").
+void allow_dynamic_shared(const void* kernel, int bytes, const char* where);
+template <class... Params>
+void allow_dynamic_shared(void (*kernel)(Params...), std::size_t bytes, const char* where) {
+  allow_dynamic_shared(reinterpret_cast<const void*>(kernel), static_cast<int>(bytes), where);
+}
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor.
+int resident_blocks_per_sm(const void* kernel, int threads, std::size_t bytes, const char* where);
+template <class... Params>
+int resident_blocks_per_sm(void (*kernel)(Params...), int threads, std::size_t bytes, const char* where) {
+  return resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, bytes, where);
+}
+// cudaOccupancyMaxActiveClusters for `config` (its cluster attribute fixed per kernel).
+int resident_clusters(const void* kernel, const cudaLaunchConfig_t& config, const char* where);
+template <class... Params>
+int resident_clusters(void (*kernel)(Params...), const cudaLaunchConfig_t& config, const char* where) {
+  return resident_clusters(reinterpret_cast<const void*>(kernel), config, where);
+}
+
 // cudaMemsetAsync(p, value, bytes) as one of the library's kernels: between two kernels it lets
 // both start early, where a memset would hold the one after it until it has run. For the small
 // fills between a call's kernels; a twell::Error naming `where` on a launch error.
