@@ -213,13 +213,6 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     if (t < tiles) stage_tile(t);
     cp_async_commit_group();
   }
-  // The planes' words of one slot, `member` of each plane's 16-byte head chunk, or the zero row's.
-  const auto slot_words = [](const uint4(&q)[kPlanes], auto member, bool present) {
-    std::array<std::uint32_t, kPlanes> words;
-#pragma unroll
-    for (int p = 0; p < kPlanes; ++p) words[p] = present ? member(q[p]) : kZeroWord;
-    return words;
-  };
   for (int t = 0; t < tiles; ++t) {
     if (t + kStages - 1 < tiles) stage_tile(t + kStages - 1);
     cp_async_commit_group();
@@ -234,6 +227,16 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
 #pragma unroll
       for (int p = 0; p < kPlanes; ++p) w[p] = words[p];
       add_entry<T, kPlanes>(w, b_lane, acc[r]);
+    };
+    // Row r's entry in word `member` (0..3) of each plane's 16-byte head chunk q, or the zero row's.
+    const auto add_head = [&](const uint4(&q)[kPlanes], int member, bool present, int r) {
+      std::array<std::uint32_t, kPlanes> words;
+#pragma unroll
+      for (int p = 0; p < kPlanes; ++p) {
+        const uint4 v = q[p];
+        words[p] = !present ? kZeroWord : member == 0 ? v.x : member == 1 ? v.y : member == 2 ? v.z : v.w;
+      }
+      add(words, r);
     };
     // The next row's heads are loaded before this row's entries, and a row's first two entries
     // take no branch (a missing second entry reads the zero row), so that shared loads of
@@ -251,32 +254,18 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
       }
       const std::uint32_t n = min(h[0].x, cap);
       if (n == 0) continue;
-      add(slot_words(
-              h, [](uint4 v) { return v.y; }, true),
-          r);
-      add(slot_words(
-              h, [](uint4 v) { return v.z; }, n > 1),
-          r);
+      add_head(h, 1, true, r);
+      add_head(h, 2, n > 1, r);
       if (n <= 2) continue;
-      add(slot_words(
-              h, [](uint4 v) { return v.w; }, true),
-          r);
+      add_head(h, 3, true, r);
       if (n <= 3) continue;
       uint4 g[kPlanes];
 #pragma unroll
       for (int p = 0; p < kPlanes; ++p) g[p] = heads[2 * (r * kPlanes + p) + 1];
-      add(slot_words(
-              g, [](uint4 v) { return v.x; }, true),
-          r);
-      add(slot_words(
-              g, [](uint4 v) { return v.y; }, n > 4),
-          r);
-      add(slot_words(
-              g, [](uint4 v) { return v.z; }, n > 5),
-          r);
-      add(slot_words(
-              g, [](uint4 v) { return v.w; }, n > 6),
-          r);
+      add_head(g, 0, true, r);
+      add_head(g, 1, n > 4, r);
+      add_head(g, 2, n > 5, r);
+      add_head(g, 3, n > 6, r);
       if (n <= 7) continue;
       // Slots 8..n from global memory, 32 at a time, one per lane. The group's offset comes from
       // lane r, so the compiler does not keep one per row in registers.
