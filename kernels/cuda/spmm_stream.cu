@@ -1,6 +1,8 @@
 // cuda spmm, TwELL (and the TwELL part of a Hybrid) with op none and 16-bit values: the
 // tile-streaming path, report path "tile_stream". spmm.cu chooses it for mid-sized products
-// (choose_twell_path) or when SpmmAlgorithm::tile_stream asks for it.
+// (choose_twell_path) or when SpmmAlgorithm::tile_stream asks for it, and for products on A^T
+// (up to three in one launch; two value planes of one structure times one B as one product of
+// 128-row CTAs, below "Two planes").
 //
 // Why this shape. At 0.5 % density a row of A has ~28 entries spread over all of K, so rows share
 // few B rows and gathering a B row per entry moves nnz x Nb x 2 bytes (1.9 GB at the paper's down
@@ -20,6 +22,11 @@
 // fewer instructions per entry but pays a pre-pass of ~70 us, so this path takes the smaller
 // products (choose_twell_path in spmm.cu). A tensor-core product (mma.sync over entries dealt
 // into groups of 8) was tried and lost to latency: docs/benchmarks/README.md, "Why each miss".
+//
+// Two planes. Where two products have A of one slot structure (SlotStructure::shared) and one B,
+// a CTA owns 128 rows and both planes' accumulators (a warp 8 rows x 2 planes), staging each
+// row's heads of both planes and loading each entry's B row once for the two; each plane's sums
+// run in the one-plane order, so each C has the bits of the unpaired launch.
 //
 // Determinism: each output element is summed by one lane, tiles in order and a tile's entries in
 // slot order; no atomics. The result does not depend on the grid.

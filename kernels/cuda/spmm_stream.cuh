@@ -20,8 +20,8 @@ namespace twell::cuda::detail {
 template <class T>
 bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c);
 
-// The CTAs spmm_twell_stream launches for `rows` rows of A and `b_cols` columns of B (one per
-// 256 x 128 block of C, all resident at once only up to one per SM).
+// The CTAs spmm_twell_stream launches for one product of `rows` rows of A and `b_cols` columns
+// of B, unpaired (one per 256 x 128 block of C, all resident at once only up to one per SM).
 std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols);
 
 // One product of spmm_twell_stream: C = alpha * A B + beta * C for the rows of A whose `shadow`

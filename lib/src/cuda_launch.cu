@@ -62,10 +62,13 @@ namespace {
 struct LaunchFacts {
   std::mutex mutex;
   std::map<std::pair<int, const void*>, int> allowed_shared;
-  std::map<std::tuple<int, const void*, int, std::size_t>, int> resident, clusters;
+  std::map<std::tuple<int, const void*, int, std::size_t>, int> resident;
+  // ... and the cluster's dimensions.
+  std::map<std::tuple<int, const void*, int, std::size_t, unsigned, unsigned, unsigned>, int> clusters;
 };
 LaunchFacts& launch_facts() {
-  static LaunchFacts facts;  // never destroyed before a kernel's last launch: a static of this unit
+  // Never destroyed, so that a launch from another static's destructor still finds it.
+  static LaunchFacts& facts = *new LaunchFacts;
   return facts;
 }
 
@@ -103,7 +106,14 @@ int resident_clusters(const void* kernel, const cudaLaunchConfig_t& config, cons
   const int device = current_device(where);
   LaunchFacts& facts = launch_facts();
   const std::lock_guard lock(facts.mutex);
-  const auto key = std::tuple(device, kernel, static_cast<int>(config.blockDim.x), config.dynamicSmemBytes);
+  dim3 cluster(1, 1, 1);
+  for (unsigned i = 0; i < config.numAttrs; ++i)
+    if (config.attrs[i].id == cudaLaunchAttributeClusterDimension)
+      cluster =
+          dim3(config.attrs[i].val.clusterDim.x, config.attrs[i].val.clusterDim.y, config.attrs[i].val.clusterDim.z);
+  const auto key =
+      std::tuple(device, kernel, static_cast<int>(config.blockDim.x * config.blockDim.y * config.blockDim.z),
+                 config.dynamicSmemBytes, cluster.x, cluster.y, cluster.z);
   if (const auto known = facts.clusters.find(key); known != facts.clusters.end()) return known->second;
   int clusters = 0;
   check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), where);

@@ -68,8 +68,9 @@ cudaError_t try_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, 
 // idled: docs/benchmarks/README.md, "Between the kernels"). allow_dynamic_shared raises the kernel's
 // dynamic shared-memory limit to at least `bytes` (cudaFuncSetAttribute only when it grows, so a
 // size allowed once stays allowed). The occupancy answers depend on the kernel, its block and
-// its shared memory only, all in the key. A cudaDeviceReset clears the attributes set, so twell
-// is not used on a device after one (docs/api.md, "Conventions").
+// its shared memory (and cluster) only, all in the key. Keyed by device, not context: a
+// cudaDeviceReset clears the attributes set, so twell is not used on a device after one, nor in
+// a context of the driver API other than the device's primary one (docs/api.md, "Conventions").
 void allow_dynamic_shared(const void* kernel, int bytes, const char* where);
 template <class... Params>
 void allow_dynamic_shared(void (*kernel)(Params...), std::size_t bytes, const char* where) {
@@ -81,7 +82,7 @@ template <class... Params>
 int resident_blocks_per_sm(void (*kernel)(Params...), int threads, std::size_t bytes, const char* where) {
   return resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, bytes, where);
 }
-// cudaOccupancyMaxActiveClusters for `config` (its cluster attribute fixed per kernel).
+// cudaOccupancyMaxActiveClusters for `config`.
 int resident_clusters(const void* kernel, const cudaLaunchConfig_t& config, const char* where);
 template <class... Params>
 int resident_clusters(void (*kernel)(Params...), const cudaLaunchConfig_t& config, const char* where) {

@@ -972,13 +972,20 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
     };
     // Planes 1 and 2 over one B (the training step's dg^T x and du^T x): on the tile-streaming
     // kernel one product of two planes, with the bits of two Bs of the same values.
-    // Paired products get their own operands: B of two column slices, plane 2's C wider than its
-    // columns, alpha and beta as run_transposed's other cases.
-    constexpr std::int64_t kPairN = 136, kPairLd = 144;
-    const DenseMatrix<T> b0_pair = testing::random_dense<T>(st.m, kPairN, 1.0f, seed + 7),
+    // Paired products get their own operands: B of two column slices, each C and B_0 with its
+    // own leading dimension (a kernel reading another product's ld fails), alpha and beta as
+    // run_transposed's other cases.
+    constexpr std::int64_t kPairN = 136;
+    constexpr std::int64_t kPairLd[kPlanes] = {kPairN, 152, 144};  // of C_p; B_0's is 144
+    const DenseMatrix<T> b0_wide = testing::random_dense<T>(st.m, 144, 1.0f, seed + 7),
                          b1_pair = testing::random_dense<T>(st.m, kPairN, 1.0f, seed + 8);
-    const DenseMatrix<T> b0_pair_dev = b0_pair.to(kDevice), b1_pair_dev = b1_pair.to(kDevice),
+    DenseMatrix<T> b0_pair(st.m, kPairN);  // the reference's copy of B_0's columns
+    for (std::int64_t r = 0; r < st.m; ++r)
+      for (std::int64_t j = 0; j < kPairN; ++j) b0_pair.view().at(r, j) = b0_wide.view().at(r, j);
+    const DenseMatrix<T> b0_pair_dev = b0_wide.to(kDevice), b1_pair_dev = b1_pair.to(kDevice),
                          b1_copy = b1_pair.to(kDevice);
+    DenseView<const T> b0_view = b0_pair_dev.view();
+    b0_view.cols = kPairN;
     std::vector<DenseMatrix<T>> c0_pair;
     for (int p = 0; p < kPlanes; ++p) c0_pair.push_back(testing::random_dense<T>(st.k, kPairN, 1.0f, seed + 20 + p));
     const auto check_paired = [&](const std::vector<HybridMatrix<T>>& a_host) {
@@ -992,7 +999,7 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
         const auto run = [&](const DenseMatrix<T>& b2) {
           std::vector<DenseMatrix<T>> c;
           for (int p = 0; p < kPlanes; ++p) {
-            DenseMatrix<T> start(st.k, p == 2 ? kPairLd : kPairN);
+            DenseMatrix<T> start(st.k, kPairLd[p]);
             for (std::int64_t r = 0; r < st.k; ++r)
               for (std::int64_t j = 0; j < start.cols(); ++j)
                 start.view().at(r, j) = j >= kPairN    ? from_float<T>(7.0f)
@@ -1000,7 +1007,7 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
                                                        : c0_pair[p].view().at(r, j);
             c.push_back(start.to(kDevice));
           }
-          const DenseView<const T> b_views[] = {b0_pair_dev.view(), b1_pair_dev.view(), b2.view()};
+          const DenseView<const T> b_views[] = {b0_view, b1_pair_dev.view(), b2.view()};
           DenseView<T> c_views[kPlanes];
           for (int p = 0; p < kPlanes; ++p) {
             c_views[p] = c[p].view();
@@ -1019,7 +1026,7 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
         CHECK(apart_path.find("_paired") == std::string::npos);
         for (int p = 0; p < kPlanes; ++p) {
           CAPTURE(p);
-          CHECK(testing::identical(paired[p], apart[p]));  // the 7s past plane 2's columns included
+          CHECK(testing::identical(paired[p], apart[p]));  // the 7s past C's columns included
           DenseMatrix<T> own(st.k, kPairN);
           for (std::int64_t r = 0; r < st.k; ++r)
             for (std::int64_t j = 0; j < kPairN; ++j) own.view().at(r, j) = paired[p].view().at(r, j);
