@@ -993,14 +993,18 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   // Taken before C is written (created at a thread's first use on a device: it may fail).
   const cublasHandle_t blas = cublas_handle();
   std::string path;
+  // Product i on its own kernel, with A^T's TwELL rows at_i and its dense rows' shadow.
+  const auto product = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow) {
+    const auto [workspace, staged_b] =
+        kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(at_i, b[i]) : std::pair<void*, void*>{};
+    path =
+        hybrid_kernel_name(twell_none(at_i, shadow, b[i], c[i], alpha, beta, stream, kernels[i], workspace, staged_b));
+  };
   if (!batched && !shared) {  // each A^T built just before its product
     bool dense = false;
     for (std::size_t i = 0; i < n; ++i) {
       const TransposedA<T> at(a[i], layout, work[i], stream);
-      const auto [workspace, staged_b] =
-          kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(at.twell(), b[i]) : std::pair<void*, void*>{};
-      path = hybrid_kernel_name(
-          twell_none(at.twell(), at.shadow(), b[i], c[i], alpha, beta, stream, kernels[i], workspace, staged_b));
+      product(i, at.twell(), at.shadow());
       const std::int64_t r = at.dense_rows();
       if (r > 0) at.finish(0, b[i], c[i], alpha, beta, blas, dense_rows(r), overflow_tmp(r));
       dense = dense || r > 0;
@@ -1026,13 +1030,7 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
     detail::spmm_twell_stream<T>(std::span(products).first(n), alpha, beta, stream, pair);
     path = std::string(kStreamPath) + (pair ? "_batched_paired" : "_batched");
   } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      const TwellView<const T> at_i = transposed(i).twell(plane(i));
-      const auto [workspace, staged_b] =
-          kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(at_i, b[i]) : std::pair<void*, void*>{};
-      path = hybrid_kernel_name(
-          twell_none(at_i, transposed(i).shadow(), b[i], c[i], alpha, beta, stream, kernels[i], workspace, staged_b));
-    }
+    for (std::size_t i = 0; i < n; ++i) product(i, transposed(i).twell(plane(i)), transposed(i).shadow());
   }
   std::int64_t r = 0;
   for (std::size_t i = 0; i < n; ++i) r = std::max(r, transposed(i).dense_rows());

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 namespace twell::detail {
 namespace {
@@ -78,6 +79,16 @@ int current_device(const char* where) {
   return device;
 }
 
+// known[key], from ask() the first time (under the facts' lock, so that one thread asks).
+template <class Key, class Ask>
+int remembered(std::map<Key, int>& known, const std::type_identity_t<Key>& key, Ask ask) {
+  const std::lock_guard lock(launch_facts().mutex);
+  if (const auto found = known.find(key); found != known.end()) return found->second;
+  const int answer = ask();
+  known.emplace(key, answer);
+  return answer;
+}
+
 }  // namespace
 
 void allow_dynamic_shared(const void* kernel, int bytes, const char* where) {
@@ -91,34 +102,27 @@ void allow_dynamic_shared(const void* kernel, int bytes, const char* where) {
 }
 
 int resident_blocks_per_sm(const void* kernel, int threads, std::size_t bytes, const char* where) {
-  const int device = current_device(where);
-  LaunchFacts& facts = launch_facts();
-  const std::lock_guard lock(facts.mutex);
-  const auto key = std::tuple(device, kernel, threads, bytes);
-  if (const auto known = facts.resident.find(key); known != facts.resident.end()) return known->second;
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes), where);
-  facts.resident.emplace(key, per_sm);
-  return per_sm;
+  return remembered(launch_facts().resident, std::tuple(current_device(where), kernel, threads, bytes), [&] {
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes), where);
+    return per_sm;
+  });
 }
 
 int resident_clusters(const void* kernel, const cudaLaunchConfig_t& config, const char* where) {
-  const int device = current_device(where);
-  LaunchFacts& facts = launch_facts();
-  const std::lock_guard lock(facts.mutex);
   dim3 cluster(1, 1, 1);
   for (unsigned i = 0; i < config.numAttrs; ++i)
     if (config.attrs[i].id == cudaLaunchAttributeClusterDimension)
       cluster =
           dim3(config.attrs[i].val.clusterDim.x, config.attrs[i].val.clusterDim.y, config.attrs[i].val.clusterDim.z);
-  const auto key =
-      std::tuple(device, kernel, static_cast<int>(config.blockDim.x * config.blockDim.y * config.blockDim.z),
-                 config.dynamicSmemBytes, cluster.x, cluster.y, cluster.z);
-  if (const auto known = facts.clusters.find(key); known != facts.clusters.end()) return known->second;
-  int clusters = 0;
-  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), where);
-  facts.clusters.emplace(key, clusters);
-  return clusters;
+  const auto key = std::tuple(current_device(where), kernel,
+                              static_cast<int>(config.blockDim.x * config.blockDim.y * config.blockDim.z),
+                              config.dynamicSmemBytes, cluster.x, cluster.y, cluster.z);
+  return remembered(launch_facts().clusters, key, [&] {
+    int clusters = 0;
+    check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config), where);
+    return clusters;
+  });
 }
 
 void fill_bytes_async(void* p, unsigned char value, std::size_t bytes, cudaStream_t stream, const char* where) {

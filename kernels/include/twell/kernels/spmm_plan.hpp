@@ -100,16 +100,17 @@ class SpmmPlan {
   // does not check it either): no C_i overlaps any A_j's arrays. The plan then holds an A^T per
   // product. Errors: as run(), and invalid_argument for spans of other sizes or overlapping
   // operands, shape_mismatch for B of different column counts; all checked for every product
-  // before any work is queued (all but SlotStructure::shared's promise, below). An error after that (an allocation,
-  // cuBLAS) leaves every C_i unspecified. SlotStructure::shared (where this route transposes A; the CSR route runs as
-  // separate) builds every A_i^T in one transpose of all the A_i together: an entry of each A_i^T is then a slot or
-  // dense-row column where any A_j holds a value other than +-0, so a product adds its own +-0
-  // there (0 x Inf is NaN, as in the dense rows of A^T, multiplied by cuBLAS), a row of A^T is
-  // dense where the union of the entries overflows its group, and the slice-reuse kernel orders a
-  // row's sums by its entries: where no A_i holds +-0 at another's entry the bits are those of
-  // separate, elsewhere the rounding may differ. A_i whose slot counts, columns or dense rows differ from A_0's are
-  // refused (invalid_argument) once the transpose has run: the call waits for the work it queued, then throws, every
-  // C_i unspecified.
+  // before any work is queued (all but SlotStructure::shared's promise, below). An error after
+  // that (an allocation, cuBLAS) leaves every C_i unspecified. SlotStructure::shared (where this
+  // route transposes A; the CSR route runs as separate) builds every A_i^T in one transpose of all
+  // the A_i together: an entry of each A_i^T is then a slot or dense-row column where any A_j
+  // holds a value other than +-0, so a product adds its own +-0 there (0 x Inf is NaN, as in the
+  // dense rows of A^T, multiplied by cuBLAS), a row of A^T is dense where the union of the entries
+  // overflows its group, and the slice-reuse kernel orders a row's sums by its entries: where no
+  // A_i holds +-0 at another's entry the bits are those of separate, elsewhere the rounding may
+  // differ. A_i whose slot counts, columns or dense rows differ from A_0's are refused
+  // (invalid_argument) once the transpose has run: the call waits for the work it queued, then
+  // throws, every C_i unspecified.
   void run_transposed(std::span<const HybridView<const T>> a, std::span<const DenseView<const T>> b,
                       std::span<const DenseView<T>> c, float alpha = 1.0f, float beta = 0.0f,
                       SlotStructure structure = SlotStructure::separate);
