@@ -932,18 +932,30 @@ class TransposedA {
     return r;
   }
 
-  // C += alpha times plane p's A^T's dense rows B (C's TwELL rows written already): A^T's R dense
-  // rows into `dense` (R x m values), their product by cuBLAS (`blas`) in `overflow_tmp` (R x Nb
-  // floats, or null: allocated). Nothing when R = 0.
-  void finish(std::size_t p, DenseView<const T> b, DenseView<T> c, float alpha, float beta, cublasHandle_t blas,
-              T* dense, float* overflow_tmp) const {
+  // Values a plane's dense rows take in finish()'s `dense` (R x m, rounded up to 16 bytes for the
+  // next plane's), and all planes'.
+  std::int64_t dense_stride() const { return (dense_rows() * a_[0].twell.rows + 7) / 8 * 8; }
+  std::int64_t dense_values() const { return static_cast<std::int64_t>(planes_) * dense_stride(); }
+
+  // C_p += alpha times plane p's A^T's dense rows B_p for every plane (C's TwELL rows written
+  // already): the planes' R dense rows into `dense` (dense_stride() values a plane) in one pass,
+  // then each product by cuBLAS (`blas`) in turn, in `overflow_tmp` (R x Nb floats, or null:
+  // allocated). Nothing when R = 0.
+  void finish(std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha, float beta,
+              cublasHandle_t blas, T* dense, float* overflow_tmp) const {
+    require(b.size() == planes_ && c.size() == planes_, ErrorCode::invalid_argument, kWhere, "the dense rows of ",
+            planes_, " planes need as many products; given ", b.size());
     const std::int64_t r = dense_rows();
     if (r == 0) return;
-    const std::int64_t m = a_[p].twell.rows;
-    const HybridView<T> hybrid{at_[p], DenseView<T>{dense, r, m, m, MemorySpace::device}, row_to_overflow_,
-                               overflow_to_row_};
-    detail::twell_transpose_dense_rows(a_[p], hybrid, stream_);
-    overflow_rows(HybridView<const T>(hybrid), b, c, alpha, beta, stream_, overflow_tmp, blas);
+    const std::int64_t m = a_[0].twell.rows;
+    std::array<HybridView<T>, detail::kMaxTransposePlanes> hybrid{};
+    for (std::size_t p = 0; p < planes_; ++p)
+      hybrid[p] = {at_[p],
+                   DenseView<T>{dense + static_cast<std::int64_t>(p) * dense_stride(), r, m, m, MemorySpace::device},
+                   row_to_overflow_, overflow_to_row_};
+    detail::twell_transpose_dense_rows<T>(std::span(a_).first(planes_), std::span(hybrid).first(planes_), stream_);
+    for (std::size_t p = 0; p < planes_; ++p)
+      overflow_rows(HybridView<const T>(hybrid[p]), b[p], c[p], alpha, beta, stream_, overflow_tmp, blas);
   }
 
  private:
@@ -963,16 +975,17 @@ class TransposedA {
 // the products go one after another, each queued before the host waits for its R. With `shared`
 // (SlotStructure::shared) the A_i are value planes of one slot structure, transposed together
 // first (TransposedA), then the products (one launch where they all take the tile-streaming kernel,
-// else one after another), then one wait for R. dense_rows(R) gives room for R x m values and
+// else one after another), then one wait for R. dense_room(V) gives room for V values (A^T's R x m
+// dense values a plane, TransposedA::dense_values) and
 // overflow_tmp(R) for R x Nb floats (or null: the overflow product allocates its own), and, should
 // the products take the slice-reuse kernel, slice_buffers(A^T, B) gives its workspace and copy of
 // B (or nulls: stream-ordered scratch); the products use each in turn. Returns the op-none path on
 // A^T.
-template <class T, class DenseRows, class OverflowTmp, class SliceBuffers>
+template <class T, class DenseRoom, class OverflowTmp, class SliceBuffers>
 std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool shared, TwellLayout layout,
                                 std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha,
                                 float beta, SpmmAlgorithm algorithm, cudaStream_t stream,
-                                std::span<std::uint32_t* const> work, DenseRows dense_rows, OverflowTmp overflow_tmp,
+                                std::span<std::uint32_t* const> work, DenseRoom dense_room, OverflowTmp overflow_tmp,
                                 SliceBuffers slice_buffers) {
   const std::size_t n = a.size();
   std::array<SpmmAlgorithm, detail::kMaxStreamBatch> kernels{};
@@ -1006,7 +1019,8 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
       const TransposedA<T> at(a[i], layout, work[i], stream);
       product(i, at.twell(), at.shadow());
       const std::int64_t r = at.dense_rows();
-      if (r > 0) at.finish(0, b[i], c[i], alpha, beta, blas, dense_rows(r), overflow_tmp(r));
+      if (r > 0)
+        at.finish(b.subspan(i, 1), c.subspan(i, 1), alpha, beta, blas, dense_room(at.dense_values()), overflow_tmp(r));
       dense = dense || r > 0;
     }
     return dense ? path + "+cublas_overflow" : path;
@@ -1032,12 +1046,18 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   } else {
     for (std::size_t i = 0; i < n; ++i) product(i, transposed(i).twell(plane(i)), transposed(i).shadow());
   }
-  std::int64_t r = 0;
-  for (std::size_t i = 0; i < n; ++i) r = std::max(r, transposed(i).dense_rows());
+  // The dense rows: one pass for all planes, or one a product, then their products by cuBLAS.
+  const std::size_t sets = shared ? 1 : n;
+  std::int64_t r = 0, values = 0;
+  for (std::size_t j = 0; j < sets; ++j) {
+    r = std::max(r, at[j]->dense_rows());
+    values = std::max(values, at[j]->dense_values());
+  }
   if (r > 0) {
-    T* const rows = dense_rows(r);
+    T* const dense = dense_room(values);
     float* const tmp = overflow_tmp(r);
-    for (std::size_t i = 0; i < n; ++i) transposed(i).finish(plane(i), b[i], c[i], alpha, beta, blas, rows, tmp);
+    for (std::size_t j = 0; j < sets; ++j)
+      at[j]->finish(shared ? b : b.subspan(j, 1), shared ? c : c.subspan(j, 1), alpha, beta, blas, dense, tmp);
   }
   return r > 0 ? path + "+cublas_overflow" : path;
 }
@@ -1057,8 +1077,8 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
   std::uint32_t* const work_words = work.as<std::uint32_t>();
   const std::string path = transposed_products<T>(
       {&rows, 1}, false, *layout, {&b, 1}, {&c, 1}, alpha, beta, options.spmm_algorithm, stream, {&work_words, 1},
-      [&](std::int64_t r) {
-        dense.emplace(static_cast<std::size_t>(r * m) * sizeof(T), stream, kWhere);
+      [&](std::int64_t values) {
+        dense.emplace(static_cast<std::size_t>(values) * sizeof(T), stream, kWhere);
         return dense->as<T>();
       },
       [](std::int64_t) { return static_cast<float*>(nullptr); },
@@ -1246,8 +1266,8 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
   return transposed_products<T>(
       std::span(rows).first(a.size()), structure == SlotStructure::shared, layout, b, c, alpha, beta, algorithm_,
       static_cast<cudaStream_t>(stream_.handle), std::span(work).first(a.size()),
-      [&](std::int64_t r) {
-        const auto need = static_cast<std::size_t>(r * m_);
+      [&](std::int64_t values) {
+        const auto need = static_cast<std::size_t>(values);
         if (need > transposed_dense_.size())
           transposed_dense_ = Buffer<T>(need, MemorySpace::device, Uninitialized{});
         return transposed_dense_.data();

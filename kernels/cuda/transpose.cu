@@ -108,7 +108,8 @@ HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOpti
                                          static_cast<std::size_t>(r) * sizeof(std::int32_t), cudaMemcpyDeviceToDevice,
                                          stream),
                          "twell::cuda::transpose (copy)");
-      detail::twell_transpose_dense_rows(rows, out.view(), stream);
+      const HybridView<T> view = out.view();
+      detail::twell_transpose_dense_rows<T>({&rows, 1}, {&view, 1}, stream);
     }
     detail::check_cuda(cudaStreamSynchronize(stream), "twell::cuda::transpose (synchronize)");
     detail::report_path(options, (std::string("cuda/transpose/") + format + "/direct").c_str());

@@ -61,6 +61,10 @@ template <class T, int P>
 struct PlaneOut {
   TwellView<T> plane[P];
 };
+template <class T, int P>
+struct PlaneDense {
+  HybridView<T> plane[P];
+};
 
 template <class T>
 __device__ __forceinline__ bool is_dense_row(const TwellRows<T>& a, std::int64_t m) {
@@ -402,45 +406,73 @@ __global__ void __launch_bounds__(kMapThreads)
   if (threadIdx.x == 0) *r_out = max_count[k] != 0 ? -1 : total;
 }
 
-// Pass 2: the entries of A^T's dense rows in the CTA's block into the dense block, for one plane
-// (a plane's dense rows need no other plane: the block is dense). A dense row's groups within
-// capacity are whole in A^T's slots (pass 1), so a thread per column copies them; only a CTA
-// holding a group past capacity walks its rows of A again (a thread per row, a warp per dense
-// row), as every CTA did before: a row of A^T is dense for its fullest group, and most of its
-// groups fit (H200, training step, M = 4096, token-skewed, 2026-11-29: this pass took 22.7 us a
-// product, the groups pass 32; the step's A/B did not separate the change from its noise).
-template <class T>
-__global__ void __launch_bounds__(kThreads) transpose_dense_kernel(PlaneRows<T, 1> a, HybridView<T> out) {
+// Pass 2: the entries of A^T's dense rows in the CTA's block into the dense blocks of every
+// plane. A dense row's
+// groups within capacity are whole in A^T's slots (pass 1), so a thread per column copies them
+// from each plane's slots; only a CTA holding a group past capacity walks its rows of A again (a
+// thread per row, a warp per dense row), as every CTA did before: a row of A^T is dense for its
+// fullest group, and most of its groups fit (H200, training step, M = 4096, token-skewed,
+// 2026-11-29: this pass took 22.7 us a product, the groups pass 32; the step's A/B did not
+// separate the change from its noise). The walk visits an entry of any plane and writes each
+// plane's value there, +-0 included, as the planes' slots hold them. One launch for the planes: a
+// launch a plane took ~10 us each in the token-skewed training step at M = 4096 (~36 us at 16384),
+// latency more than work; one for three made the step 0.7-0.9 % faster at M = 4096 and 0.2 % at
+// 16384 (H200, 2026-11-30, docs/benchmarks/diagnostics/h200-2026-11-30p-dense-rows-planes.md).
+template <class T, int P>
+__global__ void __launch_bounds__(kThreads) transpose_dense_kernel(PlaneRows<T, P> a, PlaneDense<T, P> out) {
   ::twell::detail::wait_for_prior_grids();
   const TwellRows<T>& rows = a.plane[0];
-  const int t = static_cast<int>(blockIdx.y), tile = out.twell.layout.tile, c = static_cast<int>(threadIdx.x);
+  const HybridView<T>& first = out.plane[0];
+  const int t = static_cast<int>(blockIdx.y), tile = first.twell.layout.tile, c = static_cast<int>(threadIdx.x);
   const std::int64_t k0 = rows.twell.layout.tile_begin(t), row0 = static_cast<std::int64_t>(blockIdx.x) * tile;
-  // Entry (A's row row0 + row) of A^T's dense row at_row.
-  const auto store = [&, dense = reinterpret_cast<std::uint16_t*>(out.overflow.data)](std::int32_t at_row, int row,
-                                                                                      std::uint16_t v) {
-    dense[at_row * out.overflow.ld + row0 + row] = v;
+  // Plane p's entry (A's row row0 + row) of A^T's dense row at_row.
+  const auto store = [&](int p, std::int32_t at_row, int row, std::uint16_t v) {
+    const DenseView<T>& dense = out.plane[p].overflow;
+    reinterpret_cast<std::uint16_t*>(dense.data)[at_row * dense.ld + row0 + row] = v;
   };
-  const std::int32_t my_row = c < rows.twell.layout.tile_cols(t, rows.twell.cols) ? out.row_to_overflow[k0 + c] : -1;
-  const std::uint32_t* group =
-      my_row >= 0 ? out.twell.packed +
-                        out.twell.layout.slot_offset(k0 + c, static_cast<std::int64_t>(blockIdx.x), out.twell.cols)
-                  : nullptr;
-  const std::uint32_t n = group != nullptr ? group[0] : 0u,
-                      cap = static_cast<std::uint32_t>(out.twell.layout.capacity());
+  const std::int32_t my_row = c < rows.twell.layout.tile_cols(t, rows.twell.cols) ? first.row_to_overflow[k0 + c] : -1;
+  // The planes' groups share the offset (one layout and shape).
+  const std::int64_t group =
+      my_row >= 0 ? first.twell.layout.slot_offset(k0 + c, static_cast<std::int64_t>(blockIdx.x), first.twell.cols)
+                  : -1;
+  const std::uint32_t n = group >= 0 ? first.twell.packed[group] : 0u,
+                      cap = static_cast<std::uint32_t>(first.twell.layout.capacity());
   if (__syncthreads_or(n > cap) == 0) {
     for (std::uint32_t s = 1; s <= n; ++s) {
-      const std::uint32_t word = group[s];
-      store(my_row, static_cast<int>(TwellLayout::slot_column(word)), TwellLayout::slot_value_bits(word));
+#pragma unroll
+      for (int p = 0; p < P; ++p) {
+        const std::uint32_t word = out.plane[p].twell.packed[group + s];
+        store(p, my_row, static_cast<int>(TwellLayout::slot_column(word)), TwellLayout::slot_value_bits(word));
+      }
     }
     return;
   }
-  const auto put = [&](int row, int col, const std::uint16_t(&v)[1]) {
-    const std::int32_t at_row = out.row_to_overflow[k0 + col];
-    if (at_row >= 0) store(at_row, row, v[0]);
+  const auto put = [&](int row, int col, const std::uint16_t(&v)[P]) {
+    const std::int32_t at_row = first.row_to_overflow[k0 + col];
+    if (at_row < 0) return;
+#pragma unroll
+    for (int p = 0; p < P; ++p) store(p, at_row, row, v[p]);
   };
-  GroupHead heads[1];
+  GroupHead heads[P];
   load_block_heads(a, row0, tile, t, heads);
   for_each_block_entry(a, heads, row0, tile, t, put);
+}
+
+// Calls f(std::integral_constant<int, P>{}) with P = planes, 1 to kMaxTransposePlanes.
+template <class F>
+void with_plane_count(std::size_t planes, F&& f) {
+  static_assert(kMaxTransposePlanes == 3);
+  if (planes == 1) f(std::integral_constant<int, 1>{});
+  if (planes == 2) f(std::integral_constant<int, 2>{});
+  if (planes == 3) f(std::integral_constant<int, 3>{});
+}
+
+// The first P views as a launch's planes (PlaneRows, PlaneOut or PlaneDense).
+template <class Planes, int P, class View>
+Planes first_planes(std::span<const View> views) {
+  Planes planes{};
+  for (int p = 0; p < P; ++p) planes.plane[p] = views[static_cast<std::size_t>(p)];
+  return planes;
 }
 
 }  // namespace
@@ -474,27 +506,18 @@ void twell_transpose_groups(std::span<const TwellRows<T>> a, std::span<const Twe
   ::twell::detail::fill_bytes_async(max_count, 0, static_cast<std::size_t>(k + 1) * sizeof(std::uint32_t), stream,
                                     "twell::cuda::transpose (fill)");
   if constexpr (sizeof(T) == 2) {
-    const auto launch = [&]<int P>(std::integral_constant<int, P>) {
-      PlaneRows<T, P> in{};
-      PlaneOut<T, P> to{};
-      for (int p = 0; p < P; ++p) {
-        in.plane[p] = a[static_cast<std::size_t>(p)];
-        to.plane[p] = out[static_cast<std::size_t>(p)];
-      }
-      auto kernel = transpose_groups_kernel<T, P>;
-      const std::size_t shared = groups_shared_bytes(P, layout.slots());
-      // Past the default 48 KB only with two or three planes of 32 slots.
-      if (shared > 48 * 1024)
-        ::twell::detail::allow_dynamic_shared(kernel, shared, "twell::cuda::transpose (cudaFuncSetAttribute)");
-      ::twell::detail::launch_kernel("twell::cuda::transpose (groups kernel)", kernel,
-                                     dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads,
-                                     shared, stream, in, to, max_count);
-    };
-    if (m > 0 && k > 0) {
-      if (a.size() == 1) launch(std::integral_constant<int, 1>{});
-      if (a.size() == 2) launch(std::integral_constant<int, 2>{});
-      if (a.size() == 3) launch(std::integral_constant<int, 3>{});
-    }
+    if (m > 0 && k > 0)
+      with_plane_count(a.size(), [&]<int P>(std::integral_constant<int, P>) {
+        auto kernel = transpose_groups_kernel<T, P>;
+        const std::size_t shared = groups_shared_bytes(P, layout.slots());
+        // Past the default 48 KB only with two or three planes of 32 slots.
+        if (shared > 48 * 1024)
+          ::twell::detail::allow_dynamic_shared(kernel, shared, "twell::cuda::transpose (cudaFuncSetAttribute)");
+        ::twell::detail::launch_kernel("twell::cuda::transpose (groups kernel)", kernel,
+                                       dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tiles)), kThreads,
+                                       shared, stream, first_planes<PlaneRows<T, P>, P>(a),
+                                       first_planes<PlaneOut<T, P>, P>(out), max_count);
+      });
   }
   ::twell::detail::launch_kernel("twell::cuda::transpose (map kernel)", transpose_map_kernel, 1, kMapThreads, 0, stream,
                                  k, max_count, static_cast<std::uint32_t>(layout.capacity()), row_to_overflow,
@@ -502,17 +525,25 @@ void twell_transpose_groups(std::span<const TwellRows<T>> a, std::span<const Twe
 }
 
 template <class T>
-void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t stream) {
-  const std::int64_t m = a.twell.rows, k = a.twell.cols;
-  if (out.overflow.rows == 0 || m == 0) return;
-  ::twell::detail::fill_bytes_async(out.overflow.data, 0,
-                                    static_cast<std::size_t>(out.overflow.rows * out.overflow.ld) * sizeof(T), stream,
-                                    "twell::cuda::transpose (fill)");
+void twell_transpose_dense_rows(std::span<const TwellRows<T>> a, std::span<const HybridView<T>> out,
+                                cudaStream_t stream) {
+  require(!a.empty() && a.size() <= kMaxTransposePlanes && out.size() == a.size(), ErrorCode::invalid_argument, kWhere,
+          "the dense rows of 1 to ", kMaxTransposePlanes, " planes, each with its output; given ", a.size(), " and ",
+          out.size());
+  const std::int64_t m = a.front().twell.rows, k = a.front().twell.cols;
+  if (out.front().overflow.rows == 0 || m == 0) return;
+  for (const HybridView<T>& plane : out)
+    ::twell::detail::fill_bytes_async(plane.overflow.data, 0,
+                                      static_cast<std::size_t>(plane.overflow.rows * plane.overflow.ld) * sizeof(T),
+                                      stream, "twell::cuda::transpose (fill)");
   if constexpr (sizeof(T) == 2) {
-    const std::int64_t blocks = (m + out.twell.layout.tile - 1) / out.twell.layout.tile;
-    ::twell::detail::launch_kernel("twell::cuda::transpose (dense rows kernel)", transpose_dense_kernel<T>,
-                                   dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.twell.layout.tiles(k))),
-                                   kThreads, 0, stream, PlaneRows<T, 1>{{a}}, out);
+    const std::int64_t blocks = (m + out.front().twell.layout.tile - 1) / out.front().twell.layout.tile;
+    with_plane_count(a.size(), [&]<int P>(std::integral_constant<int, P>) {
+      ::twell::detail::launch_kernel(
+          "twell::cuda::transpose (dense rows kernel)", transpose_dense_kernel<T, P>,
+          dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(a.front().twell.layout.tiles(k))), kThreads, 0,
+          stream, first_planes<PlaneRows<T, P>, P>(a), first_planes<PlaneDense<T, P>, P>(out));
+    });
   }
 }
 
@@ -520,7 +551,8 @@ void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t 
   template bool twell_transpose_applies<T>(TwellLayout, std::int64_t, std::int64_t, TwellLayout);                      \
   template void twell_transpose_groups<T>(std::span<const TwellRows<T>>, std::span<const TwellView<T>>, std::int32_t*, \
                                           std::int32_t*, std::uint32_t*, std::int64_t*, cudaStream_t);                 \
-  template void twell_transpose_dense_rows<T>(TwellRows<T>, HybridView<T>, cudaStream_t);
+  template void twell_transpose_dense_rows<T>(std::span<const TwellRows<T>>, std::span<const HybridView<T>>,           \
+                                              cudaStream_t);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE
 

@@ -61,10 +61,12 @@ void twell_transpose_groups(std::span<const TwellRows<T>> a, std::span<const Twe
 
 // Pass 2: the rows of A^T past capacity, whole, into out's R x M dense block (zeroed here), with
 // the maps of pass 1 and the groups it wrote into out.twell (read as pass 1 left them: their
-// counts say which groups fit). Together the two passes give the reference transpose. For planes
-// transposed together, once per plane, with that plane's A and A^T and the shared maps.
-// Asynchronous.
+// counts say which groups fit). Together the two passes give the reference transpose. Planes
+// transposed together go in one call (a[p] and out[p]: each plane's A and A^T, their dense blocks
+// of one shape, the maps shared): a plane's dense rows then hold its value wherever some plane
+// holds an entry, +-0 included, as its slots do. Asynchronous.
 template <class T>
-void twell_transpose_dense_rows(TwellRows<T> a, HybridView<T> out, cudaStream_t stream);
+void twell_transpose_dense_rows(std::span<const TwellRows<T>> a, std::span<const HybridView<T>> out,
+                                cudaStream_t stream);
 
 }  // namespace twell::cuda::detail
