@@ -937,12 +937,13 @@ class TransposedA {
   std::int64_t dense_stride() const { return (dense_rows() * a_[0].twell.rows + 7) / 8 * 8; }
   std::int64_t dense_values() const { return static_cast<std::int64_t>(planes_) * dense_stride(); }
 
-  // C_p += alpha times plane p's A^T's dense rows B_p for every plane (C's TwELL rows written
-  // already): the planes' R dense rows into `dense` (dense_stride() values a plane) in one pass,
-  // then each product by cuBLAS (`blas`) in turn, in `overflow_tmp` (R x Nb floats, or null:
-  // allocated). Nothing when R = 0.
+  // C_p += alpha times plane p's A^T's dense rows B_p for every plane, on `stream` (after A^T is
+  // built; C's other rows are the products': A^T's shadow rows): the planes' R dense rows into
+  // `dense` (dense_stride() values a plane) in one pass, then each product by cuBLAS (`blas`,
+  // bound to `stream` here) in turn, in `overflow_tmp` (R x Nb floats, or null: allocated).
+  // Nothing when R = 0.
   void finish(std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha, float beta,
-              cublasHandle_t blas, T* dense, float* overflow_tmp) const {
+              cudaStream_t stream, cublasHandle_t blas, T* dense, float* overflow_tmp) const {
     require(b.size() == planes_ && c.size() == planes_, ErrorCode::invalid_argument, kWhere, "the dense rows of ",
             planes_, " planes need as many products; given ", b.size());
     const std::int64_t r = dense_rows();
@@ -953,9 +954,9 @@ class TransposedA {
       hybrid[p] = {at_[p],
                    DenseView<T>{dense + static_cast<std::int64_t>(p) * dense_stride(), r, m, m, MemorySpace::device},
                    row_to_overflow_, overflow_to_row_};
-    detail::twell_transpose_dense_rows<T>(std::span(a_).first(planes_), std::span(hybrid).first(planes_), stream_);
+    detail::twell_transpose_dense_rows<T>(std::span(a_).first(planes_), std::span(hybrid).first(planes_), stream);
     for (std::size_t p = 0; p < planes_; ++p)
-      overflow_rows(HybridView<const T>(hybrid[p]), b[p], c[p], alpha, beta, stream_, overflow_tmp, blas);
+      overflow_rows(HybridView<const T>(hybrid[p]), b[p], c[p], alpha, beta, stream, overflow_tmp, blas);
   }
 
  private:
@@ -979,14 +980,15 @@ class TransposedA {
 // dense values a plane, TransposedA::dense_values) and
 // overflow_tmp(R) for R x Nb floats (or null: the overflow product allocates its own), and, should
 // the products take the slice-reuse kernel, slice_buffers(A^T, B) gives its workspace and copy of
-// B (or nulls: stream-ordered scratch); the products use each in turn. Returns the op-none path on
-// A^T.
+// B (or nulls: stream-ordered scratch); the products use each in turn. Where every A_i^T is built
+// first and `side` is given (an SpmmPlan's side lane), the dense rows' work goes on it, beside the
+// products. Returns the op-none path on A^T.
 template <class T, class DenseRoom, class OverflowTmp, class SliceBuffers>
 std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool shared, TwellLayout layout,
                                 std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha,
                                 float beta, SpmmAlgorithm algorithm, cudaStream_t stream,
                                 std::span<std::uint32_t* const> work, DenseRoom dense_room, OverflowTmp overflow_tmp,
-                                SliceBuffers slice_buffers) {
+                                SliceBuffers slice_buffers, detail::SpmmSideLane* side) {
   const std::size_t n = a.size();
   std::array<SpmmAlgorithm, detail::kMaxStreamBatch> kernels{};
   static_assert(detail::kMaxStreamBatch <= detail::kMaxTransposePlanes);
@@ -1020,7 +1022,8 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
       product(i, at.twell(), at.shadow());
       const std::int64_t r = at.dense_rows();
       if (r > 0)
-        at.finish(b.subspan(i, 1), c.subspan(i, 1), alpha, beta, blas, dense_room(at.dense_values()), overflow_tmp(r));
+        at.finish(b.subspan(i, 1), c.subspan(i, 1), alpha, beta, stream, blas, dense_room(at.dense_values()),
+                  overflow_tmp(r));
       dense = dense || r > 0;
     }
     return dense ? path + "+cublas_overflow" : path;
@@ -1033,6 +1036,9 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   } else {
     for (std::size_t i = 0; i < n; ++i) at[i].emplace(a[i], layout, work[i], stream);
   }
+  // A^T's dense rows go on the side lane where there is one, beside the products, which skip
+  // their rows of C.
+  if (side != nullptr) side->fork(stream);
   const auto transposed = [&](std::size_t i) -> const TransposedA<T>& { return shared ? *at[0] : *at[i]; };
   const auto plane = [&](std::size_t i) { return shared ? i : std::size_t{0}; };
   if (batched) {
@@ -1056,8 +1062,15 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   if (r > 0) {
     T* const dense = dense_room(values);
     float* const tmp = overflow_tmp(r);
-    for (std::size_t j = 0; j < sets; ++j)
-      at[j]->finish(shared ? b : b.subspan(j, 1), shared ? c : c.subspan(j, 1), alpha, beta, blas, dense, tmp);
+    const auto finish = [&](cudaStream_t on, cublasHandle_t handle) {
+      for (std::size_t j = 0; j < sets; ++j)
+        at[j]->finish(shared ? b : b.subspan(j, 1), shared ? c : c.subspan(j, 1), alpha, beta, on, handle, dense, tmp);
+    };
+    if (side != nullptr) {
+      side->run(finish, stream);
+    } else {
+      finish(stream, blas);
+    }
   }
   return r > 0 ? path + "+cublas_overflow" : path;
 }
@@ -1082,7 +1095,7 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
         return dense->as<T>();
       },
       [](std::int64_t) { return static_cast<float*>(nullptr); },
-      [](TwellView<const T>, DenseView<const T>) { return std::pair<void*, void*>{}; });
+      [](TwellView<const T>, DenseView<const T>) { return std::pair<void*, void*>{}; }, nullptr);
   detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_transpose+" + path).c_str());
   return true;
 }
@@ -1263,9 +1276,12 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
       transposed_[i] = Buffer<std::uint32_t>(words, MemorySpace::device, Uninitialized{});
     work[i] = transposed_[i].data();
   }
+  const auto stream = static_cast<cudaStream_t>(stream_.handle);
+  // Once a run's A^T had dense rows (their buffer grew), later runs put them on the side lane.
+  if (!side_ && transposed_dense_.size() > 0) side_.reset(new detail::SpmmSideLane(stream));
   return transposed_products<T>(
       std::span(rows).first(a.size()), structure == SlotStructure::shared, layout, b, c, alpha, beta, algorithm_,
-      static_cast<cudaStream_t>(stream_.handle), std::span(work).first(a.size()),
+      stream, std::span(work).first(a.size()),
       [&](std::int64_t values) {
         const auto need = static_cast<std::size_t>(values);
         if (need > transposed_dense_.size())
@@ -1280,7 +1296,8 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
         return std::pair<void*, void*>{
             grow_bytes(transposed_workspace_, detail::spmm_slices_workspace_bytes(at.rows, at.cols, at.layout)),
             grow_bytes(transposed_staged_b_, detail::spmm_slices_staged_b_bytes(at.cols, bt.cols))};
-      });
+      },
+      side_.get());
 }
 
 template <Value T>
