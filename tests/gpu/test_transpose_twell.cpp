@@ -895,8 +895,12 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
                                                         .density = 0.005,
                                                         .distribution = workload::Distribution::token_skewed,
                                                         .seed = seed});
-    for (std::int64_t j = 0; j < 6; ++j)  // hot columns: dense rows of A^T
-      for (std::int64_t r = j % 2; r < st.m; r += 2) a0_dense.view().at(r, 5 + 13 * j) = from_float<T>(0.5f);
+    // `hot` hot columns from column 5 on: dense rows of A^T.
+    const auto add_hot_columns = [&](int hot) {
+      for (std::int64_t j = 0; j < hot; ++j)
+        for (std::int64_t r = j % 2; r < st.m; r += 2) a0_dense.view().at(r, 5 + 13 * j) = from_float<T>(0.5f);
+    };
+    add_hot_columns(6);
     for (std::int64_t j = 0; j < 100; ++j) a0_dense.view().at(7, j) = from_float<T>(-0.5f);  // a dense row of A
     // Column 9: 10 entries in rows 0-255 besides row 7's and no others there, a group of A^T past
     // the 7 entries its staged head holds (the kernel reads the rest from global memory) and
@@ -904,16 +908,22 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
     for (std::int64_t r = 0; r < 256; ++r)
       if (r != 7) a0_dense.view().at(r, 9) = from_float<T>(r % 25 == 0 && r < 250 ? 0.375f : 0.0f);
     // Plane p: A_0's entries with fresh values (nonzero: the structure stays), as a Hybrid.
-    std::vector<HybridMatrix<T>> planes;
+    const auto make_planes = [&] {
+      std::vector<HybridMatrix<T>> made;
+      for (int p = 0; p < kPlanes; ++p) {
+        DenseMatrix<T> values = a0_dense.to(kHost);
+        const DenseMatrix<T> fresh = testing::random_dense<T>(st.m, st.k, 1.0f, seed + 10 * p + 3);
+        for (std::int64_t r = 0; r < st.m; ++r)
+          for (std::int64_t j = 0; j < st.k; ++j)
+            if (p > 0 && is_stored(values.view().at(r, j)))
+              values.view().at(r, j) = is_stored(fresh.view().at(r, j)) ? fresh.view().at(r, j) : from_float<T>(0.25f);
+        made.push_back(ref::dense_to_hybrid<T>(values.view(), st.layout));
+      }
+      return made;
+    };
+    const std::vector<HybridMatrix<T>> planes = make_planes();
     std::vector<DenseMatrix<T>> b_host, b_dev, c0;
     for (int p = 0; p < kPlanes; ++p) {
-      DenseMatrix<T> values = a0_dense.to(kHost);
-      const DenseMatrix<T> fresh = testing::random_dense<T>(st.m, st.k, 1.0f, seed + 10 * p + 3);
-      for (std::int64_t r = 0; r < st.m; ++r)
-        for (std::int64_t j = 0; j < st.k; ++j)
-          if (p > 0 && is_stored(values.view().at(r, j)))
-            values.view().at(r, j) = is_stored(fresh.view().at(r, j)) ? fresh.view().at(r, j) : from_float<T>(0.25f);
-      planes.push_back(ref::dense_to_hybrid<T>(values.view(), st.layout));
       b_host.push_back(testing::random_dense<T>(st.m, kN, 1.0f, seed + 10 * p + 1));
       b_dev.push_back(b_host.back().to(kDevice));
       c0.push_back(testing::random_dense<T>(st.k, kN, 1.0f, seed + 10 * p + 2));
@@ -1118,5 +1128,13 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     }
     check_planes(planes, {true, true, true});
+    // More dense rows of A^T than the plan's runs so far had: their buffer grows after runs that
+    // put them beside the products (on the plan's side lane, from its second run with dense rows).
+    add_hot_columns(12);
+    const std::vector<HybridMatrix<T>> hotter = make_planes();
+    const TwellLayout at_layout{256, 16};  // A^T's on the direct route here; R only has to grow
+    REQUIRE(ref::transpose<T>(hotter[0].view(), at_layout).overflow_rows() >
+            ref::transpose<T>(planes[0].view(), at_layout).overflow_rows());
+    check_planes(hotter, {true, true, true});
   }
 }
