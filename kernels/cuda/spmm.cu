@@ -3,7 +3,8 @@
 // tile-streaming kernel of spmm_stream.cu or the slice-reuse pre-pass and product of
 // spmm_slices.cu, by rows and layout (choose_twell_path) or as KernelOptions::spmm_algorithm asks;
 // Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns, its Hybrid
-// overflow rows on a stream of its own beside the tile-streaming and pair-balanced kernels.
+// overflow rows on a stream of its own beside the tile-streaming and pair-balanced kernels, and the
+// products of A^T's dense rows (op transpose, several products at once) beside the products.
 // op = transpose transposes a 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a
 // Hybrid directly (transpose_twell.cu) and runs the op-none Hybrid path on it (path
 // ".../via_transpose+<path>"); other operands are converted to CSR, transposed (stable radix
@@ -932,27 +933,24 @@ class TransposedA {
     return r;
   }
 
-  // Values a plane's dense rows take in finish()'s `dense` (R x m, rounded up to 16 bytes for the
-  // next plane's), and all planes'.
-  std::int64_t dense_stride() const { return (dense_rows() * a_[0].twell.rows + 7) / 8 * 8; }
-  std::int64_t dense_values() const { return static_cast<std::int64_t>(planes_) * dense_stride(); }
+  // Values all planes' dense rows take in finish()'s `dense`.
+  std::int64_t dense_values() const { return static_cast<std::int64_t>(planes_) * dense_stride(dense_rows()); }
 
-  // C_p += alpha times plane p's A^T's dense rows B_p for every plane, on `stream` (after A^T is
-  // built; C's other rows are the products': A^T's shadow rows): the planes' R dense rows into
-  // `dense` (dense_stride() values a plane) in one pass, then each product by cuBLAS (`blas`,
-  // bound to `stream` here) in turn, in `overflow_tmp` (R x Nb floats, or null: allocated).
-  // Nothing when R = 0.
+  // C_p += alpha times plane p's A^T's dense rows B_p for every plane, on `stream` (queued after
+  // A^T is built): only C's rows that are A^T's dense rows, which the products on A^T's TwELL rows
+  // skip. The planes' R dense rows go into `dense` (dense_values()) in one pass, then each
+  // product by cuBLAS (`blas`, bound to `stream` here) in turn, in `overflow_tmp` (R x Nb floats,
+  // or null: allocated). Nothing when R = 0.
   void finish(std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha, float beta,
               cudaStream_t stream, cublasHandle_t blas, T* dense, float* overflow_tmp) const {
     require(b.size() == planes_ && c.size() == planes_, ErrorCode::invalid_argument, kWhere, "the dense rows of ",
             planes_, " planes need as many products; given ", b.size());
     const std::int64_t r = dense_rows();
     if (r == 0) return;
-    const std::int64_t m = a_[0].twell.rows;
+    const std::int64_t m = a_[0].twell.rows, stride = dense_stride(r);
     std::array<HybridView<T>, detail::kMaxTransposePlanes> hybrid{};
     for (std::size_t p = 0; p < planes_; ++p)
-      hybrid[p] = {at_[p],
-                   DenseView<T>{dense + static_cast<std::int64_t>(p) * dense_stride(), r, m, m, MemorySpace::device},
+      hybrid[p] = {at_[p], DenseView<T>{dense + static_cast<std::int64_t>(p) * stride, r, m, m, MemorySpace::device},
                    row_to_overflow_, overflow_to_row_};
     detail::twell_transpose_dense_rows<T>(std::span(a_).first(planes_), std::span(hybrid).first(planes_), stream);
     for (std::size_t p = 0; p < planes_; ++p)
@@ -960,6 +958,10 @@ class TransposedA {
   }
 
  private:
+  // Values a plane's R dense rows take in `dense`: R x m, rounded up to 16 bytes for the next
+  // plane's.
+  std::int64_t dense_stride(std::int64_t r) const { return (r * a_[0].twell.rows + 7) / 8 * 8; }
+
   std::array<detail::TwellRows<T>, detail::kMaxTransposePlanes> a_{};
   std::array<TwellView<T>, detail::kMaxTransposePlanes> at_{};
   std::size_t planes_ = 0;
@@ -1277,8 +1279,10 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
     work[i] = transposed_[i].data();
   }
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  // Once a run's A^T had dense rows (their buffer grew), later runs put them on the side lane.
-  if (!side_ && transposed_dense_.size() > 0) side_.reset(new detail::SpmmSideLane(stream));
+  // Once a run's A^T had dense rows (their buffer grew), later runs of several products, which
+  // may build every A^T first, put them on the side lane.
+  if (!side_ && transposed_dense_.size() > 0 && (a.size() > 1 || structure == SlotStructure::shared))
+    side_.reset(new detail::SpmmSideLane(stream));
   return transposed_products<T>(
       std::span(rows).first(a.size()), structure == SlotStructure::shared, layout, b, c, alpha, beta, algorithm_,
       stream, std::span(work).first(a.size()),

@@ -462,6 +462,7 @@ __global__ void __launch_bounds__(kThreads) transpose_dense_kernel(PlaneRows<T, 
 template <class F>
 void with_plane_count(std::size_t planes, F&& f) {
   static_assert(kMaxTransposePlanes == 3);
+  require(planes >= 1 && planes <= 3, ErrorCode::invalid_argument, kWhere, "1 to 3 planes, not ", planes);
   if (planes == 1) f(std::integral_constant<int, 1>{});
   if (planes == 2) f(std::integral_constant<int, 2>{});
   if (planes == 3) f(std::integral_constant<int, 3>{});

@@ -47,10 +47,10 @@ enum class SlotStructure {
 // reserve_b_cols(); for Hybrids with overflow rows the fp32 buffer of R x Nb into which cuBLAS
 // computes them (reserve_overflow()). Plans whose runs take the pair-balanced or tile-streaming
 // kernel hold no slice buffers. Runs with op transpose that transpose A hold A^T (its slots, about
-// A's packed size, and its maps) and A^T's dense rows (R x m values, for the columns of A too busy
-// for A^T's groups), and, should their product on A^T take the slice-reuse kernel, that kernel's
-// workspace and slice-major copy of B (m + 2 rows of Nb values), where spmm() takes them from
-// stream-ordered scratch per call. All grow to the largest run seen and stay.
+// A's packed size, and its maps) and A^T's dense rows (R x m values a product, or a value plane of
+// a shared structure, for the columns of A too busy for A^T's groups), and, should their product on A^T take the
+// slice-reuse kernel, that kernel's workspace and slice-major copy of B (m + 2 rows of Nb values), where spmm() takes
+// them from stream-ordered scratch per call. All grow to the largest run seen and stay.
 //
 // run() with op none queues on the plan's stream and, once its buffers have grown, neither
 // allocates nor waits for the device; op transpose waits once for A^T's dense-row count (and its
@@ -64,7 +64,8 @@ enum class SlotStructure {
 // (with the plan stream's priority, and a cuBLAS handle bound to it): forked from the plan's stream
 // after the work queued there, joined back before anything queued later (before the product, on
 // the slice-reuse kernel), so they run beside the kernel or its pre-pass (docs/api.md, "spmm
-// paths").
+// paths"). run_transposed() of several products that builds every A^T first puts A^T's dense
+// rows on the same stream, beside the products, from the run after one that had dense rows.
 // Errors: A's rows, columns or layout differ from the plan's, or the spmm argument checks
 // (shape_mismatch, space_mismatch, invalid_argument).
 template <Value T>
