@@ -48,9 +48,10 @@ enum class SlotStructure {
 // computes them (reserve_overflow()). Plans whose runs take the pair-balanced or tile-streaming
 // kernel hold no slice buffers. Runs with op transpose that transpose A hold A^T (its slots, about
 // A's packed size, and its maps) and A^T's dense rows (R x m values a product, or a value plane of
-// a shared structure, for the columns of A too busy for A^T's groups), and, should their product on A^T take the
-// slice-reuse kernel, that kernel's workspace and slice-major copy of B (m + 2 rows of Nb values), where spmm() takes
-// them from stream-ordered scratch per call. All grow to the largest run seen and stay.
+// a shared structure, for the columns of A too busy for A^T's groups), and, should their product
+// on A^T take the slice-reuse kernel, that kernel's workspace and slice-major copy of B (m + 2
+// rows of Nb values), where spmm() takes them from stream-ordered scratch per call. All grow to
+// the largest run seen and stay.
 //
 // run() with op none queues on the plan's stream and, once its buffers have grown, neither
 // allocates nor waits for the device; op transpose waits once for A^T's dense-row count (and its
