@@ -484,11 +484,6 @@ GemmArgs make_args(DenseView<const T> x, const std::int32_t* rows, std::int64_t 
   return g;
 }
 
-template <class Kernel>
-void allow_smem(Kernel kernel, int bytes, const char* where) {
-  ::twell::detail::allow_dynamic_shared(kernel, static_cast<std::size_t>(bytes), where);
-}
-
 dim3 grid_for(std::int64_t m, std::int64_t n, int bm, int bn, const char* where) {
   const std::int64_t gx = (n + bn - 1) / bn, gy = (m + bm - 1) / bm;
   require(gy <= 65535, ErrorCode::unsupported, where, "M = ", m, " needs ", gy, " row blocks; at most 65535");
@@ -540,7 +535,7 @@ template <class T, int BN>
 void launch_twell(const GemmArgs& g, const TwellOut& o, cudaStream_t stream, const char* where) {
   constexpr int kSmem = smem_bytes<BN>();
   static_assert(kBM * (BN + kPad) * 2 <= kSmem, "the epilogue tile must fit in the pipeline's shared memory");
-  allow_smem(gemm_twell_kernel<T, BN>, kSmem, where);
+  ::twell::detail::allow_dynamic_shared(gemm_twell_kernel<T, BN>, std::size_t{kSmem}, where);
   ::twell::detail::launch_kernel(where, gemm_twell_kernel<T, BN>, grid_for(g.m, g.n, kBM, BN, where), kThreads, kSmem,
                                  stream, g, o);
 }
@@ -549,7 +544,7 @@ void launch_twell(const GemmArgs& g, const TwellOut& o, cudaStream_t stream, con
 template <class T>
 void launch_dense(const GemmArgs& g, T* out, std::int64_t ldo, cudaStream_t stream, const char* where) {
   constexpr int kSmem = smem_bytes<128>();
-  allow_smem(gemm_dense_kernel<T, 128>, kSmem, where);
+  ::twell::detail::allow_dynamic_shared(gemm_dense_kernel<T, 128>, std::size_t{kSmem}, where);
   ::twell::detail::launch_kernel(where, gemm_dense_kernel<T, 128>, grid_for(g.m, g.n, kBM, 128, where), kThreads, kSmem,
                                  stream, g, out, ldo);
 }

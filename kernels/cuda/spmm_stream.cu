@@ -91,7 +91,7 @@ __device__ __forceinline__ std::uint32_t pack_pair(float lo, float hi) {
 // b_lane (the lane's first column of staged row 0), for each plane p: the planes share the
 // column, so one load of B serves all. Columns past the tile read the zero row.
 template <class T, int kPlanes>
-__device__ __forceinline__ void add_entry(const std::uint32_t (&words)[kPlanes], const unsigned char* b_lane,
+__device__ __forceinline__ void add_entry(const std::array<std::uint32_t, kPlanes>& words, const unsigned char* b_lane,
                                           float (&acc)[kPlanes][kColsPerLane]) {
   const std::uint32_t k = min(TwellLayout::slot_column(words[0]), static_cast<std::uint32_t>(kZeroRow));
   const uint2 w = *reinterpret_cast<const uint2*>(b_lane + k * kRowBytes);
@@ -229,12 +229,6 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     const unsigned char* stage = smem + (t % kStages) * kStageBytes;
     const unsigned char* b_lane = stage + lane * kColsPerLane * 2;
     const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + warp * kWarpRows * kPlanes * 2;
-    const auto add = [&](const std::array<std::uint32_t, kPlanes>& words, int r) {
-      std::uint32_t w[kPlanes];
-#pragma unroll
-      for (int p = 0; p < kPlanes; ++p) w[p] = words[p];
-      add_entry<T, kPlanes>(w, b_lane, acc[r]);
-    };
     // Row r's entry in word `member` (0..3) of each plane's 16-byte head chunk q, or the zero row's.
     const auto add_head = [&](const uint4(&q)[kPlanes], int member, bool present, int r) {
       std::array<std::uint32_t, kPlanes> words;
@@ -243,7 +237,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
         const uint4 v = q[p];
         words[p] = !present ? kZeroWord : member == 0 ? v.x : member == 1 ? v.y : member == 2 ? v.z : v.w;
       }
-      add(words, r);
+      add_entry<T, kPlanes>(words, b_lane, acc[r]);
     };
     // The next row's heads are loaded before this row's entries, and a row's first two entries
     // take no branch (a missing second entry reads the zero row), so that shared loads of
@@ -287,7 +281,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
           std::array<std::uint32_t, kPlanes> words;
 #pragma unroll
           for (int p = 0; p < kPlanes; ++p) words[p] = __shfl_sync(kFull, mine[p], q);
-          add(words, r);
+          add_entry<T, kPlanes>(words, b_lane, acc[r]);
         }
       }
     }

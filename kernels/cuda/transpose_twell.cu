@@ -407,14 +407,13 @@ __global__ void __launch_bounds__(kMapThreads)
 }
 
 // Pass 2: the entries of A^T's dense rows in the CTA's block into the dense blocks of every
-// plane. A dense row's
-// groups within capacity are whole in A^T's slots (pass 1), so a thread per column copies them
-// from each plane's slots; only a CTA holding a group past capacity walks its rows of A again (a
-// thread per row, a warp per dense row), as every CTA did before: a row of A^T is dense for its
-// fullest group, and most of its groups fit (H200, training step, M = 4096, token-skewed,
-// 2026-11-29: this pass took 22.7 us a product, the groups pass 32; the step's A/B did not
-// separate the change from its noise). The walk visits an entry of any plane and writes each
-// plane's value there, +-0 included, as the planes' slots hold them. One launch for the planes: a
+// plane. A dense row's groups within capacity are whole in A^T's slots (pass 1), so a thread per
+// column copies them from each plane's slots; only a CTA holding a group past capacity walks its
+// rows of A again (a thread per row, a warp per dense row), as every CTA did before: a row of A^T
+// is dense for its fullest group, and most of its groups fit (H200, training step, M = 4096,
+// token-skewed, 2026-11-29: this pass took 22.7 us a product, the groups pass 32; the step's A/B
+// did not separate the change from its noise). The walk visits an entry of any plane and writes
+// each plane's value there, +-0 included, as the planes' slots hold them. One launch for the planes: a
 // launch a plane took ~10 us each in the token-skewed training step at M = 4096 (~36 us at 16384),
 // latency more than work; one for three made the step 0.7-0.9 % faster at M = 4096 and 0.2 % at
 // 16384 (H200, 2026-11-30, docs/benchmarks/diagnostics/h200-2026-11-30p-dense-rows-planes.md).

@@ -934,9 +934,7 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
     REQUIRE(column9 == 11);
     const auto dense_row = [](const HybridMatrix<T>& h, std::int64_t r) { return h.row_to_overflow().data()[r] >= 0; };
     // Runs the planes together into C poisoned with NaN (beta = 0) or C0; returns each C.
-    // Plane p's B is b[p] (b_dev by default).
-    const auto run_shared = [&](const std::vector<HybridMatrix<T>>& a_dev, int count, float alpha, float beta,
-                                std::vector<const DenseMatrix<T>*> b = {}) {
+    const auto run_shared = [&](const std::vector<HybridMatrix<T>>& a_dev, int count, float alpha, float beta) {
       std::vector<DenseMatrix<T>> c;
       std::vector<HybridView<const T>> a_views;
       std::vector<DenseView<const T>> b_views;
@@ -944,7 +942,7 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan transposes value planes of one slot structure 
       for (int p = 0; p < count; ++p) {
         c.push_back(beta == 0.0f ? nan_dense<T>(st.k, kN).to(kDevice) : c0[p].to(kDevice));
         a_views.push_back(a_dev[p].view());
-        b_views.push_back(b.empty() ? b_dev[p].view() : b[p]->view());
+        b_views.push_back(b_dev[p].view());
       }
       for (DenseMatrix<T>& part : c) c_views.push_back(part.view());
       plan.run_transposed(a_views, b_views, c_views, alpha, beta, dev::SlotStructure::shared);
