@@ -41,22 +41,70 @@
 
 namespace twell::cuda {
 
-// An SpmmPlan's second, non-blocking stream (with the plan stream's priority), the events that fork
-// work onto it from the plan's stream and join it back, and a cuBLAS handle bound to it for good
-// (one handle per stream keeps cuBLAS's choice of kernel, and so its bits, the same on every run).
+namespace {
+
+// A non-blocking stream beside a plan's stream (with its priority), and the events that make it
+// start after work queued elsewhere and make other streams wait for it.
+class SideStream {
+ public:
+  SideStream() = default;
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() { release(); }
+
+  // Creates the stream and events; on an error, returns it and holds nothing.
+  cudaError_t create(cudaStream_t plan_stream) {
+    int priority = 0;
+    cudaError_t status = cudaStreamGetPriority(plan_stream, &priority);
+    if (status == cudaSuccess) status = cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, priority);
+    if (status == cudaSuccess) status = cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming);
+    if (status == cudaSuccess) status = cudaEventCreateWithFlags(&done_, cudaEventDisableTiming);
+    if (status != cudaSuccess) release();
+    return status;
+  }
+  cudaStream_t stream() const { return stream_; }
+  // This stream's next work comes after everything queued on `from` so far.
+  void fork(cudaStream_t from) const {
+    detail::check_cuda(cudaEventRecord(forked_, from), "twell::cuda::SpmmPlan (fork to a side stream)");
+    detail::check_cuda(cudaStreamWaitEvent(stream_, forked_), "twell::cuda::SpmmPlan (fork to a side stream)");
+  }
+  // `into`'s next work comes after everything queued on this stream so far.
+  void join(cudaStream_t into) const {
+    detail::check_cuda(cudaEventRecord(done_, stream_), "twell::cuda::SpmmPlan (join a side stream)");
+    detail::check_cuda(cudaStreamWaitEvent(into, done_), "twell::cuda::SpmmPlan (join a side stream)");
+  }
+
+ private:
+  // A stream or event with work pending is released when the work ends. Failures cannot be
+  // reported from a destructor.
+  void release() noexcept {
+    if (done_ != nullptr) cudaEventDestroy(done_);
+    if (forked_ != nullptr) cudaEventDestroy(forked_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    done_ = forked_ = nullptr;
+    stream_ = nullptr;
+  }
+
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t forked_ = nullptr, done_ = nullptr;
+};
+
+}  // namespace
+
+// An SpmmPlan's side streams: the side lane proper, with a cuBLAS handle bound to it for good
+// (one handle per stream keeps cuBLAS's choice of kernel, and so its bits, the same on every run),
+// for overflow and dense rows; and one stream for each product on A^T past the first, for
+// slice-reuse products whose pre-passes run side by side.
 struct detail::SpmmSideLane {
   explicit SpmmSideLane(cudaStream_t plan_stream) {
-    constexpr const char* where = "twell::cuda::SpmmPlan (side stream)";
+    constexpr const char* where = "twell::cuda::SpmmPlan (side streams)";
     try {
-      int priority = 0;
-      check_cuda(cudaStreamGetPriority(plan_stream, &priority), where);
-      check_cuda(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, priority), where);
-      check_cuda(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming), where);
-      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), where);
+      check_cuda(side.create(plan_stream), where);
+      for (SideStream& lane : products) check_cuda(lane.create(plan_stream), where);
       check_cublas(
           twell::detail::retry_after_trim([&] { return cublasCreate(&blas); }, CUBLAS_STATUS_ALLOC_FAILED, where),
           where);
-      check_cublas(cublasSetStream(blas, side), where);
+      check_cublas(cublasSetStream(blas, side.stream()), where);
     } catch (...) {
       release();
       throw;
@@ -66,40 +114,32 @@ struct detail::SpmmSideLane {
   SpmmSideLane& operator=(const SpmmSideLane&) = delete;
   ~SpmmSideLane() { release(); }
 
-  // The side stream's next work comes after everything queued on `stream` so far.
-  void fork(cudaStream_t stream) const {
-    check_cuda(cudaEventRecord(forked, stream), "twell::cuda::SpmmPlan (fork to the side stream)");
-    check_cuda(cudaStreamWaitEvent(side, forked), "twell::cuda::SpmmPlan (fork to the side stream)");
-  }
+  // The side lane's next work comes after everything queued on `stream` so far.
+  void fork(cudaStream_t stream) const { side.fork(stream); }
   // Queues work(side stream, its cuBLAS handle), then makes `stream`'s later work wait for it, also
   // when `work` throws after queuing part of it.
   template <class Work>
   void run(Work&& work, cudaStream_t stream) const {
     try {
-      work(side, blas);
+      work(side.stream(), blas);
     } catch (...) {
-      join(stream);
+      side.join(stream);
       throw;
     }
-    join(stream);
+    side.join(stream);
   }
+
+  // Streams for products 1 and 2 of a batch on A^T (product 0 runs on the plan's stream).
+  std::array<SideStream, detail::kMaxStreamBatch - 1> products;
 
  private:
-  void join(cudaStream_t stream) const {
-    check_cuda(cudaEventRecord(done, side), "twell::cuda::SpmmPlan (join the side stream)");
-    check_cuda(cudaStreamWaitEvent(stream, done), "twell::cuda::SpmmPlan (join the side stream)");
-  }
-  // cublasDestroy waits for the device; a stream or event with work pending is released when the
-  // work ends. Failures cannot be reported from a destructor.
+  // cublasDestroy waits for the device.
   void release() noexcept {
     if (blas != nullptr) cublasDestroy(blas);
-    if (done != nullptr) cudaEventDestroy(done);
-    if (forked != nullptr) cudaEventDestroy(forked);
-    if (side != nullptr) cudaStreamDestroy(side);
+    blas = nullptr;
   }
 
-  cudaStream_t side = nullptr;
-  cudaEvent_t forked = nullptr, done = nullptr;
+  SideStream side;
   cublasHandle_t blas = nullptr;
 };
 
@@ -981,10 +1021,11 @@ class TransposedA {
 // else one after another), then one wait for R. dense_room(V) gives room for V values (A^T's R x m
 // dense values a plane, TransposedA::dense_values) and
 // overflow_tmp(R) for R x Nb floats (or null: the overflow product allocates its own), and, should
-// the products take the slice-reuse kernel, slice_buffers(A^T, B) gives its workspace and copy of
-// B (or nulls: stream-ordered scratch); the products use each in turn. Where every A_i^T is built
-// first and `side` is given (an SpmmPlan's side lane), the dense rows' work goes on it, beside the
-// products. Returns the op-none path on A^T.
+// the products take the slice-reuse kernel, slice_buffers(j, A^T, B) gives workspace and a copy
+// of B, set j (or nulls: stream-ordered scratch). Where every A_i^T is built first and `side` is
+// given (an SpmmPlan's side streams), the dense rows' work goes on its side lane, beside the
+// products, and slice-reuse products take a stream and set j = i each, so that their pre-passes
+// run side by side; elsewhere the products use set 0 in turn. Returns the op-none path on A^T.
 template <class T, class DenseRoom, class OverflowTmp, class SliceBuffers>
 std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool shared, TwellLayout layout,
                                 std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha,
@@ -1010,12 +1051,15 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   // Taken before C is written (created at a thread's first use on a device: it may fail).
   const cublasHandle_t blas = cublas_handle();
   std::string path;
-  // Product i on its own kernel, with A^T's TwELL rows at_i and its dense rows' shadow.
-  const auto product = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow) {
+  // Product i on its own kernel, with A^T's TwELL rows at_i and its dense rows' shadow, queued on
+  // `on` with slice-reuse buffers `buffers` and `before_product` as twell_none takes them.
+  const auto product = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow,
+                           cudaStream_t on = nullptr, std::size_t buffers = 0,
+                           const std::function<void()>& before_product = {}) {
     const auto [workspace, staged_b] =
-        kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(at_i, b[i]) : std::pair<void*, void*>{};
-    path =
-        hybrid_kernel_name(twell_none(at_i, shadow, b[i], c[i], alpha, beta, stream, kernels[i], workspace, staged_b));
+        kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(buffers, at_i, b[i]) : std::pair<void*, void*>{};
+    path = hybrid_kernel_name(twell_none(at_i, shadow, b[i], c[i], alpha, beta, on != nullptr ? on : stream, kernels[i],
+                                         workspace, staged_b, before_product));
   };
   if (!batched && !shared) {  // each A^T built just before its product
     bool dense = false;
@@ -1051,6 +1095,26 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
     const bool pair = shared && n == 3 && b[1].data == b[2].data && b[1].ld == b[2].ld;
     detail::spmm_twell_stream<T>(std::span(products).first(n), alpha, beta, stream, pair);
     path = std::string(kStreamPath) + (pair ? "_batched_paired" : "_batched");
+  } else if (side != nullptr && n > 1 &&
+             std::all_of(kernels.begin(), kernels.begin() + static_cast<std::ptrdiff_t>(n),
+                         [](SpmmAlgorithm k) { return k == SpmmAlgorithm::slice_reuse; })) {
+    // Slice-reuse products whose pre-passes run side by side: product i > 0 on side stream i - 1
+    // with buffers of its own, its pre-pass beside product 0's, its product after product i - 1's.
+    // Each pre-pass's fill is latency-bound on a CTA per 256 rows of A^T.
+    const auto& lanes = side->products;
+    for (std::size_t i = 1; i < n; ++i) lanes[i - 1].fork(stream);
+    try {
+      product(0, transposed(0).twell(plane(0)), transposed(0).shadow());
+      for (std::size_t i = 1; i < n; ++i) {
+        const cudaStream_t previous = i == 1 ? stream : lanes[i - 2].stream();
+        product(i, transposed(i).twell(plane(i)), transposed(i).shadow(), lanes[i - 1].stream(), i,
+                [&] { lanes[i - 1].fork(previous); });
+      }
+    } catch (...) {
+      for (std::size_t i = 1; i < n; ++i) lanes[i - 1].join(stream);
+      throw;
+    }
+    for (std::size_t i = 1; i < n; ++i) lanes[i - 1].join(stream);
   } else {
     for (std::size_t i = 0; i < n; ++i) product(i, transposed(i).twell(plane(i)), transposed(i).shadow());
   }
@@ -1097,7 +1161,7 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
         return dense->as<T>();
       },
       [](std::int64_t) { return static_cast<float*>(nullptr); },
-      [](TwellView<const T>, DenseView<const T>) { return std::pair<void*, void*>{}; }, nullptr);
+      [](std::size_t, TwellView<const T>, DenseView<const T>) { return std::pair<void*, void*>{}; }, nullptr);
   detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_transpose+" + path).c_str());
   return true;
 }
@@ -1279,10 +1343,9 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
     work[i] = transposed_[i].data();
   }
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  // Once a run's A^T had dense rows (their buffer grew), later runs of several products, which
-  // may build every A^T first, put them on the side lane.
-  if (!side_ && transposed_dense_.size() > 0 && (a.size() > 1 || structure == SlotStructure::shared))
-    side_.reset(new detail::SpmmSideLane(stream));
+  // Several products take the side streams: their slice-reuse pre-passes side by side, A^T's
+  // dense rows beside them.
+  if (!side_ && a.size() > 1) side_.reset(new detail::SpmmSideLane(stream));
   return transposed_products<T>(
       std::span(rows).first(a.size()), structure == SlotStructure::shared, layout, b, c, alpha, beta, algorithm_,
       stream, std::span(work).first(a.size()),
@@ -1296,10 +1359,10 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
         reserve_overflow(r, b.front().cols);
         return overflow_.data();
       },
-      [&](TwellView<const T> at, DenseView<const T> bt) {
+      [&](std::size_t i, TwellView<const T> at, DenseView<const T> bt) {
         return std::pair<void*, void*>{
-            grow_bytes(transposed_workspace_, detail::spmm_slices_workspace_bytes(at.rows, at.cols, at.layout)),
-            grow_bytes(transposed_staged_b_, detail::spmm_slices_staged_b_bytes(at.cols, bt.cols))};
+            grow_bytes(transposed_workspace_[i], detail::spmm_slices_workspace_bytes(at.rows, at.cols, at.layout)),
+            grow_bytes(transposed_staged_b_[i], detail::spmm_slices_staged_b_bytes(at.cols, bt.cols))};
       },
       side_.get());
 }

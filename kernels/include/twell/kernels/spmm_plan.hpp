@@ -50,8 +50,8 @@ enum class SlotStructure {
 // A's packed size, and its maps) and A^T's dense rows (R x m values a product, or a value plane of
 // a shared structure, for the columns of A too busy for A^T's groups), and, should their product
 // on A^T take the slice-reuse kernel, that kernel's workspace and slice-major copy of B (m + 2
-// rows of Nb values), where spmm() takes them from stream-ordered scratch per call. All grow to
-// the largest run seen and stay.
+// rows of Nb values; one of each a product of a run_transposed() batch), where spmm() takes them
+// from stream-ordered scratch per call. All grow to the largest run seen and stay.
 //
 // run() with op none queues on the plan's stream and, once its buffers have grown, neither
 // allocates nor waits for the device; op transpose waits once for A^T's dense-row count (and its
@@ -65,8 +65,10 @@ enum class SlotStructure {
 // (with the plan stream's priority, and a cuBLAS handle bound to it): forked from the plan's stream
 // after the work queued there, joined back before anything queued later (before the product, on
 // the slice-reuse kernel), so they run beside the kernel or its pre-pass (docs/api.md, "spmm
-// paths"). run_transposed() of several products that builds every A^T first puts A^T's dense
-// rows on the same stream, beside the products, from the run after one that had dense rows.
+// paths"). run_transposed() of several products creates it too, with a stream for each product
+// past the first: where it builds every A^T first, A^T's dense rows go on the side stream beside
+// the products, and slice-reuse products' pre-passes run side by side, each product on its own
+// workspace and copy of B.
 // Errors: A's rows, columns or layout differ from the plan's, or the spmm argument checks
 // (shape_mismatch, space_mismatch, invalid_argument).
 template <Value T>
@@ -147,8 +149,10 @@ class SpmmPlan {
   Buffer<float> overflow_;           // R x Nb products of the overflow rows
   std::array<Buffer<std::uint32_t>, kMaxTransposedBatch> transposed_;  // op transpose: each A^T's slots and maps
   Buffer<T> transposed_dense_;        // op transpose: A^T's dense rows
-  Buffer<std::uint64_t> transposed_workspace_;  // op transpose: the slice-reuse kernel's on A^T
-  Buffer<std::uint64_t> transposed_staged_b_;   // op transpose: B slice-major for A^T's product
+  // op transpose: the slice-reuse kernel's workspace on A^T and B slice-major, one a product
+  // (their pre-passes run side by side).
+  std::array<Buffer<std::uint64_t>, kMaxTransposedBatch> transposed_workspace_;
+  std::array<Buffer<std::uint64_t>, kMaxTransposedBatch> transposed_staged_b_;
   std::string path_;
   twell::detail::LiveFlag live_ = true;
   std::unique_ptr<detail::SpmmSideLane, detail::SpmmSideLaneDeleter> side_;  // last: destroyed first
