@@ -3,8 +3,9 @@
 // tile-streaming kernel of spmm_stream.cu or the slice-reuse pre-pass and product of
 // spmm_slices.cu, by rows and layout (choose_twell_path) or as KernelOptions::spmm_algorithm asks;
 // Hybrid overflow rows by cuBLAS); SpmmPlan runs the same paths on workspace it owns, its Hybrid
-// overflow rows on a stream of its own beside the tile-streaming and pair-balanced kernels, and the
-// products of A^T's dense rows (op transpose, several products at once) beside the products.
+// overflow rows on a stream of its own beside the tile-streaming and pair-balanced kernels, and,
+// with op transpose and several products at once, A^T's dense rows beside the products and
+// slice-reuse products' pre-passes side by side, on streams of their own.
 // op = transpose transposes a 16-bit TwELL or Hybrid of at most 32 slots per 256 columns into a
 // Hybrid directly (transpose_twell.cu) and runs the op-none Hybrid path on it (path
 // ".../via_transpose+<path>"); other operands are converted to CSR, transposed (stable radix
@@ -1101,6 +1102,8 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
     // Slice-reuse products whose pre-passes run side by side: product i > 0 on side stream i - 1
     // with buffers of its own, its pre-pass beside product 0's, its product after product i - 1's.
     // Each pre-pass's fill is latency-bound on a CTA per 256 rows of A^T.
+    // Every set of buffers first: growing one waits for the device.
+    for (std::size_t i = 0; i < n; ++i) slice_buffers(i, transposed(i).twell(plane(i)), b[i]);
     const auto& lanes = side->products;
     for (std::size_t i = 1; i < n; ++i) lanes[i - 1].fork(stream);
     try {
@@ -1343,8 +1346,8 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
     work[i] = transposed_[i].data();
   }
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  // Several products take the side streams: their slice-reuse pre-passes side by side, A^T's
-  // dense rows beside them.
+  // Several products take the side streams (where every A^T is built first): their slice-reuse
+  // pre-passes side by side, A^T's dense rows beside them.
   if (!side_ && a.size() > 1) side_.reset(new detail::SpmmSideLane(stream));
   return transposed_products<T>(
       std::span(rows).first(a.size()), structure == SlotStructure::shared, layout, b, c, alpha, beta, algorithm_,

@@ -98,7 +98,9 @@ class SpmmPlan {
   // bits of run(Op::transpose, a[i], b[i], c[i], alpha, beta) for each i in turn, but where every
   // product on A^T takes the tile-streaming kernel, every A_i^T is built first and one launch runs
   // them all, so that a product's last wave of CTAs does not leave SMs idle (the training step's
-  // dWd and its N x K dWg and dWu, docs/api.md); otherwise one after another, as run() would. No
+  // dWd and its N x K dWg and dWu, docs/api.md); otherwise one after another, as run() would
+  // (with SlotStructure::shared, slice-reuse products run their pre-passes side by side on the
+  // plan's side streams, each product after the one before it: the same kernels and bits). No
   // C_i shares a byte (from its first element to its last) with another C_j or any B_j: a C
   // written by one product cannot feed another in the same call. Precondition, not checked (run()
   // does not check it either): no C_i overlaps any A_j's arrays. The plan then holds an A^T per
