@@ -772,13 +772,12 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
 // The TwELL rows of op none whose shadow entry is negative (all when shadow is null) by the
 // kernel `path` (from choose_twell_path). `workspace` holds spmm_slices_workspace_bytes and
 // `staged_b` spmm_slices_staged_b_bytes, or either is null and then allocated here
-// (stream-ordered) if the slice-reuse path needs it. `before_product` is the slice-reuse path's
-// hook between its pre-pass and its product (spmm_twell_slices); other paths ignore it. Returns
-// the path's name.
+// (stream-ordered) if the slice-reuse path needs it. `before_product` and `b_staged` are the
+// slice-reuse path's (spmm_twell_slices); other paths ignore them. Returns the path's name.
 template <class T>
 const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
                        float alpha, float beta, cudaStream_t stream, SpmmAlgorithm path, void* workspace,
-                       void* staged_b, const std::function<void()>& before_product = {}) {
+                       void* staged_b, const std::function<void()>& before_product = {}, bool b_staged = false) {
   if (path == SpmmAlgorithm::tile_stream) {
     const detail::StreamProduct<T> product{a, shadow, b, c};
     detail::spmm_twell_stream<T>({&product, 1}, alpha, beta, stream);
@@ -790,7 +789,7 @@ const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseVi
     detail::Scratch own(workspace == nullptr ? bytes : 0, stream, "twell::cuda::spmm (slice pre-pass workspace)");
     detail::Scratch own_b(staged_b == nullptr ? b_bytes : 0, stream, "twell::cuda::spmm (slice-major copy of B)");
     detail::spmm_twell_slices(a, shadow, b, c, alpha, beta, workspace != nullptr ? workspace : own.as<void>(),
-                              staged_b != nullptr ? staged_b : own_b.as<void>(), stream, before_product);
+                              staged_b != nullptr ? staged_b : own_b.as<void>(), stream, before_product, b_staged);
     return kSlicePath;
   }
   launch_twell(a, shadow, b, c, alpha, beta, stream);
@@ -1054,13 +1053,18 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   std::string path;
   // Product i on its own kernel, with A^T's TwELL rows at_i and its dense rows' shadow, queued on
   // `on` with slice-reuse buffers `buffers` and `before_product` as twell_none takes them.
-  const auto product = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow,
-                           cudaStream_t on = nullptr, std::size_t buffers = 0,
-                           const std::function<void()>& before_product = {}) {
-    const auto [workspace, staged_b] =
-        kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(buffers, at_i, b[i]) : std::pair<void*, void*>{};
-    path = hybrid_kernel_name(twell_none(at_i, shadow, b[i], c[i], alpha, beta, on != nullptr ? on : stream, kernels[i],
-                                         workspace, staged_b, before_product));
+  // Product i on `on` with slice-reuse buffers `slices`, `before_product` and `b_staged` as
+  // twell_none takes them.
+  const auto queue = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow, cudaStream_t on,
+                         std::pair<void*, void*> slices, const std::function<void()>& before_product, bool b_staged) {
+    path = hybrid_kernel_name(twell_none(at_i, shadow, b[i], c[i], alpha, beta, on, kernels[i], slices.first,
+                                         slices.second, before_product, b_staged));
+  };
+  // Product i on the plan's stream, with slice-reuse buffer set 0.
+  const auto product = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow) {
+    queue(i, at_i, shadow, stream,
+          kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(0, at_i, b[i]) : std::pair<void*, void*>{}, {},
+          false);
   };
   if (!batched && !shared) {  // each A^T built just before its product
     bool dense = false;
@@ -1102,16 +1106,25 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
     // Slice-reuse products whose pre-passes run side by side: product i > 0 on side stream i - 1
     // with buffers of its own, its pre-pass beside product 0's, its product after product i - 1's.
     // Each pre-pass's fill is latency-bound on a CTA per 256 rows of A^T.
-    // Every set of buffers first: growing one waits for the device.
-    for (std::size_t i = 0; i < n; ++i) slice_buffers(i, transposed(i).twell(plane(i)), b[i]);
+    // Every set of buffers first: growing one waits for the device. Where B_i is B_{i-1} (the
+    // backward's dg^T x and du^T x), product i reads product i - 1's copy of it, written before
+    // product i - 1's product, after which product i's runs.
+    std::array<std::pair<void*, void*>, detail::kMaxStreamBatch> slices{};
+    std::array<bool, detail::kMaxStreamBatch> b_staged{};
+    for (std::size_t i = 0; i < n; ++i) {
+      slices[i] = slice_buffers(i, transposed(i).twell(plane(i)), b[i]);
+      b_staged[i] = i > 0 && b[i].data == b[i - 1].data && b[i].ld == b[i - 1].ld && b[i].cols == b[i - 1].cols;
+      if (b_staged[i]) slices[i].second = slices[i - 1].second;
+    }
     const auto& lanes = side->products;
     for (std::size_t i = 1; i < n; ++i) lanes[i - 1].fork(stream);
     try {
-      product(0, transposed(0).twell(plane(0)), transposed(0).shadow());
+      queue(0, transposed(0).twell(plane(0)), transposed(0).shadow(), stream, slices[0], {}, false);
       for (std::size_t i = 1; i < n; ++i) {
         const cudaStream_t previous = i == 1 ? stream : lanes[i - 2].stream();
-        product(i, transposed(i).twell(plane(i)), transposed(i).shadow(), lanes[i - 1].stream(), i,
-                [&] { lanes[i - 1].fork(previous); });
+        queue(
+            i, transposed(i).twell(plane(i)), transposed(i).shadow(), lanes[i - 1].stream(), slices[i],
+            [&] { lanes[i - 1].fork(previous); }, b_staged[i]);
       }
     } catch (...) {
       for (std::size_t i = 1; i < n; ++i) lanes[i - 1].join(stream);

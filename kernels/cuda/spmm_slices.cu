@@ -906,7 +906,7 @@ int slice_columns(std::int64_t k_cols) {
 template <class T, int kKc>
 void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c, float alpha,
             float beta, void* workspace, void* staged_b, cudaStream_t stream,
-            const std::function<void()>& before_product) {
+            const std::function<void()>& before_product, bool b_staged) {
   const Geometry geo = geometry(a.rows, a.cols, a.layout);
   const Lists lists = carve(workspace, geo);
   const int tiles = static_cast<int>(geo.tiles);
@@ -930,7 +930,9 @@ void launch(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T>
   const std::int64_t free_sms = sms - static_cast<std::int64_t>(pieces);
   const std::int64_t copy_ctas = free_sms > 0 && free_sms >= sms / 4 ? free_sms : sms;
   const unsigned copy_blocks =
-      static_cast<unsigned>(std::clamp<std::int64_t>((copy_units + kFillWarps - 1) / kFillWarps, 1, copy_ctas));
+      b_staged
+          ? 0u
+          : static_cast<unsigned>(std::clamp<std::int64_t>((copy_units + kFillWarps - 1) / kFillWarps, 1, copy_ctas));
   ::twell::detail::launch_kernel("twell::cuda::spmm (slice pre-pass: chunks and B copy)", fill, pieces + copy_blocks,
                                  kFillThreads, fill_shared, stream, a.cols, a.layout, a.packed, lists, geo.pieces,
                                  reinterpret_cast<const std::uint16_t*>(b.data), b.ld, b.cols,
@@ -979,16 +981,16 @@ std::size_t spmm_slices_staged_b_bytes(std::int64_t cols, std::int64_t b_cols) {
 template <class T>
 void spmm_twell_slices(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
                        float alpha, float beta, void* workspace, void* staged_b, cudaStream_t stream,
-                       const std::function<void()>& before_product) {
+                       const std::function<void()>& before_product, bool b_staged) {
   require(spmm_slices_applies(a, b, c), ErrorCode::invalid_argument, kWhere,
           "the slice-reuse TwELL kernel was called on operands it does not take");
   require(workspace != nullptr && aligned16(workspace) && staged_b != nullptr && aligned16(staged_b),
           ErrorCode::invalid_argument, kWhere, "the slice-reuse TwELL kernel needs 16-byte aligned workspaces");
   if constexpr (sizeof(T) == 2) {
     if (slice_columns(a.cols) == 8) {
-      launch<T, 8>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream, before_product);
+      launch<T, 8>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream, before_product, b_staged);
     } else {
-      launch<T, 4>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream, before_product);
+      launch<T, 4>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream, before_product, b_staged);
     }
   }
 }
@@ -996,7 +998,7 @@ void spmm_twell_slices(TwellView<const T> a, const std::int32_t* shadow, DenseVi
 #define TWELL_INSTANTIATE(T)                                                                                           \
   template bool spmm_slices_applies<T>(TwellView<const T>, DenseView<const T>, DenseView<T>);                          \
   template void spmm_twell_slices<T>(TwellView<const T>, const std::int32_t*, DenseView<const T>, DenseView<T>, float, \
-                                     float, void*, void*, cudaStream_t, const std::function<void()>&);
+                                     float, void*, void*, cudaStream_t, const std::function<void()>&, bool);
 TWELL_INSTANTIATE(bf16)
 TWELL_INSTANTIATE(fp16)
 TWELL_INSTANTIATE(float)

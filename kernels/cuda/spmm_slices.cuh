@@ -39,10 +39,12 @@ std::size_t spmm_slices_staged_b_bytes(std::int64_t cols, std::int64_t b_cols);
 // spmm_slices_staged_b_bytes(a.cols, b.cols) bytes, which the three kernels (queued on `stream`)
 // use as scratch: neither may be in use by other queued work. `before_product`, when set, is
 // called once between queuing the pre-pass and the product (e.g. to make the product wait for
-// work on another stream that ran beside the pre-pass).
+// work on another stream that ran beside the pre-pass). With `b_staged`, `staged_b` holds this
+// B's slice-major copy already, from an earlier pre-pass on the same B and A's column count that
+// the product is ordered after: the pre-pass does not copy B, and only reads of it are allowed.
 template <class T>
 void spmm_twell_slices(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
                        float alpha, float beta, void* workspace, void* staged_b, cudaStream_t stream,
-                       const std::function<void()>& before_product = {});
+                       const std::function<void()>& before_product = {}, bool b_staged = false);
 
 }  // namespace twell::cuda::detail

@@ -68,7 +68,7 @@ enum class SlotStructure {
 // paths"). run_transposed() of several products creates it too, with a stream for each product
 // past the first: where it builds every A^T first, A^T's dense rows go on the side stream beside
 // the products, and slice-reuse products' pre-passes run side by side, each product on its own
-// workspace and copy of B.
+// workspace and copy of B (one copy for products of one B).
 // Errors: A's rows, columns or layout differ from the plan's, or the spmm argument checks
 // (shape_mismatch, space_mismatch, invalid_argument).
 template <Value T>
