@@ -1052,9 +1052,8 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   const cublasHandle_t blas = cublas_handle();
   std::string path;
   // Product i on its own kernel, with A^T's TwELL rows at_i and its dense rows' shadow, queued on
-  // `on` with slice-reuse buffers `buffers` and `before_product` as twell_none takes them.
-  // Product i on `on` with slice-reuse buffers `slices`, `before_product` and `b_staged` as
-  // twell_none takes them.
+  // `on` with slice-reuse buffers `slices`, `before_product` and `b_staged` as twell_none takes
+  // them.
   const auto queue = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow, cudaStream_t on,
                          std::pair<void*, void*> slices, const std::function<void()>& before_product, bool b_staged) {
     path = hybrid_kernel_name(twell_none(at_i, shadow, b[i], c[i], alpha, beta, on, kernels[i], slices.first,
