@@ -481,18 +481,22 @@ __global__ void __launch_bounds__(kThreads) ffn_rows_kernel(FfnArgs a) {
   ffn_token<T, V, static_cast<int>(kFusedFfnMaxK / (kThreads * V)), kPass>(a, blockIdx.x, smem);
 }
 
-constexpr int kMaxBlockTokens = 8;  // tokens per CTA of the block kernel: 8, or 4 (block_tokens_for)
-constexpr int kMinBlockTokens = 4;
+constexpr int kMaxBlockTokens = 8;  // tokens per CTA of the block kernel: 1, 2, 4 or 8 (block_tokens_for)
+constexpr int kMinBlockTokens = 1;
 
 // Tokens per block of the block kernel for M tokens on `resident` CTAs at once. With few waves of
 // CTAs the last one sets the kernel's length whatever its share of the work, so the choice is the
-// size with the fewer waves x CTA time, a 4-token CTA taking ~0.6 the time of an 8-token one (its
-// chain of phases is no shorter). H100, paper shape, 0.5 % uniform (docs/gemm_to_sparse.md, "Block
-// size"): up/down part at M = 2048 0.117 ms (8) against 0.133 (4), M = 4096 0.218 against 0.198,
-// M = 8192 0.334 against 0.367; at M = 16384 8 tokens by 2.6 %.
+// size with the fewest waves x CTA time, a CTA of b tokens taking (2 + b) / 10 the time of an
+// 8-token one (a fixed chain of phases, then its entries); ties go to the larger block, which
+// shares more Wu rows. H100, paper shape, 0.5 % uniform (docs/gemm_to_sparse.md, "Block size"):
+// up/down part at M = 2048 0.117 ms (8) against 0.133 (4), M = 4096 0.218 against 0.198, M = 8192
+// 0.334 against 0.367; at M = 16384 8 tokens by 2.6 %.
 std::int32_t block_tokens_for(std::int64_t m, std::int64_t resident) {
-  const auto waves = [&](std::int64_t bt) { return ((m + bt - 1) / bt + resident - 1) / resident; };
-  return waves(kMinBlockTokens) * 3 < waves(kMaxBlockTokens) * 5 ? kMinBlockTokens : kMaxBlockTokens;
+  const auto cost = [&](std::int64_t bt) { return ((m + bt - 1) / bt + resident - 1) / resident * (2 + bt); };
+  std::int32_t best = kMaxBlockTokens;
+  for (std::int32_t bt = kMaxBlockTokens / 2; bt >= kMinBlockTokens; bt /= 2)
+    if (cost(bt) < cost(best)) best = bt;
+  return best;
 }
 constexpr int kListCap = 1024;   // gate entries per round of the block kernel
 constexpr int kBatchRows = 8;    // Wd rows per batch of the down projection (8 x kChunks loads of 16 bytes)
@@ -629,7 +633,7 @@ __host__ __device__ constexpr std::size_t block_smem_bytes(std::int64_t k) {
 }
 
 // The up projection of a round on tensor cores, h = gate * u: u(t, j) = x_t . Wu^T(j, :) for the
-// block's tokens (mma rows 0-7, those past a 4-token block unread; rows 8-15 are zero) and 8
+// block's tokens (mma rows 0-7, those past a smaller block unread; rows 8-15 are zero) and 8
 // distinct units per mma tile (columns); warp w takes tiles w, w + 8, ... mma's order over k is
 // free as long as A and B follow the same one: lane (g, q) = (lane / 4, lane % 4) loads 8
 // consecutive k, kk = k0 + 8q .. kk + 7, of x row g (a 16-byte shared load) and of Wu^T row j of
@@ -1104,15 +1108,16 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 // The last CTA to finish then sets the threshold, max(kSplitEntries, entries / resident CTAs),
 // lists the candidates over it for the helpers (none when the longest row is under it, or when
 // they would not fit split_capacity) and resets the counters for the next call.
-constexpr int kCountRowsPerWarp = 4;  // so a token block is one or two warps' rows
+constexpr int kCountRowsPerWarp = 4;
 constexpr int kCountRows = kThreads / 32 * kCountRowsPerWarp;  // rows of a CTA: whole token blocks
-static_assert(kCountRows % kMaxBlockTokens == 0 && kMaxBlockTokens % kCountRowsPerWarp == 0);
+static_assert(kCountRows % kMaxBlockTokens == 0 && kCountRows <= 32, "a CTA's overflow rows are one word's bits");
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a, std::int32_t* order) {
   ::twell::detail::wait_for_prior_grids();
   constexpr int kWarps = kThreads / 32;
-  __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps], warp_overflow[kWarps];
+  __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps];
+  __shared__ std::uint32_t warp_overflow[kWarps];  // bit r: the warp's row r is an overflow row
   __shared__ bool last;
   __shared__ std::int32_t threshold, listed;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -1122,12 +1127,12 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
 
   std::int32_t counts[kCountRowsPerWarp];
   unsigned counted = 0;  // bit r: row first + r is counted here
-  bool overflow = false;
+  std::uint32_t overflow = 0;
 #pragma unroll
   for (int r = 0; r < kCountRowsPerWarp; ++r) {  // the rows' loads are independent
     const std::int64_t row = first + r;
     const std::int32_t o = row < a.m ? a.row_to_overflow[row] : -1;
-    overflow = overflow || o >= 0;
+    overflow |= o >= 0 ? 1u << r : 0u;
     const bool mine = row < a.m && !routed_row(a, o);
     counted |= mine ? 1u << r : 0u;
     std::int32_t c = 0;
@@ -1157,25 +1162,26 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   if (lane == 0) {
     warp_entries[warp] = entries;
     warp_longest[warp] = longest;
-    warp_overflow[warp] = overflow ? 1 : 0;
+    warp_overflow[warp] = overflow;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const int bt = a.block_tokens, cta_blocks = kCountRows / bt, warps_per_block = bt / kCountRowsPerWarp;
+    const int bt = a.block_tokens, cta_blocks = kCountRows / bt;
     const std::int64_t blocks = (a.m + bt - 1) / bt;
-    bool heavy[kCountRows / kCountRowsPerWarp];
+    std::uint32_t rows_overflow = 0;  // bit i: the CTA's row i
+    for (int w = 0; w < kWarps; ++w) rows_overflow |= warp_overflow[w] << (w * kCountRowsPerWarp);
+    const std::uint32_t block_rows = (1u << bt) - 1u;  // bt <= kMaxBlockTokens < 32
+    const auto heavy = [&](int j) { return (rows_overflow >> (j * bt) & block_rows) != 0; };
     int n_heavy = 0, n_light = 0;
     for (int j = 0; j < cta_blocks; ++j) {
-      heavy[j] = false;
-      for (int w = 0; w < warps_per_block; ++w) heavy[j] = heavy[j] || warp_overflow[j * warps_per_block + w] != 0;
       const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + j;
-      if (b < blocks) (heavy[j] ? n_heavy : n_light) += 1;
+      if (b < blocks) (heavy(j) ? n_heavy : n_light) += 1;
     }
     std::int32_t front = n_heavy > 0 ? atomicAdd(state + kStateFront, n_heavy) : 0;
     std::int32_t back = n_light > 0 ? atomicAdd(state + kStateBack, n_light) : 0;
     for (int j = 0; j < cta_blocks; ++j) {
       const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + j;
-      if (b < blocks) order[heavy[j] ? front++ : blocks - 1 - back++] = static_cast<std::int32_t>(b);
+      if (b < blocks) order[heavy(j) ? front++ : blocks - 1 - back++] = static_cast<std::int32_t>(b);
     }
     if (split) {
       unsigned long long sum = 0;
@@ -1314,7 +1320,7 @@ struct UpDownMemory {
 };
 
 // What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order one per
-// 4-token block; where the block kernel takes K, block_state, and with split rows (capacity
+// block of the smallest size (a token); where the block kernel takes K, block_state, and with split rows (capacity
 // min(M, resident CTAs of either pass's kernel)) 2 M candidate words, a turn per split row and its K fp32 partial sums.
 struct UpDownSizes {
   std::size_t row_nnz = 0, block_order = 0, block_state = 0, capacity = 0, candidates = 0, sum = 0;
@@ -1453,7 +1459,7 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
       ::twell::detail::launch_kernel(where, block_kernel_for<T, kPass>(x.cols),
                                      blocks + static_cast<unsigned>(a.helpers), kThreads, block_smem_bytes(x.cols),
                                      stream, a);
-      return (x.cols > kThreads * 8 ? "ffn_block_wide" : "ffn_block") + pass + "_v8";
+      return (x.cols > kThreads * 8 ? "ffn_block_wide" : "ffn_block") + pass + "_v8_t" + std::to_string(a.block_tokens);
     }
   }
   const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + 3 * kThreads * sizeof(std::int32_t);

@@ -217,6 +217,13 @@ TEST_CASE_TEMPLATE("FFN plans: thresholded SiLU and GELU, tile-128 layouts, 16-b
     }
 }
 
+// The block kernel's path with the tokens per block (block_tokens_for) that a setting was worked out
+// for on a GPU of 132 SMs (H100 SXM, H200: 396 resident CTAs at K <= 2048, 264 past it); elsewhere
+// the kernel's name alone.
+std::string block_path_on_132_sms(const char* kernel, int tokens) {
+  return testing::device_multiprocessors() == 132 ? std::string(kernel) + "_t" + std::to_string(tokens) : kernel;
+}
+
 TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, shared units, K up to 4096", T, bf16,
                    fp16) {
   const ActivationSpec relu{Activation::relu, 0.0f};
@@ -224,24 +231,28 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
     WorkloadSetting w;
     TwellLayout layout;
     const char* kernel;
+    int tokens;  // per block, on 132 SMs
   };
   // TwELL(256, 1) keeps 255 entries per (row, tile), so dense rows stay in the TwELL part:
   // ~300 entries per token (3 tokens per 1024-entry round), ~1700 (over a round: the token is
   // routed to the per-token body), neuron-skewed units shared by most tokens of a block; K = 3000
   // takes the wide form (two 2048-column chunks); 3000 tokens give each warp of the block-order
   // kernel several ballots of rows, with overflow rows (TwELL(256, 32): 7 entries per tile) spread
-  // over them; 2001 tokens take 8-token blocks on an H100-class GPU (block_tokens_for: between 4
-  // and 8 x its ~400 resident CTAs; the smaller cases take 4), the last block partial, at
-  // K = 2048 and in the wide form.
+  // over them; the last block partial. Every block size: 2001 tokens take 8-token blocks (1 wave
+  // of them against 2 of 4-token ones), 1200 take 4, 600 and 500 (wide) take 2, a wave of
+  // 1-token blocks the smaller cases.
   const Setting settings[] = {
-      {{2001, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_v8"},
-      {{2001, 3000, 520, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_wide_v8"},
-      {{3000, 64, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8"},
-      {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block_v8"},
-      {{40, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block_v8"},
-      {{100, 256, 1000, 0.2, Distribution::neuron_skewed}, TwellLayout{256, 2}, "ffn_block_v8"},
-      {{40, 3000, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_wide_v8"},
-      {{37, 4096, 520, 0.01, Distribution::uniform}, TwellLayout{128, 8}, "ffn_block_wide_v8"}};
+      {{2001, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_v8", 8},
+      {{2001, 3000, 520, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_wide_v8", 8},
+      {{3000, 64, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8", 8},
+      {{1200, 520, 1000, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_v8", 4},
+      {{600, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8", 2},
+      {{500, 3000, 520, 0.02, Distribution::neuron_skewed}, TwellLayout{}, "ffn_block_wide_v8", 2},
+      {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block_v8", 1},
+      {{40, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block_v8", 1},
+      {{100, 256, 1000, 0.2, Distribution::neuron_skewed}, TwellLayout{256, 2}, "ffn_block_v8", 1},
+      {{40, 3000, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_wide_v8", 1},
+      {{37, 4096, 520, 0.01, Distribution::uniform}, TwellLayout{128, 8}, "ffn_block_wide_v8", 1}};
   for (const Setting& st : testing::sweep(settings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
@@ -249,7 +260,7 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
     CAPTURE(st.w.k);
     CAPTURE(st.w.density);
     const Case<T> c(workload_inputs<T>(st.w, seed), relu);
-    check_plans<T>(c, relu, st.layout, st.kernel);
+    check_plans<T>(c, relu, st.layout, block_path_on_132_sms(st.kernel, st.tokens).c_str());
   }
 }
 

@@ -29,6 +29,7 @@
 #include <twell/workload.hpp>
 
 #include "checks.hpp"
+#include "device.hpp"
 #include "fixtures.hpp"
 #include "random.hpp"
 #include "spmm_runs.hpp"
@@ -558,10 +559,7 @@ TEST_CASE("cuda spmm picks its TwELL kernel by rows and layout") {
 TEST_CASE("cuda spmm takes slice-reuse for a Hybrid with overflow rows past one wave of tile-streaming") {
   constexpr std::int64_t kM = 1024, kK = 5632;
   const TwellLayout layout{256, 16};
-  int device = 0, sms = 0;
-  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess);
-  const std::int64_t one_wave_blocks = sms / (kM / 256);
+  const std::int64_t one_wave_blocks = testing::device_multiprocessors() / (kM / 256);
   for (const auto& [blocks, path] :
        {std::pair{one_wave_blocks, "tile_stream"}, std::pair{one_wave_blocks + 1, "slice_reuse"}}) {
     const std::uint64_t seed = testing::fresh_seed();

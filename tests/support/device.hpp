@@ -15,6 +15,14 @@ namespace twell::testing {
 
 inline void cuda_ok(cudaError_t status) { REQUIRE_MESSAGE(status == cudaSuccess, cudaGetErrorString(status)); }
 
+// The current device's streaming multiprocessors.
+inline int device_multiprocessors() {
+  int device = 0, sms = 0;
+  cuda_ok(cudaGetDevice(&device));
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 // Every byte of a device buffer set to 0xFF: NaN in every value type and an out-of-range index, so
 // that an element a kernel leaves unwritten, or reads before writing, shows in the comparison.
 template <class U>
