@@ -490,7 +490,8 @@ constexpr int kMinBlockTokens = 1;
 // 8-token one (a fixed chain of phases, then its entries); ties go to the larger block, which
 // shares more Wu rows. H100, paper shape, 0.5 % uniform (docs/gemm_to_sparse.md, "Block size"):
 // up/down part at M = 2048 0.117 ms (8) against 0.133 (4), M = 4096 0.218 against 0.198, M = 8192
-// 0.334 against 0.367; at M = 16384 8 tokens by 2.6 %.
+// 0.334 against 0.367; at M = 16384 8 tokens by 2.6 %. H200, gated forward at M = 256 0.082 ms (1)
+// against 0.093 (2) and 0.109 (4); at M = 512 0.095 (2) against 0.103 (1) and 0.107 (4).
 std::int32_t block_tokens_for(std::int64_t m, std::int64_t resident) {
   const auto cost = [&](std::int64_t bt) { return ((m + bt - 1) / bt + resident - 1) / resident * (2 + bt); };
   std::int32_t best = kMaxBlockTokens;
