@@ -196,6 +196,18 @@ void list_case(Report& report, Case c, const std::string& status) {
 
 void not_built(Report& report, Case c, const std::string& why) { list_case(report, std::move(c), "not built: " + why); }
 
+bool none_selected(Report& report, const Case& base, std::initializer_list<std::pair<const char*, const char*>> cases) {
+  const auto as = [&](const std::pair<const char*, const char*>& op_variant) {
+    Case c = with_variant(base, op_variant.second);
+    c.op = op_variant.first;
+    return c;
+  };
+  if (std::any_of(cases.begin(), cases.end(), [&](const auto& ov) { return report.selection.selects(as(ov)); }))
+    return false;
+  for (const auto& ov : cases) list_case(report, as(ov), kNotSelected);
+  return true;
+}
+
 void link_baselines(Report& report, const std::string& suite, const std::vector<std::string>& twell_variants,
                     const std::vector<std::string>& baselines) {
   auto same_point = [](const Case& a, const Case& b) {

@@ -4,9 +4,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <twell/bench/features.hpp>
@@ -87,6 +89,10 @@ void run_case(Report& report, Case c, const std::function<void(Case&)>& body);
 void list_case(Report& report, Case c, const std::string& status);
 // list_case with "not built: " + why: a case that cannot run in this build.
 void not_built(Report& report, Case c, const std::string& why);
+// Where report.selection leaves out every case of a point (`base` as each op and variant of
+// `cases`), lists them all with kNotSelected and returns true: the suite then skips making the
+// point's inputs (seconds at M = 16384), which a short --cases run does not need.
+bool none_selected(Report& report, const Case& base, std::initializer_list<std::pair<const char*, const char*>> cases);
 
 // After a suite: every ok case of `suite` whose variant is in twell_variants gets its speedup
 // over each ok case of the listed baselines with the same shape, M, K, N, density target and

@@ -5,11 +5,8 @@
 // fused - fused_gate_only; and the non-gated FFN y = relu(x Wu) Wd, fused (FfnPlan::forward,
 // variant fused_plain) against dense (cuBLASLt ReLU GEMM + cuBLAS GEMM, variant dense_plain).
 // Also energy per token and the bytes of the hidden state as TwELL/Hybrid against dense.
-#include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <optional>
-#include <utility>
 
 #include <twell/bench/features.hpp>
 
@@ -159,22 +156,14 @@ void run_ffn(Harness& h, Report& report) {
     const double weight_bytes = 3 * detail::bytes_of_dense(k, n);
     const double io_bytes = 2 * detail::bytes_of_dense(m, k);
 
-    // No inputs to make where --cases selects none of the point's cases (a short A/B run): making
-    // them takes seconds at M = 16384.
-    const std::pair<const char*, const char*> point_cases[] = {
-        {"gated_ffn_forward", "fused"}, {"gated_ffn_forward", "fused_gate_only"}, {"gated_ffn_forward", "unfused"},
-        {"gated_ffn_forward", "dense"}, {"ffn_forward", "fused_plain"},           {"ffn_forward", "dense_plain"}};
-    const auto point_case = [&](const std::pair<const char*, const char*>& op_variant) {
-      Case c = base;
-      c.op = op_variant.first;
-      c.variant = op_variant.second;
-      return c;
-    };
-    if (std::none_of(std::begin(point_cases), std::end(point_cases),
-                     [&](const auto& ov) { return report.selection.selects(point_case(ov)); })) {
-      for (const auto& ov : point_cases) detail::list_case(report, point_case(ov), kNotSelected);
+    if (detail::none_selected(report, base,
+                              {{"gated_ffn_forward", "fused"},
+                               {"gated_ffn_forward", "fused_gate_only"},
+                               {"gated_ffn_forward", "unfused"},
+                               {"gated_ffn_forward", "dense"},
+                               {"ffn_forward", "fused_plain"},
+                               {"ffn_forward", "dense_plain"}}))
       continue;
-    }
     const auto& in = detail::ffn_inputs(p.shape, m, p.density, p.dist, h.config().seed);
     const DenseView<const T> x = in.x.view(), wg = in.wg.view(), wu = in.wu.view(), wd = in.wd.view();
     // One output per variant, so the sparse ones can be checked against the dense one.

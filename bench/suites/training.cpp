@@ -90,10 +90,6 @@ void run_training(Harness& h, Report& report) {
   for (const TrainingPoint& p : training_points(quick)) {
     if (!detail::in_scope(h.config(), shape.name, p.m, p.density, p.dist)) continue;
     const std::int64_t m = p.m, k = shape.hidden, n = shape.intermediate;
-    const auto& in = detail::ffn_inputs(shape, m, p.density, p.dist, h.config().seed);
-    const DenseView<const T> x = in.x.view(), wg = in.wg.view(), wu = in.wu.view(), wd = in.wd.view();
-    DenseMatrix<T> dy(m, k, MemorySpace::device), y(m, k, MemorySpace::device);
-    h.fill_random(dy.view().data, static_cast<std::size_t>(m * k), 1.0f, h.config().seed + 17);
     const TwellLayout layout = detail::layout_for_density(p.density);
     const KernelOptions ko{h.stream(), nullptr, false};
     const float l1_scale = kLambda / static_cast<float>(m);
@@ -107,6 +103,19 @@ void run_training(Harness& h, Report& report) {
     base.n = n;
     base.distribution = workload::to_string(p.dist);
     base.density_target = p.density;
+    if (detail::none_selected(report, base,
+                              {{"gated_ffn_training_step", "twell"},
+                               {"gated_ffn_training_step", "twell_backward"},
+                               {"gated_ffn_training_step", "twell_plan"},
+                               {"gated_ffn_training_step", "twell_plan_backward"},
+                               {"gated_ffn_training_step", "dense"},
+                               {"gated_ffn_training_step", "dense_backward"}}))
+      continue;
+    const auto& in = detail::ffn_inputs(shape, m, p.density, p.dist, h.config().seed);
+    const DenseView<const T> x = in.x.view(), wg = in.wg.view(), wu = in.wu.view(), wd = in.wd.view();
+    DenseMatrix<T> dy(m, k, MemorySpace::device), y(m, k, MemorySpace::device);
+    h.fill_random(dy.view().data, static_cast<std::size_t>(m * k), 1.0f, h.config().seed + 17);
+
     // Dense FLOPs of a step: three GEMMs forward, six backward; TFLOP/s reads as dense-equivalent.
     const double step_flops = 9 * 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
     const double backward_flops = step_flops * 6 / 9;

@@ -91,6 +91,25 @@ TEST_CASE("list_case and not_built keep their status only for selected cases") {
                                                      "kept:not built: no kernel", "dropped:not selected"});
 }
 
+TEST_CASE("none_selected lists a point's cases only when the selection leaves out all of them") {
+  const auto point_cases = [](Report& report) {
+    return twell::bench::detail::none_selected(report, point("probe", 0.005),
+                                               {{"dense_to_twell", "kept"}, {"twell_to_dense", "other"}});
+  };
+  Report one;
+  one.selection = twell::bench::CaseFilter("^convert twell_to_dense other ");
+  CHECK_FALSE(point_cases(one));
+  CHECK(one.cases.empty());  // the suite runs the point and lists its cases itself
+  Report none;
+  none.selection = twell::bench::CaseFilter("^convert dense_to_twell probe ");  // the base's own variant
+  CHECK(point_cases(none));
+  REQUIRE(none.cases.size() == 2);
+  CHECK(none.cases[1].op == "twell_to_dense");
+  CHECK(statuses(none) == std::vector<std::string>{"kept:not selected", "other:not selected"});
+  Report all;
+  CHECK_FALSE(point_cases(all));
+}
+
 TEST_CASE("a selected case that throws is listed as failed, a prerequisite's failure too") {
   Report report;
   report.selection = twell::bench::CaseFilter("needs_it");
