@@ -238,16 +238,16 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
   // routed to the per-token body), neuron-skewed units shared by most tokens of a block; K = 3000
   // takes the wide form (two 2048-column chunks); 3000 tokens give each warp of the block-order
   // kernel several ballots of rows, with overflow rows (TwELL(256, 32): 7 entries per tile) spread
-  // over them; the last block partial. Every block size: 2001 tokens take 8-token blocks (1 wave
-  // of them against 2 of 4-token ones), 1200 take 4, 600 and 500 (wide) take 2, a wave of
+  // over them. Every block size, the last block partial: 2001 tokens take 8-token blocks (1 wave
+  // of them against 2 of 4-token ones), 1201 take 4, 601 and 501 (wide) take 2, a wave of
   // 1-token blocks the smaller cases.
   const Setting settings[] = {
       {{2001, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_v8", 8},
       {{2001, 3000, 520, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_wide_v8", 8},
       {{3000, 64, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8", 8},
-      {{1200, 520, 1000, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_v8", 4},
-      {{600, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8", 2},
-      {{500, 3000, 520, 0.02, Distribution::neuron_skewed}, TwellLayout{}, "ffn_block_wide_v8", 2},
+      {{1201, 520, 1000, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_v8", 4},
+      {{601, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8", 2},
+      {{501, 3000, 520, 0.02, Distribution::neuron_skewed}, TwellLayout{}, "ffn_block_wide_v8", 2},
       {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block_v8", 1},
       {{40, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block_v8", 1},
       {{100, 256, 1000, 0.2, Distribution::neuron_skewed}, TwellLayout{256, 2}, "ffn_block_v8", 1},
@@ -783,6 +783,7 @@ std::vector<UpDownSetting> up_down_settings() {
           {{testing::sweep_size(300, 120), 2048, 5632}, 0.05, Distribution::token_skewed, {}, true},
           {{100, 520, 5632}, 0.1, Distribution::uniform, {}, true},
           {{300, 520, 1000}, 0.02, Distribution::uniform, {}},
+          {{testing::sweep_size(1201, 601), 520, 1000}, 0.02, Distribution::uniform, {}},  // 4- or 2-token blocks
           {{256, 2048, 5632}, 0.005, Distribution::token_skewed, {}},
           {{300, 520, 1004}, 0.02, Distribution::token_skewed, {128, 32}},
           {{33, 60, 300}, 0.05, Distribution::token_skewed, {16, 4}},

@@ -82,8 +82,8 @@ class FfnPlanBase {
   const TwellLayout& layout() const { return gate_.layout(); }
   // Rows of the gate's preallocated overflow block (grows after a forward() with stats found more).
   std::int64_t overflow_capacity() const { return gate_.overflow_capacity(); }
-  // "gate:<gemm_to_sparse path>+<up/down kernel>" of the latest forward() (ffn_block_v8,
-  // ffn_block_wide_v8, ffn_rows_v8 or ffn_rows_v1; docs/gemm_to_sparse.md).
+  // "gate:<gemm_to_sparse path>+<up/down kernel>" of the latest forward() (ffn_block_v8_t<b>,
+  // ffn_block_wide_v8_t<b> with b tokens per block, ffn_rows_v8 or ffn_rows_v1; docs/gemm_to_sparse.md).
   const std::string& path() const { return path_; }
   Stream stream() const { return stream_; }
 
