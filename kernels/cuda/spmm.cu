@@ -1021,9 +1021,10 @@ class TransposedA {
 // else one after another), then one wait for R. dense_room(V) gives room for V values (A^T's R x m
 // dense values a plane, TransposedA::dense_values) and
 // overflow_tmp(R) for R x Nb floats (or null: the overflow product allocates its own), and, should
-// the products take the slice-reuse kernel, slice_buffers(j, A^T, B) gives workspace and a copy
-// of B, set j (or nulls: stream-ordered scratch). Where every A_i^T is built first and `side` is
-// given (an SpmmPlan's side streams), the dense rows' work goes on its side lane, beside the
+// the products take the slice-reuse kernel, slice_buffers(j, A^T, B, copy) gives workspace and,
+// with `copy`, a copy of B, set j (or nulls: stream-ordered scratch). Where every A_i^T is built
+// first and `side` is given (an SpmmPlan's side streams), the dense rows' work goes on its side
+// lane, beside the
 // products, and slice-reuse products take a stream and set j = i each, so that their pre-passes
 // run side by side; elsewhere the products use set 0 in turn. Returns the op-none path on A^T.
 template <class T, class DenseRoom, class OverflowTmp, class SliceBuffers>
@@ -1062,7 +1063,7 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   // Product i on the plan's stream, with slice-reuse buffer set 0.
   const auto product = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow) {
     queue(i, at_i, shadow, stream,
-          kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(0, at_i, b[i]) : std::pair<void*, void*>{}, {},
+          kernels[i] == SpmmAlgorithm::slice_reuse ? slice_buffers(0, at_i, b[i], true) : std::pair<void*, void*>{}, {},
           false);
   };
   if (!batched && !shared) {  // each A^T built just before its product
@@ -1111,8 +1112,8 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
     std::array<std::pair<void*, void*>, detail::kMaxStreamBatch> slices{};
     std::array<bool, detail::kMaxStreamBatch> b_staged{};
     for (std::size_t i = 0; i < n; ++i) {
-      slices[i] = slice_buffers(i, transposed(i).twell(plane(i)), b[i]);
       b_staged[i] = i > 0 && b[i].data == b[i - 1].data && b[i].ld == b[i - 1].ld && b[i].cols == b[i - 1].cols;
+      slices[i] = slice_buffers(i, transposed(i).twell(plane(i)), b[i], !b_staged[i]);
       if (b_staged[i]) slices[i].second = slices[i - 1].second;
     }
     const auto& lanes = side->products;
@@ -1176,7 +1177,7 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
         return dense->as<T>();
       },
       [](std::int64_t) { return static_cast<float*>(nullptr); },
-      [](std::size_t, TwellView<const T>, DenseView<const T>) { return std::pair<void*, void*>{}; }, nullptr);
+      [](std::size_t, TwellView<const T>, DenseView<const T>, bool) { return std::pair<void*, void*>{}; }, nullptr);
   detail::report_path(options, (std::string("cuda/spmm/") + format + "/via_transpose+" + path).c_str());
   return true;
 }
@@ -1374,10 +1375,10 @@ std::string SpmmPlan<T>::transposed_batch(std::span<const HybridView<const T>> a
         reserve_overflow(r, b.front().cols);
         return overflow_.data();
       },
-      [&](std::size_t i, TwellView<const T> at, DenseView<const T> bt) {
+      [&](std::size_t i, TwellView<const T> at, DenseView<const T> bt, bool copy) {
         return std::pair<void*, void*>{
             grow_bytes(transposed_workspace_[i], detail::spmm_slices_workspace_bytes(at.rows, at.cols, at.layout)),
-            grow_bytes(transposed_staged_b_[i], detail::spmm_slices_staged_b_bytes(at.cols, bt.cols))};
+            copy ? grow_bytes(transposed_staged_b_[i], detail::spmm_slices_staged_b_bytes(at.cols, bt.cols)) : nullptr};
       },
       side_.get());
 }
