@@ -1120,7 +1120,7 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps];
   __shared__ std::uint32_t warp_overflow[kWarps];  // bit r: the warp's row r is an overflow row
   __shared__ bool last;
-  __shared__ std::int32_t threshold, listed;
+  __shared__ std::int32_t threshold, listed, candidates;
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const std::int64_t first = (std::int64_t{blockIdx.x} * kWarps + warp) * kCountRowsPerWarp;
   std::int32_t* state = a.block_state;
@@ -1202,16 +1202,25 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
 
   __threadfence();
   if (threadIdx.x == 0) {
-    auto* total = reinterpret_cast<unsigned long long*>(state + kStateEntries);
-    const unsigned long long share = atomicAdd(total, 0ull) / static_cast<unsigned long long>(a.resident);
-    threshold = split ? static_cast<std::int32_t>(max(static_cast<unsigned long long>(kSplitEntries),
-                                                      min(share, static_cast<unsigned long long>(INT32_MAX))))
-                      : INT32_MAX;
-    if (atomicAdd(state + kStateLongest, 0) <= threshold) threshold = INT32_MAX;  // nothing to split
+    threshold = INT32_MAX;
+    candidates = 0;
+    if (split) {
+      // The other CTAs' sums are in L2 before their tickets: three loads issued together, one
+      // round trip, where read-back atomics would make three in a row.
+      const unsigned long long total = __ldcg(reinterpret_cast<const unsigned long long*>(state + kStateEntries));
+      const std::int32_t most = __ldcg(state + kStateLongest);
+      const std::int32_t found = __ldcg(state + kStateCandidates);
+      const unsigned long long share = total / static_cast<unsigned long long>(a.resident);
+      const auto bound = static_cast<std::int32_t>(
+          max(static_cast<unsigned long long>(kSplitEntries), min(share, static_cast<unsigned long long>(INT32_MAX))));
+      if (most > bound) {  // else nothing to split
+        threshold = bound;
+        candidates = found;
+      }
+    }
     listed = 0;
   }
   __syncthreads();
-  const std::int32_t candidates = threshold == INT32_MAX ? 0 : atomicAdd(state + kStateCandidates, 0);
   for (std::int32_t i = static_cast<std::int32_t>(threadIdx.x); i < candidates; i += kThreads) {
     const int2 cand = __ldcg(a.split_candidates + i);
     if (cand.y <= threshold) continue;
