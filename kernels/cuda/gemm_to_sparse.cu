@@ -675,8 +675,9 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     h.kind = act_.kind;
     h.threshold = act_.threshold;
     const bool wgmma = hopper_ && detail::gemm_twell_sm90_applies(h);
+    int cta_rows = 0;
     if (wgmma) {
-      detail::launch_gemm_twell_sm90<T>(h, o, stream, where);
+      cta_rows = detail::launch_gemm_twell_sm90<T>(h, o, stream, where);
     } else if (m_ > 0 && n_ > 0) {
       if (layout_.tile == 128) {
         launch_twell<T, 128>(g, o, stream, where);
@@ -687,7 +688,8 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     const bool route = policy_ == OverflowPolicy::hybrid;
     ::twell::detail::launch_kernel(where, rank_overflow_rows_kernel, 1, 1024, 0, stream, flags_.data(), m_, route,
                                    overflow_.rows(), row_to_overflow_.data(), overflow_to_row_.data(), status);
-    path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") + (layout_.tile == 128 ? "128" : "256");
+    path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") +
+            (layout_.tile == 128 ? "128" : "256") + (cta_rows == 64 ? "_rows64" : "");
     if (route && overflow_.rows() > 0 && n_ > 0) {
       // The overflow rows' dense values, for the whole block; the kernels read the device-side R
       // and do nothing past it. On Hopper the rows of x are gathered first, so that the wgmma

@@ -35,35 +35,39 @@
 namespace twell::cuda::detail {
 namespace {
 
-constexpr int kBM = 128;  // CTA rows: two consumer warpgroups of 64
-constexpr int kBK = 64;   // K per stage: one 128-byte swizzle row of 16-bit values
-constexpr int kThreads = 384;
+// CTA rows BM: 128 (two consumer warpgroups of 64 rows) or, where 128-row tiles would leave
+// most SMs idle (decode-sized M), 64 (one consumer warpgroup). A warpgroup of producer and
+// packer warps comes first.
+constexpr int kBK = 64;  // K per stage: one 128-byte swizzle row of 16-bit values
+template <int BM>
+constexpr int kThreadsOf = 128 * (1 + BM / 64);
 // CTAs per cluster: the two CTAs of a cluster compute the same TwELL tile of two adjacent row
 // blocks and each loads half of every stage's W boxes into both by TMA multicast.
 constexpr int kCluster = 2;
 
-// Output tile pairs of an M x N product: one per cluster-sized group of row blocks and TwELL tile
-// (the persistent loop's range, and the most clusters a launch can use).
-__host__ __device__ constexpr std::int64_t tile_pairs(std::int64_t m, std::int64_t n, int bn) {
-  return ((n + bn - 1) / bn) * (((m + kBM - 1) / kBM + kCluster - 1) / kCluster);
+// Output tile pairs of an M x N product in CTA tiles of bm x bn: one per cluster-sized group of
+// row blocks and TwELL tile (the persistent loop's range, and the most clusters a launch can use).
+__host__ __device__ constexpr std::int64_t tile_pairs(std::int64_t m, std::int64_t n, int bn, int bm) {
+  return ((n + bn - 1) / bn) * (((m + bm - 1) / bm + kCluster - 1) / kCluster);
 }
 
-// Shared memory of a CTA of kBM x BN outputs, from a 1024-byte aligned base (what the 128-byte
-// swizzle of TMA and wgmma needs): kStages x (A: kBM rows x 128 B, B: BN / 64 boxes of 64 K-rows x
-// 128 B), then the staged tile (all kBM rows of kLd 16-bit values: the consumers write it and go
+// Shared memory of a CTA of BM x BN outputs, from a 1024-byte aligned base (what the 128-byte
+// swizzle of TMA and wgmma needs): kStages x (A: BM rows x 128 B, B: BN / 64 boxes of 64 K-rows x
+// 128 B), then the staged tile (all BM rows of kLd 16-bit values: the consumers write it and go
 // on with the next tile's wgmmas while the packer warps read it), then the mbarriers (full and
 // empty per stage, then the staged tile's full and empty). A stage is released one K step after
-// its wgmmas were issued, so kStages - 2 stages are in flight while the tensor cores work: 3 x 48
-// KB (BN 256) and 5 x 32 KB (BN 128) are what fits next to the staged tile in 227 KB.
-template <int BN>
+// its wgmmas were issued, so kStages - 2 stages are in flight while the tensor cores work: what
+// fits next to the staged tile in 227 KB, 3 x 48 KB (BM 128, BN 256), 5 x 32 KB (128, 128),
+// 4 x 40 KB (64, 256) and 8 x 24 KB (64, 128).
+template <int BN, int BM = 128>
 struct Sm90Tile {
-  static constexpr int kStages = BN == 256 ? 3 : 5;
-  static constexpr int kABytes = kBM * kBK * 2;
+  static constexpr int kStages = BM == 128 ? (BN == 256 ? 3 : 5) : (BN == 256 ? 4 : 8);
+  static constexpr int kABytes = BM * kBK * 2;
   static constexpr int kBBoxBytes = kBK * 64 * 2;
   static constexpr int kBBytes = (BN / 64) * kBBoxBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kLd = BN + 8;  // 16-bit words; fragment stores hit 32 distinct banks
-  static constexpr int kStagedBytes = kBM * kLd * 2;
+  static constexpr int kStagedBytes = BM * kLd * 2;
   static constexpr int kBarrierOffset = kStages * kStageBytes + kStagedBytes;
   static constexpr int kBarriers = 2 * kStages + 2;
   static constexpr int kSmem = 1024 + kBarrierOffset + kBarriers * 8;
@@ -72,10 +76,10 @@ struct Sm90Tile {
 
 #if TWELL_SM90A_DEVICE
 
-constexpr int kConsumerWarps = 8;  // warpgroups 1 and 2
-constexpr int kPackerWarps = 3;    // warps 1 .. 3 of warpgroup 0 (warp 0 issues the TMA copies)
-// Registers per thread after setmaxnreg: the pool of 384 x 168 split between the consumers'
-// accumulators and the packers (256 x 200 + 128 x 104 = 64,512).
+constexpr int kPackerWarps = 3;  // warps 1 .. 3 of warpgroup 0 (warp 0 issues the TMA copies)
+// Registers per thread after setmaxnreg, with two consumer warpgroups (BM = 128): the pool of 384
+// x 168 split between the consumers' accumulators and the packers (256 x 200 + 128 x 104 =
+// 64,512). With one (BM = 64) the 256 threads may each hold 255 registers, so nothing is moved.
 constexpr int kConsumerRegisters = 200;
 constexpr int kProducerRegisters = 104;
 
@@ -244,21 +248,22 @@ __device__ __forceinline__ void stage_warp_rows(const float (&acc)[BN / 2], std:
 }
 
 // This CTA's output tiles: cluster c of the grid's C takes tile pairs c, c + C, ...; pair p is
-// TwELL tile p % tiles_n of row blocks 2 (p / tiles_n) + 0 and + 1, one per CTA of the cluster.
-// With an odd number of row blocks the last pairs' second row block lies past M: its CTA loads
-// zeros (TMA fills out-of-bounds boxes), supplies its half of W to its peer, and packs no row.
-template <int BN>
+// TwELL tile p % tiles_n of row blocks 2 (p / tiles_n) + 0 and + 1 (BM rows each), one per CTA of
+// the cluster. With an odd number of row blocks the last pairs' second row block lies past M: its
+// CTA loads zeros (TMA fills out-of-bounds boxes), supplies its half of W to its peer, and packs
+// no row.
+template <int BN, int BM>
 struct TileWalk {
   std::int64_t tiles_n, pairs, first, step;
   int rank;
   __device__ TileWalk(const Sm90Gemm& g, std::int64_t rows)
       : tiles_n((g.n + BN - 1) / BN),
-        pairs(tile_pairs(rows, g.n, BN)),
+        pairs(tile_pairs(rows, g.n, BN, BM)),
         first(blockIdx.x / kCluster),
         step(gridDim.x / kCluster),
         rank(static_cast<int>(cluster_rank())) {}
   __device__ std::int64_t tile(std::int64_t p) const { return p % tiles_n; }
-  __device__ std::int64_t row0(std::int64_t p) const { return ((p / tiles_n) * kCluster + rank) * kBM; }
+  __device__ std::int64_t row0(std::int64_t p) const { return ((p / tiles_n) * kCluster + rank) * BM; }
 };
 
 #endif  // TWELL_SM90A_DEVICE
@@ -266,13 +271,14 @@ struct TileWalk {
 // Fused GEMM + activation + TwELL packing, persistent, in clusters of 2 CTAs (TileWalk: the two
 // CTAs of a cluster take the same TwELL tile of adjacent row blocks, the clusters of a wave share
 // row blocks and walk all of W, which stays in L2). Three roles:
-// - warp 0 (one thread) produces: per K step, the TMA box of X (128 rows x 64 K) into its own
+// - warp 0 (one thread) produces: per K step, the TMA box of X (BM rows x 64 K) into its own
 //   stage and half of the BN / 64 boxes of W (64 K x 64 columns) into the stage of both CTAs
 //   (multicast), waiting on its "empty" mbarrier (released by the consumers of both CTAs, since
 //   the peer writes into it too) and arming its "full" one with the stage's bytes. Sharing W
 //   halves the W traffic from L2: 32 instead of 48 KB per CTA and K step, which L2 bandwidth,
 //   not the tensor cores, had set the pace by;
-// - warpgroups 1 and 2 consume: consumer c owns rows 64c .. 64c+63 of the tile as the m64nBN fp32
+// - warpgroups 1 and 2 (BM = 128) or 1 (BM = 64) consume: consumer c owns rows 64c .. 64c+63 of
+//   the tile as the m64nBN fp32
 //   accumulator of wgmma (warp q of it rows 16q .. 16q+15: per 8-column chunk i, d[4i + 2h + e]
 //   is row lane/4 + 8h, column 8i + 2 (lane % 4) + e), issues 4 wgmma k16 steps per stage and
 //   releases a stage, in both CTAs, once the next stage's wgmmas are issued and the older group
@@ -282,8 +288,8 @@ struct TileWalk {
 // - warps 1 .. 3 pack: each takes a third of the staged tile's rows, a lane per row
 //   (pack_twell_rows_by_lane: slots, counts, flags, totals), hidden behind the consumers' next
 //   mainloop.
-// The staged tile is handed over by two mbarriers ("staged": 256 consumer arrivals; "packed": 96
-// packer arrivals), so the consumers run at most one tile ahead of the packing. A cluster barrier
+// The staged tile is handed over by two mbarriers ("staged": a consumer thread's arrival each;
+// "packed": 96 packer arrivals), so the consumers run at most one tile ahead of the packing. A cluster barrier
 // after the mbarrier set-up and another before exit keep each CTA's barriers and stages alive
 // while its peer may signal or write them.
 // Shared-memory layouts: A K-major, 128-byte swizzle (TMA SWIZZLE_128B), descriptor SBO 1024 (8
@@ -294,13 +300,14 @@ struct TileWalk {
 // kDense (the plan's overflow recompute): the packer warps copy the staged rows below
 // min(M, *d.m_limit) to d.out instead of packing them (the walk covers only those row blocks);
 // o is not used.
-template <class T, int BN, bool kDense>
-__global__ void __launch_bounds__(kThreads, 1)
+template <class T, int BN, int BM, bool kDense>
+__global__ void __launch_bounds__(kThreadsOf<BM>, 1)
     gemm_twell_sm90_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
                            Sm90Gemm g, TwellOut o, Sm90Dense d) {
   ::twell::detail::wait_for_prior_grids();
 #if TWELL_SM90A_DEVICE
-  using P = Sm90Tile<BN>;
+  using P = Sm90Tile<BN, BM>;
+  constexpr int kConsumerWarps = BM / 16;  // 4 per consumer warpgroup
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
   auto* full = reinterpret_cast<std::uint64_t*>(smem + P::kBarrierOffset);
@@ -313,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = tid & 31;
   std::int64_t rows = g.m;
   if (kDense && d.m_limit != nullptr) rows = min(rows, static_cast<std::int64_t>(*d.m_limit));
-  const TileWalk<BN> walk(g, rows);
+  const TileWalk<BN, BM> walk(g, rows);
   const int ktiles = static_cast<int>((g.k + kBK - 1) / kBK);
   // A recompute with no overflow row (the common case) leaves before any set-up: every CTA reads
   // the same limit, so none waits at a cluster barrier for a peer that left.
@@ -332,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp < 4) {
     // One setmaxnreg for the whole warpgroup: PTX requires every warp of it to execute the same one.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
+    if constexpr (BM == 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
     if (warp == 0) {
       if (tid == 0) {
         asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_x)) : "memory");
@@ -357,10 +364,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else {
-      // Rows kBM * p / kPackerWarps .. of the tile: 42, 43 and 43 rows at kBM = 128.
+      // Rows BM * p / kPackerWarps .. of the tile: 42, 43 and 43 rows at BM = 128.
       const int p = warp - 1;
-      const int first = kBM * p / kPackerWarps;
-      const int count = kBM * (p + 1) / kPackerWarps - first;
+      const int first = BM * p / kPackerWarps;
+      const int count = BM * (p + 1) / kPackerWarps - first;
       unsigned long long stored = 0, excess = 0;
       std::uint32_t phase = 0;
       for (std::int64_t t = walk.first; t < walk.pairs; t += walk.step, phase ^= 1u) {
@@ -386,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (!kDense) flush_lane_totals(o, lane, stored, excess);
     }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
+    if constexpr (BM == 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters));
     const int c = (warp >> 2) - 1;  // consumer warpgroup: rows 64c .. 64c+63 of the tile
     const int q = warp & 3;         // warp in the warpgroup: rows 16q .. 16q+15 of those
     std::uint16_t* my_rows = staged + (c * 64 + q * 16) * P::kLd;
@@ -504,18 +511,28 @@ bool available(const char* where) {
   ::twell::detail::check_cuda(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device), where);
   if (major != 9 || minor != 0 || optin < Sm90Tile<BN>::kSmem || clusters == 0) return false;
   cudaFuncAttributes attr{};
-  ::twell::detail::check_cuda(cudaFuncGetAttributes(&attr, gemm_twell_sm90_kernel<T, BN, false>), where);
+  ::twell::detail::check_cuda(cudaFuncGetAttributes(&attr, gemm_twell_sm90_kernel<T, BN, 128, false>), where);
   return attr.binaryVersion == 90 && device_runs_sm90a_code(device, where) && tensor_map_encoder() != nullptr;
 }
 
-template <class T, int BN, bool kDense>
-void launch(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d, cudaStream_t stream, const char* where) {
-  using P = Sm90Tile<BN>;
-  const auto kernel = gemm_twell_sm90_kernel<T, BN, kDense>;
-  const CUtensorMap map_x = tensor_map<T>(g.x, g.m, g.k, g.ldx, kBM, where);
-  const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
-  ::twell::detail::allow_dynamic_shared(kernel, static_cast<std::size_t>(P::kSmem), where);
+// A launch of the kernel for T, BN, BM and kDense, its grid still to be set: the launch
+// configuration and the clusters that fit on the device at once.
+template <class T, int BN, int BM, bool kDense>
+struct Sm90Launch {
+  static constexpr auto kernel = gemm_twell_sm90_kernel<T, BN, BM, kDense>;
   cudaLaunchAttribute attributes[2]{};
+  cudaLaunchConfig_t config{};
+  int resident = 0;
+
+  Sm90Launch(cudaStream_t stream, const char* where);
+  Sm90Launch(const Sm90Launch&) = delete;  // config.attrs points into the object
+  Sm90Launch& operator=(const Sm90Launch&) = delete;
+};
+
+template <class T, int BN, int BM, bool kDense>
+Sm90Launch<T, BN, BM, kDense>::Sm90Launch(cudaStream_t stream, const char* where) {
+  using P = Sm90Tile<BN, BM>;
+  ::twell::detail::allow_dynamic_shared(kernel, static_cast<std::size_t>(P::kSmem), where);
   attributes[0].id = cudaLaunchAttributeClusterDimension;
   attributes[0].val.clusterDim.x = kCluster;
   attributes[0].val.clusterDim.y = 1;
@@ -523,8 +540,7 @@ void launch(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d, cudaStream
   // As detail::launch_kernel does: the kernel begins with wait_for_prior_grids().
   attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.blockDim = dim3(kThreads);
+  config.blockDim = dim3(kThreadsOf<BM>);
   config.dynamicSmemBytes = P::kSmem;
   config.stream = stream;
   config.attrs = attributes;
@@ -532,13 +548,36 @@ void launch(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d, cudaStream
   // Persistent: as many clusters as the device holds at once (66 of 2 CTAs on an H100), at most
   // one per tile pair.
   config.gridDim = dim3(kCluster);
-  const int resident = ::twell::detail::resident_clusters(kernel, config, where);
+  resident = ::twell::detail::resident_clusters(kernel, config, where);
   require(resident > 0, ErrorCode::cuda, where, "no cluster of ", kCluster, " CTAs with ", P::kSmem,
           " bytes of shared memory fits on this device");
-  config.gridDim =
-      dim3(static_cast<unsigned>(std::min<std::int64_t>(tile_pairs(g.m, g.n, BN), resident) * kCluster));
   if (::twell::detail::early_launch_allowed()) config.numAttrs = 2;
-  ::twell::detail::check_cuda(cudaLaunchKernelEx(&config, kernel, map_x, map_w, g, o, d), where);
+}
+
+// Queues the kernel of `l`: one cluster per tile pair, at most the resident ones (persistent).
+template <class T, int BN, int BM, bool kDense>
+void launch(Sm90Launch<T, BN, BM, kDense>& l, const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& d,
+            const char* where) {
+  const CUtensorMap map_x = tensor_map<T>(g.x, g.m, g.k, g.ldx, BM, where);
+  const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
+  l.config.gridDim =
+      dim3(static_cast<unsigned>(std::min<std::int64_t>(tile_pairs(g.m, g.n, BN, BM), l.resident) * kCluster));
+  ::twell::detail::check_cuda(cudaLaunchKernelEx(&l.config, l.kernel, map_x, map_w, g, o, d), where);
+}
+
+// The TwELL kernel in 64-row CTA tiles where their tile pairs take one wave of resident clusters
+// (at the paper's N = 5632 on 132 SMs: M <= 384), else in 128-row ones. Each output's sum over K
+// runs in the same order either way, so the choice changes the speed, never the bits.
+template <class T, int BN>
+int launch_twell(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
+  Sm90Launch<T, BN, 64, false> narrow(stream, where);
+  if (tile_pairs(g.m, g.n, BN, 64) <= narrow.resident) {
+    launch(narrow, g, o, Sm90Dense{}, where);
+    return 64;
+  }
+  Sm90Launch<T, BN, 128, false> wide(stream, where);
+  launch(wide, g, o, Sm90Dense{}, where);
+  return 128;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -562,14 +601,11 @@ bool gemm_twell_sm90_applies(const Sm90Gemm& g) {
 }
 
 template <class T>
-void launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
+int launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-    if (o.layout.tile == 256) {
-      launch<T, 256, false>(g, o, Sm90Dense{}, stream, where);
-    } else {
-      launch<T, 128, false>(g, o, Sm90Dense{}, stream, where);
-    }
+    return o.layout.tile == 256 ? launch_twell<T, 256>(g, o, stream, where) : launch_twell<T, 128>(g, o, stream, where);
   }
+  return 0;
 }
 
 template <class T>
@@ -585,18 +621,20 @@ void launch_gemm_dense_sm90(const Sm90Gemm& g, const Sm90Dense& d, int tile, cud
     int device = 0, sms = 0;
     ::twell::detail::check_cuda(cudaGetDevice(&device), where);
     ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
-    const bool narrow = tile == 128 || 2 * tile_pairs(g.m, g.n, 256) * kCluster <= sms;
+    const bool narrow = tile == 128 || 2 * tile_pairs(g.m, g.n, 256, 128) * kCluster <= sms;
     if (narrow) {
-      launch<T, 128, true>(g, TwellOut{}, d, stream, where);
+      Sm90Launch<T, 128, 128, true> l(stream, where);
+      launch(l, g, TwellOut{}, d, where);
     } else {
-      launch<T, 256, true>(g, TwellOut{}, d, stream, where);
+      Sm90Launch<T, 256, 128, true> l(stream, where);
+      launch(l, g, TwellOut{}, d, where);
     }
   }
 }
 
-#define TWELL_INSTANTIATE(T)                                                                    \
-  template bool gemm_twell_sm90_available<T>(int, const char*);                                 \
-  template void launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, cudaStream_t, const char*); \
+#define TWELL_INSTANTIATE(T)                                                                           \
+  template bool gemm_twell_sm90_available<T>(int, const char*);                                        \
+  template int launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, cudaStream_t, const char*); \
   template void launch_gemm_dense_sm90<T>(const Sm90Gemm&, const Sm90Dense&, int, cudaStream_t, const char*);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE

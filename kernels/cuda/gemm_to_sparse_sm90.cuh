@@ -36,9 +36,11 @@ bool gemm_twell_sm90_applies(const Sm90Gemm& g);
 
 // Queues the fused kernel on `stream`: every (row, tile) slot group of o.packed is written, rows
 // with an overflowed tile flagged in o.row_flags, totals added to o's accumulators, exactly as
-// gemm_twell_kernel does. Preconditions: both checks above; layout.tile == `tile`.
+// gemm_twell_kernel does. Returns the CTA tile's rows: 64 where tiles of 128 rows would leave most
+// SMs idle (decode-sized M), else 128; the bits do not depend on it. Preconditions: both checks
+// above; o.layout.tile 128 or 256.
 template <class T>
-void launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where);
+int launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where);
 
 // The same kernel with a dense output (GemmToSparsePlan's overflow recompute): out(i, j) = the
 // value the TwELL epilogue would store for act(X W)(i, j) (0 where it stores nothing), for rows

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -223,6 +224,18 @@ std::string fused_prefix(cuda::FusedMainloop mainloop) {
   return mainloop == cuda::FusedMainloop::best && wgmma_expected() ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile";
 }
 
+// Whether the wgmma kernel must run in 64-row CTA tiles (path suffix "_rows64"): it does where its
+// tile pairs (2 row blocks of 64 x one TwELL tile) take one wave of resident 2-CTA clusters, about
+// SMs / 2 with one CTA an SM. Near that bound the answer depends on the device's cluster
+// placement, so there nothing is expected (empty).
+std::optional<bool> rows64_expected(std::int64_t m, std::int64_t n, std::int32_t tile) {
+  const std::int64_t pairs = (n + tile - 1) / tile * (((m + 63) / 64 + 1) / 2);
+  const int sms = testing::device_multiprocessors();
+  if (pairs <= sms / 4) return true;
+  if (pairs > sms / 2) return false;
+  return std::nullopt;
+}
+
 constexpr cuda::FusedMainloop kMainloops[] = {cuda::FusedMainloop::best, cuda::FusedMainloop::portable};
 
 const char* name_of(cuda::FusedMainloop mainloop) { return mainloop == cuda::FusedMainloop::best ? "best" : "portable"; }
@@ -281,6 +294,10 @@ Outcome run_case(const Case<T>& c, ActivationSpec act, TwellLayout layout, Overf
     CAPTURE(path);
     const bool fused = expect_path_prefix == "fused_mma_sync_tile";
     CHECK(path.rfind(fused ? fused_prefix(mainloop) : expect_path_prefix, 0) == 0);
+    if (fused && mainloop == cuda::FusedMainloop::best && wgmma_expected()) {
+      if (const auto rows64 = rows64_expected(c.x.rows(), c.w.cols(), layout.tile))
+        CHECK((path.find("_rows64") != std::string::npos) == *rows64);
+    }
     const Outcome o = compare<T>(ref_dense, decode_checked(got), prod, abs_prod, act);
     CAPTURE(o.stored);
     CAPTURE(o.ambiguous);

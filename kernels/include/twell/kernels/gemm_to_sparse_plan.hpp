@@ -29,7 +29,8 @@ struct OverflowCount {
 
 // Which mainloop the fused kernel may use. best: on a compute capability 9.0 device whose loaded
 // image is the sm_90a one, 16-bit operands that also suit TMA (M, N, K > 0) run the wgmma + TMA
-// kernel (path "fused_wgmma_tma_tile256" / "..._tile128"); everything else the fused kernel
+// kernel (path "fused_wgmma_tma_tile256" / "..._tile128", with "_rows64" appended where its CTA
+// tiles are 64 rows, at decode-sized M; the bits are the same); everything else the fused kernel
 // takes runs the portable mma.sync one ("fused_mma_sync_tile256" / "..._tile128"). Both share
 // the epilogue and write the same bits. portable: always the mma.sync kernel (so that tests
 // cover both on Hopper).
