@@ -509,7 +509,8 @@ bool available(const char* where) {
   ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
   int clusters = 0;
   ::twell::detail::check_cuda(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device), where);
-  if (major != 9 || minor != 0 || optin < Sm90Tile<BN>::kSmem || clusters == 0) return false;
+  const int smem = std::max(Sm90Tile<BN, 128>::kSmem, Sm90Tile<BN, 64>::kSmem);  // either tiling may run
+  if (major != 9 || minor != 0 || optin < smem || clusters == 0) return false;
   cudaFuncAttributes attr{};
   ::twell::detail::check_cuda(cudaFuncGetAttributes(&attr, gemm_twell_sm90_kernel<T, BN, 128, false>), where);
   return attr.binaryVersion == 90 && device_runs_sm90a_code(device, where) && tensor_map_encoder() != nullptr;
