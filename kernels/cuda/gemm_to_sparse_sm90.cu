@@ -56,8 +56,7 @@ __host__ __device__ constexpr std::int64_t tile_pairs(std::int64_t m, std::int64
 // 128 B), then the staged tile (all BM rows of kLd 16-bit values: the consumers write it and go
 // on with the next tile's wgmmas while the packer warps read it), then the mbarriers (full and
 // empty per stage, then the staged tile's full and empty). A stage is released one K step after
-// its wgmmas were issued (BM = 128; at once after they retire at BM = 64, kernel below), so
-// kStages - 2 stages are in flight while the tensor cores work: what
+// its wgmmas were issued, so kStages - 2 stages are in flight while the tensor cores work: what
 // fits next to the staged tile in 227 KB, 3 x 48 KB (BM 128, BN 256), 5 x 32 KB (128, 128),
 // 4 x 40 KB (64, 256) and 8 x 24 KB (64, 128).
 template <int BN, int BM = 128>
@@ -422,21 +421,14 @@ __global__ void __launch_bounds__(kThreadsOf<BM>, 1)
                             (kt | kk) != 0 ? 1u : 0u);
         wgmma_commit();
         fence_accumulators(acc);
-        if constexpr (BM == 64) {
-          // Decode-sized M, where the loads' latency sets the pace and a stage's wgmmas take a
-          // fraction of it: waiting for them gives the stage back at once, so all kStages
-          // stages are in flight while the consumers wait instead of kStages - 1.
-          wgmma_wait<0>();
-          fence_accumulators(acc);
-          release(s);
-        } else if (kt > 0) {
+        if (kt > 0) {
           wgmma_wait<1>();  // the previous stage's group has retired: its buffers are free
           release((it - 1) % P::kStages);
         }
       }
       wgmma_wait<0>();
       fence_accumulators(acc);
-      if constexpr (BM == 128) release((it - 1) % P::kStages);
+      release((it - 1) % P::kStages);
       mbar_wait(staged_empty, phase ^ 1u);  // the packers are done with the previous tile
       stage_warp_rows<T, BN>(acc, my_rows, g, lane);
       mbar_arrive(staged_full);
