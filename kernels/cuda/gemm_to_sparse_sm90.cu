@@ -3,7 +3,8 @@
 // epilogue code as the portable mma.sync kernel (twell_epilogue.cuh), so both produce the same
 // bits. Mainloop: TMA (cp.async.bulk.tensor) into a ring of shared-memory stages completed on
 // mbarriers, wgmma m64nBNk16 from shared-memory descriptors; a warpgroup holding the TMA producer
-// and three packer warps, two consumer warpgroups; persistent CTAs. Raw PTX, no CUTLASS
+// and three packer warps, one or two consumer warpgroups (CTA tiles of 64 or 128 rows);
+// persistent CTAs. Raw PTX, no CUTLASS
 // (docs/gemm_to_sparse.md says why).
 #include <algorithm>
 #include <climits>
@@ -275,8 +276,8 @@ struct TileWalk {
 //   stage and half of the BN / 64 boxes of W (64 K x 64 columns) into the stage of both CTAs
 //   (multicast), waiting on its "empty" mbarrier (released by the consumers of both CTAs, since
 //   the peer writes into it too) and arming its "full" one with the stage's bytes. Sharing W
-//   halves the W traffic from L2: 32 instead of 48 KB per CTA and K step, which L2 bandwidth,
-//   not the tensor cores, had set the pace by;
+//   halves the W traffic from L2 (BM 128, BN 256: 32 instead of 48 KB per CTA and K step), which
+//   L2 bandwidth, not the tensor cores, had set the pace by;
 // - warpgroups 1 and 2 (BM = 128) or 1 (BM = 64) consume: consumer c owns rows 64c .. 64c+63 of
 //   the tile as the m64nBN fp32
 //   accumulator of wgmma (warp q of it rows 16q .. 16q+15: per 8-column chunk i, d[4i + 2h + e]
@@ -546,8 +547,8 @@ Sm90Launch<T, BN, BM, kDense>::Sm90Launch(cudaStream_t stream, const char* where
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = 1;
-  // Persistent: as many clusters as the device holds at once (66 of 2 CTAs on an H100), at most
-  // one per tile pair.
+  // Persistent: the grid (set by launch()) is as many clusters as the device holds at once (66
+  // of 2 CTAs on an H100), at most one per tile pair.
   config.gridDim = dim3(kCluster);
   resident = ::twell::detail::resident_clusters(kernel, config, where);
   require(resident > 0, ErrorCode::cuda, where, "no cluster of ", kCluster, " CTAs with ", P::kSmem,
@@ -567,17 +568,18 @@ void launch(Sm90Launch<T, BN, BM, kDense>& l, const Sm90Gemm& g, const TwellOut&
 }
 
 // The TwELL kernel in 64-row CTA tiles where their tile pairs take one wave of resident clusters
-// (at the paper's N = 5632 on 132 SMs: M <= 384), else in 128-row ones. Each output's sum over K
+// (on 132 SMs at the paper's N = 5632: M <= 384 with 256-column tiles, M <= 128 with 128-column
+// ones), else in 128-row ones. Each output's sum over K
 // runs in the same order either way, so the choice changes the speed, never the bits.
 template <class T, int BN>
 int launch_twell(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
-  Sm90Launch<T, BN, 64, false> narrow(stream, where);
-  if (tile_pairs(g.m, g.n, BN, 64) <= narrow.resident) {
-    launch(narrow, g, o, Sm90Dense{}, where);
+  Sm90Launch<T, BN, 64, false> short_tiles(stream, where);
+  if (tile_pairs(g.m, g.n, BN, 64) <= short_tiles.resident) {
+    launch(short_tiles, g, o, Sm90Dense{}, where);
     return 64;
   }
-  Sm90Launch<T, BN, 128, false> wide(stream, where);
-  launch(wide, g, o, Sm90Dense{}, where);
+  Sm90Launch<T, BN, 128, false> tall_tiles(stream, where);
+  launch(tall_tiles, g, o, Sm90Dense{}, where);
   return 128;
 }
 
