@@ -1330,8 +1330,9 @@ struct UpDownMemory {
 };
 
 // What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order one per
-// block of the smallest size (a token); where the block kernel takes K, block_state, and with split rows (capacity
-// min(M, resident CTAs of either pass's kernel)) 2 M candidate words, a turn per split row and its K fp32 partial sums.
+// block of the smallest size (a token); where the block kernel takes K, block_state, and with
+// split rows (capacity min(M, resident CTAs of either pass's kernel)) 2 M candidate words, a turn
+// per split row and its K fp32 partial sums.
 struct UpDownSizes {
   std::size_t row_nnz = 0, block_order = 0, block_state = 0, capacity = 0, candidates = 0, sum = 0;
   template <class T>

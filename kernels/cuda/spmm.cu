@@ -1024,9 +1024,9 @@ class TransposedA {
 // the products take the slice-reuse kernel, slice_buffers(j, A^T, B, copy) gives workspace and,
 // with `copy`, a copy of B, set j (or nulls: stream-ordered scratch). Where every A_i^T is built
 // first and `side` is given (an SpmmPlan's side streams), the dense rows' work goes on its side
-// lane, beside the
-// products, and slice-reuse products take a stream and set j = i each, so that their pre-passes
-// run side by side; elsewhere the products use set 0 in turn. Returns the op-none path on A^T.
+// lane, beside the products, and slice-reuse products take a stream and set j = i each, so that
+// their pre-passes run side by side; elsewhere the products use set 0 in turn. Returns the op-none
+// path on A^T.
 template <class T, class DenseRoom, class OverflowTmp, class SliceBuffers>
 std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool shared, TwellLayout layout,
                                 std::span<const DenseView<const T>> b, std::span<const DenseView<T>> c, float alpha,

@@ -413,8 +413,8 @@ __global__ void __launch_bounds__(kMapThreads)
 // is dense for its fullest group, and most of its groups fit (H200, training step, M = 4096,
 // token-skewed, 2026-11-29: this pass took 22.7 us a product, the groups pass 32; the step's A/B
 // did not separate the change from its noise). The walk visits an entry of any plane and writes
-// each plane's value there, +-0 included, as the planes' slots hold them. One launch for the planes: a
-// launch a plane took ~10 us each in the token-skewed training step at M = 4096 (~36 us at 16384),
+// each plane's value there, +-0 included, as the planes' slots hold them. One launch for the
+// planes: a launch a plane took ~10 us each in the token-skewed training step at M = 4096 (~36 us at 16384),
 // latency more than work; one for three made the step 0.7-0.9 % faster at M = 4096 and 0.2 % at
 // 16384 (H200, 2026-11-30, docs/benchmarks/diagnostics/h200-2026-11-30p-dense-rows-planes.md).
 template <class T, int P>
