@@ -9,12 +9,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
-#include <cuda.h>  // CUtensorMap and its enums only: the driver is reached through the runtime's entry-point query
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <twell/error.hpp>
@@ -24,14 +20,10 @@
 #include "cuda_launch.cuh"
 #include "gemm_to_sparse_sm90.cuh"
 #include "mbarrier.cuh"
+#include "sm90_support.cuh"
 
-// wgmma, setmaxnreg and the sm_90a descriptors exist only in the architecture-specific target;
-// every other device pass compiles an empty kernel that the host never launches.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define TWELL_SM90A_DEVICE 1
-#else
-#define TWELL_SM90A_DEVICE 0
-#endif
+// Outside the sm_90a pass (TWELL_SM90A_DEVICE, sm90_support.cuh) the kernels compile empty; the
+// host never launches them there.
 
 namespace twell::cuda::detail {
 namespace {
@@ -83,17 +75,6 @@ constexpr int kPackerWarps = 3;  // warps 1 .. 3 of warpgroup 0 (warp 0 issues t
 // 64,512). With one (BM = 64) the 256 threads may each hold 255 registers, so nothing is moved.
 constexpr int kConsumerRegisters = 200;
 constexpr int kProducerRegisters = 104;
-
-// One box of a 2-D tensor map into shared memory; the bytes complete on `bar`. Out-of-bounds
-// elements arrive as zeros (and count toward the bytes), which handles ragged M, N and K.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
-                                            int outer) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
-      "[%2];\n" ::"r"(shared_address(dst)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(shared_address(bar)), "r"(inner), "r"(outer)
-      : "memory");
-}
 
 // The same into this CTA and its cluster peer at the same shared offsets, completing on each one's
 // `bar` at that offset.
@@ -439,66 +420,12 @@ __global__ void __launch_bounds__(kThreadsOf<BM>, 1)
 #endif
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      p = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
 // A row-major rows x cols 16-bit matrix with leading dimension ld, read in boxes of box_rows x
 // 64 columns (128 bytes: one swizzle row), 128-byte swizzled, zeros outside.
 template <class T>
 CUtensorMap tensor_map(const void* base, std::int64_t rows, std::int64_t cols, std::int64_t ld, int box_rows,
                        const char* where) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(
-      &map, std::is_same_v<T, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-      const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  require(r == CUDA_SUCCESS, ErrorCode::cuda, where, "cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(r),
-          ") for a ", rows, " x ", cols, " matrix with leading dimension ", ld);
-  return map;
-}
-
-// The probe writes 1 where the device runs this file's sm_90a image. A build whose code for the
-// device at hand comes from another target (compute_80 PTX that the driver compiles for a Hopper,
-// or plain sm_90) runs the empty wgmma kernel instead, and cudaFuncGetAttributes reports binary
-// version 90 for both, so only code that runs can tell them apart.
-__device__ int sm90a_code_flag;
-__global__ void sm90a_probe_kernel() {
-  ::twell::detail::wait_for_prior_grids();
-  sm90a_code_flag = TWELL_SM90A_DEVICE;
-}
-
-// Asked once per device and process; the probe runs on a private stream of its own.
-bool device_runs_sm90a_code(int device, const char* where) {
-  static std::mutex mutex;
-  static std::map<int, bool> known;
-  const std::lock_guard lock(mutex);
-  if (const auto it = known.find(device); it != known.end()) return it->second;
-  cudaStream_t probe_stream = nullptr;
-  ::twell::detail::check_cuda(cudaStreamCreateWithFlags(&probe_stream, cudaStreamNonBlocking), where);
-  int flag = 0;
-  cudaError_t status = ::twell::detail::try_launch_kernel(sm90a_probe_kernel, 1, 1, 0, probe_stream);
-  if (status == cudaSuccess)
-    status = cudaMemcpyFromSymbolAsync(&flag, sm90a_code_flag, sizeof flag, 0, cudaMemcpyDeviceToHost, probe_stream);
-  if (status == cudaSuccess) status = cudaStreamSynchronize(probe_stream);
-  (void)cudaStreamDestroy(probe_stream);
-  ::twell::detail::check_cuda(status, where);
-  return known[device] = flag == 1;
+  return tensor_map_2d(tensor_map_type<T>(), base, rows, cols, ld * 2, 64, box_rows, CU_TENSOR_MAP_SWIZZLE_128B, where);
 }
 
 template <class T, int BN>

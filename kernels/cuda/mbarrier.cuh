@@ -1,8 +1,11 @@
-// Internal to the cuda kernels: shared-memory mbarriers and 1-D bulk copies by the TMA engine
-// (sm_90 and up; call them only from device code compiled for such a target). Not installed.
+// Internal to the cuda kernels: shared-memory mbarriers, and bulk copies by the TMA engine (1-D,
+// and boxes of 2-D tensor maps) that complete on them (sm_90 and up; call them only from device
+// code compiled for such a target). Not installed.
 #pragma once
 
 #include <cstdint>
+
+#include <cuda.h>  // CUtensorMap
 
 #include "cp_async.cuh"
 
@@ -49,6 +52,17 @@ __device__ __forceinline__ void bulk_copy_to_shared(std::uint32_t dst, const voi
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(shared_address(bar))
                : "memory");
+}
+
+// One box of a 2-D tensor map into shared memory; the bytes complete on `bar`. Out-of-bounds
+// elements arrive as zeros (and count toward the bytes): ragged edges need no special case.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, std::uint64_t* bar, int inner,
+                                            int outer) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+      "[%2];\n" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(shared_address(bar)), "r"(inner), "r"(outer)
+      : "memory");
 }
 
 }  // namespace twell::cuda::detail

@@ -10,9 +10,9 @@
 // C, held in fp32 registers (a warp owns 16 rows, a lane 4 columns of each), and walks A's column
 // tiles in order: for tile t it stages B(tile t's rows, its columns), every row of the tile whether
 // used or not, and the first 32 bytes of each of its rows' (row, t) slot groups, three stages deep
-// with cp.async. B then crosses L2 once per row block, (M / 256) x K x Nb x 2 bytes, and A's slot
-// heads once per column slice; there is no pre-pass and no workspace. An entry costs its warp one
-// conflict-free shared load of 256 bytes (all lanes read one B row) and 4 FMAs per lane. Entries
+// (by TMA in the paired launch on sm_90a, by cp.async otherwise; stream_cta). B then crosses L2 once per row block, (M
+// / 256) x K x Nb x 2 bytes, and A's slot heads once per column slice; there is no pre-pass and no workspace. An entry
+// costs its warp one conflict-free shared load of 256 bytes (all lanes read one B row) and 4 FMAs per lane. Entries
 // past the 7 a head holds (rare below ~2 % density) are read from global memory.
 //
 // Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane),
@@ -31,13 +31,17 @@
 // Determinism: each output element is summed by one lane, tiles in order and a tile's entries in
 // slot order; no atomics. The result does not depend on the grid.
 #include <array>
+#include <climits>
 #include <cstdint>
 
 #include <twell/error.hpp>
 #include <twell/types.hpp>
 
 #include "cp_async.cuh"
+#include "cuda_check.hpp"
 #include "cuda_launch.cuh"
+#include "mbarrier.cuh"
+#include "sm90_support.cuh"
 #include "sparse_common.cuh"
 #include "spmm_stream.cuh"
 #include "vec16.cuh"
@@ -69,10 +73,15 @@ constexpr int kCols = 32 * kColsPerLane;        // columns of B and C per CTA
 constexpr int kRowBytes = 2 * kCols;            // one staged row of B
 constexpr int kChunksPerRow = kRowBytes / 16;
 constexpr int kBBytes = (kMaxTile + 1) * kRowBytes;
-constexpr int kHeadChunks = kRowHeads * kHeadSlots * 4 / 16;  // 16-byte copies of a stage's heads
-constexpr int kStageBytes = kBBytes + kRowHeads * kHeadSlots * 4;
-constexpr int kSmemBytes = kStages * kStageBytes;
-static_assert(kHeadChunks % kThreads == 0 && kBBytes % 16 == 0 && kColsPerLane == 4);
+constexpr int kHeadBytes = kRowHeads * kHeadSlots * 4;  // a stage's slot heads
+constexpr int kHeadChunks = kHeadBytes / 16;            // their 16-byte copies
+constexpr int kStageBytes = kBBytes + kHeadBytes;
+// On sm_90a each stage also has an mbarrier its TMA copies complete on and a count of the warps
+// done with it.
+constexpr int kStageAlign = 128;  // what TMA copies into shared memory need
+constexpr int kSmemBytes = kStageAlign + kStages * (kStageBytes + 8 + 4);
+static_assert(kHeadChunks % kThreads == 0 && kThreads % kChunksPerRow == 0 && kBBytes % kStageAlign == 0 &&
+              kStageBytes % kStageAlign == 0 && kColsPerLane == 4);
 template <int kPlanes>
 constexpr int kRowsPerWarp = kRowValues / kPlanes;
 template <int kPlanes>
@@ -119,6 +128,14 @@ struct StreamBatch {
   std::int64_t ldc[kMaxStreamBatch];
 };
 
+// The TMA copies' tensor maps of each batch entry (the paired launch on sm_90a): B in boxes of the
+// tile's rows x kCols columns, and A's packed words in boxes of kRows<planes> rows x the 8 head
+// slots. Unused (and not encoded) where the launch stages by cp.async.
+struct StreamMaps {
+  CUtensorMap b[kMaxStreamBatch];
+  CUtensorMap heads[kMaxStreamBatch];
+};
+
 // Preconditions (spmm_stream_applies): 16-bit T; layout.tile <= 256, slots() a multiple of 4 and
 // at least 8, packed 16-byte aligned; B 16-byte aligned, ldb and nb multiples of 8; C 16-byte
 // aligned, ldc a multiple of 8; dynamic shared memory of kSmemBytes; with two planes, both of one
@@ -129,13 +146,30 @@ struct StreamBatch {
 // of a two-plane CTA sums its entries in the order a one-plane CTA does (same bits).
 // The CTA (blockIdx.x, blockIdx.y) of the product whose planes are batch entries first_plane +
 // [0, kPlanes); nothing for a row block past A.
-template <class T, int kPlanes>
+//
+// A stage holds the tile's B rows (kMaxTile + 1 of them, the last the zero row) and the CTA's slot
+// heads, plane-major: plane p's rows, 32 bytes each. Two ways to fill the stages:
+// - cp.async (kTma false): every thread copies its share, and a barrier per tile publishes them;
+//   all warps then wait for the slowest each tile (14.6 % of the warps' stall samples in the
+//   paired launch at M = 16384, H200, Nsight Compute).
+// - TMA (kTma, sm_90a): one TMA box of B and one of heads per plane, completing on the stage's
+//   mbarrier; the last warp done with a stage (a count in shared memory) issues its next tile's
+//   boxes, so warps run up to kStages - 1 tiles apart and a tile's unequal work per warp evens
+//   out over tiles. Taken by the paired launch only: there it made the training step at M = 16384
+//   0.95-0.96 of its time on uniform rows and 0.98-0.99 on token-skewed ones, while a product of
+//   token-skewed rows in stream_kernel took 1.26-1.31x as long (spmm suite, twell_tile_stream),
+//   its warps then apart in the unrolled code: instruction-fetch stalls went from 13 % to 45 % of
+//   the samples (docs/benchmarks/README.md, "Fiftieth session").
+template <class T, int kPlanes, bool kTma>
 __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_cols, TwellLayout layout,
-                                           const StreamBatch<T>& batch, unsigned first_plane, std::int64_t nb,
-                                           float alpha, float beta) {
-  extern __shared__ __align__(16) unsigned char smem[];  // [kStages][B rows | slot heads]
+                                           const StreamBatch<T>& batch, [[maybe_unused]] const StreamMaps& maps,
+                                           unsigned first_plane, std::int64_t nb, float alpha, float beta) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int kWarpRows = kRowsPerWarp<kPlanes>;
-  if (static_cast<std::int64_t>(blockIdx.x) * kRows<kPlanes> >= rows) return;
+  constexpr int kCtaRows = kRows<kPlanes>;
+  if (static_cast<std::int64_t>(blockIdx.x) * kCtaRows >= rows) return;
+  // [kStages][B rows | slot heads], then (sm_90a) each stage's mbarrier and count of warps done.
+  unsigned char* const smem = smem_raw + (kStageAlign - shared_address(smem_raw) % kStageAlign) % kStageAlign;
   const std::uint32_t* packed[kPlanes];
   T* c[kPlanes];
   std::int64_t ldc[kPlanes];
@@ -146,89 +180,131 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     ldc[p] = batch.ldc[first_plane + p];
   }
   const std::int32_t* __restrict__ shadow = batch.shadow[first_plane];
-  const T* __restrict__ b = batch.b[first_plane];
-  const std::int64_t ldb = batch.ldb[first_plane];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kRows<kPlanes>;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kCtaRows;
   const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kCols;
   const int tile = layout.tile, slots = layout.slots();
   const int tiles = static_cast<int>(layout.tiles(k_cols));
   const std::int64_t pw = layout.packed_width(k_cols);
   const auto cap = static_cast<std::uint32_t>(layout.capacity());
 
-  // The slot heads this thread stages, fixed over the tiles: null for rows past M and shadow rows,
-  // whose heads are zero-filled (count 0). A row's heads are its planes' in turn, two 16-byte
-  // copies each.
+  // Staged rows at and past the tile width never receive a copy: zero them once in every stage.
+  for (int s = 0; s < kStages; ++s) {
+    auto* zero = reinterpret_cast<std::uint32_t*>(smem + s * kStageBytes + tile * kRowBytes);
+    for (int i = tid; i < (kMaxTile + 1 - tile) * kRowBytes / 4; i += blockDim.x) zero[i] = 0;
+  }
+
+  auto* const full = reinterpret_cast<std::uint64_t*>(smem + kStages * kStageBytes);  // kTma only
+  auto* const done = reinterpret_cast<unsigned*>(full + kStages);  // warps done with each stage, ever
+  // cp.async: the slot heads this thread stages, fixed over the tiles: null for rows past M, whose
+  // heads are zero-filled (count 0). Copy q is plane q / (2 kCtaRows)'s row q / 2 % kCtaRows, half
+  // q % 2.
   constexpr int kHeadsPerThread = kHeadChunks / kThreads;
   const std::uint32_t* head_src[kHeadsPerThread];
 #pragma unroll
   for (int j = 0; j < kHeadsPerThread; ++j) {
     const int q = tid + j * kThreads;
-    const std::int64_t row = row0 + q / (2 * kPlanes);
-    const int plane = q / 2 % kPlanes;
-    const bool live = row < rows && (shadow == nullptr || shadow[row] < 0);
+    const int plane = q / (2 * kCtaRows);
+    const std::int64_t row = row0 + q / 2 % kCtaRows;
     const std::uint32_t* from = packed[0];
 #pragma unroll
     for (int p = 1; p < kPlanes; ++p) from = plane == p ? packed[p] : from;
-    head_src[j] = live ? from + row * pw + (q % 2) * 4 : nullptr;
+    head_src[j] = !kTma && row < rows ? from + row * pw + (q % 2) * 4 : nullptr;
   }
 
-  // Staged rows at and past the tile width never receive a copy: zero them once in every stage.
-  for (int s = 0; s < kStages; ++s) {
-    auto* zero = reinterpret_cast<std::uint32_t*>(smem + s * kStageBytes + tile * kRowBytes);
-    for (int i = tid; i < (kMaxTile + 1 - tile) * kRowBytes / 4; i += kThreads) zero[i] = 0;
-  }
-
-  // The thread's 16-byte column chunk of the staged B rows is fixed; it copies every
+  // cp.async: the thread's 16-byte column chunk of the staged B rows is fixed; it copies every
   // kRowStep-th row from its first, `first_row`. The copies are unrolled over the largest tile
   // with the shared offsets as immediates and the source advanced by a fixed stride: a generic
   // loop spent ~21 instructions per copy on 64-bit addresses, about a fifth of the kernel's.
   constexpr int kRowStep = kThreads / kChunksPerRow;
   static_assert(kMaxTile % kRowStep == 0, "the unrolled copies cover the largest tile");
+  const T* __restrict__ b = batch.b[first_plane];
+  const std::int64_t ldb = batch.ldb[first_plane];
   const int chunk = tid % kChunksPerRow, first_row = tid / kChunksPerRow;
   const bool chunk_inside = col0 + chunk * 8 < nb;
   const T* b_chunk = b + (chunk_inside ? col0 + chunk * 8 : 0) + first_row * ldb;
   const auto row_step_bytes = static_cast<std::uintptr_t>(kRowStep * ldb * static_cast<std::int64_t>(sizeof(T)));
   const std::uint32_t smem_base = shared_address(smem);
   const std::uint32_t chunk_dst = smem_base + first_row * kRowBytes + chunk * 16;
+  // Tile t into its stage: by TMA, one thread's boxes completing on the stage's mbarrier; by
+  // cp.async, every thread's share.
   const auto stage_tile = [&](int t) {
-    const std::uint32_t dst = chunk_dst + (t % kStages) * kStageBytes;
-    const int rows_left = layout.tile_cols(t, k_cols) - first_row;  // rows of this tile from first_row on
-    // The address of row first_row + j * kRowStep as an integer: on the ragged last tile it runs
-    // past B, and only copies inside the tile read it.
-    auto src = reinterpret_cast<std::uintptr_t>(b_chunk + layout.tile_begin(t) * ldb);
+    if constexpr (kTma) {
+      const int s = t % kStages;
+      unsigned char* const stage = smem + s * kStageBytes;
+      mbar_expect_tx(&full[s], static_cast<std::uint32_t>(tile * kRowBytes + kHeadBytes));  // zeros included
+      tma_load_2d(stage, &maps.b[first_plane], &full[s], static_cast<int>(col0),
+                  static_cast<int>(layout.tile_begin(t)));
 #pragma unroll
-    for (int j = 0; j < kMaxTile / kRowStep; ++j) {
-      if (first_row + j * kRowStep >= tile) break;
-      const bool inside = j * kRowStep < rows_left && chunk_inside;
-      cp_async16_or_zero(dst + j * kRowStep * kRowBytes, inside ? reinterpret_cast<const void*>(src) : b, inside);
-      src += row_step_bytes;
-    }
-    const std::uint32_t stage = smem_base + (t % kStages) * kStageBytes;
+      for (int p = 0; p < kPlanes; ++p)
+        tma_load_2d(stage + kBBytes + p * kCtaRows * kHeadSlots * 4, &maps.heads[first_plane + p], &full[s], t * slots,
+                    static_cast<int>(row0));
+    } else {
+      const std::uint32_t dst = chunk_dst + (t % kStages) * kStageBytes;
+      const int rows_left = layout.tile_cols(t, k_cols) - first_row;  // rows of this tile from first_row on
+      // The address of row first_row + j * kRowStep as an integer: on the ragged last tile it runs
+      // past B, and only copies inside the tile read it.
+      auto src = reinterpret_cast<std::uintptr_t>(b_chunk + layout.tile_begin(t) * ldb);
 #pragma unroll
-    for (int j = 0; j < kHeadsPerThread; ++j) {
-      const std::uint32_t* src = head_src[j];
-      cp_async16_or_zero(stage + kBBytes + (tid + j * kThreads) * 16,
-                         src != nullptr ? src + static_cast<std::int64_t>(t) * slots : packed[0], src != nullptr);
+      for (int j = 0; j < kMaxTile / kRowStep; ++j) {
+        if (first_row + j * kRowStep >= tile) break;
+        const bool inside = j * kRowStep < rows_left && chunk_inside;
+        cp_async16_or_zero(dst + j * kRowStep * kRowBytes, inside ? reinterpret_cast<const void*>(src) : b, inside);
+        src += row_step_bytes;
+      }
+      const std::uint32_t stage = smem_base + (t % kStages) * kStageBytes;
+#pragma unroll
+      for (int j = 0; j < kHeadsPerThread; ++j) {
+        const std::uint32_t* src = head_src[j];
+        cp_async16_or_zero(stage + kBBytes + (tid + j * kThreads) * 16,
+                           src != nullptr ? src + static_cast<std::int64_t>(t) * slots : packed[0], src != nullptr);
+      }
     }
   };
-
-  // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past the heads.
-  const std::int64_t lane_offset = (row0 + warp * kWarpRows + lane) * pw;
-  float acc[kWarpRows][kPlanes][kColsPerLane] = {};
-  for (int t = 0; t < kStages - 1; ++t) {
-    if (t < tiles) stage_tile(t);
-    cp_async_commit_group();
-  }
-  for (int t = 0; t < tiles; ++t) {
-    if (t + kStages - 1 < tiles) stage_tile(t + kStages - 1);
-    cp_async_commit_group();
-    cp_async_wait_groups<kStages - 1>();
+  if constexpr (kTma) {
+    if (tid == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(&full[s], 1);
+        done[s] = 0;
+      }
+      mbar_init_fence();
+    }
     __syncthreads();
+    if (tid == 0)
+      for (int t = 0; t < kStages && t < tiles; ++t) stage_tile(t);
+  } else {
+    for (int t = 0; t < kStages - 1; ++t) {
+      if (t < tiles) stage_tile(t);
+      cp_async_commit_group();
+    }
+  }
 
-    const unsigned char* stage = smem + (t % kStages) * kStageBytes;
+  // The warp's rows that are C's to write: inside A and not shadow rows (whose heads count 0 here).
+  const std::int64_t first = row0 + warp * kWarpRows;
+  const std::int64_t my_row = first + lane;
+  const bool mine_live = lane < kWarpRows && my_row < rows && (shadow == nullptr || shadow[my_row] < 0);
+  const unsigned live = __ballot_sync(kFull, mine_live);
+  // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past the heads.
+  const std::int64_t lane_offset = my_row * pw;
+  float acc[kWarpRows][kPlanes][kColsPerLane] = {};
+  for (int t = 0; t < tiles; ++t) {
+    const int s = t % kStages;
+    if constexpr (kTma) {
+      mbar_wait(&full[s], static_cast<std::uint32_t>(t / kStages) & 1u);
+    } else {
+      // One barrier a tile: it publishes tile t's copies and says that every warp has left tile
+      // t - 1's stage, which the copies of tile t + kStages - 1 then refill.
+      cp_async_wait_groups<kStages - 2>();  // this thread's copies of tile t; tile t + 1's may fly
+      __syncthreads();
+      if (t + kStages - 1 < tiles) stage_tile(t + kStages - 1);
+      cp_async_commit_group();
+    }
+
+    const unsigned char* stage = smem + s * kStageBytes;
     const unsigned char* b_lane = stage + lane * kColsPerLane * 2;
-    const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + warp * kWarpRows * kPlanes * 2;
+    // Row r's heads of plane p: 16-byte chunks 2 (p kCtaRows + warp kWarpRows + r) and the next.
+    const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + 2 * warp * kWarpRows;
+    const auto head_chunk = [&](int r, int p, int half) { return heads[2 * (p * kCtaRows + r) + half]; };
     // Row r's entry in word `member` (0..3) of each plane's 16-byte head chunk q, or the zero row's.
     const auto add_head = [&](const uint4(&q)[kPlanes], int member, bool present, int r) {
       std::array<std::uint32_t, kPlanes> words;
@@ -244,16 +320,16 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     // different entries overlap.
     uint4 h_next[kPlanes];
 #pragma unroll
-    for (int p = 0; p < kPlanes; ++p) h_next[p] = heads[2 * p];
+    for (int p = 0; p < kPlanes; ++p) h_next[p] = head_chunk(0, p, 0);
 #pragma unroll
     for (int r = 0; r < kWarpRows; ++r) {
       uint4 h[kPlanes];
 #pragma unroll
       for (int p = 0; p < kPlanes; ++p) {
         h[p] = h_next[p];
-        if (r + 1 < kWarpRows) h_next[p] = heads[2 * ((r + 1) * kPlanes + p)];
+        if (r + 1 < kWarpRows) h_next[p] = head_chunk(r + 1, p, 0);
       }
-      const std::uint32_t n = min(h[0].x, cap);
+      const std::uint32_t n = (live >> r & 1u) != 0 ? min(h[0].x, cap) : 0u;
       if (n == 0) continue;
       add_head(h, 1, true, r);
       add_head(h, 2, n > 1, r);
@@ -262,7 +338,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
       if (n <= 3) continue;
       uint4 g[kPlanes];
 #pragma unroll
-      for (int p = 0; p < kPlanes; ++p) g[p] = heads[2 * (r * kPlanes + p) + 1];
+      for (int p = 0; p < kPlanes; ++p) g[p] = head_chunk(r, p, 1);
       add_head(g, 0, true, r);
       add_head(g, 1, n > 4, r);
       add_head(g, 2, n > 5, r);
@@ -285,14 +361,23 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
         }
       }
     }
-    __syncthreads();  // this stage is refilled kStages - 1 tiles later
+    if constexpr (kTma) {
+      // The last warp done with the stage refills it: its reads, and through the fences every
+      // warp's, come before the TMA engine's writes.
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence_block();
+        const unsigned before = atomicAdd(&done[s], 1u);
+        if (before == kWarps * static_cast<unsigned>(t / kStages + 1) - 1 && t + kStages < tiles) {
+          __threadfence_block();
+          fence_proxy_async_shared();
+          stage_tile(t + kStages);
+        }
+      }
+    }
   }
-  cp_async_wait_groups<0>();
+  if constexpr (!kTma) cp_async_wait_groups<0>();
 
-  const std::int64_t first = row0 + warp * kWarpRows;
-  const std::int64_t my_row = first + lane;
-  const bool mine_live = lane < kWarpRows && my_row < rows && (shadow == nullptr || shadow[my_row] < 0);
-  const unsigned live = __ballot_sync(kFull, mine_live);
   const std::int64_t col = col0 + lane * kColsPerLane;
   if (col >= nb) return;  // nb is a multiple of 8: a lane's 4 columns are all inside or all out
 #pragma unroll
@@ -320,23 +405,25 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
 // Products blockIdx.z of one plane each.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
-    stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch, std::int64_t nb,
-                  float alpha, float beta) {
+    stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch,
+                  const __grid_constant__ StreamMaps maps, std::int64_t nb, float alpha, float beta) {
   ::twell::detail::wait_for_prior_grids();
-  stream_cta<T, 1>(rows, k_cols, layout, batch, blockIdx.z, nb, alpha, beta);
+  stream_cta<T, 1, false>(rows, k_cols, layout, batch, maps, blockIdx.z, nb, alpha, beta);
 }
 
 // Product 0 of one plane (blockIdx.z = 0) and products 1 and 2 as the two planes of one
-// (blockIdx.z = 1): the training backward's dwd = h^T dy beside dg^T x and du^T x.
+// (blockIdx.z = 1): the training backward's dwd = h^T dy beside dg^T x and du^T x. On sm_90a its
+// stages fill by TMA (stream_cta says why only this launch).
+constexpr bool kPairTma = TWELL_SM90A_DEVICE != 0;
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_pair_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch,
-                       std::int64_t nb, float alpha, float beta) {
+                       const __grid_constant__ StreamMaps maps, std::int64_t nb, float alpha, float beta) {
   ::twell::detail::wait_for_prior_grids();
   if (blockIdx.z == 0) {
-    stream_cta<T, 1>(rows, k_cols, layout, batch, 0, nb, alpha, beta);
+    stream_cta<T, 1, kPairTma>(rows, k_cols, layout, batch, maps, 0, nb, alpha, beta);
   } else {
-    stream_cta<T, 2>(rows, k_cols, layout, batch, 1, nb, alpha, beta);
+    stream_cta<T, 2, kPairTma>(rows, k_cols, layout, batch, maps, 1, nb, alpha, beta);
   }
 }
 
@@ -399,12 +486,34 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
           " rows and B ", first.b.cols, " columns; the tile-streaming kernel takes at most ",
           0x7fffffffLL * (pair_last_two ? kRows<2> : kRows<1>), " and ", 65535LL * kCols);
   if constexpr (sizeof(T) == 2) {
+    // Where the paired launch runs this build's sm_90a code, its stages fill by TMA (stream_cta).
+    bool tma = false;
+    if (pair_last_two) {
+      int device = 0;
+      ::twell::detail::check_cuda(cudaGetDevice(&device), kWhere);
+      tma = device_runs_sm90a_code(device, kWhere);
+    }
+    StreamMaps maps{};
+    if (tma) {
+      const std::int64_t pw = first.a.layout.packed_width(first.a.cols);
+      require(first.a.rows <= INT_MAX && first.a.cols <= INT_MAX && pw <= INT_MAX, ErrorCode::unsupported, kWhere,
+              "A is ", first.a.rows, " x ", first.a.cols, "; the tile-streaming kernel's TMA copies take at most ",
+              INT_MAX, " rows, columns and slot words a row");
+      for (std::size_t i = 0; i < products.size(); ++i) {
+        const StreamProduct<T>& p = products[i];
+        const int head_rows = i > 0 ? kRows<2> : kRows<1>;
+        maps.b[i] = tensor_map_2d(tensor_map_type<T>(), p.b.data, p.b.rows, p.b.cols, p.b.ld * 2, kCols,
+                                  p.a.layout.tile, CU_TENSOR_MAP_SWIZZLE_NONE, kWhere);
+        maps.heads[i] = tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT32, p.a.packed, p.a.rows, pw, pw * 4, kHeadSlots,
+                                      head_rows, CU_TENSOR_MAP_SWIZZLE_NONE, kWhere);
+      }
+    }
     auto kernel = pair_last_two ? stream_pair_kernel<T> : stream_kernel<T>;
     ::twell::detail::allow_dynamic_shared(kernel, kSmemBytes, "twell::cuda::spmm (cudaFuncSetAttribute)");
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(slices),
                     static_cast<unsigned>(pair_last_two ? 2 : products.size()));
     ::twell::detail::launch_kernel("twell::cuda::spmm (tile-streaming kernel)", kernel, grid, kThreads, kSmemBytes,
-                                   stream, first.a.rows, first.a.cols, first.a.layout, batch, first.b.cols, alpha,
+                                   stream, first.a.rows, first.a.cols, first.a.layout, batch, maps, first.b.cols, alpha,
                                    beta);
   }
 }
