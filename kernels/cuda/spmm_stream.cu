@@ -10,10 +10,11 @@
 // C, held in fp32 registers (a warp owns 16 rows, a lane 4 columns of each), and walks A's column
 // tiles in order: for tile t it stages B(tile t's rows, its columns), every row of the tile whether
 // used or not, and the first 32 bytes of each of its rows' (row, t) slot groups, three stages deep
-// (by TMA in the paired launch on sm_90a, by cp.async otherwise; stream_cta). B then crosses L2 once per row block, (M
-// / 256) x K x Nb x 2 bytes, and A's slot heads once per column slice; there is no pre-pass and no workspace. An entry
-// costs its warp one conflict-free shared load of 256 bytes (all lanes read one B row) and 4 FMAs per lane. Entries
-// past the 7 a head holds (rare below ~2 % density) are read from global memory.
+// (by TMA in the paired launch on sm_90a, by cp.async otherwise; stream_cta). B then crosses L2
+// once per row block, (M / 256) x K x Nb x 2 bytes, and A's slot heads once per column slice;
+// there is no pre-pass and no workspace. An entry costs its warp one conflict-free shared load of
+// 256 bytes (all lanes read one B row) and 4 FMAs per lane. Entries past the 7 a head holds (rare
+// below ~2 % density) are read from global memory.
 //
 // Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane),
 // per (row, tile) visit and per staged copy, not bytes: Nsight Compute at M = 4096 (H100,
@@ -191,7 +192,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
   // Staged rows at and past the tile width never receive a copy: zero them once in every stage.
   for (int s = 0; s < kStages; ++s) {
     auto* zero = reinterpret_cast<std::uint32_t*>(smem + s * kStageBytes + tile * kRowBytes);
-    for (int i = tid; i < (kMaxTile + 1 - tile) * kRowBytes / 4; i += blockDim.x) zero[i] = 0;
+    for (int i = tid; i < (kMaxTile + 1 - tile) * kRowBytes / 4; i += kThreads) zero[i] = 0;
   }
 
   auto* const full = reinterpret_cast<std::uint64_t*>(smem + kStages * kStageBytes);  // kTma only
@@ -279,7 +280,8 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     }
   }
 
-  // The warp's rows that are C's to write: inside A and not shadow rows (whose heads count 0 here).
+  // The warp's rows that are C's to write: inside A and not shadow rows. The walk takes the others'
+  // counts as 0, whatever their staged heads hold.
   const std::int64_t first = row0 + warp * kWarpRows;
   const std::int64_t my_row = first + lane;
   const bool mine_live = lane < kWarpRows && my_row < rows && (shadow == nullptr || shadow[my_row] < 0);
@@ -502,8 +504,9 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
       for (std::size_t i = 0; i < products.size(); ++i) {
         const StreamProduct<T>& p = products[i];
         const int head_rows = i > 0 ? kRows<2> : kRows<1>;
-        maps.b[i] = tensor_map_2d(tensor_map_type<T>(), p.b.data, p.b.rows, p.b.cols, p.b.ld * 2, kCols,
-                                  p.a.layout.tile, CU_TENSOR_MAP_SWIZZLE_NONE, kWhere);
+        if (i < 2)  // the planes' CTAs read their first plane's B (entry 1's)
+          maps.b[i] = tensor_map_2d(tensor_map_type<T>(), p.b.data, p.b.rows, p.b.cols, p.b.ld * 2, kCols,
+                                    p.a.layout.tile, CU_TENSOR_MAP_SWIZZLE_NONE, kWhere);
         maps.heads[i] = tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT32, p.a.packed, p.a.rows, pw, pw * 4, kHeadSlots,
                                       head_rows, CU_TENSOR_MAP_SWIZZLE_NONE, kWhere);
       }

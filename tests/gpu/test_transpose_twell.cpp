@@ -686,7 +686,10 @@ namespace {
 
 // The routes of SpmmPlan::run_transposed, each A m x k in `layout` with `algorithm`, and the path it
 // reports: the tile-streaming kernel (all products in one launch; automatic and forced), the
-// slice-reuse and pair-balanced kernels (one product after another) and the CSR route.
+// slice-reuse and pair-balanced kernels (one product after another) and the CSR route. The forced
+// tile-streaming routes in tiles of 128 and 64 columns give its staging (TMA in the paired launch
+// on sm_90a) other box heights, A^T of 3 tiles (fewer than the stages, the last one ragged) and
+// of 9 (each stage refilled twice).
 struct TransposedRoute {
   std::int64_t m, k;
   TwellLayout layout;
@@ -700,6 +703,8 @@ std::vector<TransposedRoute> transposed_routes() {
            {256, 16},
            SpmmAlgorithm::tile_stream,
            "/via_transpose+tile_stream_batched"},
+          {300, 777, {128, 8}, SpmmAlgorithm::tile_stream, "/via_transpose+tile_stream_batched"},
+          {520, 600, {64, 8}, SpmmAlgorithm::tile_stream, "/via_transpose+tile_stream_batched"},
           {300, 2100, {256, 8}, SpmmAlgorithm::automatic, "/via_transpose+slice_reuse"},
           {600, 500, {256, 16}, SpmmAlgorithm::automatic, "/via_transpose+pair_balanced"},
           {300, 777, {256, 4}, SpmmAlgorithm::automatic, "/via_csr_transpose"}};
