@@ -197,9 +197,10 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
 
   auto* const full = reinterpret_cast<std::uint64_t*>(smem + kStages * kStageBytes);  // kTma only
   auto* const done = reinterpret_cast<unsigned*>(full + kStages);  // warps done with each stage, ever
-  // cp.async: the slot heads this thread stages, fixed over the tiles: null for rows past M, whose
-  // heads are zero-filled (count 0). Copy q is plane q / (2 kCtaRows)'s row q / 2 % kCtaRows, half
-  // q % 2.
+  // cp.async: the slot heads this thread stages, fixed over the tiles: null for rows past M and
+  // shadow rows, whose heads are zero-filled (count 0), so that the walk needs no mask (masked,
+  // op-none products took 2-5 % longer: docs/benchmarks/README.md, "Fifty-first session"). Copy q
+  // is plane q / (2 kCtaRows)'s row q / 2 % kCtaRows, half q % 2.
   constexpr int kHeadsPerThread = kHeadChunks / kThreads;
   const std::uint32_t* head_src[kHeadsPerThread];
 #pragma unroll
@@ -210,7 +211,8 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     const std::uint32_t* from = packed[0];
 #pragma unroll
     for (int p = 1; p < kPlanes; ++p) from = plane == p ? packed[p] : from;
-    head_src[j] = !kTma && row < rows ? from + row * pw + (q % 2) * 4 : nullptr;
+    const bool live_row = row < rows && (shadow == nullptr || shadow[row] < 0);
+    head_src[j] = !kTma && live_row ? from + row * pw + (q % 2) * 4 : nullptr;
   }
 
   // cp.async: the thread's 16-byte column chunk of the staged B rows is fixed; it copies every
@@ -280,8 +282,8 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     }
   }
 
-  // The warp's rows that are C's to write: inside A and not shadow rows. The walk takes the others'
-  // counts as 0, whatever their staged heads hold.
+  // The warp's rows that are C's to write: inside A and not shadow rows. TMA copies every row's
+  // heads, so its walk takes the others' counts as 0, whatever their staged heads hold.
   const std::int64_t first = row0 + warp * kWarpRows;
   const std::int64_t my_row = first + lane;
   const bool mine_live = lane < kWarpRows && my_row < rows && (shadow == nullptr || shadow[my_row] < 0);
@@ -331,7 +333,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
         h[p] = h_next[p];
         if (r + 1 < kWarpRows) h_next[p] = head_chunk(r + 1, p, 0);
       }
-      const std::uint32_t n = (live >> r & 1u) != 0 ? min(h[0].x, cap) : 0u;
+      const std::uint32_t n = !kTma || (live >> r & 1u) != 0 ? min(h[0].x, cap) : 0u;
       if (n == 0) continue;
       add_head(h, 1, true, r);
       add_head(h, 2, n > 1, r);
