@@ -181,6 +181,8 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     ldc[p] = batch.ldc[first_plane + p];
   }
   const std::int32_t* __restrict__ shadow = batch.shadow[first_plane];
+  // A row whose C is this kernel's to write: inside A and not a shadow row.
+  const auto row_is_live = [&](std::int64_t row) { return row < rows && (shadow == nullptr || shadow[row] < 0); };
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.x) * kCtaRows;
   const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.y) * kCols;
@@ -211,8 +213,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     const std::uint32_t* from = packed[0];
 #pragma unroll
     for (int p = 1; p < kPlanes; ++p) from = plane == p ? packed[p] : from;
-    const bool live_row = row < rows && (shadow == nullptr || shadow[row] < 0);
-    head_src[j] = !kTma && live_row ? from + row * pw + (q % 2) * 4 : nullptr;
+    head_src[j] = !kTma && row_is_live(row) ? from + row * pw + (q % 2) * 4 : nullptr;
   }
 
   // cp.async: the thread's 16-byte column chunk of the staged B rows is fixed; it copies every
@@ -286,8 +287,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
   // heads, so its walk takes the others' counts as 0, whatever their staged heads hold.
   const std::int64_t first = row0 + warp * kWarpRows;
   const std::int64_t my_row = first + lane;
-  const bool mine_live = lane < kWarpRows && my_row < rows && (shadow == nullptr || shadow[my_row] < 0);
-  const unsigned live = __ballot_sync(kFull, mine_live);
+  const unsigned live = __ballot_sync(kFull, lane < kWarpRows && row_is_live(my_row));
   // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past the heads.
   const std::int64_t lane_offset = my_row * pw;
   float acc[kWarpRows][kPlanes][kColsPerLane] = {};
