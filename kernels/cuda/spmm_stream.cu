@@ -10,11 +10,11 @@
 // C, held in fp32 registers (a warp owns 16 rows, a lane 4 columns of each), and walks A's column
 // tiles in order: for tile t it stages B(tile t's rows, its columns), every row of the tile whether
 // used or not, and the first 32 bytes of each of its rows' (row, t) slot groups, three stages deep
-// (by TMA in the paired launch on sm_90a, by cp.async otherwise; stream_cta). B then crosses L2
+// (by TMA where this build's sm_90a code runs, by cp.async otherwise; stream_cta). B then crosses L2
 // once per row block, (M / 256) x K x Nb x 2 bytes, and A's slot heads once per column slice;
 // there is no pre-pass and no workspace. An entry costs its warp one conflict-free shared load of
-// 256 bytes (all lanes read one B row) and 4 FMAs per lane. Entries past the 7 a head holds (rare
-// below ~2 % density) are read from global memory.
+// 256 bytes (all lanes read one B row) and 4 FMAs per lane. A row's entries of a tile past the
+// first 3 (TMA staging) or 7 (cp.async) are read from global memory (stream_cta says why).
 //
 // Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane),
 // per (row, tile) visit and per staged copy, not bytes: Nsight Compute at M = 4096 (H100,
@@ -129,7 +129,7 @@ struct StreamBatch {
   std::int64_t ldc[kMaxStreamBatch];
 };
 
-// The TMA copies' tensor maps of each batch entry (the paired launch on sm_90a): B in boxes of the
+// The TMA copies' tensor maps of each batch entry (sm_90a): B in boxes of the
 // tile's rows x kCols columns, and A's packed words in boxes of kRows<planes> rows x the 8 head
 // slots. Unused (and not encoded) where the launch stages by cp.async.
 struct StreamMaps {
@@ -156,11 +156,16 @@ struct StreamMaps {
 // - TMA (kTma, sm_90a): one TMA box of B and one of heads per plane, completing on the stage's
 //   mbarrier; the last warp done with a stage (a count in shared memory) issues its next tile's
 //   boxes, so warps run up to kStages - 1 tiles apart and a tile's unequal work per warp evens
-//   out over tiles. Taken by the paired launch only: there it made the training step at M = 16384
-//   0.95-0.96 of its time on uniform rows and 0.98-0.99 on token-skewed ones, while a product of
-//   token-skewed rows in stream_kernel took 1.26-1.31x as long (spmm suite, twell_tile_stream),
-//   its warps then apart in the unrolled code: instruction-fetch stalls went from 13 % to 45 % of
-//   the samples (docs/benchmarks/README.md, "Fiftieth session").
+//   out over tiles.
+// Warps that far apart run different parts of the unrolled walk over their rows, and the
+// instruction cache did not hold them all: with TMA staging and 7 entries a row taken inline, a
+// product of token-skewed rows took 1.26-1.40x as long as with cp.async, no-instruction stalls
+// from 13 % to 45 % of the samples (docs/benchmarks/README.md, "Fiftieth session"). So the TMA
+// walk takes 3 entries a row inline (76 -> 59 KB of sm_90a code in stream_kernel, 136 -> 105 KB
+// in stream_pair_kernel) and the rest through the rolled loop: products then took 0.87-0.88 of
+// the cp.async form's time on uniform rows and 0.98-1.01 on token-skewed ones, the training step
+// 0.98-0.99 (H200, diagnostics/h200-2026-11-30zj-stream-short-walk.md). The cp.async form keeps
+// 7: with 3 it took 1.11-1.14x as long.
 template <class T, int kPlanes, bool kTma>
 __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_cols, TwellLayout layout,
                                            const StreamBatch<T>& batch, [[maybe_unused]] const StreamMaps& maps,
@@ -290,6 +295,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
   const unsigned live = __ballot_sync(kFull, lane < kWarpRows && row_is_live(my_row));
   // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past the heads.
   const std::int64_t lane_offset = my_row * pw;
+  constexpr std::uint32_t kInlineEntries = kTma ? 3 : kHeadSlots - 1;  // of a row's entries of a tile
   float acc[kWarpRows][kPlanes][kColsPerLane] = {};
   for (int t = 0; t < tiles; ++t) {
     const int s = t % kStages;
@@ -340,18 +346,20 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
       if (n <= 2) continue;
       add_head(h, 3, true, r);
       if (n <= 3) continue;
-      uint4 g[kPlanes];
+      if constexpr (kInlineEntries == kHeadSlots - 1) {
+        uint4 g[kPlanes];
 #pragma unroll
-      for (int p = 0; p < kPlanes; ++p) g[p] = head_chunk(r, p, 1);
-      add_head(g, 0, true, r);
-      add_head(g, 1, n > 4, r);
-      add_head(g, 2, n > 5, r);
-      add_head(g, 3, n > 6, r);
-      if (n <= 7) continue;
-      // Slots 8..n from global memory, 32 at a time, one per lane. The group's offset comes from
-      // lane r, so the compiler does not keep one per row in registers.
+        for (int p = 0; p < kPlanes; ++p) g[p] = head_chunk(r, p, 1);
+        add_head(g, 0, true, r);
+        add_head(g, 1, n > 4, r);
+        add_head(g, 2, n > 5, r);
+        add_head(g, 3, n > 6, r);
+        if (n <= 7) continue;
+      }
+      // The other slots from global memory, 32 at a time, one per lane. The group's offset comes
+      // from lane r, so the compiler does not keep one per row in registers.
       const std::int64_t offset = __shfl_sync(kFull, lane_offset, r) + static_cast<std::int64_t>(t) * slots;
-      for (std::uint32_t j0 = kHeadSlots; j0 <= n; j0 += 32) {
+      for (std::uint32_t j0 = kInlineEntries + 1; j0 <= n; j0 += 32) {
         std::uint32_t mine[kPlanes];
 #pragma unroll
         for (int p = 0; p < kPlanes; ++p) mine[p] = j0 + lane <= n ? packed[p][offset + j0 + lane] : 0u;
@@ -406,28 +414,29 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
   }
 }
 
+// Where this build's sm_90a code runs, the stages fill by TMA (stream_cta).
+constexpr bool kTmaStaging = TWELL_SM90A_DEVICE != 0;
+
 // Products blockIdx.z of one plane each.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch,
                   const __grid_constant__ StreamMaps maps, std::int64_t nb, float alpha, float beta) {
   ::twell::detail::wait_for_prior_grids();
-  stream_cta<T, 1, false>(rows, k_cols, layout, batch, maps, blockIdx.z, nb, alpha, beta);
+  stream_cta<T, 1, kTmaStaging>(rows, k_cols, layout, batch, maps, blockIdx.z, nb, alpha, beta);
 }
 
 // Product 0 of one plane (blockIdx.z = 0) and products 1 and 2 as the two planes of one
-// (blockIdx.z = 1): the training backward's dwd = h^T dy beside dg^T x and du^T x. On sm_90a its
-// stages fill by TMA (stream_cta says why only this launch).
-constexpr bool kPairTma = TWELL_SM90A_DEVICE != 0;
+// (blockIdx.z = 1): the training backward's dwd = h^T dy beside dg^T x and du^T x.
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_pair_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch,
                        const __grid_constant__ StreamMaps maps, std::int64_t nb, float alpha, float beta) {
   ::twell::detail::wait_for_prior_grids();
   if (blockIdx.z == 0) {
-    stream_cta<T, 1, kPairTma>(rows, k_cols, layout, batch, maps, 0, nb, alpha, beta);
+    stream_cta<T, 1, kTmaStaging>(rows, k_cols, layout, batch, maps, 0, nb, alpha, beta);
   } else {
-    stream_cta<T, 2, kPairTma>(rows, k_cols, layout, batch, maps, 1, nb, alpha, beta);
+    stream_cta<T, 2, kTmaStaging>(rows, k_cols, layout, batch, maps, 1, nb, alpha, beta);
   }
 }
 
@@ -490,13 +499,10 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
           " rows and B ", first.b.cols, " columns; the tile-streaming kernel takes at most ",
           0x7fffffffLL * (pair_last_two ? kRows<2> : kRows<1>), " and ", 65535LL * kCols);
   if constexpr (sizeof(T) == 2) {
-    // Where the paired launch runs this build's sm_90a code, its stages fill by TMA (stream_cta).
-    bool tma = false;
-    if (pair_last_two) {
-      int device = 0;
-      ::twell::detail::check_cuda(cudaGetDevice(&device), kWhere);
-      tma = device_runs_sm90a_code(device, kWhere);
-    }
+    // Where the launch runs this build's sm_90a code, its stages fill by TMA (stream_cta).
+    int device = 0;
+    ::twell::detail::check_cuda(cudaGetDevice(&device), kWhere);
+    const bool tma = device_runs_sm90a_code(device, kWhere);
     StreamMaps maps{};
     if (tma) {
       const std::int64_t pw = first.a.layout.packed_width(first.a.cols);
@@ -505,8 +511,8 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
               INT_MAX, " rows, columns and slot words a row");
       for (std::size_t i = 0; i < products.size(); ++i) {
         const StreamProduct<T>& p = products[i];
-        const int head_rows = i > 0 ? kRows<2> : kRows<1>;
-        if (i < 2)  // the planes' CTAs read their first plane's B (entry 1's)
+        const int head_rows = pair_last_two && i > 0 ? kRows<2> : kRows<1>;
+        if (!pair_last_two || i < 2)  // a paired launch's planes read their first plane's B (entry 1's)
           maps.b[i] = tensor_map_2d(tensor_map_type<T>(), p.b.data, p.b.rows, p.b.cols, p.b.ld * 2, kCols,
                                     p.a.layout.tile, CU_TENSOR_MAP_SWIZZLE_NONE, kWhere);
         maps.heads[i] = tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT32, p.a.packed, p.a.rows, pw, pw * 4, kHeadSlots,

@@ -687,8 +687,8 @@ namespace {
 // The routes of SpmmPlan::run_transposed, each A m x k in `layout` with `algorithm`, and the path it
 // reports: the tile-streaming kernel (all products in one launch; automatic and forced), the
 // slice-reuse and pair-balanced kernels (one product after another) and the CSR route. The forced
-// tile-streaming routes in tiles of 128 and 64 columns give its staging (TMA in the paired launch
-// on sm_90a) other box heights, A^T of 3 tiles (fewer than the stages, the last one ragged) and
+// tile-streaming routes in tiles of 128 and 64 columns give its staging (TMA where the sm_90a code
+// runs) other box heights, A^T of 3 tiles (fewer than the stages, the last one ragged) and
 // of 9 (each stage refilled twice).
 struct TransposedRoute {
   std::int64_t m, k;
