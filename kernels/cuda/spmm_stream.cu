@@ -18,8 +18,8 @@
 //
 // Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane),
 // per (row, tile) visit and per staged copy, not bytes: Nsight Compute at M = 4096 (H100,
-// 2026-11-25): 105 us, 62.6 M warp instructions, issue 62 % busy (115 us and 69.6 M before the
-// staging loop was unrolled with fixed strides); L2 ~30 % busy. The slice-reuse kernel spends
+// 2026-11-25, the cp.async form before the TMA form existed): 105 us, 62.6 M warp instructions, issue 62 % busy (115 us
+// and 69.6 M before the staging loop was unrolled with fixed strides); L2 ~30 % busy. The slice-reuse kernel spends
 // fewer instructions per entry but pays a pre-pass of ~70 us, so this path takes the smaller
 // products (choose_twell_path in spmm.cu). A tensor-core product (mma.sync over entries dealt
 // into groups of 8) was tried and lost to latency: docs/benchmarks/README.md, "Why each miss".
@@ -137,8 +137,9 @@ struct StreamMaps {
   CUtensorMap heads[kMaxStreamBatch];
 };
 
-// Preconditions (spmm_stream_applies): 16-bit T; layout.tile <= 256, slots() a multiple of 4 and
-// at least 8, packed 16-byte aligned; B 16-byte aligned, ldb and nb multiples of 8; C 16-byte
+// Preconditions (spmm_stream_applies): 16-bit T; A of at most INT_MAX rows, columns and slot words
+// a row (TMA coordinates are 32-bit); layout.tile <= 256, slots() a multiple of 4 and at least 8,
+// packed 16-byte aligned; B 16-byte aligned, ldb and nb multiples of 8; C 16-byte
 // aligned, ldc a multiple of 8; dynamic shared memory of kSmemBytes; with two planes, both of one
 // slot structure (counts and columns; plane 0's are read). Counts above capacity are clipped to
 // capacity; a column outside the tile reads the zero row, so it adds nothing (NaN if its value is
@@ -161,7 +162,7 @@ struct StreamMaps {
 // instruction cache did not hold them all: with TMA staging and 7 entries a row taken inline, a
 // product of token-skewed rows took 1.26-1.40x as long as with cp.async, no-instruction stalls
 // from 13 % to 45 % of the samples (docs/benchmarks/README.md, "Fiftieth session"). So the TMA
-// walk takes 3 entries a row inline (76 -> 59 KB of sm_90a code in stream_kernel, 136 -> 105 KB
+// walk takes 3 entries a row inline (75 -> 59 KB of sm_90a code in stream_kernel, 136 -> 105 KB
 // in stream_pair_kernel) and the rest through the rolled loop: products then took 0.87-0.88 of
 // the cp.async form's time on uniform rows and 0.98-1.01 on token-skewed ones, the training step
 // 0.98-0.99 (H200, diagnostics/h200-2026-11-30zj-stream-short-walk.md). The cp.async form keeps
@@ -293,7 +294,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
   const std::int64_t first = row0 + warp * kWarpRows;
   const std::int64_t my_row = first + lane;
   const unsigned live = __ballot_sync(kFull, lane < kWarpRows && row_is_live(my_row));
-  // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past the heads.
+  // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past those taken inline.
   const std::int64_t lane_offset = my_row * pw;
   constexpr std::uint32_t kInlineEntries = kTma ? 3 : kHeadSlots - 1;  // of a row's entries of a tile
   float acc[kWarpRows][kPlanes][kColsPerLane] = {};
@@ -457,6 +458,7 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
     return false;
   } else {
     if (a.rows <= 0 || a.cols <= 0 || b.cols <= 0) return false;
+    if (a.rows > INT_MAX || a.cols > INT_MAX || a.layout.packed_width(a.cols) > INT_MAX) return false;
     const int slots = a.layout.slots();
     if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
     if (!vector_operands(b, c)) return false;
@@ -506,9 +508,6 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
     StreamMaps maps{};
     if (tma) {
       const std::int64_t pw = first.a.layout.packed_width(first.a.cols);
-      require(first.a.rows <= INT_MAX && first.a.cols <= INT_MAX && pw <= INT_MAX, ErrorCode::unsupported, kWhere,
-              "A is ", first.a.rows, " x ", first.a.cols, "; the tile-streaming kernel's TMA copies take at most ",
-              INT_MAX, " rows, columns and slot words a row");
       for (std::size_t i = 0; i < products.size(); ++i) {
         const StreamProduct<T>& p = products[i];
         const int head_rows = pair_last_two && i > 0 ? kRows<2> : kRows<1>;
