@@ -4,6 +4,7 @@
 # GPU, and compares their medians case by case (bench/compare.py).
 #
 #   scripts/bench-variants.sh OUTDIR [--suites LIST] [--contract] [--quick] [--reps N] [--cases RE]
+#                             [--tokens S,L]
 #                             [--rounds R] VARIANT [VARIANT...]
 #
 #   VARIANT   NAME             this source tree as it is
@@ -22,6 +23,8 @@
 #                   DISTRIBUTION DENSITY" matches RE, e.g. 'spmm spmm (twell_slice_reuse|cusparse_csr) ',
 #                   leaving out the baselines and points an A/B does not need; every variant's tree
 #                   must know the option (twell bench has it since the twenty-sixth session)
+#   --tokens S,L    passed to `twell bench`: the suites' two token counts (every variant's tree
+#                   must know the option: since the fifty-second session)
 #   --rounds R      run the variants R times (default 1), each round in the opposite order to the
 #                   one before, so that drift shows
 #
@@ -60,6 +63,7 @@ while [ $# -gt 0 ]; do
     --quick) bench_args+=("$1"); quick=1 ;;
     --reps) reps="${2:?--reps needs a number}"; shift ;;
     --cases) bench_args+=(--cases "${2:?--cases needs a pattern}"); shift ;;
+    --tokens) bench_args+=(--tokens "${2:?--tokens needs SMALL,LARGE}"); shift ;;
     --rounds) rounds="${2:?--rounds needs a number}"; shift ;;
     -h | --help) usage 0 ;;
     -*) echo "bench-variants: unknown option $1" >&2; usage ;;

@@ -3,7 +3,8 @@
 # benchmarks and draw their plots, writing logs, JSON and plots under OUTDIR.
 #
 #   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--contract] [--arch80 | --skip-build-80 | --only-80]
-#                        [--skip-tests] [--skip-bench] [--reps N] [--cases RE] [--tests RE] [--test-cases F]
+#                        [--skip-tests] [--skip-bench] [--reps N] [--cases RE] [--tokens S,L] [--tests RE]
+#                        [--test-cases F]
 #                        [--profile CASE]
 #
 #   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
@@ -27,6 +28,8 @@
 #   --reps N        timed runs per benchmark case (default 50)
 #   --cases RE      only the benchmark cases whose name "SUITE OP VARIANT SHAPE M DISTRIBUTION
 #                   DENSITY" matches RE (`twell bench --cases`)
+#   --tokens S,L    the benchmark suites' two token counts in place of 4096 and 16384 (`twell bench
+#                   --tokens`), e.g. 6144,12288
 #   --tests RE      only the gpu test entries whose name matches RE (ctest -R), e.g.
 #                   'baselines|converters' to check what a change touched before a full run; the
 #                   longest suites run as several entries, gpu_test_ffn and gpu_test_ffn_training
@@ -52,7 +55,7 @@
 #                   "training gated_ffn_training_step twell_plan paper 16384 uniform 0.005"
 #                   (docs/benchmarks/README.md, "Profiling one case"), in `twell bench --suite SUITE
 #                   --warmup 1 --reps 1 --cases '^CASE$'` (CASE's special characters escaped; plus
-#                   --contract / --quick when given): only that case runs, with the cases it needs
+#                   --contract / --quick / --tokens when given): only that case runs, with the cases it needs
 #                   (bench/suites/common.hpp, run_case): profile.csv (ncu's CSV) and profile.md
 #                   (each launch's kernel, grid and time, and their sum)
 #
@@ -79,6 +82,7 @@ only80=0
 run_tests=1
 run_bench=1
 reps=""
+tokens=""
 sanitize_limit=420
 sanitize_jobs="${TWELL_GPU_CHECK_SANITIZE_JOBS:-12}"
 sanitize_tools="racecheck,memcheck"
@@ -103,6 +107,7 @@ while [ $# -gt 0 ]; do
     --skip-bench) run_bench=0 ;;
     --reps) reps="${2:?--reps needs a number}"; shift ;;
     --cases) cases_re="${2:?--cases needs a pattern}"; shift ;;
+    --tokens) tokens="${2:?--tokens needs SMALL,LARGE}"; shift ;;
     --tests) tests_re="${2:?--tests needs a pattern}"; shift ;;
     --test-cases) test_cases="${2:?--test-cases needs a doctest filter}"; shift ;;
     --sanitize-limit) sanitize_limit="${2:?--sanitize-limit needs seconds}"; shift ;;
@@ -390,6 +395,7 @@ if [ "$built" = 1 ] && [ "$sanitize" = 0 ] && [ -n "$profile_case" ]; then
   args=(bench --suite "${profile_case%% *}" --warmup 1 --reps 1 --cases "^$literal\$" --out "$scratch_json")
   [ "$quick" = 1 ] && args+=(--quick)
   [ "$contract" = 1 ] && args+=(--contract)
+  [ -n "$tokens" ] && args+=(--tokens "$tokens")
   # Clocks left alone (never change the GPU's settings); caches as the previous kernel left them.
   ncu --clock-control none --cache-control none --nvtx --nvtx-include "$profile_case/" \
     --metrics gpu__time_duration.sum --csv "$build/tools/twell" "${args[@]}" >"$out/profile.csv" 2>>"$log"
@@ -412,6 +418,7 @@ if [ "$built" = 1 ] && [ "$run_bench" = 1 ]; then
   [ "$contract" = 1 ] && args+=(--contract)
   [ -n "$reps" ] && args+=(--reps "$reps")
   [ -n "$cases_re" ] && args+=(--cases "$cases_re")
+  [ -n "$tokens" ] && args+=(--tokens "$tokens")
   # The full table goes to the log; the console gets the per-suite lines.
   "$build/tools/twell" "${args[@]}" >>"$log" 2>&1
   rc=$?

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <twell/bench/results.hpp>
 #include <twell/config.hpp>
@@ -36,6 +37,10 @@ const Spec kBenchSpec{"bench",
                        {"contract", "",
                         "only the contract's points (paper shape, M = 4096 and 16384, 0.5 %, uniform and "
                         "token-skewed): a short run while iterating, not the full sweep"},
+                       {"tokens", "SMALL,LARGE",
+                        "the suites' two token counts M in place of 4096 and 16384 (512 and 2048 with --quick), "
+                        "SMALL < LARGE <= 131072, e.g. 6144,12288 to time the spmm kernels between the contract's "
+                        "sizes; --contract then takes these M"},
                        {"cases", "RE",
                         "only the cases whose name \"SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY\" contains a "
                         "match of the regular expression RE (ECMAScript), e.g. 'spmm spmm (twell|cusparse_csr) "
@@ -65,6 +70,14 @@ std::optional<BenchRequest> parse_bench(std::span<const std::string> argv) {
   config.reps = static_cast<int>(args.get_int("reps", config.quick ? 10 : 50, 1, 100000));
   config.warmup = static_cast<int>(args.get_int("warmup", config.quick ? 2 : 5, 0, 100000));
   config.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, INT64_MAX));
+  if (args.has("tokens")) {
+    const std::vector<std::int64_t> tokens = args.get_int_list("tokens", {}, 1, bench::kMaxTokens);
+    if (tokens.size() != 2 || tokens[0] >= tokens[1])
+      throw UsageError("--tokens '" + args.get("tokens", "") +
+                       "' must be two token counts SMALL,LARGE with SMALL < LARGE");
+    config.tokens_small = tokens[0];
+    config.tokens_large = tokens[1];
+  }
   config.cases = args.get("cases", "");
   try {
     (void)bench::CaseFilter(config.cases);

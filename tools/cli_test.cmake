@@ -53,6 +53,11 @@ expect(0 "recommended layout: tile 40, C 8" stats "${generated}" --tiles 40 --co
 expect(2 "is not one of" generate "${generated}" --to coo)
 # bench --cases: a pattern that is not a regular expression is a usage error, before any GPU work.
 expect(2 "'spmm (twell' is not an ECMAScript regular expression" bench --cases "spmm (twell")
+# bench --tokens: two counts, the first smaller, each in [1, 131072]; refused before any GPU work.
+expect(2 "must be two token counts SMALL,LARGE with SMALL < LARGE" bench --tokens 4096)
+expect(2 "must be two token counts SMALL,LARGE with SMALL < LARGE" bench --tokens 8192,4096)
+expect(2 "must be two token counts SMALL,LARGE with SMALL < LARGE" bench --tokens 1,2,3)
+expect(2 "--tokens = 200000 is outside [1, 131072]" bench --tokens 4096,200000)
 # std::regex compiles recursively (40000 nested groups overflowed the stack: a segfault) and reads
 # counts without an overflow check (fuzz_args found `\2222...`): both are refused before it runs.
 expect(2 "holds a number of more than 9 digits" bench --cases "spmm \\2222222222222222222222")

@@ -27,16 +27,19 @@ const std::vector<workload::Distribution>& distributions(bool quick) {
   return quick ? two : all;
 }
 
-std::int64_t tokens_large(bool quick) { return quick ? 2048 : 16384; }
-std::int64_t tokens_small(bool quick) { return quick ? 512 : 4096; }
+std::int64_t tokens_large(const Config& config) {
+  return config.tokens_large > 0 ? config.tokens_large : config.quick ? 2048 : 16384;
+}
+std::int64_t tokens_small(const Config& config) {
+  return config.tokens_small > 0 ? config.tokens_small : config.quick ? 512 : 4096;
+}
 std::int64_t tokens_decode() { return 256; }
 
 bool in_scope(const Config& config, const std::string& shape, std::int64_t m, double density,
               workload::Distribution dist) {
   if (!config.contract) return true;
-  return shape == workload::paper_shape().name &&
-         (m == tokens_large(config.quick) || m == tokens_small(config.quick)) && density == 0.005 &&
-         dist != workload::Distribution::neuron_skewed;
+  return shape == workload::paper_shape().name && (m == tokens_large(config) || m == tokens_small(config)) &&
+         density == 0.005 && dist != workload::Distribution::neuron_skewed;
 }
 
 TwellLayout layout_for_density(double density) {

@@ -26,9 +26,10 @@ using T = bf16;  // the performance contract is stated in bf16
 const std::vector<double>& sweep_densities(bool quick);
 const std::vector<workload::Distribution>& distributions(bool quick);
 
-// Tokens of the large and small cases; --quick shrinks them to smoke-test sizes.
-std::int64_t tokens_large(bool quick);
-std::int64_t tokens_small(bool quick);
+// Tokens of the large and small cases: --tokens, or by default 16384 and 4096, which --quick
+// shrinks to smoke-test sizes.
+std::int64_t tokens_large(const Config& config);
+std::int64_t tokens_small(const Config& config);
 // A decode step's batch, one token of each of 256 sequences (the FFN suite only; not in --quick).
 std::int64_t tokens_decode();
 

@@ -26,7 +26,7 @@ void run_convert(Harness& h, Report& report) {
   const bool quick = h.config().quick;
   const workload::FfnShape shape = workload::paper_shape();
   const std::int64_t units = shape.intermediate;
-  const std::int64_t m = detail::tokens_large(quick);
+  const std::int64_t m = detail::tokens_large(h.config());
   DenseMatrix<T> copy_dst(m, units, MemorySpace::device);
   const double dense_bytes = detail::bytes_of_dense(m, units);
 

@@ -36,9 +36,10 @@ struct FfnPoint {
   workload::Distribution dist;
 };
 
-std::vector<FfnPoint> ffn_points(bool quick) {
+std::vector<FfnPoint> ffn_points(const Config& config) {
   using workload::Distribution;
-  const std::int64_t large = detail::tokens_large(quick), small = detail::tokens_small(quick);
+  const bool quick = config.quick;
+  const std::int64_t large = detail::tokens_large(config), small = detail::tokens_small(config);
   std::vector<FfnPoint> out;
   if (quick) {
     out.push_back({workload::small_shape(), large, 0.005, Distribution::uniform});
@@ -131,9 +132,8 @@ void add_floors(const Harness& h, Report& report, std::size_t first) {
 }  // namespace
 
 void run_ffn(Harness& h, Report& report) {
-  const bool quick = h.config().quick;
   std::string last_shape;
-  for (const FfnPoint& p : ffn_points(quick)) {
+  for (const FfnPoint& p : ffn_points(h.config())) {
     if (!detail::in_scope(h.config(), p.shape.name, p.m, p.density, p.dist)) continue;
     // Inputs of earlier shapes are not needed again; the cache would hold gigabytes.
     if (!last_shape.empty() && last_shape != p.shape.name) detail::clear_ffn_cache();

@@ -39,16 +39,18 @@ struct GemmPoint {
 // The paper shape sweeps density and distribution at M = 16384 (break-even, skew); M = 4096 and
 // the other two shapes are measured at 0.5 %. The secondary variants (run + count, allocating)
 // only at the contract's point, 0.5 %, to keep the suite short.
-std::vector<GemmPoint> gemm_points(bool quick) {
+std::vector<GemmPoint> gemm_points(const Config& config) {
+  const bool quick = config.quick;
   const workload::FfnShape paper = workload::paper_shape();
   std::vector<GemmPoint> out;
   for (const auto dist : detail::distributions(quick))
     for (const double density : detail::sweep_densities(quick))
-      out.push_back({paper, detail::tokens_large(quick), density, dist});
-  for (const auto dist : detail::distributions(quick)) out.push_back({paper, detail::tokens_small(quick), 0.005, dist});
+      out.push_back({paper, detail::tokens_large(config), density, dist});
+  for (const auto dist : detail::distributions(quick))
+    out.push_back({paper, detail::tokens_small(config), 0.005, dist});
   if (!quick)
     for (const workload::FfnShape& other : {workload::small_shape(), workload::llama7b_shape()})
-      out.push_back({other, detail::tokens_large(quick), 0.005, workload::Distribution::uniform});
+      out.push_back({other, detail::tokens_large(config), 0.005, workload::Distribution::uniform});
   return out;
 }
 
@@ -57,9 +59,8 @@ constexpr double kSecondaryDensity = 0.005;
 }  // namespace
 
 void run_gemm_to_sparse(Harness& h, Report& report) {
-  const bool quick = h.config().quick;
   std::string last_shape;
-  for (const GemmPoint& p : gemm_points(quick)) {
+  for (const GemmPoint& p : gemm_points(h.config())) {
     if (!detail::in_scope(h.config(), p.shape.name, p.m, p.density, p.dist)) continue;
     // Inputs of earlier shapes are not needed again; the cache would hold gigabytes.
     if (!last_shape.empty() && last_shape != p.shape.name) detail::clear_ffn_cache();
@@ -70,8 +71,8 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
     DenseMatrix<T> dense_out(m, n, MemorySpace::device);
     const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n);
     const double in_bytes = detail::bytes_of_dense(m, k) + detail::bytes_of_dense(k, n);
-    const bool secondary =
-        m == detail::tokens_large(quick) && shape.name == workload::paper_shape().name && density == kSecondaryDensity;
+    const bool secondary = m == detail::tokens_large(h.config()) && shape.name == workload::paper_shape().name &&
+                           density == kSecondaryDensity;
     const auto& in = detail::ffn_inputs(shape, m, density, p.dist, h.config().seed);
     const DenseView<const T> x = in.x.view(), wg = in.wg.view();
     Case base;

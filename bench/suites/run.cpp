@@ -19,6 +19,10 @@ Report run_suites(const Config& config) {
   report.meta["quick"] = config.quick;
   report.meta["contract_points_only"] = config.contract;
   report.meta["reps"] = config.reps;
+  Json tokens = Json::array();  // the suites' small and large M
+  tokens.push_back(detail::tokens_small(config));
+  tokens.push_back(detail::tokens_large(config));
+  report.meta["tokens"] = tokens;
   // DESIGN.md: a result is the median of at least 50 timed runs at the full shapes; fewer runs (an
   // A/B or diagnostic call on a lent GPU) are labelled so that no one quotes them as one.
   report.meta["grade"] = !config.quick && config.reps >= kResultReps

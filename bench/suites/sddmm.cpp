@@ -20,7 +20,7 @@ void run_sddmm(Harness& h, Report& report) {
   const bool quick = h.config().quick;
   const workload::FfnShape shape = workload::paper_shape();
   const std::int64_t units = shape.intermediate, hidden = shape.hidden;
-  const std::int64_t m = detail::tokens_large(quick);
+  const std::int64_t m = detail::tokens_large(h.config());
 
   DenseMatrix<T> dy(m, hidden, MemorySpace::device);
   DenseMatrix<T> wd(units, hidden, MemorySpace::device);

@@ -98,8 +98,8 @@ void run_spmm(Harness& h, Report& report) {
   const bool quick = h.config().quick;
   const workload::FfnShape shape = workload::paper_shape();
   const std::int64_t units = shape.intermediate, out_cols = shape.hidden;
-  const std::int64_t m_large = detail::tokens_large(quick);
-  const std::int64_t m_values[] = {detail::tokens_small(quick), m_large};
+  const std::int64_t m_large = detail::tokens_large(h.config());
+  const std::int64_t m_values[] = {detail::tokens_small(h.config()), m_large};
 
   DenseMatrix<T> b(units, out_cols, MemorySpace::device);
   h.fill_random(b.values().data(), b.values().size(), 1.0f / std::sqrt(static_cast<float>(units)), 21);

@@ -38,10 +38,10 @@ struct TrainingPoint {
   workload::Distribution dist;
 };
 
-std::vector<TrainingPoint> training_points(bool quick) {
+std::vector<TrainingPoint> training_points(const Config& config) {
   using workload::Distribution;
-  const std::int64_t large = detail::tokens_large(quick), small = detail::tokens_small(quick);
-  if (quick) return {{large, 0.005, Distribution::uniform}, {large, 0.005, Distribution::token_skewed}};
+  const std::int64_t large = detail::tokens_large(config), small = detail::tokens_small(config);
+  if (config.quick) return {{large, 0.005, Distribution::uniform}, {large, 0.005, Distribution::token_skewed}};
   std::vector<TrainingPoint> out;
   for (const double density : {0.005, 0.01, 0.02, 0.05}) out.push_back({large, density, Distribution::uniform});
   out.push_back({large, 0.005, Distribution::token_skewed});
@@ -87,7 +87,7 @@ void add_floors(const Harness& h, Report& report, std::size_t first) {
 void run_training(Harness& h, Report& report) {
   const bool quick = h.config().quick;
   const workload::FfnShape shape = quick ? workload::small_shape() : workload::paper_shape();
-  for (const TrainingPoint& p : training_points(quick)) {
+  for (const TrainingPoint& p : training_points(h.config())) {
     if (!detail::in_scope(h.config(), shape.name, p.m, p.density, p.dist)) continue;
     const std::int64_t m = p.m, k = shape.hidden, n = shape.intermediate;
     const TwellLayout layout = detail::layout_for_density(p.density);

@@ -137,3 +137,30 @@ TEST_CASE("CaseFilter refuses what std::regex cannot compile safely, naming the 
   CHECK(message_of(std::string(1000, 'a')).empty());
   CHECK(message_of("paper 123456789").empty());
 }
+
+TEST_CASE("--tokens replaces the suites' two M, and --contract takes those") {
+  using twell::bench::Config;
+  using twell::bench::detail::in_scope;
+  using twell::bench::detail::tokens_large;
+  using twell::bench::detail::tokens_small;
+  using twell::workload::Distribution;
+  Config config;
+  CHECK(tokens_small(config) == 4096);
+  CHECK(tokens_large(config) == 16384);
+  config.quick = true;
+  CHECK(tokens_small(config) == 512);
+  CHECK(tokens_large(config) == 2048);
+  config.tokens_small = 6144;
+  config.tokens_large = 12288;
+  CHECK(tokens_small(config) == 6144);  // --tokens over --quick's sizes too
+  CHECK(tokens_large(config) == 12288);
+  config.quick = false;
+  config.contract = true;
+  const std::string paper = twell::workload::paper_shape().name;
+  CHECK(in_scope(config, paper, 6144, 0.005, Distribution::token_skewed));
+  CHECK(in_scope(config, paper, 12288, 0.005, Distribution::uniform));
+  CHECK_FALSE(in_scope(config, paper, 16384, 0.005, Distribution::uniform));
+  CHECK_FALSE(in_scope(config, paper, 4096, 0.005, Distribution::uniform));
+  CHECK_FALSE(in_scope(config, paper, 6144, 0.005, Distribution::neuron_skewed));
+  CHECK_FALSE(in_scope(config, paper, 6144, 0.01, Distribution::uniform));
+}

@@ -19,6 +19,10 @@ std::vector<std::string> parse_suites(const std::string& list);
 // Timed runs per case below which a report is not a result (DESIGN.md: median of at least 50).
 inline constexpr int kResultReps = 50;
 
+// The most tokens --tokens takes, 8x the contract's large M. Buffers that do not fit on the
+// device fail their case, or the suite where the suite allocates them; the report says which.
+inline constexpr std::int64_t kMaxTokens = 131072;
+
 struct Config {
   std::vector<std::string> suites = suite_names();
   bool quick = false;  // smaller shapes and fewer repetitions: a smoke test, not a result
@@ -26,6 +30,9 @@ struct Config {
   // token-skewed): a short run for iterating on a kernel or for the contract's figures (a result
   // at 50 runs or more); the full sweep adds the densities, shapes and M of the plots.
   bool contract = false;
+  // The small and large token counts of the suites' M sweeps (--tokens, at most kMaxTokens); 0:
+  // 4096 and 16384, or 512 and 2048 with quick.
+  std::int64_t tokens_small = 0, tokens_large = 0;
   int reps = kResultReps;  // timed runs per case
   int warmup = 5;
   std::uint64_t seed = 1;
