@@ -35,12 +35,13 @@ const Spec kBenchSpec{"bench",
                        {"out", "FILE", "write the results as JSON (default: none)"},
                        {"quick", "", "small shapes and few repetitions: a smoke test, not a result"},
                        {"contract", "",
-                        "only the contract's points (paper shape, M = 4096 and 16384, 0.5 %, uniform and "
-                        "token-skewed): a short run while iterating, not the full sweep"},
+                        "only the contract's points (paper shape, M = 4096 and 16384 or --tokens, 0.5 %, uniform "
+                        "and token-skewed): a short run while iterating, not the full sweep"},
                        {"tokens", "SMALL,LARGE",
                         "the suites' two token counts M in place of 4096 and 16384 (512 and 2048 with --quick), "
                         "SMALL < LARGE <= 131072, e.g. 6144,12288 to time the spmm kernels between the contract's "
-                        "sizes; --contract then takes these M"},
+                        "sizes; --contract then takes these M. The small M's rows are the first of the large M's "
+                        "workload, as by default; the report is graded a diagnostic"},
                        {"cases", "RE",
                         "only the cases whose name \"SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY\" contains a "
                         "match of the regular expression RE (ECMAScript), e.g. 'spmm spmm (twell|cusparse_csr) "

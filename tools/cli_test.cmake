@@ -58,6 +58,9 @@ expect(2 "must be two token counts SMALL,LARGE with SMALL < LARGE" bench --token
 expect(2 "must be two token counts SMALL,LARGE with SMALL < LARGE" bench --tokens 8192,4096)
 expect(2 "must be two token counts SMALL,LARGE with SMALL < LARGE" bench --tokens 1,2,3)
 expect(2 "--tokens = 200000 is outside [1, 131072]" bench --tokens 4096,200000)
+expect(2 "must be two token counts SMALL,LARGE with SMALL < LARGE" bench --tokens 4096,4096)
+# A valid pair passes the parse: the bad --cases after it is what stops the run.
+expect(2 "'spmm (twell' is not an ECMAScript regular expression" bench --tokens 6144,131072 --cases "spmm (twell")
 # std::regex compiles recursively (40000 nested groups overflowed the stack: a segfault) and reads
 # counts without an overflow check (fuzz_args found `\2222...`): both are refused before it runs.
 expect(2 "holds a number of more than 9 digits" bench --cases "spmm \\2222222222222222222222")

@@ -34,7 +34,8 @@ std::int64_t tokens_small(const Config& config);
 std::int64_t tokens_decode();
 
 // Whether a point (checked before its inputs are generated) belongs to this run: every point,
-// or with --contract only the paper shape at the large M, 0.5 %, uniform or token-skewed.
+// or with --contract only the paper shape at the small and large M, 0.5 %, uniform or
+// token-skewed.
 bool in_scope(const Config& config, const std::string& shape, std::int64_t m, double density,
               workload::Distribution dist);
 

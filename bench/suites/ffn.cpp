@@ -58,7 +58,8 @@ std::vector<FfnPoint> ffn_points(const Config& config) {
   // (launches, the wait for the gate's count) shows; two batch sizes, which the up/down kernel
   // runs in blocks of 1 and 2 tokens on a 132-SM GPU.
   for (const std::int64_t m : {detail::tokens_decode(), 2 * detail::tokens_decode()})
-    out.push_back({workload::paper_shape(), m, 0.005, Distribution::uniform});
+    if (m != small && m != large)  // --tokens may name them: one case per point
+      out.push_back({workload::paper_shape(), m, 0.005, Distribution::uniform});
   for (const Distribution d : {Distribution::uniform, Distribution::token_skewed}) {
     out.push_back({workload::small_shape(), large, 0.005, d});
     out.push_back({workload::llama7b_shape(), large, 0.005, d});

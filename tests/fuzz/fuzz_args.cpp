@@ -358,6 +358,13 @@ void check_request(const Args& a, const BenchRequest& r) {
   expect_int(a, "seed", static_cast<std::int64_t>(c.seed), 1, 0, kInt64Max);
   expect(c.cases == a.get("cases", "") && r.out == a.get("out", ""), "bench: --cases or --out not as given");
   expect_accepts([&] { (void)bench::CaseFilter(c.cases); }, "bench: --cases that CaseFilter refuses");
+  if (a.has("tokens")) {
+    const std::vector<std::int64_t> tokens = a.get_int_list("tokens", {}, 1, bench::kMaxTokens);
+    expect(tokens.size() == 2 && tokens[0] < tokens[1] && c.tokens_small == tokens[0] && c.tokens_large == tokens[1],
+           "bench: --tokens not as given");
+  } else {
+    expect(c.tokens_small == 0 && c.tokens_large == 0, "bench: token counts without --tokens");
+  }
 }
 
 // One subcommand: Args with its table, then its whole parse, which must agree with Args on
