@@ -18,11 +18,12 @@
 //
 // Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane),
 // per (row, tile) visit and per staged copy, not bytes: Nsight Compute at M = 4096 (H100,
-// 2026-11-25, the cp.async form before the TMA form existed): 105 us, 62.6 M warp instructions, issue 62 % busy (115 us
-// and 69.6 M before the staging loop was unrolled with fixed strides); L2 ~30 % busy. The slice-reuse kernel spends
-// fewer instructions per entry but pays a pre-pass of ~70 us, so this path takes the smaller
-// products (choose_twell_path in spmm.cu). A tensor-core product (mma.sync over entries dealt
-// into groups of 8) was tried and lost to latency: docs/benchmarks/README.md, "Why each miss".
+// 2026-11-25, the cp.async form before the TMA form existed): 105 us, 62.6 M warp
+// instructions, issue 62 % busy (115 us and 69.6 M before the staging loop was unrolled with
+// fixed strides); L2 ~30 % busy. The slice-reuse kernel spends fewer instructions per entry
+// but pays a pre-pass of ~70 us, so this path takes the smaller products (choose_twell_path in
+// spmm.cu). A tensor-core product (mma.sync over entries dealt into groups of 8) was tried and
+// lost to latency: docs/benchmarks/README.md, "Why each miss".
 //
 // Two planes. Where two products have A of one slot structure (SlotStructure::shared) and one B,
 // a CTA owns 128 rows and both planes' accumulators (a warp 8 rows x 2 planes), staging each
