@@ -771,16 +771,17 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
 }
 
 // The TwELL rows of op none whose shadow entry is negative (all when shadow is null) by the
-// kernel `path` (from choose_twell_path). `workspace` holds spmm_slices_workspace_bytes and
-// `staged_b` spmm_slices_staged_b_bytes, or either is null and then allocated here
+// kernel `path` (from choose_twell_path); uneven_rows as detail::StreamProduct takes it. `workspace` holds
+// spmm_slices_workspace_bytes and `staged_b` spmm_slices_staged_b_bytes, or either is null and then allocated here
 // (stream-ordered) if the slice-reuse path needs it. `before_product` and `b_staged` are the
 // slice-reuse path's (spmm_twell_slices); other paths ignore them. Returns the path's name.
 template <class T>
-const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, DenseView<const T> b, DenseView<T> c,
-                       float alpha, float beta, cudaStream_t stream, SpmmAlgorithm path, void* workspace,
-                       void* staged_b, const std::function<void()>& before_product = {}, bool b_staged = false) {
+const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, bool uneven_rows, DenseView<const T> b,
+                       DenseView<T> c, float alpha, float beta, cudaStream_t stream, SpmmAlgorithm path,
+                       void* workspace, void* staged_b, const std::function<void()>& before_product = {},
+                       bool b_staged = false) {
   if (path == SpmmAlgorithm::tile_stream) {
-    const detail::StreamProduct<T> product{a, shadow, b, c};
+    const detail::StreamProduct<T> product{a, shadow, b, c, uneven_rows};
     detail::spmm_twell_stream<T>({&product, 1}, alpha, beta, stream);
     return kStreamPath;
   }
@@ -867,8 +868,8 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
   // when used: it allocates.)
   std::function<void()> before_product;
   if (beside && path_choice == SpmmAlgorithm::slice_reuse) before_product = overflow_on_side;
-  const std::string path = hybrid_kernel_name(twell_none(a.twell, shadow, b, c, alpha, beta, stream, path_choice,
-                                                         workspace, staged_b, before_product));
+  const std::string path = hybrid_kernel_name(twell_none(a.twell, shadow, shadow != nullptr, b, c, alpha, beta, stream,
+                                                         path_choice, workspace, staged_b, before_product));
   if (beside && !before_product) {
     overflow_on_side();
   } else if (!beside) {
@@ -1050,6 +1051,9 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
         choose_twell_path(TwellView<const T>(TransposedA<T>::storage(a[i], layout, work[i])), b[i], c[i], algorithm);
     batched = batched && kernels[i] == SpmmAlgorithm::tile_stream;
   }
+  // A^T's rows are uneven where A's are (A has overflow rows): A^T's shadow is set either way.
+  const bool uneven =
+      std::any_of(a.begin(), a.end(), [](const detail::TwellRows<T>& x) { return x.shadow != nullptr; });
   // Taken before C is written (created at a thread's first use on a device: it may fail).
   const cublasHandle_t blas = cublas_handle();
   std::string path;
@@ -1058,7 +1062,7 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   // them.
   const auto queue = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow, cudaStream_t on,
                          std::pair<void*, void*> slices, const std::function<void()>& before_product, bool b_staged) {
-    path = hybrid_kernel_name(twell_none(at_i, shadow, b[i], c[i], alpha, beta, on, kernels[i], slices.first,
+    path = hybrid_kernel_name(twell_none(at_i, shadow, uneven, b[i], c[i], alpha, beta, on, kernels[i], slices.first,
                                          slices.second, before_product, b_staged));
   };
   // Product i on the plan's stream, with slice-reuse buffer set 0.
@@ -1096,7 +1100,7 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   if (batched) {
     std::array<detail::StreamProduct<T>, detail::kMaxStreamBatch> products{};
     for (std::size_t i = 0; i < n; ++i)
-      products[i] = {transposed(i).twell(plane(i)), transposed(i).shadow(), b[i], c[i]};
+      products[i] = {transposed(i).twell(plane(i)), transposed(i).shadow(), b[i], c[i], uneven};
     // dg^T x and du^T x of the training backward: two planes of one structure times one B.
     const bool pair = shared && n == 3 && b[1].data == b[2].data && b[1].ld == b[2].ld;
     detail::spmm_twell_stream<T>(std::span(products).first(n), alpha, beta, stream, pair);
@@ -1226,7 +1230,7 @@ void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, f
                   options);
     return;
   }
-  const char* path = twell_none(a, nullptr, b, c, alpha, beta, detail::stream_of(options),
+  const char* path = twell_none(a, nullptr, false, b, c, alpha, beta, detail::stream_of(options),
                                 choose_twell_path(a, b, c, options.spmm_algorithm), nullptr, nullptr);
   detail::report_path(options, (std::string("cuda/spmm/twell/") + path).c_str());
 }
@@ -1313,7 +1317,7 @@ void SpmmPlan<T>::run(TwellView<const T> a, DenseView<const T> b, DenseView<T> c
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   path_ = std::string("cuda/spmm/twell/") +
-          twell_none(a, nullptr, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data());
+          twell_none(a, nullptr, false, b, c, alpha, beta, stream, path, workspace_.data(), staged_b_.data());
 }
 
 template <Value T>

@@ -6,15 +6,16 @@
 //
 // Why this shape. At 0.5 % density a row of A has ~28 entries spread over all of K, so rows share
 // few B rows and gathering a B row per entry moves nnz x Nb x 2 bytes (1.9 GB at the paper's down
-// projection) through L2. Here a CTA owns a block of kRows = 256 rows and kCols = 128 columns of
-// C, held in fp32 registers (a warp owns 16 rows, a lane 4 columns of each), and walks A's column
-// tiles in order: for tile t it stages B(tile t's rows, its columns), every row of the tile whether
-// used or not, and the first 32 bytes of each of its rows' (row, t) slot groups, three stages deep
-// (by TMA where this build's sm_90a code runs, by cp.async otherwise; stream_cta). B then crosses L2
-// once per row block, (M / 256) x K x Nb x 2 bytes, and A's slot heads once per column slice;
-// there is no pre-pass and no workspace. An entry costs its warp one conflict-free shared load of
-// 256 bytes (all lanes read one B row) and 4 FMAs per lane. A row's entries of a tile past the
-// first 3 (TMA staging) or 7 (cp.async) are read from global memory (stream_cta says why).
+// projection) through L2. Here a CTA owns a block of kRows = 256 rows and kCols = 128 columns of C,
+// held in fp32 registers (a warp owns 16 rows, dealt by entries where rows are uneven: deal_rows; a
+// lane 4 columns of each), and walks A's column tiles in order: for tile t it stages B(tile t's
+// rows, its columns), every row of the tile whether used or not, and the first 32 bytes of each of
+// its rows' (row, t) slot groups, three stages deep (by TMA where this build's sm_90a code runs, by
+// cp.async otherwise; stream_cta). B then crosses L2 once per row block, (M / 256) x K x Nb x 2
+// bytes, and A's slot heads once per column slice; there is no pre-pass and no workspace. An entry
+// costs its warp one conflict-free shared load of 256 bytes (all lanes read one B row) and 4 FMAs
+// per lane. A row's entries of a tile past the first 3 (TMA staging) or 7 (cp.async) are read from
+// global memory (stream_cta says why).
 //
 // Where it stands. Its time is the instructions per entry (~14 per warp, for 4 FMAs per lane),
 // per (row, tile) visit and per staged copy, not bytes: Nsight Compute at M = 4096 (H100,
@@ -32,6 +33,7 @@
 //
 // Determinism: each output element is summed by one lane, tiles in order and a tile's entries in
 // slot order; no atomics. The result does not depend on the grid.
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdint>
@@ -81,7 +83,10 @@ constexpr int kStageBytes = kBBytes + kHeadBytes;
 // On sm_90a each stage also has an mbarrier its TMA copies complete on and a count of the warps
 // done with it.
 constexpr int kStageAlign = 128;  // what TMA copies into shared memory need
-constexpr int kSmemBytes = kStageAlign + kStages * (kStageBytes + 8 + 4);
+// After the stages and their mbarriers and counts: each of the CTA's rows' entries and the order
+// in which the warps walk them (deal_rows), for kRowHeads rows at most.
+constexpr int kDealOffset = kStages * kStageBytes + (kStages * (8 + 4) + 15) / 16 * 16;
+constexpr int kSmemBytes = kStageAlign + kDealOffset + kRowHeads * (4 + 2);
 static_assert(kHeadChunks % kThreads == 0 && kThreads % kChunksPerRow == 0 && kBBytes % kStageAlign == 0 &&
               kStageBytes % kStageAlign == 0 && kColsPerLane == 4);
 template <int kPlanes>
@@ -138,6 +143,54 @@ struct StreamMaps {
   CUtensorMap heads[kMaxStreamBatch];
 };
 
+// Rows to warps. A warp walks kWarpRows rows of the CTA's block, and a stage is refilled only
+// once every warp is done with it, so warps run at most kStages - 1 tiles apart and a warp whose
+// rows hold more entries than its peers' holds them all back. On token-skewed rows (a few tokens
+// with 10-30x the mean entries) a warp of consecutive rows drew such a share all through A: the
+// stage waits took 26 % of the warps' stall samples, against 5 % on uniform rows (Nsight
+// Compute, H200, docs/benchmarks/README.md, "Fifty-third session"). So the CTA counts each row's
+// entries first (row_entries(row, part, parts): part `part` of `parts` of local row `row`'s
+// count), ranks the rows by them (more first, ties in row order) and deals them to the warps
+// in snake order: round j gives warp w the row of rank j kWarps + (j even ? w : kWarps - 1 - w).
+// Returns the local row that this lane walks (lanes past kWarpRows: the warp's last one). Every
+// thread of the CTA calls it. A row's sums keep their order (one lane, tiles and slots in
+// order), so C's bits do not depend on the deal.
+// Measured (H200, diagnostics/h200-2026-11-30zp-stream-deal.md): token-skewed products on A^T at
+// M = 16384 0.84x the time, forced op-none products 0.90-0.93x, the training step 0.97x; but
+// uniform rows lost 8-23 %, and 6-12 % even where a CTA found its warps even and kept the order
+// (the counting pass, once per CTA at one CTA per SM, is not hidden). So only products whose rows
+// are uneven (StreamProduct::uneven_rows: A, or the matrix it was transposed from, has overflow
+// rows) take it, and only with TMA staging (kDealHere).
+template <int kCtaRows, int kWarpRows, class RowEntries>
+__device__ __forceinline__ int deal_rows(unsigned char* scratch, RowEntries row_entries) {
+  constexpr int kParts = kThreads / kCtaRows;  // threads per row
+  static_assert(kParts * kCtaRows == kThreads && kWarpRows * kWarps == kCtaRows && 32 % kParts == 0);
+  auto* const entries = reinterpret_cast<unsigned*>(scratch);
+  auto* const order = reinterpret_cast<std::uint16_t*>(scratch + kCtaRows * 4);
+  const int tid = threadIdx.x, row = tid / kParts, part = tid % kParts;
+  unsigned mine = row_entries(row, part, kParts);
+#pragma unroll
+  for (int o = 1; o < kParts; o <<= 1) mine += __shfl_xor_sync(kFull, mine, o);
+  if (part == 0) entries[row] = mine;
+  __syncthreads();
+  // The row's rank, each of its threads counting the rows ahead of it in every kParts-th chunk
+  // of 4 (adjacent chunks for adjacent threads: no bank conflict).
+  const auto ahead = [&](unsigned e, int j) { return static_cast<unsigned>(e > mine || (e == mine && j < row)); };
+  unsigned rank = 0;
+  for (int q = part; q < kCtaRows / 4; q += kParts) {
+    const uint4 e = reinterpret_cast<const uint4*>(entries)[q];
+    rank += ahead(e.x, 4 * q) + ahead(e.y, 4 * q + 1) + ahead(e.z, 4 * q + 2) + ahead(e.w, 4 * q + 3);
+  }
+#pragma unroll
+  for (int o = 1; o < kParts; o <<= 1) rank += __shfl_xor_sync(kFull, rank, o);
+  if (part == 0) {
+    const int round = static_cast<int>(rank) / kWarps, pos = static_cast<int>(rank) % kWarps;
+    order[(round % 2 == 0 ? pos : kWarps - 1 - pos) * kWarpRows + round] = static_cast<std::uint16_t>(row);
+  }
+  __syncthreads();
+  return order[(tid >> 5) * kWarpRows + min(tid & 31, kWarpRows - 1)];
+}
+
 // Preconditions (spmm_stream_applies): 16-bit T; A of at most INT_MAX rows, columns and slot words
 // a row (TMA coordinates are 32-bit); layout.tile <= 256, slots() a multiple of 4 and at least 8,
 // packed 16-byte aligned; B 16-byte aligned, ldb and nb multiples of 8; C 16-byte
@@ -168,7 +221,7 @@ struct StreamMaps {
 // the cp.async form's time on uniform rows and 0.98-1.01 on token-skewed ones, the training step
 // 0.98-0.99 (H200, diagnostics/h200-2026-11-30zj-stream-short-walk.md). The cp.async form keeps
 // 7: with 3 it took 1.11-1.14x as long.
-template <class T, int kPlanes, bool kTma>
+template <class T, int kPlanes, bool kTma, bool kDeal>
 __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_cols, TwellLayout layout,
                                            const StreamBatch<T>& batch, [[maybe_unused]] const StreamMaps& maps,
                                            unsigned first_plane, std::int64_t nb, float alpha, float beta) {
@@ -290,10 +343,30 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     }
   }
 
-  // The warp's rows that are C's to write: inside A and not shadow rows. TMA copies every row's
-  // heads, so its walk takes the others' counts as 0, whatever their staged heads hold.
-  const std::int64_t first = row0 + warp * kWarpRows;
-  const std::int64_t my_row = first + lane;
+  // The warp's rows (deal_rows): lane r's is first + local[r] (below); live bit r says whether it is C's to
+  // write (inside A and not a shadow row). TMA copies every row's heads, so its walk takes the
+  // others' counts as 0, whatever their staged heads hold.
+  const auto row_entries = [&](int local_row, int part, int parts) {
+    const std::int64_t row = row0 + local_row;
+    unsigned n = 0;
+    if (!row_is_live(row)) return n;
+    const std::uint32_t* counts = packed[0] + row * pw;
+#pragma unroll 8
+    for (int t = part; t < tiles; t += parts) n += min(counts[static_cast<std::int64_t>(t) * slots], cap);
+    return n;
+  };
+  // local[r] counts from row `first`: the warp's first row without the deal, the CTA's with it.
+  const std::int64_t first = row0 + (kDeal ? 0 : warp * kWarpRows);
+  int my_local = lane;
+  int local[kWarpRows];
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r) local[r] = r;
+  if constexpr (kDeal) {
+    my_local = deal_rows<kCtaRows, kWarpRows>(smem + kDealOffset, row_entries);
+#pragma unroll
+    for (int r = 0; r < kWarpRows; ++r) local[r] = __shfl_sync(kFull, my_local, r);
+  }
+  const std::int64_t my_row = first + my_local;
   const unsigned live = __ballot_sync(kFull, lane < kWarpRows && row_is_live(my_row));
   // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past those taken inline.
   const std::int64_t lane_offset = my_row * pw;
@@ -314,9 +387,9 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
 
     const unsigned char* stage = smem + s * kStageBytes;
     const unsigned char* b_lane = stage + lane * kColsPerLane * 2;
-    // Row r's heads of plane p: 16-byte chunks 2 (p kCtaRows + warp kWarpRows + r) and the next.
-    const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + 2 * warp * kWarpRows;
-    const auto head_chunk = [&](int r, int p, int half) { return heads[2 * (p * kCtaRows + r) + half]; };
+    // Row r's heads of plane p: 16-byte chunks 2 (p kCtaRows + first - row0 + local[r]) and the next.
+    const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + (kDeal ? 0 : 2 * warp * kWarpRows);
+    const auto head_chunk = [&](int r, int p, int half) { return heads[2 * (p * kCtaRows + local[r]) + half]; };
     // Row r's entry in word `member` (0..3) of each plane's 16-byte head chunk q, or the zero row's.
     const auto add_head = [&](const uint4(&q)[kPlanes], int member, bool present, int r) {
       std::array<std::uint32_t, kPlanes> words;
@@ -399,7 +472,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
 #pragma unroll
     for (int r = 0; r < kWarpRows; ++r) {
       if ((live >> r & 1u) == 0) continue;
-      auto* out = reinterpret_cast<uint2*>(c[p] + (first + r) * ldc[p] + col);
+      auto* out = reinterpret_cast<uint2*>(c[p] + (first + local[r]) * ldc[p] + col);
       float v[kColsPerLane];
 #pragma unroll
       for (int u = 0; u < kColsPerLane; ++u) v[u] = alpha * acc[r][p][u];
@@ -418,27 +491,32 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
 
 // Where this build's sm_90a code runs, the stages fill by TMA (stream_cta).
 constexpr bool kTmaStaging = TWELL_SM90A_DEVICE != 0;
+// The deal (deal_rows) was measured with TMA staging only, and the cp.async form's paired kernel
+// spills with it (sm_80, 28 bytes): the host asks for it only where TMA stages, and elsewhere
+// kDealHere leaves it out of the code.
+template <bool kDeal>
+constexpr bool kDealHere = kDeal&& kTmaStaging;
 
-// Products blockIdx.z of one plane each.
-template <class T>
+// Products blockIdx.z of one plane each; kDeal: deal_rows.
+template <class T, bool kDeal>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch,
                   const __grid_constant__ StreamMaps maps, std::int64_t nb, float alpha, float beta) {
   ::twell::detail::wait_for_prior_grids();
-  stream_cta<T, 1, kTmaStaging>(rows, k_cols, layout, batch, maps, blockIdx.z, nb, alpha, beta);
+  stream_cta<T, 1, kTmaStaging, kDealHere<kDeal>>(rows, k_cols, layout, batch, maps, blockIdx.z, nb, alpha, beta);
 }
 
 // Product 0 of one plane (blockIdx.z = 0) and products 1 and 2 as the two planes of one
 // (blockIdx.z = 1): the training backward's dwd = h^T dy beside dg^T x and du^T x.
-template <class T>
+template <class T, bool kDeal>
 __global__ void __launch_bounds__(kThreads, 1)
     stream_pair_kernel(std::int64_t rows, std::int64_t k_cols, TwellLayout layout, StreamBatch<T> batch,
                        const __grid_constant__ StreamMaps maps, std::int64_t nb, float alpha, float beta) {
   ::twell::detail::wait_for_prior_grids();
   if (blockIdx.z == 0) {
-    stream_cta<T, 1, kTmaStaging>(rows, k_cols, layout, batch, maps, 0, nb, alpha, beta);
+    stream_cta<T, 1, kTmaStaging, kDealHere<kDeal>>(rows, k_cols, layout, batch, maps, 0, nb, alpha, beta);
   } else {
-    stream_cta<T, 2, kTmaStaging>(rows, k_cols, layout, batch, maps, 1, nb, alpha, beta);
+    stream_cta<T, 2, kTmaStaging, kDealHere<kDeal>>(rows, k_cols, layout, batch, maps, 1, nb, alpha, beta);
   }
 }
 
@@ -519,7 +597,10 @@ void spmm_twell_stream(std::span<const StreamProduct<T>> products, float alpha, 
                                       head_rows, CU_TENSOR_MAP_SWIZZLE_NONE, kWhere);
       }
     }
-    auto kernel = pair_last_two ? stream_pair_kernel<T> : stream_kernel<T>;
+    // The deal (deal_rows) only where a product's rows are uneven: it costs uniform rows 6-12 %.
+    const bool deal = tma && std::ranges::any_of(products, [](const StreamProduct<T>& p) { return p.uneven_rows; });
+    auto kernel = pair_last_two ? (deal ? stream_pair_kernel<T, true> : stream_pair_kernel<T, false>)
+                                : (deal ? stream_kernel<T, true> : stream_kernel<T, false>);
     ::twell::detail::allow_dynamic_shared(kernel, kSmemBytes, "twell::cuda::spmm (cudaFuncSetAttribute)");
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(slices),
                     static_cast<unsigned>(pair_last_two ? 2 : products.size()));

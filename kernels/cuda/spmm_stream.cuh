@@ -27,12 +27,16 @@ std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols);
 
 // One product of spmm_twell_stream: C = alpha * A B + beta * C for the rows of A whose `shadow`
 // entry is negative (every row when shadow is null); other rows of C are left untouched.
+// uneven_rows: A's rows hold very unequal numbers of entries, as where A, or the matrix A was
+// transposed from, is a Hybrid with overflow rows; the kernel then deals its rows to warps by
+// entries (deal_rows in spmm_stream.cu).
 template <class T>
 struct StreamProduct {
   TwellView<const T> a;
   const std::int32_t* shadow;
   DenseView<const T> b;
   DenseView<T> c;
+  bool uneven_rows = false;
 };
 
 // The most products one launch of spmm_twell_stream takes.
