@@ -771,9 +771,10 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
 }
 
 // The TwELL rows of op none whose shadow entry is negative (all when shadow is null) by the
-// kernel `path` (from choose_twell_path); uneven_rows as detail::StreamProduct takes it. `workspace` holds
-// spmm_slices_workspace_bytes and `staged_b` spmm_slices_staged_b_bytes, or either is null and then allocated here
-// (stream-ordered) if the slice-reuse path needs it. `before_product` and `b_staged` are the
+// kernel `path` (from choose_twell_path); uneven_rows as detail::StreamProduct takes it (the
+// tile-streaming kernel's only). `workspace` holds spmm_slices_workspace_bytes and `staged_b`
+// spmm_slices_staged_b_bytes, or either is null and then allocated here (stream-ordered) if the
+// slice-reuse path needs it. `before_product` and `b_staged` are the
 // slice-reuse path's (spmm_twell_slices); other paths ignore them. Returns the path's name.
 template <class T>
 const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, bool uneven_rows, DenseView<const T> b,
@@ -1051,9 +1052,10 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
         choose_twell_path(TwellView<const T>(TransposedA<T>::storage(a[i], layout, work[i])), b[i], c[i], algorithm);
     batched = batched && kernels[i] == SpmmAlgorithm::tile_stream;
   }
-  // A^T's rows are uneven where A's are (A has overflow rows): A^T's shadow is set either way.
-  const bool uneven =
-      std::any_of(a.begin(), a.end(), [](const detail::TwellRows<T>& x) { return x.shadow != nullptr; });
+  // Product i's A^T counts as uneven (detail::StreamProduct::uneven_rows) where A_i has overflow
+  // rows. A proxy: those are A^T's heavy columns, not its rows, but in the skewed workloads
+  // measured A^T's rows (the units) were uneven too; A^T's own shadow is set either way.
+  const auto uneven = [&](std::size_t i) { return a[i].shadow != nullptr; };
   // Taken before C is written (created at a thread's first use on a device: it may fail).
   const cublasHandle_t blas = cublas_handle();
   std::string path;
@@ -1062,7 +1064,7 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   // them.
   const auto queue = [&](std::size_t i, TwellView<const T> at_i, const std::int32_t* shadow, cudaStream_t on,
                          std::pair<void*, void*> slices, const std::function<void()>& before_product, bool b_staged) {
-    path = hybrid_kernel_name(twell_none(at_i, shadow, uneven, b[i], c[i], alpha, beta, on, kernels[i], slices.first,
+    path = hybrid_kernel_name(twell_none(at_i, shadow, uneven(i), b[i], c[i], alpha, beta, on, kernels[i], slices.first,
                                          slices.second, before_product, b_staged));
   };
   // Product i on the plan's stream, with slice-reuse buffer set 0.
@@ -1100,7 +1102,7 @@ std::string transposed_products(std::span<const detail::TwellRows<T>> a, bool sh
   if (batched) {
     std::array<detail::StreamProduct<T>, detail::kMaxStreamBatch> products{};
     for (std::size_t i = 0; i < n; ++i)
-      products[i] = {transposed(i).twell(plane(i)), transposed(i).shadow(), b[i], c[i], uneven};
+      products[i] = {transposed(i).twell(plane(i)), transposed(i).shadow(), b[i], c[i], uneven(i)};
     // dg^T x and du^T x of the training backward: two planes of one structure times one B.
     const bool pair = shared && n == 3 && b[1].data == b[2].data && b[1].ld == b[2].ld;
     detail::spmm_twell_stream<T>(std::span(products).first(n), alpha, beta, stream, pair);

@@ -87,6 +87,7 @@ constexpr int kStageAlign = 128;  // what TMA copies into shared memory need
 // in which the warps walk them (deal_rows), for kRowHeads rows at most.
 constexpr int kDealOffset = kStages * kStageBytes + (kStages * (8 + 4) + 15) / 16 * 16;
 constexpr int kSmemBytes = kStageAlign + kDealOffset + kRowHeads * (4 + 2);
+static_assert(kDealOffset % 16 == 0, "deal_rows reads the entries as 16-byte vectors");
 static_assert(kHeadChunks % kThreads == 0 && kThreads % kChunksPerRow == 0 && kBBytes % kStageAlign == 0 &&
               kStageBytes % kStageAlign == 0 && kColsPerLane == 4);
 template <int kPlanes>
@@ -164,7 +165,8 @@ struct StreamMaps {
 template <int kCtaRows, int kWarpRows, class RowEntries>
 __device__ __forceinline__ int deal_rows(unsigned char* scratch, RowEntries row_entries) {
   constexpr int kParts = kThreads / kCtaRows;  // threads per row
-  static_assert(kParts * kCtaRows == kThreads && kWarpRows * kWarps == kCtaRows && 32 % kParts == 0);
+  static_assert(kParts * kCtaRows == kThreads && kWarpRows * kWarps == kCtaRows && 32 % kParts == 0 &&
+                kCtaRows <= kRowHeads);  // the scratch after kDealOffset holds kRowHeads rows
   auto* const entries = reinterpret_cast<unsigned*>(scratch);
   auto* const order = reinterpret_cast<std::uint16_t*>(scratch + kCtaRows * 4);
   const int tid = threadIdx.x, row = tid / kParts, part = tid % kParts;
@@ -343,9 +345,9 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     }
   }
 
-  // The warp's rows (deal_rows): lane r's is first + local[r] (below); live bit r says whether it is C's to
-  // write (inside A and not a shadow row). TMA copies every row's heads, so its walk takes the
-  // others' counts as 0, whatever their staged heads hold.
+  // The warp's rows (deal_rows): lane r's is first + local[r] (below); live bit r says whether it
+  // is C's to write (inside A and not a shadow row). TMA copies every row's heads, so its walk
+  // takes the others' counts as 0, whatever their staged heads hold.
   const auto row_entries = [&](int local_row, int part, int parts) {
     const std::int64_t row = row0 + local_row;
     unsigned n = 0;
@@ -355,7 +357,9 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
     for (int t = part; t < tiles; t += parts) n += min(counts[static_cast<std::int64_t>(t) * slots], cap);
     return n;
   };
-  // local[r] counts from row `first`: the warp's first row without the deal, the CTA's with it.
+  // The warp's row r is row `first` + (kDeal ? local[r] : r): without the deal the warp's first
+  // row + r, with it the CTA's first row + the dealt row. (The undealt kernels spell out r, not
+  // local[r] = r, so that their code stays what it was before the deal, SASS for SASS.)
   const std::int64_t first = row0 + (kDeal ? 0 : warp * kWarpRows);
   int my_local = lane;
   int local[kWarpRows];
@@ -368,7 +372,8 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
   }
   const std::int64_t my_row = first + my_local;
   const unsigned live = __ballot_sync(kFull, lane < kWarpRows && row_is_live(my_row));
-  // Slot offset of row (the warp's first row + lane)'s tile 0, for entries past those taken inline.
+  // Slot offset of the lane's row's tile 0 (row first + local[lane]), for entries past those taken
+  // inline.
   const std::int64_t lane_offset = my_row * pw;
   constexpr std::uint32_t kInlineEntries = kTma ? 3 : kHeadSlots - 1;  // of a row's entries of a tile
   float acc[kWarpRows][kPlanes][kColsPerLane] = {};
@@ -387,9 +392,12 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
 
     const unsigned char* stage = smem + s * kStageBytes;
     const unsigned char* b_lane = stage + lane * kColsPerLane * 2;
-    // Row r's heads of plane p: 16-byte chunks 2 (p kCtaRows + first - row0 + local[r]) and the next.
+    // Row r's heads of plane p: 16-byte chunks 2 (p kCtaRows + first - row0 + local[r]) and the
+    // next.
     const auto* heads = reinterpret_cast<const uint4*>(stage + kBBytes) + (kDeal ? 0 : 2 * warp * kWarpRows);
-    const auto head_chunk = [&](int r, int p, int half) { return heads[2 * (p * kCtaRows + local[r]) + half]; };
+    const auto head_chunk = [&](int r, int p, int half) {
+      return heads[2 * (p * kCtaRows + (kDeal ? local[r] : r)) + half];
+    };
     // Row r's entry in word `member` (0..3) of each plane's 16-byte head chunk q, or the zero row's.
     const auto add_head = [&](const uint4(&q)[kPlanes], int member, bool present, int r) {
       std::array<std::uint32_t, kPlanes> words;
@@ -472,7 +480,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
 #pragma unroll
     for (int r = 0; r < kWarpRows; ++r) {
       if ((live >> r & 1u) == 0) continue;
-      auto* out = reinterpret_cast<uint2*>(c[p] + (first + local[r]) * ldc[p] + col);
+      auto* out = reinterpret_cast<uint2*>(c[p] + (first + (kDeal ? local[r] : r)) * ldc[p] + col);
       float v[kColsPerLane];
 #pragma unroll
       for (int u = 0; u < kColsPerLane; ++u) v[u] = alpha * acc[r][p][u];

@@ -28,8 +28,8 @@ std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols);
 // One product of spmm_twell_stream: C = alpha * A B + beta * C for the rows of A whose `shadow`
 // entry is negative (every row when shadow is null); other rows of C are left untouched.
 // uneven_rows: A's rows hold very unequal numbers of entries, as where A, or the matrix A was
-// transposed from, is a Hybrid with overflow rows; the kernel then deals its rows to warps by
-// entries (deal_rows in spmm_stream.cu).
+// transposed from, is a Hybrid with overflow rows; where it stages by TMA the kernel then deals
+// the rows of every product of the launch to warps by entries (deal_rows in spmm_stream.cu).
 template <class T>
 struct StreamProduct {
   TwellView<const T> a;
