@@ -774,8 +774,8 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
 // kernel `path` (from choose_twell_path); uneven_rows as detail::StreamProduct takes it (the
 // tile-streaming kernel's only). `workspace` holds spmm_slices_workspace_bytes and `staged_b`
 // spmm_slices_staged_b_bytes, or either is null and then allocated here (stream-ordered) if the
-// slice-reuse path needs it. `before_product` and `b_staged` are the
-// slice-reuse path's (spmm_twell_slices); other paths ignore them. Returns the path's name.
+// slice-reuse path needs it. `before_product` and `b_staged` are the slice-reuse path's
+// (spmm_twell_slices); other paths ignore them. Returns the path's name.
 template <class T>
 const char* twell_none(TwellView<const T> a, const std::int32_t* shadow, bool uneven_rows, DenseView<const T> b,
                        DenseView<T> c, float alpha, float beta, cudaStream_t stream, SpmmAlgorithm path,
