@@ -101,44 +101,24 @@ void check_dense(DenseView<T> v, const char* where, const char* name) {
 template <class T>
 void check_view(CsrView<T> v, const char* where, const char* name) {
   require_device(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0 && v.nnz >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
-          shape(v.rows, v.cols), " and nnz ", v.nnz);
-  require(v.row_ptr != nullptr, ErrorCode::malformed, where, name, " has no row_ptr");
-  require(v.nnz == 0 || (v.col_idx != nullptr && v.values != nullptr), ErrorCode::malformed, where, name, " has nnz ",
-          v.nnz, " but null index or value arrays");
+  twell::detail::check_csr_geometry(v, where, name);
 }
 template <class T>
 void check_view(EllView<T> v, const char* where, const char* name) {
   require_device(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0 && v.width >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
-          shape(v.rows, v.cols), " and width ", v.width);
-  require(v.rows == 0 || (v.row_count != nullptr && (v.width == 0 || (v.col_idx != nullptr && v.values != nullptr))),
-          ErrorCode::malformed, where, name, " has a null array with ", v.rows, " rows and width ", v.width);
+  twell::detail::check_ell_geometry(v, where, name);
 }
 template <class T>
 void check_view(TwellView<T> v, const char* where, const char* name) {
   require_device(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has shape ", shape(v.rows, v.cols));
-  check_layout(v.layout, where);
-  require(v.rows * v.cols == 0 || v.packed != nullptr, ErrorCode::malformed, where, name, " has no packed array");
-  require(ValueTraits<std::remove_const_t<T>>::packs_in_slot || v.value_plane != nullptr || v.rows * v.cols == 0,
-          ErrorCode::malformed, where, name, " is fp32 TwELL without a value plane");
+  twell::detail::check_twell_geometry(v, where, name);
 }
 template <class T>
 void check_view(HybridView<T> v, const char* where, const char* name) {
   check_view(v.twell, where, name);
   require(v.overflow.rows == 0 || v.overflow.space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
           " has its overflow block in host memory");
-  require(v.overflow.cols == v.cols() && v.overflow.rows >= 0 && v.overflow.rows <= v.rows(), ErrorCode::shape_mismatch,
-          where, name, " has an overflow block of ", shape(v.overflow.rows, v.overflow.cols), " for ",
-          shape(v.rows(), v.cols()));
-  require(v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
-          " overflow block has leading dimension ", v.overflow.ld, " below its ", v.overflow.cols, " columns");
-  require((v.rows() == 0 || v.row_to_overflow != nullptr) &&
-              (v.overflow.rows == 0 ||
-               (v.overflow_to_row != nullptr && (v.overflow.cols == 0 || v.overflow.data != nullptr))),
-          ErrorCode::malformed, where, name, " has a null map or overflow block with ", v.overflow.rows,
-          " overflow rows");
+  twell::detail::check_hybrid_overflow_geometry(v, where, name);
 }
 
 // Bytes of shared memory a block of the current device may opt in to.

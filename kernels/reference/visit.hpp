@@ -112,44 +112,25 @@ void store(HybridView<T> v, const Entry& e, float x) {
 template <class T>
 void check_view(CsrView<T> v, const char* where, const char* name) {
   require_host(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0 && v.nnz >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
-          shape(v.rows, v.cols), " and nnz ", v.nnz);
-  require(v.row_ptr != nullptr && (v.nnz == 0 || (v.col_idx != nullptr && v.values != nullptr)), ErrorCode::malformed,
-          where, name, " has a null array with ", v.rows, " rows and nnz ", v.nnz);
+  twell::detail::check_csr_geometry(v, where, name);
   require(v.row_ptr[0] == 0 && v.row_ptr[v.rows] == v.nnz, ErrorCode::malformed, where, name, " row_ptr runs from ",
           v.row_ptr[0], " to ", v.row_ptr[v.rows], " but nnz is ", v.nnz);
 }
 template <class T>
 void check_view(EllView<T> v, const char* where, const char* name) {
   require_host(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0 && v.width >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
-          shape(v.rows, v.cols), " and width ", v.width);
-  require(v.rows == 0 || (v.row_count != nullptr && (v.width == 0 || (v.col_idx != nullptr && v.values != nullptr))),
-          ErrorCode::malformed, where, name, " has a null array with ", v.rows, " rows and width ", v.width);
+  twell::detail::check_ell_geometry(v, where, name);
 }
 template <class T>
 void check_view(TwellView<T> v, const char* where, const char* name) {
   require_host(v.space, where, name);
-  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has shape ", shape(v.rows, v.cols));
-  check_layout(v.layout, where);
-  const bool empty = v.rows * v.packed_width() == 0;
-  require(empty || v.packed != nullptr, ErrorCode::malformed, where, name, " has no packed array");
-  require(empty || ValueTraits<std::remove_const_t<T>>::packs_in_slot || v.value_plane != nullptr, ErrorCode::malformed,
-          where, name, " is fp32 TwELL without a value plane");
+  twell::detail::check_twell_geometry(v, where, name);
 }
 template <class T>
 void check_view(HybridView<T> v, const char* where, const char* name) {
   check_view(v.twell, where, name);
   require_host(v.overflow.space, where, name);
-  require(v.overflow.cols == v.cols() && v.overflow.rows >= 0, ErrorCode::shape_mismatch, where, name,
-          " has an overflow block of ", shape(v.overflow.rows, v.overflow.cols), " for ", v.cols(), " columns");
-  require(v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
-          " overflow block has leading dimension ", v.overflow.ld, " below its ", v.overflow.cols, " columns");
-  require((v.rows() == 0 || v.row_to_overflow != nullptr) &&
-              (v.overflow.rows == 0 ||
-               (v.overflow_to_row != nullptr && (v.overflow.cols == 0 || v.overflow.data != nullptr))),
-          ErrorCode::malformed, where, name, " has a null map or overflow block with ", v.overflow.rows,
-          " overflow rows");
+  twell::detail::check_hybrid_overflow_geometry(v, where, name);
 }
 
 inline void bad_column(const char* where, std::int64_t row, std::int64_t col, std::int64_t cols) {

@@ -727,6 +727,10 @@ TEST_CASE("every bad input throws twell::Error with the right code") {
   hy.twell().packed().data()[0] = 0;
   hy.row_to_overflow().data()[2] = 0;  // a map into an empty overflow block
   CHECK(code_of([&] { ref::l1_norm<T>(std::as_const(hy).view()); }) == ErrorCode::malformed);
+  const auto fresh = ref::dense_to_hybrid<T>(a.view(), TwellLayout{16, 1});
+  HybridView<const T> too_many = fresh.view();
+  too_many.overflow.rows = too_many.rows() + 1;  // more overflow rows than the matrix has rows
+  CHECK(code_of([&] { ref::l1_norm<T>(too_many); }) == ErrorCode::shape_mismatch);
 
   // gemm_to_sparse and transpose: shapes, layouts, activation.
   CHECK(code_of([&] { ref::gemm_to_sparse<T>(x.view(), b.view(), {}, TwellLayout{}, hybrid_overflow()); }) ==
