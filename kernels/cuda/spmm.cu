@@ -748,8 +748,8 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
               "the tile_stream algorithm takes 16-bit values, A of at most 2^31 - 1 rows, columns and slot words a "
               "row, tiles of at most 256 columns with 8 or more slots (a multiple of 4), 16-byte aligned operands with "
               "B's columns and leading dimensions in 8s, and ",
-              "a device with 222 KB of shared memory per block; A is ", detail::shape(a.rows, a.cols), " in tiles of ",
-              a.layout.tile, " with ", a.layout.slots(), " slots");
+              "a device with ", detail::spmm_stream_shared_bytes(), " bytes of shared memory per block; A is ",
+              detail::shape(a.rows, a.cols), " in tiles of ", a.layout.tile, " with ", a.layout.slots(), " slots");
       return requested;
     case SpmmAlgorithm::slice_reuse:
       require(detail::spmm_slices_applies(a, b, c), ErrorCode::unsupported, kWhere,

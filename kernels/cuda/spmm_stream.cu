@@ -553,6 +553,8 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
   }
 }
 
+int spmm_stream_shared_bytes() { return kSmemBytes; }
+
 std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols) {
   const StreamGrid grid = stream_grid(rows, b_cols);
   return grid.row_blocks * grid.slices;

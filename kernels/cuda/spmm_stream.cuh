@@ -21,6 +21,10 @@ namespace twell::cuda::detail {
 template <class T>
 bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c);
 
+// The dynamic shared memory of the kernel's CTA, in bytes (for messages: spmm_stream_applies checks
+// it against the device).
+int spmm_stream_shared_bytes();
+
 // The CTAs spmm_twell_stream launches for one product of `rows` rows of A and `b_cols` columns
 // of B, unpaired (one per 256 x 128 block of C, all resident at once only up to one per SM).
 std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols);

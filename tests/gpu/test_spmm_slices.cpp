@@ -555,7 +555,7 @@ TEST_CASE("cuda spmm picks its TwELL kernel by rows and layout") {
 // CTA) would need more than one wave, and stays on tile-streaming within one; spmm() and a plan
 // agree (check_spmm compares their paths and bits). 1024 rows in 4 row blocks, B as wide as makes
 // tile-streaming's grid at most the device's SMs, or past them. Like the test above, it assumes a
-// device with the shared memory for the tile-streaming kernel (222 KB per block: Hopper).
+// device with the shared memory for the tile-streaming kernel (218 KiB per block: Hopper).
 TEST_CASE("cuda spmm takes slice-reuse for a Hybrid with overflow rows past one wave of tile-streaming") {
   constexpr std::int64_t kM = 1024, kK = 5632;
   const TwellLayout layout{256, 16};
