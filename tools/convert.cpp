@@ -98,7 +98,7 @@ const Spec kConvertSpec{
      {"overflow", "POLICY",
       "error|hybrid|drop for a (row, tile) beyond S-1 entries (default error; hybrid writes a Hybrid)"},
      {"threshold", "t", "store only values with |v| > t (default 0)"},
-     {"ell-width", "W", "ELL width (default: the longest row; fewer follows --overflow)"},
+     {"ell-width", "W", "ELL width (default: the longest row; longer rows follow --overflow)"},
      {"quiet", "", "print nothing on success"}}};
 
 std::optional<ConvertRequest> parse_convert(std::span<const std::string> argv) {
