@@ -280,15 +280,22 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
   deadline=$(( $(now) + sanitize_limit ))
   # Tool-major (racecheck, the slower, first), then case-major: the first cases of each suite
   # (their widest sweeps) start early, so the long runs do not all begin near the deadline.
+  # The cases that fill twell's pool with nearly all of the device's memory (the whole_device
+  # shards of tests/CMakeLists.txt, which ctest runs alone) fail their neighbours' allocations and
+  # their own checks of the pool's size when others run beside them: they run after the others,
+  # one at a time (`alone`).
+  alone_re="while twell's pool keeps"
   runs=()
+  alone=()
   exes=$(find "$build/tests" -maxdepth 1 -type f -executable -name 'gpu_test_*' | grep -E "$sanitize_suites" | sort)
   # The k-th case of doctest's listing is the one --first=k --last=k runs (both in file order).
   most=0
-  declare -A cases
+  declare -A cases alone_cases
   for exe in $exes; do
-    cases[$exe]=$("$exe" --list-test-cases 2>/dev/null | sed -n '3,$p' | grep -v -e '^===' -e '^\[doctest\]' |
-                  grep -n -E -e "$sanitize_cases" | cut -d: -f1 | awk -v from="$sanitize_from" '$1 >= from' |
-                  tr '\n' ' ')
+    listing=$("$exe" --list-test-cases 2>/dev/null | sed -n '3,$p' | grep -v -e '^===' -e '^\[doctest\]' |
+              grep -n -E -e "$sanitize_cases" | awk -F: -v from="$sanitize_from" '$1 >= from')
+    cases[$exe]=$(printf '%s\n' "$listing" | grep -v -F -e "$alone_re" | cut -d: -f1 | tr '\n' ' ')
+    alone_cases[$exe]=$(printf '%s\n' "$listing" | grep -F -e "$alone_re" | cut -d: -f1 | tr '\n' ' ')
     set -- ${cases[$exe]}
     [ $# -gt "$most" ] && most=$#
   done
@@ -298,6 +305,9 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
         set -- ${cases[$exe]}
         [ "$i" -le $# ] && runs+=("$tool $exe ${!i}")
       done
+    done
+    for exe in $exes; do
+      for k in ${alone_cases[$exe]}; do alone+=("$tool $exe $k"); done
     done
   done
   sanitize_one() {  # TOOL EXE CASE PARTS DEADLINE: writes PARTS/TOOL-NAME-CASE.log and .rc
@@ -328,8 +338,11 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
     echo "$rc" >"$part.rc"
   }
   export -f sanitize_one
-  printf '%s\n' "${runs[@]}" |
+  [ ${#runs[@]} -eq 0 ] || printf '%s\n' "${runs[@]}" |
     xargs -P "$sanitize_jobs" -I{} bash -c 'sanitize_one $1 $2 $3 "$4" "$5"' _ {} "$parts" "$deadline"
+  [ ${#alone[@]} -eq 0 ] || printf '%s\n' "${alone[@]}" |
+    xargs -P 1 -I{} bash -c 'sanitize_one $1 $2 $3 "$4" "$5"' _ {} "$parts" "$deadline"
+  runs+=("${alone[@]}")
   bad=0; unfinished=0; vendor=0; oom=0; n=${#runs[@]}
   for run in "${runs[@]}"; do
     set -- $run
@@ -345,7 +358,7 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
     esac
   done
   rm -rf "$parts"
-  detail="$((n - bad - unfinished)) of $n runs (test case x tool) clean ($vendor of them with racecheck hazards in cuSPARSE/cuBLAS kernels only, $oom with memcheck reporting only provoked out-of-memory answers), $bad with errors, $unfinished unfinished, $sanitize_jobs at a time; sanitizer.log"
+  detail="$((n - bad - unfinished)) of $n runs (test case x tool) clean ($vendor of them with racecheck hazards in cuSPARSE/cuBLAS kernels only, $oom with memcheck reporting only provoked out-of-memory answers), $bad with errors, $unfinished unfinished, $sanitize_jobs at a time (${#alone[@]} alone, after the others); sanitizer.log"
   if [ "$n" = 0 ]; then
     phase sanitizer FAILED $(( $(now) - t0 )) "no test case selected (--sanitize-suites, --sanitize-cases, --sanitize-from)"
   elif [ "$bad" = 0 ] && [ "$unfinished" = 0 ]; then
