@@ -9,7 +9,7 @@
 #
 #   VARIANT   NAME             this source tree as it is
 #             NAME=FLAGS       this source tree with FLAGS added to CMAKE_CUDA_FLAGS, e.g. a
-#                              diagnostic switch: banks=-DTWELL_DIAG_BANKS (docs/benchmarks/README.md,
+#                              diagnostic switch: banks=-DTWELL_DIAG_BANKS (docs/benchmarks/history.md,
 #                              "Where the slice product's time goes")
 #             NAME:DIR         the source tree in DIR, e.g. the base of an A/B made before the call
 #                              by `git archive HEAD | tar -x -C build-base` and carried with it

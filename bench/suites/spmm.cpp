@@ -171,7 +171,7 @@ void run_spmm(Harness& h, Report& report) {
           layout_facts(x);
         });
         // At 0.5 % each TwELL kernel forced in turn, so that the automatic choice can be checked
-        // against the others in one run (docs/benchmarks/README.md, "spmm paths by M").
+        // against the others in one run (docs/benchmarks/history.md, "spmm paths by M").
         if (density == 0.005) {
           for (const auto& [algorithm, name] : {std::pair{SpmmAlgorithm::pair_balanced, "twell_pair_balanced"},
                                                 std::pair{SpmmAlgorithm::tile_stream, "twell_tile_stream"},

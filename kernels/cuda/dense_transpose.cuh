@@ -44,7 +44,7 @@ __global__ void transpose_words_kernel(const T* in, std::int64_t rows, std::int6
 // general loop, whose trip count and edge checks keep it rolled, each load waited for the one
 // before (one 128-byte load in flight per warp): ~20 us for the paper's 2048 x 5632 weight on an
 // H200, ~2.3 TB/s of its 4.2 TB/s copy. A training step, which runs four such transposes, got
-// 31-45 us shorter with this path (docs/benchmarks/README.md, "Thirty-ninth session").
+// 31-45 us shorter with this path (docs/benchmarks/history.md, "Thirty-ninth session").
 template <class T>
 __global__ void transpose_pairs_kernel(const T* in, std::int64_t rows, std::int64_t cols, std::int64_t ld_in, T* out,
                                        std::int64_t ld_out, bool pairs) {

@@ -96,7 +96,7 @@ __global__ void twell_kernel(std::int64_t words, TwellLayout layout, const std::
 // aligned: a thread owns four consecutive words of one slot group (one 16-byte load of x and of
 // y, one store), and the slot comes from a mask instead of a 64-bit remainder per word. Same
 // results as twell_kernel; Nsight Compute, H100, 16384 x 5632 TwELL(256, 16): 21-25 us against
-// the one-word kernel's 44-46 us (docs/benchmarks/README.md, "Where a training step's time goes").
+// the one-word kernel's 44-46 us (docs/benchmarks/history.md, "Where a training step's time goes").
 template <class T, class F>
 __global__ void twell_quad_kernel(std::int64_t quads, std::uint32_t slot_mask, std::uint32_t capacity,
                                   const uint4* x, const uint4* y, uint4* out, F f) {

@@ -710,7 +710,7 @@ constexpr const char* kStreamPath = "tile_stream";
 // The TwELL kernel for op none: `requested` when it takes the operands (else Error(unsupported);
 // an empty product, which only scales C, always takes the pair-balanced path), or with
 // SpmmAlgorithm::automatic the fastest measured at 0.5 % on an H100 (2026-11-25 and 2026-11-27,
-// paper shape K = 5632, Nb = 2048; docs/benchmarks/README.md, "spmm paths by M"; at 5 % dense cuBLAS is 6x
+// paper shape K = 5632, Nb = 2048; docs/benchmarks/history.md, "spmm paths by M"; at 5 % dense cuBLAS is 6x
 // faster than every sparse kernel, and the rule below is not the fastest of them at 2048 rows,
 // where the tile-streaming kernel wins):
 //   - pair-balanced up to 768 rows, and up to 2048 rows for layouts of more than 16 slots (~5 %):
@@ -836,7 +836,7 @@ SpmmAlgorithm choose_hybrid_path(HybridView<const T> a, DenseView<const T> b, De
 // Hybrid with op none: the TwELL part without its shadow rows, then the overflow rows. With an
 // SpmmPlan's side lane (`side`, else null) they run on its stream beside the kernel: they write
 // C's shadow rows, which the kernel skips (tile-streaming, 63 rows at M = 4096: 0.132 against 0.142
-// ms after it; docs/benchmarks/README.md). On the slice-reuse path they run beside its pre-pass
+// ms after it; docs/benchmarks/history.md). On the slice-reuse path they run beside its pre-pass
 // and its product waits for them, since its one CTA per SM waits for any SM the GEMM holds (H100,
 // token-skewed, 229 overflow rows at M = 16384: 0.383 ms with the GEMM beside the product against
 // 0.372 after). Beside the pre-pass: 63 rows at M = 4096, 0.116 against 0.132 after the product;

@@ -50,7 +50,7 @@ constexpr const char* kWhere = "twell::cuda::spmm";
 // warp instruction against 4 ideal, 13.7 M of the kernel's 44 M, and 0.9 M LDGSTS of its 130 M
 // instructions; the bulk copy leaves 30 M wavefronts and 120 M instructions, but its slice now
 // lands late (a third of the warps' stall samples wait on it), so spmm gained only 1-2 % on
-// uniform rows and 4 % on token-skewed ones (docs/benchmarks/README.md, "Why each miss").
+// uniform rows and 4 % on token-skewed ones (docs/benchmarks/history.md, "Why each miss").
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define TWELL_SLICES_BULK_COPY 1
 #else
@@ -71,7 +71,7 @@ constexpr int kPieceWarps = kPieceRows / 32;          // warps of a count CTA
 // a row piece's ~1.2 chunks per row (0.5 % uniform) are one chunk per thread; each chunk is a long
 // serial chain (gather, bank ordering), and with a thread per row the threads that took a second
 // chunk set the kernel's length (H100, paper shape, M = 16384: fill 61 us of the spmm's 282,
-// docs/benchmarks/README.md, "Why each miss").
+// docs/benchmarks/history.md, "Why each miss").
 constexpr int kFillThreads = 2 * kPieceRows;
 constexpr int kFillWarps = kFillThreads / 32;
 constexpr int kMaxTiles = 128;                        // per-row tile counts staged by the pre-pass
@@ -754,7 +754,7 @@ __global__ void __launch_bounds__(kLanes, 1)
   // one: C goes out in whole 32-byte sectors (kKc = 8, rows of C 32-byte aligned), not in halves
   // an item (~6 us) apart.
   // H100, paper shape, 0.5 %, M = 16384 (2026-11-27): spmm 0.346 -> 0.282 ms; the half-sector
-  // writes had also held back the slices' bulk copies (docs/benchmarks/README.md, "Why each miss").
+  // writes had also held back the slices' bulk copies (docs/benchmarks/history.md, "Why each miss").
   enum class Pair { none, hold, with_held };
   auto store_c = [&](int slice, const float(&v)[kKc], Pair pair) {
     T* p = c + static_cast<std::int64_t>(lane_row[tid]) * ldc + slice * kKc;

@@ -24,7 +24,7 @@
 // fixed strides); L2 ~30 % busy. The slice-reuse kernel spends fewer instructions per entry
 // but pays a pre-pass of ~70 us, so this path takes the smaller products (choose_twell_path in
 // spmm.cu). A tensor-core product (mma.sync over entries dealt into groups of 8) was tried and
-// lost to latency: docs/benchmarks/README.md, "Why each miss".
+// lost to latency: docs/benchmarks/history.md, "Why each miss".
 //
 // Two planes. Where two products have A of one slot structure (SlotStructure::shared) and one B,
 // a CTA owns 128 rows and both planes' accumulators (a warp 8 rows x 2 planes), staging each
@@ -149,7 +149,7 @@ struct StreamMaps {
 // rows hold more entries than its peers' holds them all back. On token-skewed rows (a few tokens
 // with 10-30x the mean entries) a warp of consecutive rows drew such a share all through A: the
 // stage waits took 26 % of the warps' stall samples, against 5 % on uniform rows (Nsight
-// Compute, H200, docs/benchmarks/README.md, "Fifty-third session"). So the CTA counts each row's
+// Compute, H200, docs/benchmarks/history.md, "Fifty-third session"). So the CTA counts each row's
 // entries first (row_entries(row, part, parts): part `part` of `parts` of local row `row`'s
 // count), ranks the rows by them (more first, ties in row order) and deals them to the warps
 // in snake order: round j gives warp w the row of rank j kWarps + (j even ? w : kWarps - 1 - w).
@@ -217,7 +217,7 @@ __device__ __forceinline__ int deal_rows(unsigned char* scratch, RowEntries row_
 // Warps that far apart run different parts of the unrolled walk over their rows, and the
 // instruction cache did not hold them all: with TMA staging and 7 entries a row taken inline, a
 // product of token-skewed rows took 1.26-1.40x as long as with cp.async, no-instruction stalls
-// from 13 % to 45 % of the samples (docs/benchmarks/README.md, "Fiftieth session"). So the TMA
+// from 13 % to 45 % of the samples (docs/benchmarks/history.md, "Fiftieth session"). So the TMA
 // walk takes 3 entries a row inline (75 -> 59 KB of sm_90a code in stream_kernel, 136 -> 105 KB
 // in stream_pair_kernel) and the rest through the rolled loop: products then took 0.87-0.88 of
 // the cp.async form's time on uniform rows and 0.98-1.01 on token-skewed ones, the training step
@@ -263,7 +263,7 @@ __device__ __forceinline__ void stream_cta(std::int64_t rows, std::int64_t k_col
   auto* const done = reinterpret_cast<unsigned*>(full + kStages);  // warps done with each stage, ever
   // cp.async: the slot heads this thread stages, fixed over the tiles: null for rows past M and
   // shadow rows, whose heads are zero-filled (count 0), so that the walk needs no mask (masked,
-  // op-none products took 2-5 % longer: docs/benchmarks/README.md, "Fifty-first session"). Copy q
+  // op-none products took 2-5 % longer: docs/benchmarks/history.md, "Fifty-first session"). Copy q
   // is plane q / (2 kCtaRows)'s row q / 2 % kCtaRows, half q % 2.
   constexpr int kHeadsPerThread = kHeadChunks / kThreads;
   const std::uint32_t* head_src[kHeadsPerThread];
