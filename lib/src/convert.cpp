@@ -13,70 +13,74 @@ namespace {
 
 // Static forwarders to one backend's converters, so that the composition rules below are
 // written once for both backends.
-#define TWELL_BACKEND_FORWARDERS(ns)                                                                       \
-  template <class T>                                                                                       \
-  static CsrMatrix<T> dense_to_csr(DenseView<const T> s, const ConvertOptions& o) {                        \
-    return ns::dense_to_csr<T>(s, o);                                                                      \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static DenseMatrix<T> csr_to_dense(CsrView<const T> s, const ConvertOptions& o) {                        \
-    return ns::csr_to_dense<T>(s, o);                                                                      \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static EllMatrix<T> dense_to_ell(DenseView<const T> s, const ConvertOptions& o) {                        \
-    return ns::dense_to_ell<T>(s, o);                                                                      \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static DenseMatrix<T> ell_to_dense(EllView<const T> s, const ConvertOptions& o) {                        \
-    return ns::ell_to_dense<T>(s, o);                                                                      \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static EllMatrix<T> csr_to_ell(CsrView<const T> s, const ConvertOptions& o) {                            \
-    return ns::csr_to_ell<T>(s, o);                                                                        \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static CsrMatrix<T> ell_to_csr(EllView<const T> s, const ConvertOptions& o) {                            \
-    return ns::ell_to_csr<T>(s, o);                                                                        \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static TwellMatrix<T> dense_to_twell(DenseView<const T> s, TwellLayout l, const ConvertOptions& o) {     \
-    return ns::dense_to_twell<T>(s, l, o);                                                                 \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static DenseMatrix<T> twell_to_dense(TwellView<const T> s, const ConvertOptions& o) {                    \
-    return ns::twell_to_dense<T>(s, o);                                                                    \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static TwellMatrix<T> csr_to_twell(CsrView<const T> s, TwellLayout l, const ConvertOptions& o) {         \
-    return ns::csr_to_twell<T>(s, l, o);                                                                   \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static CsrMatrix<T> twell_to_csr(TwellView<const T> s, const ConvertOptions& o) {                        \
-    return ns::twell_to_csr<T>(s, o);                                                                      \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static HybridMatrix<T> dense_to_hybrid(DenseView<const T> s, TwellLayout l, const ConvertOptions& o) {   \
-    return ns::dense_to_hybrid<T>(s, l, o);                                                                \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static DenseMatrix<T> hybrid_to_dense(HybridView<const T> s, const ConvertOptions& o) {                  \
-    return ns::hybrid_to_dense<T>(s, o);                                                                   \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static HybridMatrix<T> csr_to_hybrid(CsrView<const T> s, TwellLayout l, const ConvertOptions& o) {       \
-    return ns::csr_to_hybrid<T>(s, l, o);                                                                  \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static CsrMatrix<T> hybrid_to_csr(HybridView<const T> s, const ConvertOptions& o) {                      \
-    return ns::hybrid_to_csr<T>(s, o);                                                                     \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static HybridMatrix<T> twell_to_hybrid(TwellView<const T> s, TwellLayout l, const ConvertOptions& o) {   \
-    return ns::twell_to_hybrid<T>(s, l, o);                                                                \
-  }                                                                                                        \
-  template <class T>                                                                                       \
-  static TwellMatrix<T> hybrid_to_twell(HybridView<const T> s, TwellLayout l, const ConvertOptions& o) {   \
-    return ns::hybrid_to_twell<T>(s, l, o);                                                                \
+#define TWELL_BACKEND_FORWARDERS(ns)                                                                     \
+  template <class T>                                                                                     \
+  static CsrMatrix<T> dense_to_csr(DenseView<const T> s, const ConvertOptions& o) {                      \
+    return ns::dense_to_csr<T>(s, o);                                                                    \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static DenseMatrix<T> csr_to_dense(CsrView<const T> s, const ConvertOptions& o) {                      \
+    return ns::csr_to_dense<T>(s, o);                                                                    \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static EllMatrix<T> dense_to_ell(DenseView<const T> s, const ConvertOptions& o) {                      \
+    return ns::dense_to_ell<T>(s, o);                                                                    \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static DenseMatrix<T> ell_to_dense(EllView<const T> s, const ConvertOptions& o) {                      \
+    return ns::ell_to_dense<T>(s, o);                                                                    \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static EllMatrix<T> csr_to_ell(CsrView<const T> s, const ConvertOptions& o) {                          \
+    return ns::csr_to_ell<T>(s, o);                                                                      \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static CsrMatrix<T> ell_to_csr(EllView<const T> s, const ConvertOptions& o) {                          \
+    return ns::ell_to_csr<T>(s, o);                                                                      \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static CsrMatrix<T> csr_to_csr(CsrView<const T> s, const ConvertOptions& o) {                          \
+    return ns::csr_to_csr<T>(s, o);                                                                      \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static TwellMatrix<T> dense_to_twell(DenseView<const T> s, TwellLayout l, const ConvertOptions& o) {   \
+    return ns::dense_to_twell<T>(s, l, o);                                                               \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static DenseMatrix<T> twell_to_dense(TwellView<const T> s, const ConvertOptions& o) {                  \
+    return ns::twell_to_dense<T>(s, o);                                                                  \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static TwellMatrix<T> csr_to_twell(CsrView<const T> s, TwellLayout l, const ConvertOptions& o) {       \
+    return ns::csr_to_twell<T>(s, l, o);                                                                 \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static CsrMatrix<T> twell_to_csr(TwellView<const T> s, const ConvertOptions& o) {                      \
+    return ns::twell_to_csr<T>(s, o);                                                                    \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static HybridMatrix<T> dense_to_hybrid(DenseView<const T> s, TwellLayout l, const ConvertOptions& o) { \
+    return ns::dense_to_hybrid<T>(s, l, o);                                                              \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static DenseMatrix<T> hybrid_to_dense(HybridView<const T> s, const ConvertOptions& o) {                \
+    return ns::hybrid_to_dense<T>(s, o);                                                                 \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static HybridMatrix<T> csr_to_hybrid(CsrView<const T> s, TwellLayout l, const ConvertOptions& o) {     \
+    return ns::csr_to_hybrid<T>(s, l, o);                                                                \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static CsrMatrix<T> hybrid_to_csr(HybridView<const T> s, const ConvertOptions& o) {                    \
+    return ns::hybrid_to_csr<T>(s, o);                                                                   \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static HybridMatrix<T> twell_to_hybrid(TwellView<const T> s, TwellLayout l, const ConvertOptions& o) { \
+    return ns::twell_to_hybrid<T>(s, l, o);                                                              \
+  }                                                                                                      \
+  template <class T>                                                                                     \
+  static TwellMatrix<T> hybrid_to_twell(HybridView<const T> s, TwellLayout l, const ConvertOptions& o) { \
+    return ns::hybrid_to_twell<T>(s, l, o);                                                              \
   }
 
 struct ReferenceBackend {
@@ -179,13 +183,10 @@ struct Compose {
   static CsrMatrix<T> to_csr(DenseView<const T> s, const ConvertOptions& o) {
     return B::dense_to_csr(s, o);
   }
-  // CSR -> CSR re-built goes through Hybrid: exact, and its size is bounded by the dense size of
-  // the overflowing rows, not by the longest row times M as ELL would be.
   template <class T>
   static CsrMatrix<T> to_csr(CsrView<const T> s, const ConvertOptions& o) {
     if (plain_copy(s, o)) return copy_to(s, s.space);
-    const auto hybrid = B::csr_to_hybrid(s, TwellLayout{}, first_step(o));
-    return B::hybrid_to_csr(hybrid.view(), o);
+    return B::csr_to_csr(s, o);
   }
   template <class T>
   static CsrMatrix<T> to_csr(EllView<const T> s, const ConvertOptions& o) {

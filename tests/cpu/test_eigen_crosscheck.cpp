@@ -74,23 +74,24 @@ TEST_CASE_TEMPLATE("spmm of every format agrees with Eigen's SparseMatrix produc
       CHECK(std::equal(cols.begin(), cols.end(), sa.innerIndexPtr()));
 
       const TwellLayout layout{128, 4};
-      DenseMatrix<T> c(s.m, s.n);
-      spmm(Op::none, csr.view(), b.view(), c.view());
-      CHECK(error_vs(want, c) <= relative_bound<T>());
-      spmm(Op::none, to_ell(a).view(), b.view(), c.view());
-      CHECK(error_vs(want, c) <= relative_bound<T>());
-      spmm(Op::none, to_hybrid(a, layout).view(), b.view(), c.view());
-      CHECK(error_vs(want, c) <= relative_bound<T>());
+      // Each product into a NaN-poisoned C, so that one that writes nothing fails.
+      const auto check_product = [&](const auto& sparse) {
+        DenseMatrix<T> c = testing::nan_dense<T>(s.m, s.n);
+        spmm(Op::none, sparse.view(), b.view(), c.view());
+        CHECK(error_vs(want, c) <= relative_bound<T>());
+      };
+      check_product(csr);
+      check_product(to_ell(a));
+      check_product(to_hybrid(a, layout));
       ConvertOptions drop_nothing;
       drop_nothing.overflow = OverflowPolicy::error;
       if (density <= 0.05) {  // fits TwELL(128, 1) without overflow at these densities and widths
-        spmm(Op::none, to_twell(a, TwellLayout{128, 1}, drop_nothing).view(), b.view(), c.view());
-        CHECK(error_vs(want, c) <= relative_bound<T>());
+        check_product(to_twell(a, TwellLayout{128, 1}, drop_nothing));
       }
       // op(A) = A^T against Eigen's transpose product.
       const auto bt = testing::random_dense<T>(s.m, s.n, 1.0f, seed + 2);
       const RowMajorDense want_t = RowMajorDense(sa.transpose() * to_eigen<T>(bt.view()));
-      DenseMatrix<T> ct(s.k, s.n);
+      DenseMatrix<T> ct = testing::nan_dense<T>(s.k, s.n);
       spmm(Op::transpose, to_hybrid(a, layout).view(), bt.view(), ct.view());
       CHECK(error_vs(want_t, ct) <= relative_bound<T>());
     }

@@ -141,6 +141,7 @@ void check_all(const DenseMatrix<T>& dense, TwellLayout layout, TwellLayout rela
 
   COMPARE_CONVERSION(csr_to_dense, options, csr.view(), d_csr.view());
   COMPARE_CONVERSION(csr_to_ell, options, csr.view(), d_csr.view());
+  COMPARE_CONVERSION(csr_to_csr, options, csr.view(), d_csr.view());
   COMPARE_CONVERSION(csr_to_twell, options, csr.view(), d_csr.view(), layout);
   COMPARE_CONVERSION(csr_to_hybrid, options, csr.view(), d_csr.view(), layout);
 

@@ -137,6 +137,8 @@ void check_spmm(const char* name, Op op, const HostM& a_host, const DenseMatrix<
   const DenseMatrix<T> got = c_dev.to(kHost);
   const double err = rel(got, want);
   CHECK(err <= relative_bound<T>());  // NaN (poison leaked or unwritten) fails too
+  // Row by row too: one wrong row of a tall C hides in the whole matrix's norm.
+  CHECK(testing::worst_row_error<T>(got, want) <= relative_bound<T>());
 }
 
 // C = A^T B on the device, C poisoned first; the result stays on the device.
@@ -579,6 +581,7 @@ void check_sddmm(const char* name, const DenseMatrix<T>& a, Op op_b, const Dense
   check_structure(got, want);
   const double err = rel(to_dense(got), to_dense(want));
   CHECK(err <= relative_bound<T>());
+  CHECK(testing::worst_row_error<T>(to_dense(got), to_dense(want)) <= relative_bound<T>());
 }
 
 }  // namespace
@@ -818,19 +821,29 @@ TEST_CASE_TEMPLATE("cuda add_scaled_sign(x, s, y): an exactly-zero x in a Hybrid
 }
 
 TEST_CASE_TEMPLATE("cuda reductions count NaN, skip -0.0 and Hybrid shadows", T, bf16, float) {
-  const std::uint64_t seed = testing::fresh_seed();
-  CAPTURE(seed);
-  const testing::SparseDenseOptions so{.density = 0.1, .specials = true, .full_row_share = 0.1};
-  const auto x = testing::random_sparse_dense<T>(200, 90, so, seed);
-  const Formats<T> f = host_formats<T>(x.view(), kNarrow);
-  REQUIRE(f.hybrid.overflow_rows() > 0);
-  const auto h = f.hybrid.to(kDevice);
-  CHECK(dev::l0_norm<T>(h.view()) == ref::l0_norm<T>(f.hybrid.view()));
-  const double got = dev::l1_norm<T>(h.view()), want = ref::l1_norm<T>(f.hybrid.view());
-  if (std::isnan(want) || std::isinf(want)) {
-    CHECK((std::isnan(got) == std::isnan(want) && std::isinf(got) == std::isinf(want)));
-  } else {
-    CHECK(std::fabs(got - want) <= 1e-9 * std::max(1.0, want));
+  // Two inputs: one with NaN and infinities (L1 is not finite: it must come out NaN or Inf as
+  // the reference's does), and a finite one with -0.0 in place of every 11th element, so that
+  // the full rows (the Hybrid's dense rows) hold -0.0 and L1 is compared as a number.
+  for (const bool specials : {true, false}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(specials);
+    CAPTURE(seed);
+    const testing::SparseDenseOptions so{.density = 0.1, .specials = specials, .full_row_share = 0.1};
+    auto x = testing::random_sparse_dense<T>(200, 90, so, seed);
+    if (!specials)
+      for (std::int64_t e = 0; e < x.rows() * x.cols(); e += 11)
+        x.view().at(e / x.cols(), e % x.cols()) = from_float<T>(-0.0f);
+    const Formats<T> f = host_formats<T>(x.view(), kNarrow);
+    REQUIRE(f.hybrid.overflow_rows() > 0);
+    const auto h = f.hybrid.to(kDevice);
+    CHECK(dev::l0_norm<T>(h.view()) == ref::l0_norm<T>(f.hybrid.view()));
+    const double got = dev::l1_norm<T>(h.view()), want = ref::l1_norm<T>(f.hybrid.view());
+    REQUIRE(std::isfinite(want) != specials);
+    if (specials) {
+      CHECK((std::isnan(got) == std::isnan(want) && std::isinf(got) == std::isinf(want)));
+    } else {
+      CHECK(std::fabs(got - want) <= 1e-9 * std::max(1.0, want));
+    }
   }
 }
 

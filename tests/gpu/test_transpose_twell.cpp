@@ -664,13 +664,17 @@ TEST_CASE_TEMPLATE("cuda SpmmPlan with op(A) = A^T equals spmm() bit for bit and
         const std::vector<double> magnitude = term_magnitudes<T>(product_magnitudes<T>(a_dense, b), c0, alpha, beta);
         check_close<T>(want, reference_spmm_t<T>(a, b, c0, alpha, beta), &magnitude);
       }
-      // op none through the same plan is run().
-      const auto b_none = testing::random_dense<T>(kK, kN, 1.0f, seed + 3).to(kDevice);
-      DenseMatrix<T> c_none(kM, kN, kDevice), c_run(kM, kN, kDevice);
-      plan.run(Op::none, a_dev.view(), b_none.view(), c_none.view());
-      plan.run(a_dev.view(), b_none.view(), c_run.view());
+      // op none through the same plan is run(), and matches the reference (both C poisoned).
+      const auto b_none = testing::random_dense<T>(kK, kN, 1.0f, seed + 3);
+      const DenseMatrix<T> b_none_dev = b_none.to(kDevice);
+      DenseMatrix<T> c_none = nan_dense<T>(kM, kN).to(kDevice), c_run = nan_dense<T>(kM, kN).to(kDevice);
+      plan.run(Op::none, a_dev.view(), b_none_dev.view(), c_none.view());
+      plan.run(a_dev.view(), b_none_dev.view(), c_run.view());
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      CHECK(testing::bitwise_equal<T>(c_none.to(kHost).view(), c_run.to(kHost).view()));
+      const SpmmRun<T> none{c_none.to(kHost), plan.path()};
+      CHECK(testing::bitwise_equal<T>(none.got.view(), c_run.to(kHost).view()));
+      check_close<T>(none,
+                     testing::reference_spmm<T>(Op::none, a, b_none, DenseMatrix<T>{}, 1.0f, 0.0f));  // beta 0: no C0
     }
     // Another shape is refused, naming the plan's.
     const auto other =

@@ -103,7 +103,9 @@ std::pair<std::int64_t, std::int64_t> split_non_finite(DenseMatrix<T>& got, Dens
 // to ~2000 terms; for cuBLAS's tensor-core accumulation the margin is statistical, not
 // worst-case), plus 2^-24 (fp16's subnormal spacing). A result rounded twice, a partial sum stored
 // in T and then added to, is off by up to half a unit of the partial sum, which exceeds this where
-// the partial sum carries much of the magnitude and later terms cancel it. NaN in got counts.
+// the partial sum carries much of the magnitude and later terms cancel it. NaN counts, and so
+// does an infinity unless both hold the same one; the unit is taken of the larger value but of
+// at most twice want's, so that a wild value in got does not widen its own bound.
 template <class T>
 std::int64_t beyond_one_rounding(const DenseMatrix<T>& got, const DenseMatrix<T>& want,
                                  const std::vector<double>& magnitude) {
@@ -116,7 +118,12 @@ std::int64_t beyond_one_rounding(const DenseMatrix<T>& got, const DenseMatrix<T>
   for (std::int64_t i = 0; i < w.rows; ++i)
     for (std::int64_t j = 0; j < w.cols; ++j) {
       const double a = to_float(g.at(i, j)), b = to_float(w.at(i, j));
-      const double bound = kUnit * std::max(std::abs(a), std::abs(b)) + 0x1p-12 * magnitude[i * w.cols + j] + 0x1p-24;
+      if (!std::isfinite(a) || !std::isfinite(b)) {
+        beyond += a == b ? 0 : 1;
+        continue;
+      }
+      const double larger = std::min(std::max(std::abs(a), std::abs(b)), 2 * std::abs(b));
+      const double bound = kUnit * larger + 0x1p-12 * magnitude[i * w.cols + j] + 0x1p-24;
       beyond += std::abs(a - b) <= bound ? 0 : 1;
     }
   return beyond;

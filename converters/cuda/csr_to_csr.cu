@@ -1,0 +1,21 @@
+// cuda csr -> csr (re-built: stored zeros and values under the threshold dropped): per-row count,
+// scan, fill, a warp per row (row_builders.cuh).
+#include <twell/instantiate.hpp>
+
+#include "row_builders.cuh"
+
+namespace twell::cuda {
+
+template <Value T>
+CsrMatrix<T> csr_to_csr(CsrView<const T> src, const ConvertOptions& options) {
+  constexpr const char* where = "twell::cuda::csr_to_csr";
+  detail::require_device(src.space, where);
+  check_convert_options(options, where);
+  return detail::rows_to_csr<T>(detail::CsrRows<T>(src), src.rows, src.cols, options, where);
+}
+
+#define TWELL_INSTANTIATE(T) template CsrMatrix<T> csr_to_csr<T>(CsrView<const T>, const ConvertOptions&);
+TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
+#undef TWELL_INSTANTIATE
+
+}  // namespace twell::cuda
