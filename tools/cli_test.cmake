@@ -46,6 +46,9 @@ expect(0 "    64   4    16" stats "${generated}" --tiles 64,512 --compressions 4
 expect(2 "--tiles expects an integer, got ''" stats "${generated}" --tiles 64,,128)
 expect(2 "candidate C = 3 is not a power of two" stats "${generated}" --compressions 3)
 expect(2 "layout.tile = 12 must be a multiple of 8" stats "${generated}" --tiles 12)
+# --tile 8 takes C 4 for its TwELL bytes line (C 8 would leave one slot); no candidate is said.
+expect(0 "TwELL (8, 4)" stats "${generated}" --tile 8)
+expect(0 "(the default layout: no candidate layout)" stats "${generated}" --tiles 8 --compressions 8)
 # A twell::Error from the library: one line naming what is wrong, exit status 1.
 expect(1 "error (io)" stats "${CMAKE_CURRENT_BINARY_DIR}/cli_test_missing.npy")
 # (40, 16) cannot exist (16 does not divide 40): only (40, 8) is listed and recommended.
@@ -91,4 +94,5 @@ file(WRITE "${tiny_mtx}" "%%MatrixMarket matrix coordinate real general\n2 3 2\n
 expect(0 "1 values stored, 1 values became zero in fp16" convert "${tiny_mtx}" "${narrowed}" --dtype fp16)
 # A layout option is checked even where the output format does not use it.
 expect(2 "layout.tile = 12 must be a multiple of 8" convert "${tiny_mtx}" "${narrowed}" --tile 12)
+expect(2 "--ell-width sets the width of an ELL output, but this command writes dense" convert "${tiny_mtx}" "${narrowed}" --ell-width 5)
 file(REMOVE "${big_mtx}" "${big_npy}" "${narrowed}" "${tiny_mtx}")

@@ -128,6 +128,11 @@ std::optional<ConvertRequest> parse_convert(std::span<const std::string> argv) {
     throw UsageError(e.what());
   }
   if (r.to == Format::twell && r.options.overflow == OverflowPolicy::hybrid) r.to = Format::hybrid;
+  // Like the layout options, a width that would go unused is refused rather than ignored.
+  if (args.has("ell-width") && r.to != Format::ell) {
+    throw UsageError("--ell-width sets the width of an ELL output, but this command writes " +
+                     std::string(to_string(r.to)));
+  }
   r.quiet = args.flag("quiet");
   return r;
 }

@@ -58,19 +58,30 @@ std::string to_json(const MatrixStats& s, const std::string& file) {
   return os.str();
 }
 
-// The plotting script: $TWELL_PLOT_STATS, else bench/plot_stats.py (source tree) or
-// share/twell/plot_stats.py (installed) in a directory above the running executable.
+// The plotting script: $TWELL_PLOT_STATS, else share/twell/plot_stats.py beside an installed
+// executable (bin/../share/twell), else bench/plot_stats.py of the source tree this executable
+// was built from. Only these places: a search of every directory above the executable ran an
+// unrelated plot_stats.py that someone had left in /tmp/bench.
 std::filesystem::path find_plot_script() {
   if (const char* env = std::getenv("TWELL_PLOT_STATS")) return env;
   std::error_code ec;
-  std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
-  for (; !ec && !dir.empty(); dir = dir.parent_path()) {
-    for (const char* rel : {"bench/plot_stats.py", "share/twell/plot_stats.py"}) {
-      if (std::filesystem::exists(dir / rel)) return dir / rel;
-    }
-    if (dir == dir.root_path()) break;
-  }
+  const std::filesystem::path exe_dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
+  std::vector<std::filesystem::path> places;
+  if (!ec) places.push_back(exe_dir.parent_path() / "share/twell/plot_stats.py");
+  places.emplace_back(TWELL_SOURCE_DIR "/bench/plot_stats.py");
+  for (const std::filesystem::path& p : places)
+    if (std::filesystem::exists(p, ec)) return p;
   return {};
+}
+
+// A new, empty file for the plotter's input in the system's temporary directory (mkstemps: a
+// fixed name beside the PNG could be a file of the user's, overwritten and then removed).
+std::filesystem::path make_temporary_json() {
+  std::string name = (std::filesystem::temp_directory_path() / "twell-stats-XXXXXX.json").string();
+  const int fd = mkstemps(name.data(), 5);
+  if (fd < 0) fail(ErrorCode::io, "twell stats", "cannot create a temporary file in ", name);
+  close(fd);
+  return name;
 }
 
 // Runs argv without a shell; the exit status, or -1 when it could not start.
@@ -131,6 +142,8 @@ std::optional<StatsRequest> parse_stats(std::span<const std::string> argv) {
     r.read.dtype = parse_dtype(args.get("dtype", "fp32"));
     file_type_of(r.path);
     options.default_layout.tile = static_cast<std::int32_t>(args.get_int("tile", 256, 8, TwellLayout::kMaxTile));
+    // C 8, or less where the tile leaves fewer than two slots with it (--tile 8: C 4).
+    options.default_layout.compression = std::min(8, options.default_layout.tile / 2);
     // In the order given, each value once.
     const auto distinct = [](const std::vector<std::int64_t>& v) {
       std::vector<std::int32_t> out;
@@ -180,10 +193,16 @@ int run_stats(std::span<const std::string> argv) {
                 << "\n";
       return 0;
     }
-    const std::filesystem::path tmp = std::filesystem::path(png).string() + ".json";
-    write_file(tmp, std::span(reinterpret_cast<const std::byte*>(json.data()), json.size()));
-    const int rc = spawn({python, script.string(), tmp.string(), png}, false);
-    std::filesystem::remove(tmp);
+    // The plotter reads the JSON from a file: --json's, else a temporary one.
+    std::filesystem::path input;
+    if (request->json) {
+      input = *request->json;
+    } else {
+      input = make_temporary_json();
+      write_file(input, std::span(reinterpret_cast<const std::byte*>(json.data()), json.size()));
+    }
+    const int rc = spawn({python, script.string(), input.string(), png}, false);
+    if (!request->json) std::filesystem::remove(input);
     if (rc != 0) fail(ErrorCode::io, "twell stats", python, " ", script.string(), " exited with status ", rc);
     std::cout << "histograms plotted to " << png << "\n";
   }

@@ -277,7 +277,7 @@ std::string format_stats(const MatrixStats& s) {
   os << ", Hybrid (" << s.recommended.tile << ", " << s.recommended.compression << ") " << megabytes(s.bytes.hybrid)
      << "\n";
   os << "recommended layout: tile " << s.recommended.tile << ", C " << s.recommended.compression
-     << " (fewest Hybrid bytes)\n";
+     << (s.candidates.empty() ? " (the default layout: no candidate layout)\n" : " (fewest Hybrid bytes)\n");
   return os.str();
 }
 

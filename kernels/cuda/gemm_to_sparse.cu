@@ -856,7 +856,7 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, Activ
   constexpr const char* kWhere = "twell::cuda::gemm_to_sparse";
   check_operands<T>(x, w, act, kWhere);
   check_layout(layout, kWhere);
-  check_overflow_policy(convert.overflow, kWhere);
+  twell::detail::check_gemm_convert_options(convert, kWhere);
   GemmToSparsePlan<T> plan(x.rows, x.cols, w.cols, act, layout, 0, convert.overflow, options.stream);
   plan.run(x, w, kWhere);
   const OverflowCount count = plan.sync_overflow_count(kWhere);

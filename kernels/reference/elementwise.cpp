@@ -22,9 +22,9 @@ void elementwise(const char* where, const char* path, View x, View y, const char
   detail::require_same_structure(x, y, where, "x", y_name);
   const auto value = [&](const detail::Entry& e) { return f(detail::load(x, e), detail::load(y, e)); };
   if constexpr (requires { x.overflow; }) {
-    detail::write_on_pattern(x, out, where, value, either_stored ? &y : nullptr);
+    detail::write_on_pattern(x, out, where, "x", value, either_stored ? &y : nullptr);
   } else {
-    detail::write_on_pattern(x, out, where, value);
+    detail::write_on_pattern(x, out, where, "x", value);
   }
   detail::report_format_path(options, path, format);
 }

@@ -19,21 +19,20 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, Activ
   check_layout(layout, where);
   require(w.rows == x.cols, ErrorCode::shape_mismatch, where, "X is ", detail::shape(x.rows, x.cols), " but W is ",
           detail::shape(w.rows, w.cols));
-  check_overflow_policy(convert.overflow, where);
+  twell::detail::check_gemm_convert_options(convert, where);
 
   const detail::MatrixF y = (detail::to_matrix(x) * detail::to_matrix(w)).unaryExpr([&](float v) {
     return detail::activate_thresholded(act, v);
   });
   const DenseMatrix<T> dense = detail::to_dense_matrix<T>(y);
 
-  // The threshold has been applied in fp32; the converters only drop what rounded to zero.
-  ConvertOptions pack = convert;
-  pack.threshold = 0.0f;
+  // The threshold has been applied in fp32 (convert.threshold is 0, checked above); the converters
+  // only drop what rounded to zero.
   HybridMatrix<T> out;
   if (convert.overflow == OverflowPolicy::hybrid) {
-    out = dense_to_hybrid<T>(dense.view(), layout, pack);
+    out = dense_to_hybrid<T>(dense.view(), layout, convert);
   } else {
-    TwellMatrix<T> twell = detail::dense_to_twell_as<T>(dense.view(), layout, pack, where);
+    TwellMatrix<T> twell = detail::dense_to_twell_as<T>(dense.view(), layout, convert, where);
     out = HybridMatrix<T>(x.rows, w.cols, layout, 0);
     out.twell() = std::move(twell);
   }

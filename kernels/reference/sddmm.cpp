@@ -30,7 +30,7 @@ void sddmm_impl(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pat
   // Rows of bt are the columns of op(B), so each sampled entry is one contiguous dot product.
   detail::MatrixF bt = detail::to_matrix(b);
   if (!transposed) bt.transposeInPlace();
-  detail::write_on_pattern(pattern, out, where, [&](const detail::Entry& e) {
+  detail::write_on_pattern(pattern, out, where, "the pattern", [&](const detail::Entry& e) {
     float v = alpha * af.row(e.row).dot(bt.row(e.col));
     if (beta != 0.0f) v += beta * detail::load(out, e);
     return v;

@@ -290,21 +290,22 @@ void require_same_structure(A a, B b, const char* where, const char* name_a, con
 }
 
 // ---- writing a result that has the structure of `pattern` -------------------------------------
-// value(e) computes the new value at each entry of the pattern (it may read `out`, which may
+// `name` is the pattern's name in the caller's signature (errors say it). value(e) computes the
+// new value at each entry of the pattern (it may read `out`, which may
 // alias the pattern). CSR/ELL: `out` must already share the pattern's index arrays and only its
 // values are written. TwELL/Hybrid: every value is computed first, then `out` receives the
 // pattern's whole structure (counts, columns, maps, shadow slots) and the new values; a Hybrid's
 // overflow rows are written whole, with zeros outside the pattern.
 
 template <class T, class F>
-void write_on_pattern(CsrView<const T> pattern, CsrView<T> out, const char* where, F&& value) {
-  require_same_structure(pattern, out, where, "pattern", "out");
+void write_on_pattern(CsrView<const T> pattern, CsrView<T> out, const char* where, const char* name, F&& value) {
+  require_same_structure(pattern, out, where, name, "out");
   for_each_entry(pattern, where, [&](const Entry& e) { store(out, e, value(e)); });
 }
 
 template <class T, class F>
-void write_on_pattern(EllView<const T> pattern, EllView<T> out, const char* where, F&& value) {
-  require_same_structure(pattern, out, where, "pattern", "out");
+void write_on_pattern(EllView<const T> pattern, EllView<T> out, const char* where, const char* name, F&& value) {
+  require_same_structure(pattern, out, where, name, "out");
   for_each_entry(pattern, where, [&](const Entry& e) { store(out, e, value(e)); });
 }
 
@@ -317,10 +318,10 @@ void copy_twell_structure(TwellView<const T> pattern, TwellView<T> out) {
 }
 
 template <class T, class F>
-void write_on_pattern(TwellView<const T> pattern, TwellView<T> out, const char* where, F&& value) {
-  require_shape(out.rows, out.cols, pattern.rows, pattern.cols, where, "out", "the pattern");
+void write_on_pattern(TwellView<const T> pattern, TwellView<T> out, const char* where, const char* name, F&& value) {
+  require_shape(out.rows, out.cols, pattern.rows, pattern.cols, where, "out", name);
   require(out.layout == pattern.layout, ErrorCode::shape_mismatch, where, "out has layout (tile ", out.layout.tile,
-          ", C ", out.layout.compression, ") but the pattern has (tile ", pattern.layout.tile, ", C ",
+          ", C ", out.layout.compression, ") but ", name, " has (tile ", pattern.layout.tile, ", C ",
           pattern.layout.compression, ")");
   std::vector<std::pair<Entry, float>> values;
   for_each_entry(pattern, where, [&](const Entry& e) { values.emplace_back(e, value(e)); });
@@ -334,12 +335,12 @@ void write_on_pattern(TwellView<const T> pattern, TwellView<T> out, const char* 
 // not visit (a pattern value that came out exactly zero earlier) holds zero, as the dense row
 // does, instead of a value that no later reader of the dense row would see.
 template <class T, class F>
-void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char* where, F&& value,
+void write_on_pattern(HybridView<const T> pattern, HybridView<T> out, const char* where, const char* name, F&& value,
                       const HybridView<const T>* also = nullptr) {
-  require_shape(out.rows(), out.cols(), pattern.rows(), pattern.cols(), where, "out", "the pattern");
+  require_shape(out.rows(), out.cols(), pattern.rows(), pattern.cols(), where, "out", name);
   require(out.twell.layout == pattern.twell.layout && out.overflow.rows == pattern.overflow.rows,
           ErrorCode::shape_mismatch, where, "out has layout (tile ", out.twell.layout.tile, ", C ",
-          out.twell.layout.compression, ") and ", out.overflow.rows, " overflow rows but the pattern has (tile ",
+          out.twell.layout.compression, ") and ", out.overflow.rows, " overflow rows but ", name, " has (tile ",
           pattern.twell.layout.tile, ", C ", pattern.twell.layout.compression, ") and ", pattern.overflow.rows);
   std::vector<std::pair<Entry, float>> values;
   std::vector<float> overflow(static_cast<std::size_t>(pattern.overflow.rows * pattern.cols()), 0.0f);

@@ -342,6 +342,15 @@ void GatedFfnTraining<T>::forward(In<DenseView<const T>> x, In<DenseView<const T
   s.path = s.on_device() ? "planned:cuda" : "composed:reference";
 }
 
+namespace {
+// backward() and activations() need a forward() before them; each names itself.
+template <class Impl>
+void require_activations_saved(const Impl& s, const char* where) {
+  require(s.overflow_rows >= 0, ErrorCode::invalid_argument, where,
+          "no activations saved: call forward() (with the x and weights of the backward) first");
+}
+}  // namespace
+
 template <Value T>
 double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<const T>> wg, In<DenseView<const T>> wu,
                                      In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
@@ -350,6 +359,7 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
   Impl& s = state_of(impl_, where);
   check_gated(where, x, wg, wu, wd, dy, "dy");
   s.check_call(where, x, wu);
+  require_activations_saved(s, where);
   const GatedFfnActivationViews<T> saved = activations();
   const std::pair<const char*, DenseView<T>> grads[] = {
       {"dx", out.dx}, {"dwg", out.dwg}, {"dwu", out.dwu}, {"dwd", out.dwd}};
@@ -403,8 +413,7 @@ template <Value T>
 GatedFfnActivationViews<T> GatedFfnTraining<T>::activations() const {
   constexpr const char* where = "twell::GatedFfnTraining::activations";
   const Impl& s = state_of(impl_, where);
-  require(s.overflow_rows >= 0, ErrorCode::invalid_argument, where,
-          "no activations saved: call forward() (with the x and weights of the backward) first");
+  require_activations_saved(s, where);
   return {s.gate_result(), s.saved(s.u), s.saved(s.h), s.needs_g() ? s.saved(s.g) : HybridView<const T>{}, s.act};
 }
 

@@ -99,6 +99,12 @@ bool parse_int(std::string_view token, Int& out) {
   return ec == std::errc() && end == token.data() + token.size();
 }
 
+// Decimal digits after at most one sign: an integer, however long.
+bool is_integer_literal(std::string_view token) {
+  if (!token.empty() && (token.front() == '+' || token.front() == '-')) token.remove_prefix(1);
+  return !token.empty() && std::all_of(token.begin(), token.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 bool parse_real(std::string_view token, double& out) {
   if (!drop_plus(token)) return false;
   const char* const token_end = token.data() + token.size();
@@ -253,9 +259,12 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
       if (!t.next(s)) lines.fail_here(ErrorCode::malformed, t.pos(), "entry has no value");
       bool ok;
       if (field == Field::integer) {
+        // An integer past 64 bits is still an integer: it is read as the real it names, and the
+        // value-type check below decides whether T holds it.
         std::int64_t iv = 0;
         ok = parse_int(s, iv);
         v = static_cast<double>(iv);
+        if (!ok && is_integer_literal(s)) ok = parse_real(s, v);
       } else {
         ok = parse_real(s, v);
       }

@@ -759,6 +759,14 @@ TEST_CASE_TEMPLATE("dense_to_twell_into refuses a destination whose storage over
     TwellView<T> plane_on_src = holder.view();
     plane_on_src.value_plane = base + 8;
     expect_overlap(plane_on_src, "value_plane");
+    // The value plane on the destination's own packed words: refused too.
+    TwellView<T> plane_on_packed = holder.view();
+    plane_on_packed.value_plane = reinterpret_cast<T*>(plane_on_packed.packed);
+    for (const Error& e : {error_of([&] { reference::dense_to_twell_into<T>(src, plane_on_packed); }),
+                           error_of([&] { to_twell_into(DenseView<const T>(src), plane_on_packed); })}) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK(contains(e.what(), "dst.value_plane overlaps dst.packed"));
+    }
   }
   // Right after the source is not an overlap: the conversion runs and is exact.
   TwellView<T> beside = holder.view();

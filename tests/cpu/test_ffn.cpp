@@ -638,6 +638,8 @@ TEST_CASE("GatedFfnTraining rejects bad calls with twell::Error") {
   wu_overlapping.ld = s.n - 1;
   CHECK_THROWS_AS(step.forward(w.x.view(), w.wg.view(), wu_overlapping, w.wd.view(), y.view()), Error);
   CHECK(code_of([&] { backward(grads); }) == ErrorCode::invalid_argument);
+  CHECK(testing::message_of([&] { backward(grads); }).rfind("twell::GatedFfnTraining::backward: no activations", 0) ==
+        0);
   CHECK(code_of([&] { step.activations(); }) == ErrorCode::invalid_argument);
   step.forward(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), y.view());
   CHECK_NOTHROW(backward(grads));

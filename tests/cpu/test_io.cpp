@@ -161,6 +161,17 @@ TEST_CASE_TEMPLATE(".mtx round-trips CSR exactly and reads what scipy writes", T
   }
 }
 
+// An enumerator cast from anything else is refused where it picks what to build: it once read as
+// the last enumerator (a Hybrid, fp32) without a word.
+TEST_CASE("a Format or DType outside its enum is invalid_argument, not the last enumerator") {
+  const AnyMatrix m = DenseMatrix<float>(2, 3);
+  CHECK(code_of([&] { (void)convert(m, static_cast<Format>(42)); }) == ErrorCode::invalid_argument);
+  const std::string text = "%%MatrixMarket matrix coordinate real general\n1 1 1\n1 1 2\n";
+  CHECK(code_of([&] { (void)read_mtx(bytes_of(text), {.dtype = static_cast<DType>(7)}); }) ==
+        ErrorCode::invalid_argument);
+  CHECK(std::holds_alternative<CsrMatrix<fp16>>(read_mtx(bytes_of(text), {.dtype = DType::fp16})));
+}
+
 TEST_CASE("Matrix Market reader: fields, order, explicit zeros, duplicates and bad input") {
   const std::string text =
       "%%MatrixMarket matrix coordinate real general\n%\n% comment\n3 4 5\n3 4 -2.5e0\n1 2 1\n1 1 0\n2 3 -0\n1 4 "
@@ -252,6 +263,10 @@ TEST_CASE("Matrix Market reader: a value beyond the value type is an error, one 
   CHECK(message(DType::fp32, head + "1 1 1\n1 1 1e400\n").find("1e400") != std::string::npos);  // beyond fp64
   CHECK(message(DType::fp16, "%%MatrixMarket matrix coordinate integer general\n1 1 1\n1 1 70000\n").find("70000") !=
         std::string::npos);
+  // An integer past 64 bits is an integer all the same: beyond fp16, and held by fp32.
+  const std::string huge_int = "%%MatrixMarket matrix coordinate integer general\n1 1 1\n1 1 -99999999999999999999\n";
+  CHECK(message(DType::fp16, huge_int).find("-99999999999999999999") != std::string::npos);
+  CHECK(std::get<CsrMatrix<float>>(read_as(DType::fp32, huge_int)).values().host_span()[0] == -1e20f);
   // The largest finite values themselves, and what rounds down to them, are kept; Inf and NaN
   // written as such stay what they are.
   const auto fp16_edge = read_as(DType::fp16, head + "1 4 4\n1 1 65504\n1 2 -65519.9\n1 3 inf\n1 4 nan\n");

@@ -809,6 +809,23 @@ TEST_CASE_TEMPLATE("gemm_to_sparse's overflow error names gemm_to_sparse, not th
   }
 }
 
+TEST_CASE("gemm_to_sparse refuses a convert.threshold: act.threshold decides what is stored") {
+  const DenseMatrix<float> x(4, 5), w(5, 16);
+  ConvertOptions thresholded = hybrid_overflow();
+  thresholded.threshold = 0.5f;
+  const std::function<void()> calls[] = {
+      [&] {
+        (void)ref::gemm_to_sparse<float>(x.view(), w.view(), {}, TwellLayout{8, 2}, thresholded);
+      },
+      [&] {
+        (void)twell::gemm_to_sparse<float>(x.view(), w.view(), {}, TwellLayout{8, 2}, thresholded);
+      }};
+  for (const auto& call : calls) {
+    CHECK(testing::code_of(call) == ErrorCode::invalid_argument);
+    CHECK(testing::message_of(call).find("convert.threshold = 0.5 has no effect here") != std::string::npos);
+  }
+}
+
 TEST_CASE("a dense view's ld is at least its cols, empty views included, in every function that takes one") {
   using T = float;
   using testing::code_of;

@@ -312,6 +312,7 @@ void check_request(const Args& a, const ConvertRequest& r) {
   expect_int(a, "tile", r.layout.tile, TwellLayout::kDefaultTile, 8, TwellLayout::kMaxTile);
   expect_int(a, "compression", r.layout.compression, TwellLayout::kDefaultCompression, 1, 65536);
   expect_int(a, "ell-width", r.options.ell_width, -1, -1, std::numeric_limits<std::int32_t>::max());
+  expect(!a.has("ell-width") || r.to == Format::ell, "convert: --ell-width accepted for an output that is not ELL");
   const std::optional<std::string> threshold = given(a, "threshold");
   bool normal = false;
   const std::optional<double> t = threshold ? spelled_double(*threshold, normal) : std::optional(0.0);

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
       {"convert", "big.mtx", "big.npy"},
       {"convert", "big.npy", "narrowed.npy", "--dtype", "fp16"},
       {"convert", "in.mtx", "out.twell", "--to", "twell", "--dtype", "bf16", "--tile", "128", "--compression", "4",
-       "--overflow", "hybrid", "--threshold", "0.5", "--ell-width", "3", "--quiet"},
+       "--overflow", "hybrid", "--threshold", "0.5", "--quiet"},
       {"convert", "in.npy", "out.twell", "--to=ell", "--ell-width=-1", "--threshold=1e-3", "--overflow=drop"},
       {"validate", "in.mtx", "--dtype", "fp16"},
       {"validate", "in.twell"},

@@ -173,9 +173,11 @@ inline AnyMatrix convert(const AnyMatrix& m, Format to, TwellLayout layout = {},
           case Format::csr: return to_csr(x, options);
           case Format::ell: return to_ell(x, options);
           case Format::twell: return to_twell(x, layout, options);
-          case Format::hybrid: break;
+          case Format::hybrid:
+            return to_hybrid(x, layout, options);
         }
-        return to_hybrid(x, layout, options);
+        fail(ErrorCode::invalid_argument, "twell::convert", "format ", static_cast<int>(to),
+             " is none of dense, csr, ell, twell, hybrid");
       },
       m);
 }

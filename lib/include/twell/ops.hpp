@@ -140,7 +140,8 @@ inline ConvertOptions hybrid_overflow() {
 }
 
 // act(X W) written straight into a Hybrid of `layout` (X: M x K, W: K x N, both dense);
-// |act| <= act.threshold is not stored; convert.overflow: hybrid (default), error or drop.
+// |act| <= act.threshold is not stored; convert.overflow: hybrid (default), error or drop;
+// convert.threshold must stay 0 (invalid_argument otherwise: act.threshold is the one that acts).
 template <Value T>
 HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, In<DenseView<const T>> w, ActivationSpec act, TwellLayout layout,
                                const ConvertOptions& convert = hybrid_overflow(), const KernelOptions& options = {});

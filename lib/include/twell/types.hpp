@@ -7,6 +7,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include <twell/error.hpp>
+
 #if defined(__CUDACC__)
 #define TWELL_HD __host__ __device__
 #else
@@ -160,15 +162,18 @@ TWELL_HD inline bool is_stored(T v, float threshold = 0.0f) {
   return !(std::fabs(to_float(v)) <= threshold);
 }
 
-// Calls f.template operator()<T>() with the C++ type that matches a runtime dtype.
+// Calls f.template operator()<T>() with the C++ type that matches a runtime dtype; a value cast
+// from anything else is ErrorCode::invalid_argument (it would otherwise read as one of them).
 template <class F>
 decltype(auto) dispatch_dtype(DType t, F&& f) {
   switch (t) {
     case DType::bf16: return f.template operator()<bf16>();
     case DType::fp16: return f.template operator()<fp16>();
-    case DType::fp32: break;
+    case DType::fp32:
+      return f.template operator()<float>();
   }
-  return f.template operator()<float>();
+  fail(ErrorCode::invalid_argument, "twell::dispatch_dtype", "dtype ", static_cast<int>(t),
+       " is none of bf16, fp16, fp32");
 }
 
 }  // namespace twell

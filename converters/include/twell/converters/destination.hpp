@@ -12,6 +12,7 @@ namespace twell::detail {
 // dst must live in `space` (the backend's), have src's shape and a valid layout, and point at
 // storage when it has any slots (fp32 also at its value plane) that lies outside src's span: the
 // conversion writes dst while it still reads src, so an overlap would convert overwritten values.
+// An fp32 destination's two arrays must not overlap each other either.
 template <class T>
 void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpace space, const char* where) {
   require(dst.space == space, ErrorCode::space_mismatch, where, "dst lives in ",
@@ -32,6 +33,8 @@ void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpa
             "dst.value_plane is null, but fp32 TwELL keeps its values there");
     require(!byte_range(dst.value_plane, words).overlaps(source), ErrorCode::invalid_argument, where,
             "dst.value_plane overlaps the source; convert into storage of its own");
+    require(!byte_range(dst.value_plane, words).overlaps(byte_range(dst.packed, words)), ErrorCode::invalid_argument,
+            where, "dst.value_plane overlaps dst.packed; each needs storage of its own");
   }
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include <twell/converters/options.hpp>
 #include <twell/error.hpp>
 #include <twell/formats/csr.hpp>
 #include <twell/formats/dense.hpp>
@@ -22,6 +23,14 @@ namespace twell::detail {
 
 inline void report_path(const KernelOptions& options, const char* path) {
   if (options.report != nullptr) options.report->path = path;
+}
+
+// gemm_to_sparse's conversion options: a policy of the enum, and no threshold of their own: what
+// is stored is decided by act.threshold, so a nonzero convert.threshold would go unheeded.
+inline void check_gemm_convert_options(const ConvertOptions& convert, const char* where) {
+  check_overflow_policy(convert.overflow, where);
+  require(convert.threshold == 0.0f, ErrorCode::invalid_argument, where, "convert.threshold = ", convert.threshold,
+          " has no effect here: act.threshold decides which values are stored; leave convert.threshold 0");
 }
 
 inline void check_activation_kind(Activation kind, const char* where) {
