@@ -43,11 +43,12 @@ DenseMatrix<T> poisoned(std::int64_t rows, std::int64_t cols) {
   return testing::nan_dense<T>(rows, cols).to(MemorySpace::device);
 }
 
-// ||y - y_ref|| / ||y_ref||: 1e-2 for bf16 (the task's bound), a little looser than one rounding
-// for fp16 (the hidden state is rounded to T in the gate), 1e-3 for fp32.
+// ||y - y_ref|| / ||y_ref||: 1e-2 for bf16 (the task's bound), 3e-3 for fp16 (a few of its
+// roundings: the gate is rounded to T, as in the CPU suite's bound), 1e-3 for fp32.
 template <class T>
 double tolerance() {
   if constexpr (std::is_same_v<T, float>) return 1e-3;
+  if constexpr (std::is_same_v<T, fp16>) return 3e-3;
   return 1e-2;
 }
 
