@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -9,9 +10,17 @@
 
 namespace twell::testing {
 
+std::uint64_t seed_base() {
+  static const std::uint64_t base = [] {
+    const char* env = std::getenv("TWELL_TEST_SEED");
+    return env != nullptr && *env != '\0' ? std::strtoull(env, nullptr, 0) : 0x7457454c4cull;
+  }();
+  return base;
+}
+
 std::uint64_t fresh_seed() {
   static std::atomic<std::uint64_t> counter{0};
-  return 0x7457454c4cull ^ (0x9e3779b97f4a7c15ull * ++counter);
+  return seed_base() ^ (0x9e3779b97f4a7c15ull * ++counter);
 }
 
 template <Value T>

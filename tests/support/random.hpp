@@ -8,7 +8,11 @@
 
 namespace twell::testing {
 
-// Per-call seed: fixed base XOR a counter, printed by doctest on failure through CAPTURE.
+// Per-call seed: a base XOR a counter, printed by doctest on failure through CAPTURE. The base is
+// fixed, so that every run (CI's included) draws the same data, unless $TWELL_TEST_SEED sets it:
+// `TWELL_TEST_SEED=$RANDOM ctest ...` draws new data everywhere, and the same value with the same
+// test filter draws it again.
+std::uint64_t seed_base();
 std::uint64_t fresh_seed();
 
 struct SparseDenseOptions {

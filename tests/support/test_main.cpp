@@ -11,6 +11,8 @@
 
 #include <twell/memory.hpp>
 
+#include "random.hpp"
+
 namespace {
 
 // Whether the arguments ask doctest to list something: a listing option in any of the spellings
@@ -39,6 +41,10 @@ int main(int argc, char** argv) {
     std::printf("%s: no CUDA device visible; skipping the gpu suite\n", name);
     return 77;
   }
+  // On stderr, and not in a listing, which scripts parse.
+  if (const char* seed = std::getenv("TWELL_TEST_SEED"); seed != nullptr && *seed != '\0' && !only_lists(argc, argv))
+    std::fprintf(stderr, "%s: TWELL_TEST_SEED=%s, seed base %llu\n", name, seed,
+                 static_cast<unsigned long long>(twell::testing::seed_base()));
   doctest::Context context(argc, argv);
   // scripts/gpu-check.sh asks for each case's time this way, through ctest, which passes no
   // arguments of its own.
