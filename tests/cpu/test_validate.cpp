@@ -141,6 +141,8 @@ TEST_CASE_TEMPLATE("dense: shape non-negative, ld >= cols, data present", T, bf1
                    "ld = 19 is smaller than cols = 20");
   expect_malformed(DenseView<const T>{nullptr, 4, 20, 20, MemorySpace::host}, "data is null");
   CHECK(find_violation(DenseView<const T>{nullptr, 0, 20, 20, MemorySpace::host}) == "");
+  // Off a value boundary: what every entry point refuses (ErrorCode::misaligned), validate reports.
+  expect_malformed(testing::off_boundary(DenseView<const T>(d.view())), "-byte value boundary");
 }
 
 // ---- CSR ----
