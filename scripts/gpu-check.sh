@@ -284,7 +284,7 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
   # shards of tests/CMakeLists.txt, which ctest runs alone) fail their neighbours' allocations and
   # their own checks of the pool's size when others run beside them: they run after the others,
   # one at a time (`alone`).
-  alone_re="while twell's pool keeps"
+  alone_phrase="while twell's pool keeps"
   runs=()
   alone=()
   exes=$(find "$build/tests" -maxdepth 1 -type f -executable -name 'gpu_test_*' | grep -E "$sanitize_suites" | sort)
@@ -294,8 +294,8 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
   for exe in $exes; do
     listing=$("$exe" --list-test-cases 2>/dev/null | sed -n '3,$p' | grep -v -e '^===' -e '^\[doctest\]' |
               grep -n -E -e "$sanitize_cases" | awk -F: -v from="$sanitize_from" '$1 >= from')
-    cases[$exe]=$(printf '%s\n' "$listing" | grep -v -F -e "$alone_re" | cut -d: -f1 | tr '\n' ' ')
-    alone_cases[$exe]=$(printf '%s\n' "$listing" | grep -F -e "$alone_re" | cut -d: -f1 | tr '\n' ' ')
+    cases[$exe]=$(printf '%s\n' "$listing" | grep -v -F -e "$alone_phrase" | cut -d: -f1 | tr '\n' ' ')
+    alone_cases[$exe]=$(printf '%s\n' "$listing" | grep -F -e "$alone_phrase" | cut -d: -f1 | tr '\n' ' ')
     set -- ${cases[$exe]}
     [ $# -gt "$most" ] && most=$#
   done

@@ -4,11 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <twell/any_matrix.hpp>
@@ -58,31 +61,51 @@ std::string to_json(const MatrixStats& s, const std::string& file) {
   return os.str();
 }
 
-// The plotting script: $TWELL_PLOT_STATS, else share/twell/plot_stats.py beside an installed
-// executable (bin/../share/twell), else bench/plot_stats.py of the source tree this executable
-// was built from. Only these places: a search of every directory above the executable ran an
-// unrelated plot_stats.py that someone had left in /tmp/bench.
+// The plotting script: $TWELL_PLOT_STATS, else plot_stats.py in the installed data directory
+// (TWELL_SHARE_FROM_BIN, relative to the executable's), else, for an executable that lies in
+// the build tree (TWELL_BUILD_DIR), bench/plot_stats.py of its source tree. Only these places:
+// a search of every directory above the executable once ran an unrelated plot_stats.py left in
+// /tmp/bench, and an installed program does not reach back into the tree it was built from.
 std::filesystem::path find_plot_script() {
   if (const char* env = std::getenv("TWELL_PLOT_STATS")) return env;
   std::error_code ec;
   const std::filesystem::path exe_dir = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path();
-  std::vector<std::filesystem::path> places;
-  if (!ec) places.push_back(exe_dir.parent_path() / "share/twell/plot_stats.py");
-  places.emplace_back(TWELL_SOURCE_DIR "/bench/plot_stats.py");
+  if (ec) return {};
+  std::vector<std::filesystem::path> places{(exe_dir / TWELL_SHARE_FROM_BIN / "plot_stats.py").lexically_normal()};
+  const std::filesystem::path from_build = exe_dir.lexically_relative(TWELL_BUILD_DIR);
+  if (!from_build.empty() && *from_build.begin() != "..")
+    places.emplace_back(std::filesystem::path(TWELL_SOURCE_DIR) / "bench/plot_stats.py");
   for (const std::filesystem::path& p : places)
     if (std::filesystem::exists(p, ec)) return p;
   return {};
 }
 
-// A new, empty file for the plotter's input in the system's temporary directory (mkstemps: a
-// fixed name beside the PNG could be a file of the user's, overwritten and then removed).
-std::filesystem::path make_temporary_json() {
-  std::string name = (std::filesystem::temp_directory_path() / "twell-stats-XXXXXX.json").string();
-  const int fd = mkstemps(name.data(), 5);
-  if (fd < 0) fail(ErrorCode::io, "twell stats", "cannot create a temporary file in ", name);
-  close(fd);
-  return name;
-}
+// The plotter's input: a new file in the system's temporary directory (mkstemps: a fixed name
+// beside the PNG could be a file of the user's, overwritten and then removed), removed when this
+// goes out of scope, whatever happened in between.
+class TemporaryFile {
+ public:
+  TemporaryFile() {
+    std::error_code ec;
+    std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+    if (ec) dir = "/tmp";  // $TMPDIR names no directory
+    std::string name = (dir / "twell-stats-XXXXXX.json").string();
+    const int fd = mkstemps(name.data(), 5);
+    if (fd < 0) fail(ErrorCode::io, "twell stats", "cannot create a temporary file ", name, ": ", std::strerror(errno));
+    close(fd);
+    path_ = name;
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+  ~TemporaryFile() {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 // Runs argv without a shell; the exit status, or -1 when it could not start.
 int spawn(const std::vector<std::string>& argv, bool quiet) {
@@ -188,21 +211,22 @@ int run_stats(std::span<const std::string> argv) {
     const std::filesystem::path script = find_plot_script();
     const std::string python = find_python();
     if (script.empty() || python.empty()) {
-      std::cerr << "twell stats: no PNG written: " << (script.empty() ? "bench/plot_stats.py was not found (set TWELL_PLOT_STATS)"
-                                                                          : "no python3 with matplotlib (set TWELL_PYTHON)")
+      std::cerr << "twell stats: no PNG written: "
+                << (script.empty() ? "plot_stats.py was not found (set TWELL_PLOT_STATS)"
+                                   : "no python3 with matplotlib (set TWELL_PYTHON)")
                 << "\n";
       return 0;
     }
     // The plotter reads the JSON from a file: --json's, else a temporary one.
+    std::optional<TemporaryFile> temporary;
     std::filesystem::path input;
     if (request->json) {
       input = *request->json;
     } else {
-      input = make_temporary_json();
+      input = temporary.emplace().path();
       write_file(input, std::span(reinterpret_cast<const std::byte*>(json.data()), json.size()));
     }
     const int rc = spawn({python, script.string(), input.string(), png}, false);
-    if (!request->json) std::filesystem::remove(input);
     if (rc != 0) fail(ErrorCode::io, "twell stats", python, " ", script.string(), " exited with status ", rc);
     std::cout << "histograms plotted to " << png << "\n";
   }

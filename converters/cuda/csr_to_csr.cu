@@ -1,5 +1,5 @@
-// cuda csr -> csr (re-built: stored zeros and values under the threshold dropped): per-row count,
-// scan, fill, a warp per row (row_builders.cuh).
+// cuda csr -> csr (re-built: stored zeros and |v| <= threshold dropped): per-row count, scan,
+// fill, a warp per row (row_builders.cuh).
 #include <twell/instantiate.hpp>
 
 #include "row_builders.cuh"

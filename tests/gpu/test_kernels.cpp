@@ -112,11 +112,15 @@ std::vector<Shape> small_shapes() {
 
 constexpr double kDensities[] = {0.0, 0.005, 0.05, 0.5, 1.0};
 
-// Row by row too, since one wrong row of a tall result hides in the whole matrix's norm: against
-// ten times the matrix's bound, because a row whose terms cancel has a small norm and so a larger
-// relative rounding error (fp32 sddmm, K = 256, beta = -1.5: 1.5e-5 against 1e-5), while a wrong
-// or unwritten row is off by ~1.
+// Row by row too, since one wrong row of a tall result hides in the whole matrix's norm: each row's
+// error relative to at least the matrix's RMS row norm (a row whose terms cancel has a tiny norm
+// and a large relative rounding: fp32 sddmm rows measured 1.5e-5 and 1.5e-4 against 1e-5 on their
+// own norms), against ten times the matrix's bound; a wrong or unwritten row is off by ~1.
 constexpr double kRowBound = 10.0;
+template <class T>
+double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+  return testing::worst_row_error<T>(got, want, testing::rms_row_norm<T>(want));
+}
 
 // One spmm case on one format: the same A (host and device twins), B and C0 for both backends.
 template <class T, class HostM>
@@ -143,7 +147,7 @@ void check_spmm(const char* name, Op op, const HostM& a_host, const DenseMatrix<
   const DenseMatrix<T> got = c_dev.to(kHost);
   const double err = rel(got, want);
   CHECK(err <= relative_bound<T>());  // NaN (poison leaked or unwritten) fails too
-  CHECK(testing::worst_row_error<T>(got, want) <= kRowBound * relative_bound<T>());
+  CHECK(worst_row_error<T>(got, want) <= kRowBound * relative_bound<T>());
 }
 
 // C = A^T B on the device, C poisoned first; the result stays on the device.
@@ -586,7 +590,7 @@ void check_sddmm(const char* name, const DenseMatrix<T>& a, Op op_b, const Dense
   check_structure(got, want);
   const double err = rel(to_dense(got), to_dense(want));
   CHECK(err <= relative_bound<T>());
-  CHECK(testing::worst_row_error<T>(to_dense(got), to_dense(want)) <= kRowBound * relative_bound<T>());
+  CHECK(worst_row_error<T>(to_dense(got), to_dense(want)) <= kRowBound * relative_bound<T>());
 }
 
 }  // namespace

@@ -52,9 +52,11 @@ DenseView<const T> off_boundary(DenseView<const T> v) {
 
 // The largest relative error of one row of got against the same row of want (Frobenius norms); a
 // row that want holds as zero must be zero. NaN when a NaN is found: poison that leaked under
-// beta = 0, or an element left unwritten.
+// beta = 0, or an element left unwritten. With norm_floor > 0 a row's error is relative to at
+// least that norm, so that a row whose terms cancel (a tiny norm, a large relative rounding)
+// does not fail while a wrong row still does.
 template <class T>
-double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
+double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want, double norm_floor = 0.0) {
   const auto g = got.view();
   const auto w = want.view();
   double worst = 0.0;
@@ -66,10 +68,25 @@ double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
       norm += b * b;
     }
     if (std::isnan(diff)) return std::numeric_limits<double>::quiet_NaN();
+    norm = std::max(norm, norm_floor * norm_floor);
     const double err = norm > 0.0 ? std::sqrt(diff / norm) : (diff > 0.0 ? 1.0 : 0.0);
     worst = std::max(worst, err);
   }
   return worst;
+}
+
+// The root mean square of want's row norms: a norm_floor for worst_row_error that leaves each
+// row's error relative to a typical row of the matrix at least.
+template <class T>
+double rms_row_norm(const DenseMatrix<T>& want) {
+  const auto w = want.view();
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < w.rows; ++i)
+    for (std::int64_t j = 0; j < w.cols; ++j) {
+      const double v = to_float(w.at(i, j));
+      sum += v * v;
+    }
+  return w.rows > 0 ? std::sqrt(sum / static_cast<double>(w.rows)) : 0.0;
 }
 
 // Elementwise check of the non-finite elements: NaN where want has NaN, the same infinity where it

@@ -3,7 +3,7 @@
 // Device views are copied to the host first (after their shapes and pointers were checked).
 //
 // Checked, per format:
-//   dense   shape non-negative, ld >= cols, data present.
+//   dense   shape non-negative, ld >= cols, data present and on a value boundary.
 //   CSR     shape and nnz non-negative, arrays present, row_ptr[0] == 0, row_ptr non-decreasing
 //           and within nnz, row_ptr[M] == nnz, columns in [0, N) strictly increasing per row,
 //           no stored zero.
