@@ -713,7 +713,7 @@ HybridMatrix<T> shaped_like(const HybridMatrix<T>& a) {
 //     largest, element by element, so that one value in a wrong slot, or never written, fails.
 template <class T>
 void check_kept(const HybridMatrix<T>& got_dev, const HybridMatrix<T>& a_dev, const HybridMatrix<T>& want_dev,
-                const char* name) {
+                const std::string& name) {
   CAPTURE(name);
   const HybridMatrix<T> got = got_dev.to(MemorySpace::host), a = a_dev.to(MemorySpace::host);
   REQUIRE(got.overflow_rows() == a.overflow_rows());

@@ -124,7 +124,7 @@ double worst_row_error(const DenseMatrix<T>& got, const DenseMatrix<T>& want) {
 
 // One spmm case on one format: the same A (host and device twins), B and C0 for both backends.
 template <class T, class HostM>
-void check_spmm(const char* name, Op op, const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0,
+void check_spmm(const std::string& name, Op op, const HostM& a_host, const DenseMatrix<T>& b, const DenseMatrix<T>& c0,
                 float alpha, float beta) {
   CAPTURE(name);
   CAPTURE(alpha);
@@ -565,8 +565,8 @@ void check_structure(const HybridMatrix<T>& got, const HybridMatrix<T>& want) {
 }
 
 template <class T, class HostM>
-void check_sddmm(const char* name, const DenseMatrix<T>& a, Op op_b, const DenseMatrix<T>& b, const HostM& pattern,
-                 float alpha, float beta, bool alias) {
+void check_sddmm(const std::string& name, const DenseMatrix<T>& a, Op op_b, const DenseMatrix<T>& b,
+                 const HostM& pattern, float alpha, float beta, bool alias) {
   CAPTURE(name);
   CAPTURE(alpha);
   CAPTURE(beta);
@@ -702,7 +702,7 @@ DenseMatrix<T> same_pattern(DenseView<const T> d, std::uint64_t seed) {
 }
 
 template <class T, class HostM>
-void check_elementwise(const char* name, const HostM& x, const HostM& y) {
+void check_elementwise(const std::string& name, const HostM& x, const HostM& y) {
   CAPTURE(name);
   const auto x_dev = x.to(kDevice);
   const auto y_dev = y.to(kDevice);
@@ -861,7 +861,7 @@ TEST_CASE_TEMPLATE("cuda reductions count NaN, skip -0.0 and Hybrid shadows", T,
 namespace {
 
 template <class T, class HostM>
-void check_transpose_bitwise(const char* name, const HostM& a) {
+void check_transpose_bitwise(const std::string& name, const HostM& a) {
   CAPTURE(name);
   const auto want = ref::transpose<T>(a.view());
   const auto a_dev = a.to(kDevice);
@@ -876,7 +876,7 @@ void check_transpose_bitwise(const char* name, const HostM& a) {
 }
 
 template <class T, class HostM>
-void check_transpose_hybrid(const char* name, const HostM& a, TwellLayout layout) {
+void check_transpose_hybrid(const std::string& name, const HostM& a, TwellLayout layout) {
   CAPTURE(name);
   const auto want = ref::transpose<T>(a.view(), layout);
   const auto a_dev = a.to(kDevice);
