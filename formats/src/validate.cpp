@@ -1,12 +1,12 @@
 #include <twell/formats/validate.hpp>
 
 #include <algorithm>
-#include <cstdint>
 #include <limits>
 #include <sstream>
 #include <vector>
 
 #include <twell/formats/copy.hpp>
+#include <twell/formats/dense_checks.hpp>
 
 namespace twell {
 namespace {
@@ -58,7 +58,7 @@ std::string dense_shape(DenseView<const T> m, std::string_view what) {
   if (m.ld < m.cols) return concat(what, ": ld = ", m.ld, " is smaller than cols = ", m.cols);
   if (m.rows > 0 && m.cols > 0 && m.data == nullptr) return null_array(what, "data", m.rows * m.cols);
   // What every entry point refuses as ErrorCode::misaligned (check_value_boundary).
-  if (reinterpret_cast<std::uintptr_t>(m.data) % alignof(T) != 0)
+  if (!detail::on_value_boundary(m))
     return concat(what, ": data starts at ", static_cast<const void*>(m.data), ", not on a ", alignof(T),
                   "-byte value boundary");
   return {};

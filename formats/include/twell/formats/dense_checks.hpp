@@ -39,9 +39,13 @@ ByteRange byte_range(DenseView<T> v) {
 // faults on the GPU and is undefined on the host. Wider alignment is never required: the kernels
 // fall back to narrower loads.
 template <class T>
+bool on_value_boundary(DenseView<T> v) {
+  return reinterpret_cast<std::uintptr_t>(v.data) % alignof(T) == 0;
+}
+template <class T>
 void check_value_boundary(DenseView<T> v, const char* where, const char* name) {
-  require(reinterpret_cast<std::uintptr_t>(v.data) % alignof(T) == 0, ErrorCode::misaligned, where, name,
-          " starts at ", static_cast<const void*>(v.data), ", not on a ", alignof(T), "-byte value boundary");
+  require(on_value_boundary(v), ErrorCode::misaligned, where, name, " starts at ", static_cast<const void*>(v.data),
+          ", not on a ", alignof(T), "-byte value boundary");
 }
 
 // Shape, leading dimension and data pointer of a dense view. ld >= cols holds for empty views too
