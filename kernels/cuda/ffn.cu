@@ -89,6 +89,7 @@ struct FfnArgs {
   float threshold = 0.0f;
   std::int32_t* row_nnz = nullptr;  // M
   const std::int32_t* block_order = nullptr;  // block kernel: CTA b takes token block block_order[b]
+  std::int32_t* block_class = nullptr;        // count_and_order_kernel: each block's weight class
   // The block kernel's preparation (count_and_order_kernel): the kState* fields below, then the
   // split rows listed for its helpers (docs/gemm_to_sparse.md, "Heavy tokens").
   std::int32_t* block_state = nullptr;
@@ -515,17 +516,27 @@ static_assert(kPartColumns <= kListCap, "a part's entries fit one list");
 // block_state: filled by count_and_order_kernel (its last CTA resets the counters for the next
 // call), read by the block kernel.
 enum : int {
-  kStateListed = 0,       // split rows listed for the helpers
-  kStateNextItem = 1,     // the helpers' item counter
-  kStateThreshold = 2,    // a row with more entries than this is split
-  kStateLongest = 3,      // the longest counted row
-  kStateCandidates = 4,   // rows over kSplitEntries (split_candidates)
-  kStateDone = 5,         // CTAs of count_and_order_kernel done
-  kStateFront = 6,        // heavy token blocks placed
-  kStateBack = 7,         // light token blocks placed
-  kStateEntries = 8,      // entries of every counted row, 64 bits
-  kStateSplitRows = 10    // then the listed rows
+  kStateListed = 0,      // split rows listed for the helpers
+  kStateNextItem = 1,    // the helpers' item counter
+  kStateThreshold = 2,   // a row with more entries than this is split
+  kStateLongest = 3,     // the longest counted row
+  kStateCandidates = 4,  // rows over kSplitEntries (split_candidates)
+  kStateDone = 5,        // CTAs of count_and_order_kernel done
+  kStateEntries = 6,     // entries of every counted row, 64 bits
+  kStateClasses = 8,     // token blocks per weight class (kWeightClasses words)
+  kStateSplitRows = 40   // then the listed rows
 };
+// Token blocks are ordered by weight class, heaviest first: half octaves of the block's entries
+// (class 2h - 1 for [2^h, 1.5 x 2^h), 2h for [1.5 x 2^h, 2^(h+1))), the last class for a block
+// with a row whose gate the kernel recomputes (past the overflow block: the costliest work).
+constexpr int kWeightClasses = 32;
+static_assert(kStateClasses + kWeightClasses == kStateSplitRows, "the classes' counters fit their place");
+
+__device__ __forceinline__ int weight_class(std::int32_t entries) {
+  if (entries < 2) return 0;
+  const int h = 31 - __clz(entries);
+  return min(kWeightClasses - 2, 2 * h - 1 + ((entries >> (h - 1)) & 1));
+}
 
 // Row o of the gate's overflow block as 16-byte vectors (FfnArgs::overflow_vec holds).
 template <class T>
@@ -689,7 +700,7 @@ __device__ __forceinline__ void up_products(const FfnArgs& a, std::int64_t row0,
 // Sparse up and down projection of a block of tokens (16-bit T, 16-byte aligned operands,
 // K <= kChunks * 2048). CTAs 0 .. a.helpers - 1 run the parts of the split rows
 // (run_split_parts); CTA a.helpers + b: the a.block_tokens tokens from r0 of block
-// a.block_order[b] (count_and_order_kernel puts the heavy blocks first) and their whole output rows;
+// a.block_order[b] (count_and_order_kernel puts the heaviest blocks first) and their whole output rows;
 // 8 warps.
 //   1. x of the block staged in shared memory as T (16-byte copies). A token's gate entries were
 //      counted by count_and_order_kernel: a split row is left to the helpers; a token with
@@ -1098,44 +1109,46 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 //   - gate entries per token: the slot-0 words of a row's tiles, or for an overflow row in the
 //     block the stored values of its dense row (16-byte loads, nonzero_flags), into row_nnz
 //     (rows the block kernel routes to ffn_token are left to it: it writes their counts);
-//   - the order of the token blocks, heavy blocks (those holding an overflow row, a token with
-//     many times the average entries) first: they take the first CTAs, which the hardware starts
-//     first in practice, and the light blocks fill in around them; in increasing order a heavy
-//     block could start in the last wave and set the kernel's length (token-skewed data). Places
-//     are taken by atomics, so the order within each group varies between calls: it changes
-//     the speed, never the result;
+//   - each token block's weight class (weight_class of its entries; a block with a recomputed row
+//     in the last class) and the blocks per class;
 //   - when rows are split: the entry total, the longest row and the candidates (rows over
 //     kSplitEntries).
 // The last CTA to finish then sets the threshold, max(kSplitEntries, entries / resident CTAs),
 // lists the candidates over it for the helpers (none when the longest row is under it, or when
-// they would not fit split_capacity) and resets the counters for the next call.
+// they would not fit split_capacity), writes the block order and resets the counters for the
+// next call. The order is heaviest class first: a CTA's time follows its entries, the heavy
+// blocks take the first CTAs, which the hardware starts first in practice, and the light ones
+// fill in around them; a heavy block that started in the last wave would set the kernel's
+// length (token-skewed data). Places within a class are taken by atomics, so that order varies
+// between calls: it changes the speed, never the result.
 constexpr int kCountRowsPerWarp = 4;
 constexpr int kCountRows = kThreads / 32 * kCountRowsPerWarp;  // rows of a CTA: whole token blocks
-static_assert(kCountRows % kMaxBlockTokens == 0 && kCountRows <= 32, "a CTA's overflow rows are one word's bits");
+static_assert(kCountRows % kMaxBlockTokens == 0, "a CTA counts whole token blocks");
+constexpr int kOrderLoads = 8;  // block classes each thread of the last CTA loads at once
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a, std::int32_t* order) {
   ::twell::detail::wait_for_prior_grids();
   constexpr int kWarps = kThreads / 32;
   __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps];
-  __shared__ std::uint32_t warp_overflow[kWarps];  // bit r: the warp's row r is an overflow row
+  __shared__ std::int32_t row_weight[kCountRows];  // the row's entries, -1 for a row the kernel recomputes
   __shared__ bool last;
   __shared__ std::int32_t threshold, listed, candidates;
+  __shared__ std::int32_t class_place[kWeightClasses];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const std::int64_t first = (std::int64_t{blockIdx.x} * kWarps + warp) * kCountRowsPerWarp;
   std::int32_t* state = a.block_state;
   const bool split = a.split_capacity > 0;
 
   std::int32_t counts[kCountRowsPerWarp];
-  unsigned counted = 0;  // bit r: row first + r is counted here
-  std::uint32_t overflow = 0;
+  unsigned counted = 0, routed = 0;  // bit r: row first + r is counted here / recomputed by the kernel
 #pragma unroll
   for (int r = 0; r < kCountRowsPerWarp; ++r) {  // the rows' loads are independent
     const std::int64_t row = first + r;
     const std::int32_t o = row < a.m ? a.row_to_overflow[row] : -1;
-    overflow |= o >= 0 ? 1u << r : 0u;
     const bool mine = row < a.m && !routed_row(a, o);
     counted |= mine ? 1u << r : 0u;
+    routed |= row < a.m && !mine ? 1u << r : 0u;
     std::int32_t c = 0;
     if (mine && o >= 0) {
       const uint4* dr = dense_gate_row<T>(a, o);
@@ -1152,6 +1165,7 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   for (int r = 0; r < kCountRowsPerWarp; ++r) {
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) counts[r] += __shfl_xor_sync(0xffffffffu, counts[r], d);
+    if (lane == 0) row_weight[warp * kCountRowsPerWarp + r] = (routed >> r & 1u) != 0 ? -1 : counts[r];
     if ((counted >> r & 1u) == 0 || lane != 0) continue;
     a.row_nnz[first + r] = counts[r];
     entries += counts[r];
@@ -1163,26 +1177,25 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   if (lane == 0) {
     warp_entries[warp] = entries;
     warp_longest[warp] = longest;
-    warp_overflow[warp] = overflow;
   }
   __syncthreads();
+  const int bt = a.block_tokens;
+  const std::int64_t blocks = (a.m + bt - 1) / bt;
   if (threadIdx.x == 0) {
-    const int bt = a.block_tokens, cta_blocks = kCountRows / bt;
-    const std::int64_t blocks = (a.m + bt - 1) / bt;
-    std::uint32_t rows_overflow = 0;  // bit i: the CTA's row i
-    for (int w = 0; w < kWarps; ++w) rows_overflow |= warp_overflow[w] << (w * kCountRowsPerWarp);
-    const std::uint32_t block_rows = (1u << bt) - 1u;  // bt <= kMaxBlockTokens < 32
-    const auto heavy = [&](int j) { return (rows_overflow >> (j * bt) & block_rows) != 0; };
-    int n_heavy = 0, n_light = 0;
+    const int cta_blocks = kCountRows / bt;
     for (int j = 0; j < cta_blocks; ++j) {
       const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + j;
-      if (b < blocks) (heavy(j) ? n_heavy : n_light) += 1;
-    }
-    std::int32_t front = n_heavy > 0 ? atomicAdd(state + kStateFront, n_heavy) : 0;
-    std::int32_t back = n_light > 0 ? atomicAdd(state + kStateBack, n_light) : 0;
-    for (int j = 0; j < cta_blocks; ++j) {
-      const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + j;
-      if (b < blocks) order[heavy(j) ? front++ : blocks - 1 - back++] = static_cast<std::int32_t>(b);
+      if (b >= blocks) break;
+      std::int32_t weight = 0;
+      bool recomputed = false;
+      for (int t = 0; t < bt; ++t) {
+        const std::int32_t w = row_weight[j * bt + t];
+        recomputed |= w < 0;
+        weight += max(w, 0);
+      }
+      const int c = recomputed ? kWeightClasses - 1 : weight_class(weight);
+      a.block_class[b] = c;
+      atomicAdd(state + kStateClasses + c, 1);
     }
     if (split) {
       unsigned long long sum = 0;
@@ -1201,6 +1214,18 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   if (!last) return;
 
   __threadfence();
+  if (threadIdx.x < 32) {  // where each class starts: the heavier classes' blocks before it
+    const int c = static_cast<int>(threadIdx.x);
+    const std::int32_t n = __ldcg(state + kStateClasses + c);
+    std::int32_t heavier = n;  // then the blocks of classes >= c
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const std::int32_t v = __shfl_down_sync(0xffffffffu, heavier, d);
+      if (c + d < 32) heavier += v;
+    }
+    class_place[c] = heavier - n;
+    state[kStateClasses + c] = 0;  // for the next call
+  }
   if (threadIdx.x == 0) {
     threshold = INT32_MAX;
     candidates = 0;
@@ -1227,6 +1252,20 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
     const std::int32_t at = atomicAdd(&listed, 1);
     if (at < a.split_capacity) state[kStateSplitRows + at] = cand.x;
   }
+  // The block order, heaviest class first (within a class in the order the places are taken).
+  // kOrderLoads classes per thread are loaded before any is placed: one round trip, not one each.
+  for (std::int64_t b0 = threadIdx.x; b0 < blocks; b0 += std::int64_t{kThreads} * kOrderLoads) {
+    int c[kOrderLoads];
+#pragma unroll
+    for (int i = 0; i < kOrderLoads; ++i) {
+      const std::int64_t b = b0 + std::int64_t{i} * kThreads;
+      c[i] = b < blocks ? __ldcg(a.block_class + b) : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < kOrderLoads; ++i)
+      if (c[i] >= 0)
+        order[atomicAdd(&class_place[c[i]], 1)] = static_cast<std::int32_t>(b0 + std::int64_t{i} * kThreads);
+  }
   __syncthreads();
   if (threadIdx.x != 0) return;
   const bool fits = listed <= a.split_capacity;
@@ -1236,8 +1275,6 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   state[kStateLongest] = 0;
   state[kStateCandidates] = 0;
   state[kStateDone] = 0;
-  state[kStateFront] = 0;
-  state[kStateBack] = 0;
   *reinterpret_cast<unsigned long long*>(state + kStateEntries) = 0;
 }
 
@@ -1322,6 +1359,7 @@ bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
 struct UpDownMemory {
   std::int32_t* row_nnz = nullptr;
   std::int32_t* block_order = nullptr;
+  std::int32_t* block_class = nullptr;
   std::int32_t* block_state = nullptr;
   int2* split_candidates = nullptr;
   std::int32_t* split_turn = nullptr;
@@ -1329,8 +1367,8 @@ struct UpDownMemory {
   std::int64_t split_capacity = 0;
 };
 
-// What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order one per
-// block of the smallest size (a token); where the block kernel takes K, block_state, and with
+// What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order and
+// block_class one per block of the smallest size (a token); where the block kernel takes K, block_state, and with
 // split rows (capacity min(M, resident CTAs of either pass's kernel)) 2 M candidate words, a turn
 // per split row and its K fp32 partial sums.
 struct UpDownSizes {
@@ -1357,9 +1395,13 @@ struct UpDownSizes {
 
 template <class T>
 UpDownMemory memory_of(detail::UpDownBuffers<T>& b) {
-  return {b.row_nnz.data(),     b.block_order.data(),
-          b.block_state.data(), reinterpret_cast<int2*>(b.split_candidates.data()),
-          b.split_turn.data(),  b.split_sum.data(),
+  return {b.row_nnz.data(),
+          b.block_order.data(),
+          b.block_class.data(),
+          b.block_state.data(),
+          reinterpret_cast<int2*>(b.split_candidates.data()),
+          b.split_turn.data(),
+          b.split_sum.data(),
           b.split_capacity};
 }
 
@@ -1370,6 +1412,7 @@ class UpDownScratch {
   UpDownScratch(const UpDownSizes& z, cudaStream_t stream, const char* where)
       : row_nnz_(z.row_nnz * 4, stream, where),
         order_(z.block_order * 4, stream, where),
+        class_(z.block_order * 4, stream, where),
         state_(z.block_state * 4, stream, where),
         candidates_(z.candidates * 4, stream, where),
         turn_(z.capacity * 4, stream, where),
@@ -1381,6 +1424,7 @@ class UpDownScratch {
   UpDownMemory memory() const {
     return {row_nnz_.as<std::int32_t>(),
             order_.as<std::int32_t>(),
+            class_.as<std::int32_t>(),
             state_.as<std::int32_t>(),
             candidates_.as<int2>(),
             turn_.as<std::int32_t>(),
@@ -1389,7 +1433,7 @@ class UpDownScratch {
   }
 
  private:
-  detail::Scratch row_nnz_, order_, state_, candidates_, turn_, sum_;
+  detail::Scratch row_nnz_, order_, class_, state_, candidates_, turn_, sum_;
   std::size_t capacity_;
 };
 
@@ -1450,6 +1494,7 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
     if (vec && buffers.block_state != nullptr && block_kernel_fits<T, kPass>(x.cols, fit, where)) {
       const std::int64_t parts = split_parts(a.layout, a.n);
       a.block_state = buffers.block_state;
+      a.block_class = buffers.block_class;
       a.resident = fit.resident;
       if (buffers.split_capacity > 0 && parts > 0) {
         a.split_candidates = buffers.split_candidates;
@@ -1507,6 +1552,7 @@ detail::UpDownBuffers<T>::UpDownBuffers(std::int64_t m, std::int64_t k, std::int
   const UpDownSizes z = UpDownSizes::of<T>(m, k, n, layout, where);
   row_nnz = Buffer<std::int32_t>(z.row_nnz, MemorySpace::device);
   block_order = Buffer<std::int32_t>(z.block_order, MemorySpace::device);
+  block_class = Buffer<std::int32_t>(z.block_order, MemorySpace::device, Uninitialized{});
   block_state = Buffer<std::int32_t>(z.block_state, MemorySpace::device);
   split_capacity = static_cast<std::int64_t>(z.capacity);
   split_candidates = Buffer<std::int32_t>(z.candidates, MemorySpace::device, Uninitialized{});
