@@ -527,10 +527,13 @@ enum : int {
   kStateSplitRows = 40   // then the listed rows
 };
 // Token blocks are ordered by weight class, heaviest first: half octaves of the block's entries
-// (class 2h - 1 for [2^h, 1.5 x 2^h), 2h for [1.5 x 2^h, 2^(h+1))), the last class for a block
-// with a row whose gate the kernel recomputes (past the overflow block: the costliest work).
+// (class 2h - 1 for [2^h, 1.5 x 2^h), 2h for [1.5 x 2^h, 2^(h+1)), up to class 30 from 49152
+// entries), the last class for a block with a row the kernel routes to its per-token body (a
+// row whose gate it recomputes, past the overflow block, or an overflow row it cannot read 16
+// bytes at a time: the costliest work).
 constexpr int kWeightClasses = 32;
 static_assert(kStateClasses + kWeightClasses == kStateSplitRows, "the classes' counters fit their place");
+static_assert(kWeightClasses == 32, "one warp scans the classes' counts");
 
 __device__ __forceinline__ int weight_class(std::int32_t entries) {
   if (entries < 2) return 0;
@@ -1109,7 +1112,7 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 //   - gate entries per token: the slot-0 words of a row's tiles, or for an overflow row in the
 //     block the stored values of its dense row (16-byte loads, nonzero_flags), into row_nnz
 //     (rows the block kernel routes to ffn_token are left to it: it writes their counts);
-//   - each token block's weight class (weight_class of its entries; a block with a recomputed row
+//   - each token block's weight class (weight_class of its entries; a block with a routed row
 //     in the last class) and the blocks per class;
 //   - when rows are split: the entry total, the longest row and the candidates (rows over
 //     kSplitEntries).
@@ -1131,7 +1134,7 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   ::twell::detail::wait_for_prior_grids();
   constexpr int kWarps = kThreads / 32;
   __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps];
-  __shared__ std::int32_t row_weight[kCountRows];  // the row's entries, -1 for a row the kernel recomputes
+  __shared__ std::int32_t row_weight[kCountRows];  // the row's entries, -1 for a routed row
   __shared__ bool last;
   __shared__ std::int32_t threshold, listed, candidates;
   __shared__ std::int32_t class_place[kWeightClasses];
@@ -1187,13 +1190,13 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
       const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + j;
       if (b >= blocks) break;
       std::int32_t weight = 0;
-      bool recomputed = false;
+      bool has_routed = false;
       for (int t = 0; t < bt; ++t) {
         const std::int32_t w = row_weight[j * bt + t];
-        recomputed |= w < 0;
+        has_routed |= w < 0;
         weight += max(w, 0);
       }
-      const int c = recomputed ? kWeightClasses - 1 : weight_class(weight);
+      const int c = has_routed ? kWeightClasses - 1 : weight_class(weight);
       a.block_class[b] = c;
       atomicAdd(state + kStateClasses + c, 1);
     }
