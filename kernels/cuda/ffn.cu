@@ -1144,7 +1144,7 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   const bool split = a.split_capacity > 0;
 
   std::int32_t counts[kCountRowsPerWarp];
-  unsigned counted = 0, routed = 0;  // bit r: row first + r is counted here / recomputed by the kernel
+  unsigned counted = 0, routed = 0;  // bit r: row first + r is counted here / routed to ffn_token
 #pragma unroll
   for (int r = 0; r < kCountRowsPerWarp; ++r) {  // the rows' loads are independent
     const std::int64_t row = first + r;
@@ -1371,9 +1371,9 @@ struct UpDownMemory {
 };
 
 // What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order and
-// block_class one per block of the smallest size (a token); where the block kernel takes K, block_state, and with
-// split rows (capacity min(M, resident CTAs of either pass's kernel)) 2 M candidate words, a turn
-// per split row and its K fp32 partial sums.
+// block_class one per block of the smallest size (a token); where the block kernel takes K,
+// block_state, and with split rows (capacity min(M, resident CTAs of either pass's kernel)) 2 M
+// candidate words, a turn per split row and its K fp32 partial sums.
 struct UpDownSizes {
   std::size_t row_nnz = 0, block_order = 0, block_state = 0, capacity = 0, candidates = 0, sum = 0;
   template <class T>
