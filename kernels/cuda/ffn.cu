@@ -89,7 +89,7 @@ struct FfnArgs {
   float threshold = 0.0f;
   std::int32_t* row_nnz = nullptr;  // M
   const std::int32_t* block_order = nullptr;  // block kernel: CTA b takes token block block_order[b]
-  std::int32_t* block_class = nullptr;        // count_and_order_kernel: each block's weight class
+  int2* block_class = nullptr;                // count_and_order_kernel: each block's class and rank in it
   // The block kernel's preparation (count_and_order_kernel): the kState* fields below, then the
   // split rows listed for its helpers (docs/gemm_to_sparse.md, "Heavy tokens").
   std::int32_t* block_state = nullptr;
@@ -1122,12 +1122,15 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 // next call. The order is heaviest class first: a CTA's time follows its entries, the heavy
 // blocks take the first CTAs, which the hardware starts first in practice, and the light ones
 // fill in around them; a heavy block that started in the last wave would set the kernel's
-// length (token-skewed data). Places within a class are taken by atomics, so that order varies
-// between calls: it changes the speed, never the result.
+// length (token-skewed data). A block's rank within its class is taken by its counting CTA (one
+// atomic per class the CTA holds), so the last CTA only places each block at its class's start
+// plus its rank; ranks follow the CTAs' order of arrival, which varies between calls: it changes
+// the speed, never the result.
 constexpr int kCountRowsPerWarp = 4;
 constexpr int kCountRows = kThreads / 32 * kCountRowsPerWarp;  // rows of a CTA: whole token blocks
 static_assert(kCountRows % kMaxBlockTokens == 0, "a CTA counts whole token blocks");
-constexpr int kOrderLoads = 8;  // block classes each thread of the last CTA loads at once
+static_assert(kCountRows <= 32, "a lane of warp 0 per counted block, at one token a block");
+constexpr int kOrderLoads = 8;  // (class, rank) pairs each thread of the last CTA loads at once
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a, std::int32_t* order) {
@@ -1184,22 +1187,33 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   __syncthreads();
   const int bt = a.block_tokens;
   const std::int64_t blocks = (a.m + bt - 1) / bt;
-  if (threadIdx.x == 0) {
+  if (warp == 0) {  // lane j: the CTA's block j, its class and its rank within the class
     const int cta_blocks = kCountRows / bt;
-    for (int j = 0; j < cta_blocks; ++j) {
-      const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + j;
-      if (b >= blocks) break;
-      std::int32_t weight = 0;
+    const std::int64_t b = std::int64_t{blockIdx.x} * cta_blocks + lane;
+    const bool mine = lane < cta_blocks && b < blocks;
+    int c = -1;
+    if (mine) {
+      std::int64_t weight = 0;  // up to 8 rows of N entries: past 2^31 for N > 2^28
       bool has_routed = false;
       for (int t = 0; t < bt; ++t) {
-        const std::int32_t w = row_weight[j * bt + t];
+        const std::int32_t w = row_weight[lane * bt + t];
         has_routed |= w < 0;
         weight += max(w, 0);
       }
-      const int c = has_routed ? kWeightClasses - 1 : weight_class(weight);
-      a.block_class[b] = c;
-      atomicAdd(state + kStateClasses + c, 1);
+      c = has_routed ? kWeightClasses - 1
+                     : weight_class(static_cast<std::int32_t>(min(weight, std::int64_t{INT32_MAX})));
     }
+    // One atomic per class present in the CTA; its result is the first rank of the class's blocks.
+    const unsigned same = __match_any_sync(0xffffffffu, c);
+    const int leader = __ffs(same) - 1;
+    std::int32_t first_rank = 0;
+    if (mine && lane == leader) first_rank = atomicAdd(state + kStateClasses + c, __popc(same));
+    first_rank = __shfl_sync(0xffffffffu, first_rank, leader);
+    if (mine) a.block_class[b] = make_int2(c, first_rank + __popc(same & ((1u << lane) - 1u)));
+    __threadfence();  // each lane's class before thread 0's ticket
+    __syncwarp();
+  }
+  if (threadIdx.x == 0) {
     if (split) {
       unsigned long long sum = 0;
       std::int32_t most = 0;
@@ -1255,19 +1269,19 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
     const std::int32_t at = atomicAdd(&listed, 1);
     if (at < a.split_capacity) state[kStateSplitRows + at] = cand.x;
   }
-  // The block order, heaviest class first (within a class in the order the places are taken).
-  // kOrderLoads classes per thread are loaded before any is placed: one round trip, not one each.
+  // The block order, heaviest class first (within a class in the order the counting CTAs took
+  // their ranks). kOrderLoads (class, rank) pairs per thread are loaded at once: one round trip.
   for (std::int64_t b0 = threadIdx.x; b0 < blocks; b0 += std::int64_t{kThreads} * kOrderLoads) {
-    int c[kOrderLoads];
+    int2 cr[kOrderLoads];
 #pragma unroll
     for (int i = 0; i < kOrderLoads; ++i) {
       const std::int64_t b = b0 + std::int64_t{i} * kThreads;
-      c[i] = b < blocks ? __ldcg(a.block_class + b) : -1;
+      cr[i] = b < blocks ? __ldcg(a.block_class + b) : make_int2(-1, 0);
     }
 #pragma unroll
     for (int i = 0; i < kOrderLoads; ++i)
-      if (c[i] >= 0)
-        order[atomicAdd(&class_place[c[i]], 1)] = static_cast<std::int32_t>(b0 + std::int64_t{i} * kThreads);
+      if (cr[i].x >= 0)
+        order[class_place[cr[i].x] + cr[i].y] = static_cast<std::int32_t>(b0 + std::int64_t{i} * kThreads);
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -1362,7 +1376,7 @@ bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
 struct UpDownMemory {
   std::int32_t* row_nnz = nullptr;
   std::int32_t* block_order = nullptr;
-  std::int32_t* block_class = nullptr;
+  int2* block_class = nullptr;
   std::int32_t* block_state = nullptr;
   int2* split_candidates = nullptr;
   std::int32_t* split_turn = nullptr;
@@ -1370,8 +1384,8 @@ struct UpDownMemory {
   std::int64_t split_capacity = 0;
 };
 
-// What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order and
-// block_class one per block of the smallest size (a token); where the block kernel takes K,
+// What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order one and
+// block_class two per block of the smallest size (a token); where the block kernel takes K,
 // block_state, and with split rows (capacity min(M, resident CTAs of either pass's kernel)) 2 M
 // candidate words, a turn per split row and its K fp32 partial sums.
 struct UpDownSizes {
@@ -1400,7 +1414,7 @@ template <class T>
 UpDownMemory memory_of(detail::UpDownBuffers<T>& b) {
   return {b.row_nnz.data(),
           b.block_order.data(),
-          b.block_class.data(),
+          reinterpret_cast<int2*>(b.block_class.data()),
           b.block_state.data(),
           reinterpret_cast<int2*>(b.split_candidates.data()),
           b.split_turn.data(),
@@ -1415,7 +1429,7 @@ class UpDownScratch {
   UpDownScratch(const UpDownSizes& z, cudaStream_t stream, const char* where)
       : row_nnz_(z.row_nnz * 4, stream, where),
         order_(z.block_order * 4, stream, where),
-        class_(z.block_order * 4, stream, where),
+        class_(z.block_order * 8, stream, where),
         state_(z.block_state * 4, stream, where),
         candidates_(z.candidates * 4, stream, where),
         turn_(z.capacity * 4, stream, where),
@@ -1427,7 +1441,7 @@ class UpDownScratch {
   UpDownMemory memory() const {
     return {row_nnz_.as<std::int32_t>(),
             order_.as<std::int32_t>(),
-            class_.as<std::int32_t>(),
+            class_.as<int2>(),
             state_.as<std::int32_t>(),
             candidates_.as<int2>(),
             turn_.as<std::int32_t>(),
@@ -1555,7 +1569,7 @@ detail::UpDownBuffers<T>::UpDownBuffers(std::int64_t m, std::int64_t k, std::int
   const UpDownSizes z = UpDownSizes::of<T>(m, k, n, layout, where);
   row_nnz = Buffer<std::int32_t>(z.row_nnz, MemorySpace::device);
   block_order = Buffer<std::int32_t>(z.block_order, MemorySpace::device);
-  block_class = Buffer<std::int32_t>(z.block_order, MemorySpace::device, Uninitialized{});
+  block_class = Buffer<std::int32_t>(2 * z.block_order, MemorySpace::device, Uninitialized{});
   block_state = Buffer<std::int32_t>(z.block_state, MemorySpace::device);
   split_capacity = static_cast<std::int64_t>(z.capacity);
   split_candidates = Buffer<std::int32_t>(z.candidates, MemorySpace::device, Uninitialized{});

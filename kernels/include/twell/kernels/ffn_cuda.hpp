@@ -35,7 +35,7 @@ struct UpDownBuffers {
   UpDownBuffers(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout, const char* where);
   Buffer<std::int32_t> row_nnz;      // M
   Buffer<std::int32_t> block_order;  // the token blocks, heaviest weight class first
-  Buffer<std::int32_t> block_class;  // each token block's weight class (count_and_order_kernel)
+  Buffer<std::int32_t> block_class;  // 2 words per token block: its weight class and rank in it
   Buffer<std::int32_t> block_state;  // counters, the split threshold and the split rows
   // Rows split at once: min(M, CTAs the device runs at once); 0 turns splitting off.
   std::int64_t split_capacity = 0;
