@@ -353,29 +353,113 @@ __global__ void __launch_bounds__(256) gemm_simt_kernel(const T* x, std::int64_t
     }
 }
 
-// Rows overflow_to_row[r] of x into rows r of out, for r < min(rows, *flagged); 16-byte vectors,
-// `vecs` per row (x and out leading dimensions given in vectors too).
-__global__ void gather_rows_kernel(const uint4* __restrict__ x, std::int64_t ldx, const std::int32_t* overflow_to_row,
-                                   const unsigned long long* flagged, std::int64_t rows, std::int64_t vecs,
-                                   uint4* __restrict__ out, std::int64_t ldo) {
-  ::twell::detail::wait_for_prior_grids();
-  const std::int64_t used = min(rows, static_cast<std::int64_t>(*flagged));
-  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  const std::int64_t r = i / vecs, v = i - r * vecs;
-  if (r < used) out[r * ldo + v] = x[std::int64_t{overflow_to_row[r]} * ldx + v];
-}
-
-// Words of the plan's device status. The fused epilogue adds into the two accumulators; the
-// ranking kernel moves them into the totals and zeroes them, so no memset precedes a run.
+// Words of the plan's device status. The fused epilogue adds into the accumulators; the ranking
+// kernel moves them into the totals and zeroes them, so no memset precedes a run.
 enum StatusWord : int {
   kStoredAcc = 0,
   kExcessAcc = 1,
-  kFlaggedRows = 2,  // R (rows with an overflowed tile)
+  kFlaggedRows = 2,    // R (rows with an overflowed tile)
   kFirstRowPlus1 = 3,  // first flagged row + 1, 0 if none
   kStored = 4,
   kExcess = 5,
-  kStatusWords = 6
+  kFillRows = 6,       // block rows filled from the TwELL slots and spilled segments (0: none);
+                       // the host reads kFlaggedRows .. kFillRows back, the words after are the device's
+  kRecomputeRows = 7,  // rows the overflow recompute covers (R where nothing is filled, else 0)
+  kSpilled = 8,        // segments the packers spilled (where the block is filled)
+  kSpillAcc = 9,       // the Hopper packers' spill counter (TwellOut::spill_count)
+  kStatusWords = 10
 };
+
+// The Hopper path's overflow block, after the ranking (grid-stride loops either way).
+// - Where the packers spilled every overflowed (row, tile) (status kFillRows > 0): block rows
+//   r < kFillRows are filled, a warp per item: a (row, tile) of the block that did not overflow
+//   from its TwELL slots (zeros where no entry is), and a spilled segment copied to its row's
+//   place where that row is in the block (an overflowed tile's slots hold only its first S - 1
+//   entries). Both are the values the fused epilogue staged, bit for bit: what the recompute
+//   would write.
+// - Else rows r < min(rows, kRecomputeRows) of x are gathered for the recompute (a thread per
+//   16-byte vector: gathered[r] = x[overflow_to_row[r]]), so that its TMA reads them as one matrix.
+struct OverflowRows {
+  const uint4* x = nullptr;        // x and gathered: leading dimensions in 16-byte vectors
+  std::int64_t ldx = 0, vecs = 0;  // vecs: K / 8
+  uint4* gathered = nullptr;
+  std::int64_t ldg = 0;
+  const std::int32_t* overflow_to_row = nullptr;
+  const std::int32_t* row_to_overflow = nullptr;
+  const unsigned long long* status = nullptr;
+  std::int64_t rows = 0;  // of the block
+  const std::uint32_t* packed = nullptr;
+  TwellLayout layout{};
+  std::int64_t n = 0;
+  std::uint16_t* block = nullptr;  // the overflow block's values, leading dimension ldb
+  std::int64_t ldb = 0;
+  const std::uint16_t* spill_values = nullptr;  // as TwellOut's
+  const int2* spill_where = nullptr;
+};
+
+constexpr int kOverflowThreads = 256;
+constexpr std::int64_t kOverflowMaxBlocks = 1024;  // the grid-stride loops' grid, at most
+
+// Columns 8 lane .. 8 lane + 7 of a (row, tile) that did not overflow, from its group's count
+// and slot words (lane e loads word e of each 32, every lane sees each by a shuffle): the value
+// bits in column order, two to a word, low half first, zeros where no entry is.
+__device__ __forceinline__ uint4 tile_chunk_from_slots(const std::uint32_t* group, int lane) {
+  const auto count = static_cast<int>(group[0]);
+  std::uint32_t w[4] = {0u, 0u, 0u, 0u};
+  for (int e0 = 0; e0 < count; e0 += 32) {
+    const std::uint32_t mine = e0 + lane < count ? group[1 + e0 + lane] : 0u;
+    const int batch = min(32, count - e0);
+    for (int e = 0; e < batch; ++e) {
+      const std::uint32_t word = __shfl_sync(0xffffffffu, mine, e);
+      const auto col = static_cast<int>(TwellLayout::slot_column(word));
+      if ((col >> 3) != lane) continue;
+      const std::uint32_t bits = static_cast<std::uint32_t>(TwellLayout::slot_value_bits(word)) << (16 * (col & 1));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] |= ((col & 7) >> 1) == k ? bits : 0u;
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__global__ void __launch_bounds__(kOverflowThreads) overflow_rows_kernel(OverflowRows a) {
+  ::twell::detail::wait_for_prior_grids();
+  const auto fill = static_cast<std::int64_t>(a.status[kFillRows]);
+  const std::int64_t threads = std::int64_t{gridDim.x} * blockDim.x;
+  const std::int64_t first = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (fill == 0) {
+    const std::int64_t used = min(a.rows, static_cast<std::int64_t>(a.status[kRecomputeRows]));
+    for (std::int64_t i = first; i < used * a.vecs; i += threads) {
+      const std::int64_t r = i / a.vecs, v = i - r * a.vecs;
+      a.gathered[r * a.ldg + v] = a.x[std::int64_t{a.overflow_to_row[r]} * a.ldx + v];
+    }
+    return;
+  }
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t tiles = a.layout.tiles(a.n);
+  const std::int64_t tile_items = fill * tiles;
+  const std::int64_t items = tile_items + static_cast<std::int64_t>(a.status[kSpilled]);
+  for (std::int64_t w = first >> 5; w < items; w += threads >> 5) {  // a warp per item
+    std::int64_t r = 0, t = 0;
+    uint4 v{};
+    if (w < tile_items) {
+      r = w / tiles;
+      t = w - r * tiles;
+      const std::uint32_t* group = a.packed + a.layout.slot_offset(a.overflow_to_row[r], t, a.n);
+      if (a.layout.overflows(group[0])) continue;  // its spilled segment is copied instead
+      v = tile_chunk_from_slots(group, lane);
+    } else {
+      const std::int64_t s = w - tile_items;
+      const int2 at = a.spill_where[s];
+      r = a.row_to_overflow[at.x];
+      t = at.y;
+      if (r < 0 || r >= fill) continue;  // a row past the block
+      if (8 * lane < a.layout.tile_cols(t, a.n))
+        v = reinterpret_cast<const uint4*>(a.spill_values + s * a.layout.tile)[lane];
+    }
+    if (8 * lane < a.layout.tile_cols(t, a.n))
+      *reinterpret_cast<uint4*>(a.block + r * a.ldb + t * a.layout.tile + 8 * lane) = v;
+  }
+}
 
 // One CTA of 1024 threads ranks the flagged rows in increasing row order: row_to_overflow[i] =
 // the rank of flagged row i (-1 for the others, and for every row when !route), overflow_to_row[
@@ -383,14 +467,16 @@ enum StatusWord : int {
 // the status words (see StatusWord). Each warp counts the flags of its rows (row_ballots), one
 // block scan of the warp counts gives its first rank, and a second walk over the same rows writes
 // the maps, coalesced. Deterministic; one CTA because M is at most a few hundred thousand.
+// With spill_capacity > 0 (the Hopper packers spilled) it also chooses how the block's rows are
+// made: filled by overflow_rows_kernel where every spill found a slot, else recomputed.
 // When no tile overflowed (the excess accumulator is 0) and the previous pass found no flagged
 // row either, the maps already hold -1 everywhere and no flag is set: only the totals move (a
 // few microseconds less per run). A new plan's maps hold -1 and its words 0, so that holds from
 // its first run.
-__global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* flags, std::int64_t m, bool route,
-                                                                  std::int64_t capacity, std::int32_t* row_to_overflow,
-                                                                  std::int32_t* overflow_to_row,
-                                                                  unsigned long long* status) {
+__global__ void __launch_bounds__(1024)
+    rank_overflow_rows_kernel(std::int32_t* flags, std::int64_t m, bool route, std::int64_t capacity,
+                              std::int64_t spill_capacity, std::int32_t* row_to_overflow, std::int32_t* overflow_to_row,
+                              unsigned long long* status) {
   ::twell::detail::wait_for_prior_grids();
   using Ballots = std::uint32_t[detail::kBallotSteps];
   const int tid = static_cast<int>(threadIdx.x);
@@ -436,6 +522,14 @@ __global__ void __launch_bounds__(1024) rank_overflow_rows_kernel(std::int32_t* 
     status[kExcess] = status[kExcessAcc];
     status[kStoredAcc] = 0;
     status[kExcessAcc] = 0;
+    // R = 0 leaves both counts 0, which the fast path above relies on (it keeps them).
+    const unsigned long long spills = status[kSpillAcc];
+    const bool fill = spill_capacity > 0 && spills <= static_cast<unsigned long long>(spill_capacity);
+    const auto rows = static_cast<unsigned long long>(total);
+    status[kFillRows] = fill ? min(rows, static_cast<unsigned long long>(capacity)) : 0ull;
+    status[kRecomputeRows] = fill ? 0ull : rows;
+    status[kSpilled] = fill ? spills : 0ull;
+    status[kSpillAcc] = 0;
   }
 }
 
@@ -618,7 +712,17 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
   overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(capacity), MemorySpace::device);
   flags_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
   status_ = Buffer<std::uint64_t>(kStatusWords, MemorySpace::device);
-  if (hopper_ && capacity > 0) gathered_x_ = DenseMatrix<T>(capacity, k, MemorySpace::device);
+  if (hopper_ && capacity > 0) size_hopper_overflow(capacity);
+}
+
+template <Value T>
+void GemmToSparsePlan<T>::size_hopper_overflow(std::int64_t capacity) {
+  gathered_x_ = DenseMatrix<T>(capacity, k_, MemorySpace::device);
+  // A segment for every (row, tile) of the block: enough whenever R <= capacity.
+  const std::int64_t segments = capacity * layout_.tiles(n_);
+  spill_values_ =
+      Buffer<std::uint16_t>(static_cast<std::size_t>(segments * layout_.tile), MemorySpace::device, Uninitialized{});
+  spill_where_ = Buffer<std::int32_t>(static_cast<std::size_t>(2 * segments), MemorySpace::device, Uninitialized{});
 }
 
 template <Value T>
@@ -664,6 +768,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     o.stored_total = status + kStoredAcc;
     o.excess_total = status + kExcessAcc;
     o.clamp_count = policy_ == OverflowPolicy::drop;
+    const bool route = policy_ == OverflowPolicy::hybrid;
     detail::Sm90Gemm h;
     h.x = x.data;
     h.ldx = x.ld;
@@ -675,6 +780,13 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     h.kind = act_.kind;
     h.threshold = act_.threshold;
     const bool wgmma = hopper_ && detail::gemm_twell_sm90_applies(h);
+    const bool spill = wgmma && route && overflow_.rows() > 0;
+    if (spill) {
+      o.spill_values = spill_values_.data();
+      o.spill_where = reinterpret_cast<int2*>(spill_where_.data());
+      o.spill_count = status + kSpillAcc;
+      o.spill_capacity = static_cast<std::int64_t>(spill_where_.size() / 2);
+    }
     int cta_rows = 0;
     if (wgmma) {
       cta_rows = detail::launch_gemm_twell_sm90<T>(h, o, stream, where);
@@ -685,32 +797,50 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
         launch_twell<T, 256>(g, o, stream, where);
       }
     }
-    const bool route = policy_ == OverflowPolicy::hybrid;
     ::twell::detail::launch_kernel(where, rank_overflow_rows_kernel, 1, 1024, 0, stream, flags_.data(), m_, route,
-                                   overflow_.rows(), row_to_overflow_.data(), overflow_to_row_.data(), status);
+                                   overflow_.rows(), o.spill_capacity, row_to_overflow_.data(), overflow_to_row_.data(),
+                                   status);
     path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") +
             (layout_.tile == 128 ? "128" : "256") + (cta_rows == 64 ? "_rows64" : "");
     if (route && overflow_.rows() > 0 && n_ > 0) {
-      // The overflow rows' dense values, for the whole block; the kernels read the device-side R
-      // and do nothing past it. On Hopper the rows of x are gathered first, so that the wgmma
-      // kernel's TMA reads them as one matrix: the mma.sync recompute of 257 rows of the paper's
-      // shape took ~51 us on an H100 (docs/gemm_to_sparse.md, "Seventh session").
-      const auto* flagged = status + kFlaggedRows;
+      // The overflow rows' dense values, for the whole block; the kernels read the device-side
+      // counts and do nothing past them. On Hopper the block is filled from the TwELL slots and
+      // the packers' spilled segments, or where a spill found no slot (R > capacity) the rows of
+      // x are gathered, so that the wgmma kernel's TMA reads them as one matrix: the mma.sync
+      // recompute of 257 rows of the paper's shape took ~51 us on an H100
+      // (docs/gemm_to_sparse.md, "Seventh session"), the wgmma one ~22 us at M = 4096 on an H200.
+      const auto* recompute = status + kRecomputeRows;
       if (wgmma) {  // the gathered copy is plan-owned, aligned, ld = K: it meets what h met
+        OverflowRows f;
+        f.x = reinterpret_cast<const uint4*>(x.data);
+        f.ldx = x.ld / 8;
+        f.vecs = k_ / 8;
+        f.gathered = reinterpret_cast<uint4*>(gathered_x_.view().data);
+        f.ldg = gathered_x_.view().ld / 8;
+        f.overflow_to_row = overflow_to_row_.data();
+        f.row_to_overflow = row_to_overflow_.data();
+        f.status = status;
+        f.rows = overflow_.rows();
+        f.packed = twell_.packed().data();
+        f.layout = layout_;
+        f.n = n_;
+        f.block = reinterpret_cast<std::uint16_t*>(overflow_.view().data);
+        f.ldb = overflow_.view().ld;
+        f.spill_values = spill_values_.data();
+        f.spill_where = reinterpret_cast<const int2*>(spill_where_.data());
+        const std::int64_t work = std::max(f.rows * f.vecs, 2 * f.rows * layout_.tiles(n_) * 32);
+        const auto blocks = std::min(kOverflowMaxBlocks, (work + kOverflowThreads - 1) / kOverflowThreads);
+        ::twell::detail::launch_kernel(where, overflow_rows_kernel, static_cast<unsigned>(blocks), kOverflowThreads, 0,
+                                       stream, f);
         detail::Sm90Gemm hr = h;
         hr.x = gathered_x_.view().data;
         hr.ldx = gathered_x_.view().ld;
         hr.m = overflow_.rows();
-        const std::int64_t vectors = overflow_.rows() * (k_ / 8);
-        ::twell::detail::launch_kernel(where, gather_rows_kernel, static_cast<unsigned>((vectors + 255) / 256), 256, 0,
-                                       stream, reinterpret_cast<const uint4*>(x.data), x.ld / 8,
-                                       overflow_to_row_.data(), flagged, overflow_.rows(), k_ / 8,
-                                       reinterpret_cast<uint4*>(gathered_x_.view().data), gathered_x_.view().ld / 8);
-        detail::launch_gemm_dense_sm90<T>(hr, {overflow_.view().data, overflow_.view().ld, flagged}, layout_.tile,
+        detail::launch_gemm_dense_sm90<T>(hr, {overflow_.view().data, overflow_.view().ld, recompute}, layout_.tile,
                                           stream, where);
       } else {
         GemmArgs r = make_args<T>(x, overflow_to_row_.data(), overflow_.rows(), w, act_);
-        r.m_limit = flagged;
+        r.m_limit = recompute;
         launch_dense<T>(r, overflow_.view().data, n_, stream, where);
       }
     }
@@ -733,7 +863,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
     return count_;
   }
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  std::uint64_t words[kStatusWords - kFlaggedRows] = {};
+  std::uint64_t words[kFillRows + 1 - kFlaggedRows] = {};  // the words the host needs (ReadBack: 64 bytes at most)
   {
     const detail::ReadBack status(status_.data() + kFlaggedRows, sizeof words, stream, where);
     if (meanwhile) meanwhile();
@@ -743,6 +873,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
   const auto first_row = static_cast<std::int64_t>(words[kFirstRowPlus1 - kFlaggedRows]) - 1;
   const auto stored = static_cast<std::int64_t>(words[kStored - kFlaggedRows]);
   const auto excess = static_cast<std::int64_t>(words[kExcess - kFlaggedRows]);
+  const bool filled = words[kFillRows - kFlaggedRows] > 0;
 
   if (policy_ == OverflowPolicy::error && flagged > 0) {
     state_ = State::idle;
@@ -764,8 +895,11 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
   if (policy_ == OverflowPolicy::hybrid) {
     count_.rows = flagged;
     const std::int64_t capacity = overflow_.rows();
-    if (flagged > 0 && capacity > 0)  // the block's rows were recomputed in run(), by the mainloop's kind
-      path_ += path_.rfind("fused_wgmma", 0) == 0 ? "+overflow:wgmma_dense" : "+overflow:mma_sync_dense";
+    // The block's rows were made in run(): filled, or recomputed by the mainloop's kind.
+    if (flagged > 0 && capacity > 0)
+      path_ += filled                               ? "+overflow:spilled"
+               : path_.rfind("fused_wgmma", 0) == 0 ? "+overflow:wgmma_dense"
+                                                    : "+overflow:mma_sync_dense";
     if (flagged > capacity) {
       count_.exceeded_capacity = true;
       count_.second_pass = true;
@@ -787,7 +921,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
                detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);
       overflow_ = std::move(block);
       overflow_to_row_ = std::move(map);
-      if (hopper_) gathered_x_ = DenseMatrix<T>(grown, k_, MemorySpace::device);
+      if (hopper_) size_hopper_overflow(grown);
     }
   }
   state_ = State::synced;

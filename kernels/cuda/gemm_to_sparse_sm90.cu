@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(kThreadsOf<BM>, 1)
         } else {
           const TwellRows geo = twell_rows(o, g.n);
           std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
-          pack_twell_rows_by_lane<BN>(staged + first * P::kLd, P::kLd, count, groups, geo.width, m0 + first, g.m,
+          pack_twell_rows_by_lane<BN>(staged + first * P::kLd, P::kLd, count, groups, geo.width, m0 + first, g.m, tile,
                                       tile_cols, geo, o, lane, stored, excess);
         }
         mbar_arrive(staged_empty);  // this thread's reads of the staged tile are done

@@ -31,6 +31,14 @@ struct TwellOut {
   unsigned long long* stored_total = nullptr;     // sum of true counts
   unsigned long long* excess_total = nullptr;     // sum of count - capacity over overflowed tiles
   bool clamp_count = false;                       // drop policy: slot 0 = min(count, capacity)
+  // Hybrid overflow without a recompute (the Hopper packers only; spill_values == nullptr: none):
+  // an overflowed (row, tile)'s whole segment of stored values goes to spill_values[slot * tile]
+  // and (row, tile) to spill_where[slot], the slot taken from *spill_count; a slot at or past
+  // spill_capacity is not written (the plan then recomputes its block's rows as before).
+  std::uint16_t* spill_values = nullptr;
+  int2* spill_where = nullptr;
+  unsigned long long* spill_count = nullptr;
+  std::int64_t spill_capacity = 0;
 };
 
 __device__ __forceinline__ float activate(Activation kind, float v) {
@@ -176,10 +184,36 @@ __device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_stage
   }
 }
 
+// An overflowed (row, tile)'s staged segment (BN values as BN / 8 16-byte chunks, those past the
+// tile's columns left out) into the next spill slot (TwellOut::spill_values). The lanes that
+// spill together take their slots with one atomic (token-skewed data overflows many tiles), and
+// none once the counter is past the capacity: the plan then recomputes, and the counter need
+// only say so (a lane that reads it at the capacity still adds, so that it goes past).
+template <int BN>
+__device__ __forceinline__ void spill_segment(const uint4* chunk, std::uint32_t live_chunks, std::int64_t row,
+                                              std::int64_t tile, const TwellOut& o) {
+  const auto capacity = static_cast<unsigned long long>(o.spill_capacity);
+  if (*static_cast<volatile unsigned long long*>(o.spill_count) > capacity) return;
+  const unsigned together = __activemask();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int leader = __ffs(together) - 1;
+  unsigned long long first = 0;
+  if (lane == leader) first = atomicAdd(o.spill_count, static_cast<unsigned long long>(__popc(together)));
+  const unsigned long long slot =
+      __shfl_sync(together, first, leader) + static_cast<unsigned>(__popc(together & ((1u << lane) - 1u)));
+  if (slot >= capacity) return;
+  auto* to = reinterpret_cast<uint4*>(o.spill_values + slot * BN);
+#pragma unroll 1  // a rare path: no registers for it beside the packer's own
+  for (int c = 0; c < BN / 8; ++c)
+    if ((live_chunks >> c & 1u) != 0u) to[c] = chunk[c];
+  o.spill_where[slot] = make_int2(static_cast<int>(row), static_cast<int>(tile));
+}
+
 // `rows` staged rows packed by one warp, a lane per row (32 rows at a time), writing the same words
 // as pack_twell_rows: row r is staged at first_staged + r * staged_step (16-byte aligned, +0 for
 // "not stored", never -0), its slot group is first_group + r * group_step and its matrix row
-// first_row + r; rows at or past m are skipped; tile_cols must be a multiple of 8. A lane first
+// first_row + r, all in TwELL tile `tile`; rows at or past m are skipped; tile_cols must be a
+// multiple of 8. An overflowed row's segment is spilled where o asks for it. A lane first
 // marks which 16-byte chunks of its row hold a stored value (one OR over the chunk's words), then
 // zeroes its row's group (16-byte stores where the layout allows), then walks the marked chunks
 // upward and writes the first `capacity` entries over the zeros, then slot 0: this thread's stores
@@ -189,9 +223,10 @@ __device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_stage
 template <int BN>
 __device__ __forceinline__ void pack_twell_rows_by_lane(const std::uint16_t* first_staged, int staged_step, int rows,
                                                         std::uint32_t* first_group, std::int64_t group_step,
-                                                        std::int64_t first_row, std::int64_t m, int tile_cols,
-                                                        const TwellRows& geo, const TwellOut& o, int lane,
-                                                        unsigned long long& stored, unsigned long long& excess) {
+                                                        std::int64_t first_row, std::int64_t m, std::int64_t tile,
+                                                        int tile_cols, const TwellRows& geo, const TwellOut& o,
+                                                        int lane, unsigned long long& stored,
+                                                        unsigned long long& excess) {
   constexpr int kChunks = BN / 8;  // 16-byte chunks of a staged row
   static_assert(kChunks <= 32, "a lane marks its row's chunks in one word");
   const std::uint32_t live_chunks = tile_cols >= BN ? ~0u >> (32 - kChunks) : (1u << (tile_cols / 8)) - 1u;
@@ -233,6 +268,7 @@ __device__ __forceinline__ void pack_twell_rows_by_lane(const std::uint16_t* fir
     if (count > geo.capacity) {
       o.row_flags[row] = 1;
       excess += static_cast<unsigned long long>(count - geo.capacity);
+      if (o.spill_values != nullptr) spill_segment<BN>(chunk, live_chunks, row, tile, o);
     }
     stored += static_cast<unsigned long long>(count);
   }

@@ -530,9 +530,10 @@ void poison(const cuda::GemmToSparsePlan<T>& plan) {
 
 // The plan against the free function on the same device operands: a first run on other data
 // (state left behind must not leak), then two poisoned runs on x; both bitwise equal to the free
-// function's result, and the counts agree with its report.
+// function's result, and the counts agree with its report. Returns whether a run's block was
+// filled from spilled segments (path "+overflow:spilled").
 template <class T>
-void check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x_other, ActivationSpec act,
+bool check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x_other, ActivationSpec act,
                 TwellLayout layout, OverflowPolicy policy, std::int64_t capacity, bool expect_fused,
                 cuda::FusedMainloop mainloop) {
   CAPTURE(layout.tile);
@@ -549,6 +550,7 @@ void check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x
   CHECK(plan.fused() == expect_fused);
   plan.run(x_other, w);
   (void)plan.sync_overflow_count();
+  bool spilled = false;
   for (int round = 0; round < 2; ++round) {
     CAPTURE(round);
     poison(plan);
@@ -558,6 +560,12 @@ void check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x
     const cuda::OverflowCount c = plan.sync_overflow_count();
     CAPTURE(plan.path());
     if (expect_fused) CHECK(plan.path().rfind(fused_prefix(mainloop), 0) == 0);
+    // On the Hopper path a block that holds every flagged row is filled from the packers' spilled
+    // segments (their pool has one for each (row, tile) of the block), not recomputed.
+    spilled = spilled || plan.path().find("+overflow:spilled") != std::string::npos;
+    if (policy == OverflowPolicy::hybrid && plan.path().rfind("fused_wgmma", 0) == 0 && c.rows > 0 &&
+        c.rows <= cap_before)
+      CHECK(plan.path().find("+overflow:spilled") != std::string::npos);
     CHECK(c.rows == expect.overflow_rows());
     CHECK(c.nnz == report.nnz);
     CHECK(c.dropped == report.dropped);
@@ -572,6 +580,7 @@ void check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x
     check_bitwise_equal(got, expect);
     if (policy == OverflowPolicy::hybrid) (void)decode_checked(got);
   }
+  return spilled;
 }
 
 }  // namespace
@@ -612,6 +621,7 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: random dense
 // GemmToSparsePlan against gemm_to_sparse on the workload patterns, through mainloop `ml`.
 template <class T>
 void check_plan_workloads(cuda::FusedMainloop ml) {
+  bool filled_from_spills = false;  // a block mixing TwELL slots and spilled segments, on Hopper
   for (testing::WorkloadSetting s : testing::sweep(kWorkloadSettings)) {
     s.m = testing::sweep_size(s.m, 128);  // under the sanitizer: 128 tokens, a CTA's rows
     const std::uint64_t seed = testing::fresh_seed();
@@ -624,14 +634,16 @@ void check_plan_workloads(cuda::FusedMainloop ml) {
     for (const std::int32_t tile : {256, 128}) {
       CAPTURE(tile);
       for (const std::int32_t compression : {8, 16}) {
-        check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
-                      OverflowPolicy::hybrid, cuda::GemmToSparsePlan<T>::kDefaultCapacity, true, ml);
-        check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
-                      OverflowPolicy::hybrid, 4, true, ml);
+        filled_from_spills |=
+            check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
+                          OverflowPolicy::hybrid, cuda::GemmToSparsePlan<T>::kDefaultCapacity, true, ml);
+        filled_from_spills |= check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, compression},
+                                            OverflowPolicy::hybrid, 4, true, ml);
       }
       check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, 16}, OverflowPolicy::drop, 4, true, ml);
     }
   }
+  CHECK(filled_from_spills == (fused_prefix(ml) == "fused_wgmma_tma_tile"));
 }
 
 // One case per mainloop, so that each finishes under compute-sanitizer's racecheck in one call.

@@ -140,6 +140,7 @@ class GemmToSparsePlan {
   void run(DenseView<const T> x, DenseView<const T> w, const char* where);
   OverflowCount sync_overflow_count(const char* where, const std::function<void()>& meanwhile = {});
   void run_generic(const char* where);
+  void size_hopper_overflow(std::int64_t capacity);  // gathered_x_ and the spill buffers for a block
 
   std::int64_t m_ = 0, k_ = 0, n_ = 0;
   ActivationSpec act_{};
@@ -154,8 +155,12 @@ class GemmToSparsePlan {
   Buffer<std::int32_t> row_to_overflow_;  // M
   Buffer<std::int32_t> overflow_to_row_;  // capacity
   Buffer<std::int32_t> flags_;            // M, zero between runs (the ranking kernel clears them)
-  Buffer<std::uint64_t> status_;          // stored/excess accumulators, then R, first row + 1, nnz, excess
-  DenseMatrix<T> gathered_x_;             // capacity x K: the overflow rows of x (Hopper recompute only)
+  Buffer<std::uint64_t> status_;          // accumulators, R, first row + 1, totals, how the block is made
+  // Hopper only: the overflow rows of x for a recompute (capacity x K), and the packers' spilled
+  // segments (capacity x tiles of `tile` values) with their (row, tile) pairs.
+  DenseMatrix<T> gathered_x_;
+  Buffer<std::uint16_t> spill_values_;
+  Buffer<std::int32_t> spill_where_;
 
   // The latest run's operands (for the second pass) and outcome.
   DenseView<const T> x_{}, w_{};
