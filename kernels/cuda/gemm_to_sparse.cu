@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(kOverflowThreads) overflow_rows_kernel(Overflo
       r = a.row_to_overflow[at.x];
       t = at.y;
       if (r < 0 || r >= fill) continue;  // a row past the block
-      if (8 * lane < a.layout.tile_cols(t, a.n))
+      if (8 * lane < a.layout.tile_cols(t, a.n))  // a 128-column segment ends at lane 16
         v = reinterpret_cast<const uint4*>(a.spill_values + s * a.layout.tile)[lane];
     }
     if (8 * lane < a.layout.tile_cols(t, a.n))
@@ -805,10 +805,11 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     if (route && overflow_.rows() > 0 && n_ > 0) {
       // The overflow rows' dense values, for the whole block; the kernels read the device-side
       // counts and do nothing past them. On Hopper the block is filled from the TwELL slots and
-      // the packers' spilled segments, or where a spill found no slot (R > capacity) the rows of
-      // x are gathered, so that the wgmma kernel's TMA reads them as one matrix: the mma.sync
-      // recompute of 257 rows of the paper's shape took ~51 us on an H100
-      // (docs/gemm_to_sparse.md, "Seventh session"), the wgmma one ~22 us at M = 4096 on an H200.
+      // the packers' spilled segments; where a spill found no slot (more spills than the pool
+      // holds, which takes R > capacity) the rows of x are gathered, so that the wgmma kernel's
+      // TMA reads them as one matrix: the mma.sync recompute of 257 rows of the paper's shape
+      // took ~51 us on an H100 (docs/gemm_to_sparse.md, "Seventh session"), the wgmma one ~22 us
+      // at M = 4096 on an H200.
       const auto* recompute = status + kRecomputeRows;
       if (wgmma) {  // the gathered copy is plan-owned, aligned, ld = K: it meets what h met
         OverflowRows f;
@@ -854,7 +855,8 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const std::function<void(
 }
 
 template <Value T>
-OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const std::function<void()>& meanwhile) {
+OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const std::function<void()>& meanwhile,
+                                                       bool for_later_runs) {
   require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument, where,
           "nothing to count: call run() first");
   if (state_ == State::synced || !ran_fused_) {
@@ -921,7 +923,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
                detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);
       overflow_ = std::move(block);
       overflow_to_row_ = std::move(map);
-      if (hopper_) size_hopper_overflow(grown);
+      if (hopper_ && for_later_runs) size_hopper_overflow(grown);
     }
   }
   state_ = State::synced;
@@ -993,7 +995,7 @@ HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, Activ
   twell::detail::check_gemm_convert_options(convert, kWhere);
   GemmToSparsePlan<T> plan(x.rows, x.cols, w.cols, act, layout, 0, convert.overflow, options.stream);
   plan.run(x, w, kWhere);
-  const OverflowCount count = plan.sync_overflow_count(kWhere);
+  const OverflowCount count = plan.sync_overflow_count(kWhere, {}, /*for_later_runs=*/false);
   if (convert.report != nullptr) {
     convert.report->nnz = count.nnz;
     convert.report->dropped = count.dropped;

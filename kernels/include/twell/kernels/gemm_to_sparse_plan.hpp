@@ -40,7 +40,9 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 //
 // Storage, allocated once by the constructor: the TwELL part (M x packed width), an overflow
 // block of `overflow_capacity` dense rows, both row maps, per-row flags, a 64-bit device status
-// (overflow row count R, first overflowed row, nnz and excess totals).
+// (overflow row count R, first overflowed row, nnz and excess totals, how the block is made), and
+// on Hopper a pool for the GEMM's spilled overflow segments and a capacity x K matrix for
+// overflow rows of x to recompute (see size_hopper_overflow).
 //
 // run(x, w) queues on the plan's stream, allocating nothing and never waiting for the device:
 // the fused GEMM with the TwELL epilogue (which flags rows with an overflowed tile), one kernel
@@ -49,7 +51,7 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 // min(R, capacity)-1 into the block. Then:
 //   - in stream order after run(): the TwELL part and row_to_overflow are final, and so are
 //     overflow rows r < min(R, capacity) and overflow_to_row[r]; device_overflow_count() holds R.
-//   - R on the host is known only after sync_overflow_count() (a 32-byte read-back the host waits
+//   - R on the host is known only after sync_overflow_count() (a 40-byte read-back the host waits
 //     for; its `meanwhile` lets the caller queue more work before that wait).
 //     If R > capacity (hybrid), that call grows the block and the map to min(M, max(R,
 //     2 * capacity)) rows (an allocation, off the hot path) and computes rows capacity .. R-1 by a second pass,
@@ -138,7 +140,10 @@ class GemmToSparsePlan {
                                         TwellLayout layout, const ConvertOptions& convert,
                                         const KernelOptions& options);
   void run(DenseView<const T> x, DenseView<const T> w, const char* where);
-  OverflowCount sync_overflow_count(const char* where, const std::function<void()>& meanwhile = {});
+  // for_later_runs false (the free function, which takes the result at once): a grown block gets
+  // no spill pool or gathered rows, which only later runs would use.
+  OverflowCount sync_overflow_count(const char* where, const std::function<void()>& meanwhile = {},
+                                    bool for_later_runs = true);
   void run_generic(const char* where);
   void size_hopper_overflow(std::int64_t capacity);  // gathered_x_ and the spill buffers for a block
 
