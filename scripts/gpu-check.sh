@@ -50,6 +50,10 @@
 #                   with --sanitize-cases): resumes a sweep of one tool that an earlier call's
 #                   deadline cut off (runs go tool by tool, each case-major, so with two tools
 #                   the second may not have started on the cases below K)
+#   --sanitize-parts N   each (tool, case) as N runs, run i with TWELL_TEST_PART=i/N: it takes every
+#                   N-th item of the case's outermost sweep (tests/support/sweep.hpp), so a case
+#                   too long for one run under racecheck finishes in N side by side (a case
+#                   without a sweep runs whole N times: name the long ones with --sanitize-cases)
 #   --profile CASE  instead of the benchmarks: Nsight Compute times every kernel of one bench case,
 #                   named by its NVTX range "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", e.g.
 #                   "training gated_ffn_training_step twell_plan paper 16384 uniform 0.005"
@@ -89,6 +93,7 @@ sanitize_tools="racecheck,memcheck"
 sanitize_suites="."
 sanitize_cases="."
 sanitize_from=1
+sanitize_parts=1
 tests_re=""
 test_cases=""
 cases_re=""
@@ -115,6 +120,7 @@ while [ $# -gt 0 ]; do
     --sanitize-suites) sanitize_suites="${2:?--sanitize-suites needs a pattern}"; shift ;;
     --sanitize-cases) sanitize_cases="${2:?--sanitize-cases needs a pattern}"; shift ;;
     --sanitize-from) sanitize_from="${2:?--sanitize-from needs a case number}"; shift ;;
+    --sanitize-parts) sanitize_parts="${2:?--sanitize-parts needs a count}"; shift ;;
     --profile) profile_case="${2:?--profile needs a case name}"; shift ;;
     -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -124,6 +130,10 @@ while [ $# -gt 0 ]; do
 done
 if ! [[ "$sanitize_from" =~ ^[1-9][0-9]*$ ]]; then
   echo "gpu-check: --sanitize-from needs a case number (1 or more), not '$sanitize_from'" >&2
+  exit 2
+fi
+if ! [[ "$sanitize_parts" =~ ^[1-9][0-9]?$ ]]; then
+  echo "gpu-check: --sanitize-parts needs a count from 1 to 99, not '$sanitize_parts'" >&2
   exit 2
 fi
 [ -n "$out" ] || out="$root/build/gpu-check"
@@ -303,19 +313,31 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
     for i in $(seq 1 "$most"); do
       for exe in $exes; do
         set -- ${cases[$exe]}
-        [ "$i" -le $# ] && runs+=("$tool $exe ${!i}")
+        if [ "$i" -le $# ]; then
+          for p in $(seq 0 $((sanitize_parts - 1))); do runs+=("$tool $exe ${!i} $p/$sanitize_parts"); done
+        fi
       done
     done
     for exe in $exes; do
-      for k in ${alone_cases[$exe]}; do alone+=("$tool $exe $k"); done
+      for k in ${alone_cases[$exe]}; do
+        for p in $(seq 0 $((sanitize_parts - 1))); do alone+=("$tool $exe $k $p/$sanitize_parts"); done
+      done
     done
   done
-  sanitize_one() {  # TOOL EXE CASE PARTS DEADLINE: writes PARTS/TOOL-NAME-CASE.log and .rc
-    local part="$4/$1-$(basename "$2")-$(printf %03d "$3")" left=$(( $5 - $(date +%s) ))
-    echo "=== $1 $(basename "$2") case $3" >"$part.log"
+  # The name of a run in the log and in the summary: "TOOL SUITE case K" (", part I/N" with parts).
+  run_name() {
+    local name="$1 $(basename "$2") case $3"
+    [ "${4#*/}" = 1 ] || name+=", part $4"
+    echo "$name"
+  }
+  run_file() { echo "$1-$(basename "$2")-$(printf %03d "$3")-${4%/*}"; }
+  export -f run_name run_file
+  sanitize_one() {  # TOOL EXE CASE I/N PARTS DEADLINE: writes PARTS/TOOL-NAME-CASE-I.log and .rc
+    local part="$5/$(run_file "$1" "$2" "$3" "$4")" left=$(( $6 - $(date +%s) ))
+    echo "=== $(run_name "$1" "$2" "$3" "$4")" >"$part.log"
     if [ "$left" -lt 10 ]; then echo "=== not run: deadline" >>"$part.log"; echo deadline >"$part.rc"; return; fi
     local start=$(date +%s)
-    TWELL_TEST_SWEEP=reduced timeout "$left" compute-sanitizer --tool "$1" --error-exitcode 99 \
+    TWELL_TEST_SWEEP=reduced TWELL_TEST_PART="$4" timeout "$left" compute-sanitizer --tool "$1" --error-exitcode 99 \
       "$2" --first="$3" --last="$3" >>"$part.log" 2>&1
     local rc=$?
     # Hazards that racecheck reports only inside cuSPARSE/cuBLAS kernels, in a run whose test
@@ -333,32 +355,34 @@ if [ "$built" = 1 ] && [ "$sanitize" = 1 ]; then
       oom=$(grep -c 'Program hit cudaErrorMemoryAllocation' "$part.log")
       [ -n "$errors" ] && [ "$errors" = "$oom" ] && rc=oom
     fi
-    echo "=== $1 $(basename "$2") case $3: exit $rc after $(( $(date +%s) - start ))s" >>"$part.log"
+    echo "=== $(run_name "$1" "$2" "$3" "$4"): exit $rc after $(( $(date +%s) - start ))s" >>"$part.log"
     [ "$rc" = 124 ] && echo "=== stopped at the deadline" >>"$part.log"
     echo "$rc" >"$part.rc"
   }
   export -f sanitize_one
   [ ${#runs[@]} -eq 0 ] || printf '%s\n' "${runs[@]}" |
-    xargs -P "$sanitize_jobs" -I{} bash -c 'sanitize_one $1 $2 $3 "$4" "$5"' _ {} "$parts" "$deadline"
+    xargs -P "$sanitize_jobs" -I{} bash -c 'sanitize_one $1 $2 $3 $4 "$5" "$6"' _ {} "$parts" "$deadline"
   [ ${#alone[@]} -eq 0 ] || printf '%s\n' "${alone[@]}" |
-    xargs -P 1 -I{} bash -c 'sanitize_one $1 $2 $3 "$4" "$5"' _ {} "$parts" "$deadline"
+    xargs -P 1 -I{} bash -c 'sanitize_one $1 $2 $3 $4 "$5" "$6"' _ {} "$parts" "$deadline"
   runs+=("${alone[@]}")
   bad=0; unfinished=0; vendor=0; oom=0; n=${#runs[@]}
   for run in "${runs[@]}"; do
     set -- $run
-    part="$parts/$1-$(basename "$2")-$(printf %03d "$3")"
+    part="$parts/$(run_file "$1" "$2" "$3" "$4")"
     cat "$part.log" >>"$slog"
     rc=$(cat "$part.rc" 2>/dev/null || echo missing)
     case "$rc" in
       0|77) ;;  # 77: the suite skipped itself (no GPU)
       vendor) vendor=$((vendor + 1)) ;;
       oom) oom=$((oom + 1)) ;;
-      124|deadline) unfinished=$((unfinished + 1)); say "sanitizer: $1 $(basename "$2") case $3 unfinished ($rc)" ;;
-      *) bad=$((bad + 1)); say "sanitizer: $1 $(basename "$2") case $3 exit $rc" ;;
+      124|deadline) unfinished=$((unfinished + 1)); say "sanitizer: $(run_name "$1" "$2" "$3" "$4") unfinished ($rc)" ;;
+      *) bad=$((bad + 1)); say "sanitizer: $(run_name "$1" "$2" "$3" "$4") exit $rc" ;;
     esac
   done
   rm -rf "$parts"
-  detail="$((n - bad - unfinished)) of $n runs (test case x tool) clean ($vendor of them with racecheck hazards in cuSPARSE/cuBLAS kernels only, $oom with memcheck reporting only provoked out-of-memory answers), $bad with errors, $unfinished unfinished, $sanitize_jobs at a time (${#alone[@]} alone, after the others); sanitizer.log"
+  what="test case x tool"
+  [ "$sanitize_parts" = 1 ] || what="test case x tool x part, $sanitize_parts parts"
+  detail="$((n - bad - unfinished)) of $n runs ($what) clean ($vendor of them with racecheck hazards in cuSPARSE/cuBLAS kernels only, $oom with memcheck reporting only provoked out-of-memory answers), $bad with errors, $unfinished unfinished, $sanitize_jobs at a time (${#alone[@]} alone, after the others); sanitizer.log"
   if [ "$n" = 0 ]; then
     phase sanitizer FAILED $(( $(now) - t0 )) "no test case selected (--sanitize-suites, --sanitize-cases, --sanitize-from)"
   elif [ "$bad" = 0 ] && [ "$unfinished" = 0 ]; then

@@ -320,7 +320,7 @@ TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: empty row blocks", T, bf16, fp1
 // K = 11008 (4-column slices), M just past a multiple of the pre-pass's 256 rows, Nb of 1, 3 and
 // 5 slices (8-column) or 10 (4-column).
 TEST_CASE_TEMPLATE("cuda slice-reuse TwELL spmm: ragged K, M and Nb", T, bf16, fp16) {
-  for (const std::int64_t m : {std::int64_t{257}, testing::sweep_size(1025, 513)}) {
+  for (const std::int64_t m : testing::sweep({std::int64_t{257}, testing::sweep_size(1025, 513)})) {
     for (const double density : {0.005, 0.03}) {
       const std::uint64_t seed = testing::fresh_seed();
       CAPTURE(seed);
