@@ -643,7 +643,7 @@ void check_plan_workloads(cuda::FusedMainloop ml) {
       check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, 16}, OverflowPolicy::drop, 4, true, ml);
     }
   }
-  CHECK(filled_from_spills == (fused_prefix(ml) == "fused_wgmma_tma_tile"));
+  if (testing::whole_sweep()) CHECK(filled_from_spills == (fused_prefix(ml) == "fused_wgmma_tma_tile"));
 }
 
 // One case per mainloop, so that each finishes under compute-sanitizer's racecheck in one call.

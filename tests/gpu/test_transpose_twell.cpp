@@ -334,7 +334,7 @@ TEST_CASE_TEMPLATE("cuda direct transpose into 32 slots per group matches the re
       });
     }
   }
-  CHECK(plain_inputs > 0);  // TwELL input ran too (at 2 % in (64, 2))
+  if (testing::whole_sweep()) CHECK(plain_inputs > 0);  // TwELL input ran too (at 2 % in (64, 2))
 }
 
 namespace {

@@ -67,6 +67,10 @@ std::vector<T> items_of_part(const std::vector<T>& items, SweepPart part) {
   return kept;
 }
 
+// Whether this process runs whole sweeps (no TWELL_TEST_PART split): a check of a total over a
+// sweep, made after its loop, holds only then.
+inline bool whole_sweep() { return sweep_part().count == 1; }
+
 // True on the process's first call only.
 inline bool first_sweep_of_process() {
   static std::atomic<bool> taken{false};
