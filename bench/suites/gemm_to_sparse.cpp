@@ -91,17 +91,17 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
     double realized = 0;
 #if TWELL_BENCH_CUDA_GEMM_TO_SPARSE
     const TwellLayout layout = detail::layout_for_density(density);
+    const auto density_of = [&](const cuda::OverflowCount& count) {
+      return static_cast<double>(count.nnz) / (static_cast<double>(m) * static_cast<double>(n));
+    };
     auto describe = [&](Case& c, const cuda::OverflowCount& count, std::int64_t output_bytes) {
-      c.density_realized = realized;
+      c.density_realized = density_of(count);
       c.bytes = in_bytes + static_cast<double>(output_bytes);
       c.flops = flops;
       c.extra["tile"] = layout.tile;
       c.extra["C"] = layout.compression;
       c.extra["overflow_rows"] = count.rows;
       c.extra["output_bytes"] = output_bytes;
-    };
-    const auto density_of = [&](const cuda::OverflowCount& count) {
-      return static_cast<double>(count.nnz) / (static_cast<double>(m) * static_cast<double>(n));
     };
     const auto output_bytes_of = [&](const HybridView<const T>& r) {
       const auto word = static_cast<std::int64_t>(sizeof(std::uint32_t));
@@ -162,7 +162,6 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
           const std::int64_t bytes = output_bytes_of(plan.result());
           c.timing = h.time([&] { plan.run(x, wg); });
           describe(c, count, bytes);
-          c.density_realized = density_of(count);
           (void)plan.sync_overflow_count();  // the path names the overflow block's making once counted
           c.extra["path"] = plan.path();
           c.extra["includes"] = "as twell, on the portable mma.sync mainloop";
@@ -185,8 +184,8 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
         c.timing = h.time([&] { (void)cuda::gemm_to_sparse<T>(x, wg, ActivationSpec{}, layout, conv, ko); });
         cuda::OverflowCount count;
         count.rows = once.overflow_rows();
+        count.nnz = rep.nnz;
         describe(c, count, static_cast<std::int64_t>(detail::bytes_of(once)));
-        c.density_realized = static_cast<double>(rep.nnz) / (static_cast<double>(m) * static_cast<double>(n));
         c.extra["path"] = kr.path;
         c.extra["includes"] = "allocation of the result (the free function returns an owning matrix), host sync";
       });
