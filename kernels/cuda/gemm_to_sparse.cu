@@ -268,7 +268,8 @@ __global__ void __launch_bounds__(kThreads, Pipe<BN>::kMinBlocks) gemm_twell_ker
   unsigned long long stored = 0, excess = 0;
   constexpr int kWarps = kThreads / 32;  // warp w packs rows w, w + 8, ...
   detail::pack_twell_rows<BN>(vals + warp * kLd, kWarps * kLd, kBM / kWarps, groups + warp * geo.width,
-                              kWarps * geo.width, m0 + warp, kWarps, g.m, tile_cols, geo, o, lane, stored, excess);
+                              kWarps * geo.width, m0 + warp, kWarps, g.m, tile, tile_cols, geo, o, lane, stored,
+                              excess);
   detail::flush_twell_totals(o, lane, stored, excess);
 }
 
@@ -366,19 +367,20 @@ enum StatusWord : int {
                        // the host reads kFlaggedRows .. kFillRows back, the words after are the device's
   kRecomputeRows = 7,  // rows the overflow recompute covers (R where nothing is filled, else 0)
   kSpilled = 8,        // segments the packers spilled (where the block is filled)
-  kSpillAcc = 9,       // the Hopper packers' spill counter (TwellOut::spill_count)
+  kSpillAcc = 9,       // the packers' spill counter (TwellOut::spill_count)
   kStatusWords = 10
 };
 
-// The Hopper path's overflow block, after the ranking (grid-stride loops either way).
+// The fused paths' overflow block, after the ranking (grid-stride loops either way).
 // - Where the packers spilled every overflowed (row, tile) (status kFillRows > 0): block rows
 //   r < kFillRows are filled, a warp per item: a (row, tile) of the block that did not overflow
 //   from its TwELL slots (zeros where no entry is), and a spilled segment copied to its row's
 //   place where that row is in the block (an overflowed tile's slots hold only its first S - 1
 //   entries). Both are the values the fused epilogue staged, bit for bit: what the recompute
 //   would write.
-// - Else rows r < min(rows, kRecomputeRows) of x are gathered for the recompute (a thread per
-//   16-byte vector: gathered[r] = x[overflow_to_row[r]]), so that its TMA reads them as one matrix.
+// - Else, on Hopper (gathered set), rows r < min(rows, kRecomputeRows) of x are gathered for the
+//   recompute (a thread per 16-byte vector: gathered[r] = x[overflow_to_row[r]]), so that its TMA
+//   reads them as one matrix; the mma.sync recompute reads x's rows through overflow_to_row.
 struct OverflowRows {
   const uint4* x = nullptr;        // x and gathered: leading dimensions in 16-byte vectors
   std::int64_t ldx = 0, vecs = 0;  // vecs: K / 8
@@ -427,6 +429,7 @@ __global__ void __launch_bounds__(kOverflowThreads) overflow_rows_kernel(Overflo
   const std::int64_t threads = std::int64_t{gridDim.x} * blockDim.x;
   const std::int64_t first = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (fill == 0) {
+    if (a.gathered == nullptr) return;
     const std::int64_t used = min(a.rows, static_cast<std::int64_t>(a.status[kRecomputeRows]));
     for (std::int64_t i = first; i < used * a.vecs; i += threads) {
       const std::int64_t r = i / a.vecs, v = i - r * a.vecs;
@@ -467,7 +470,7 @@ __global__ void __launch_bounds__(kOverflowThreads) overflow_rows_kernel(Overflo
 // the status words (see StatusWord). Each warp counts the flags of its rows (row_ballots), one
 // block scan of the warp counts gives its first rank, and a second walk over the same rows writes
 // the maps, coalesced. Deterministic; one CTA because M is at most a few hundred thousand.
-// With spill_capacity > 0 (the Hopper packers spilled) it also chooses how the block's rows are
+// With spill_capacity > 0 (the packers spilled) it also chooses how the block's rows are
 // made: filled by overflow_rows_kernel where every spill found a slot, else recomputed.
 // When no tile overflowed (the excess accumulator is 0) and the previous pass found no flagged
 // row either, the maps already hold -1 everywhere and no flag is set: only the totals move (a
@@ -712,17 +715,17 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
   overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(capacity), MemorySpace::device);
   flags_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
   status_ = Buffer<std::uint64_t>(kStatusWords, MemorySpace::device);
-  if (hopper_ && capacity > 0) size_hopper_overflow(capacity);
+  if (capacity > 0) size_overflow_buffers(capacity);
 }
 
 template <Value T>
-void GemmToSparsePlan<T>::size_hopper_overflow(std::int64_t capacity) {
-  gathered_x_ = DenseMatrix<T>(capacity, k_, MemorySpace::device);
+void GemmToSparsePlan<T>::size_overflow_buffers(std::int64_t capacity) {
   // A segment for every (row, tile) of the block: enough whenever R <= capacity.
   const std::int64_t segments = capacity * layout_.tiles(n_);
   spill_values_ =
       Buffer<std::uint16_t>(static_cast<std::size_t>(segments * layout_.tile), MemorySpace::device, Uninitialized{});
   spill_where_ = Buffer<std::int32_t>(static_cast<std::size_t>(2 * segments), MemorySpace::device, Uninitialized{});
+  if (hopper_) gathered_x_ = DenseMatrix<T>(capacity, k_, MemorySpace::device);
 }
 
 template <Value T>
@@ -780,7 +783,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     h.kind = act_.kind;
     h.threshold = act_.threshold;
     const bool wgmma = hopper_ && detail::gemm_twell_sm90_applies(h);
-    const bool spill = wgmma && route && overflow_.rows() > 0;
+    const bool spill = route && overflow_.rows() > 0;
     if (spill) {
       o.spill_values = spill_values_.data();
       o.spill_where = reinterpret_cast<int2*>(spill_where_.data());
@@ -804,35 +807,35 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
             (layout_.tile == 128 ? "128" : "256") + (cta_rows == 64 ? "_rows64" : "");
     if (route && overflow_.rows() > 0 && n_ > 0) {
       // The overflow rows' dense values, for the whole block; the kernels read the device-side
-      // counts and do nothing past them. On Hopper the block is filled from the TwELL slots and
-      // the packers' spilled segments; where a spill found no slot (more spills than the pool
-      // holds, which takes R > capacity) the rows of x are gathered, so that the wgmma kernel's
-      // TMA reads them as one matrix: the mma.sync recompute of 257 rows of the paper's shape
-      // took ~51 us on an H100 (docs/gemm_to_sparse.md, "Seventh session"), the wgmma one ~22 us
-      // at M = 4096 on an H200.
+      // counts and do nothing past them. The block is filled from the TwELL slots and the
+      // packers' spilled segments; where a spill found no slot (more spills than the pool holds,
+      // which takes R > capacity) the rows are recomputed instead. On Hopper their rows of x are
+      // gathered first, so that the wgmma kernel's TMA reads them as one matrix: the mma.sync
+      // recompute of 257 rows of the paper's shape took ~51 us on an H100 (docs/gemm_to_sparse.md,
+      // "Seventh session"), the wgmma one ~22 us at M = 4096 on an H200.
       const auto* recompute = status + kRecomputeRows;
+      OverflowRows f;
+      f.x = reinterpret_cast<const uint4*>(x.data);
+      f.ldx = x.ld / 8;
+      f.vecs = wgmma ? k_ / 8 : 0;
+      f.gathered = wgmma ? reinterpret_cast<uint4*>(gathered_x_.view().data) : nullptr;
+      f.ldg = wgmma ? gathered_x_.view().ld / 8 : 0;
+      f.overflow_to_row = overflow_to_row_.data();
+      f.row_to_overflow = row_to_overflow_.data();
+      f.status = status;
+      f.rows = overflow_.rows();
+      f.packed = twell_.packed().data();
+      f.layout = layout_;
+      f.n = n_;
+      f.block = reinterpret_cast<std::uint16_t*>(overflow_.view().data);
+      f.ldb = overflow_.view().ld;
+      f.spill_values = spill_values_.data();
+      f.spill_where = reinterpret_cast<const int2*>(spill_where_.data());
+      const std::int64_t work = std::max(f.rows * f.vecs, 2 * f.rows * layout_.tiles(n_) * 32);
+      const auto blocks = std::min(kOverflowMaxBlocks, (work + kOverflowThreads - 1) / kOverflowThreads);
+      ::twell::detail::launch_kernel(where, overflow_rows_kernel, static_cast<unsigned>(blocks), kOverflowThreads, 0,
+                                     stream, f);
       if (wgmma) {  // the gathered copy is plan-owned, aligned, ld = K: it meets what h met
-        OverflowRows f;
-        f.x = reinterpret_cast<const uint4*>(x.data);
-        f.ldx = x.ld / 8;
-        f.vecs = k_ / 8;
-        f.gathered = reinterpret_cast<uint4*>(gathered_x_.view().data);
-        f.ldg = gathered_x_.view().ld / 8;
-        f.overflow_to_row = overflow_to_row_.data();
-        f.row_to_overflow = row_to_overflow_.data();
-        f.status = status;
-        f.rows = overflow_.rows();
-        f.packed = twell_.packed().data();
-        f.layout = layout_;
-        f.n = n_;
-        f.block = reinterpret_cast<std::uint16_t*>(overflow_.view().data);
-        f.ldb = overflow_.view().ld;
-        f.spill_values = spill_values_.data();
-        f.spill_where = reinterpret_cast<const int2*>(spill_where_.data());
-        const std::int64_t work = std::max(f.rows * f.vecs, 2 * f.rows * layout_.tiles(n_) * 32);
-        const auto blocks = std::min(kOverflowMaxBlocks, (work + kOverflowThreads - 1) / kOverflowThreads);
-        ::twell::detail::launch_kernel(where, overflow_rows_kernel, static_cast<unsigned>(blocks), kOverflowThreads, 0,
-                                       stream, f);
         detail::Sm90Gemm hr = h;
         hr.x = gathered_x_.view().data;
         hr.ldx = gathered_x_.view().ld;
@@ -923,7 +926,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
                detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);
       overflow_ = std::move(block);
       overflow_to_row_ = std::move(map);
-      if (hopper_ && for_later_runs) size_hopper_overflow(grown);
+      if (for_later_runs) size_overflow_buffers(grown);
     }
   }
   state_ = State::synced;

@@ -31,7 +31,7 @@ struct TwellOut {
   unsigned long long* stored_total = nullptr;     // sum of true counts
   unsigned long long* excess_total = nullptr;     // sum of count - capacity over overflowed tiles
   bool clamp_count = false;                       // drop policy: slot 0 = min(count, capacity)
-  // Hybrid overflow without a recompute (the Hopper packers only; spill_values == nullptr: none):
+  // Hybrid overflow without a recompute (both fused kernels' packers; spill_values == nullptr: none):
   // an overflowed (row, tile)'s whole segment of stored values goes to spill_values[slot * tile]
   // and (row, tile) to spill_where[slot], the slot taken from *spill_count; a slot at or past
   // spill_capacity is not written (the plan then recomputes its block's rows as before).
@@ -131,16 +131,49 @@ __device__ __forceinline__ StagedChunk<BN> load_staged(const std::uint16_t* vals
   return c;
 }
 
+// A slot of the spill pool (TwellOut::spill_values) for each calling lane; the lanes that call
+// together take theirs with one atomic (token-skewed data overflows many tiles at once). Past the
+// pool the answer is o.spill_capacity or more (no slot), and no atomic once the counter is past
+// it: the plan then recomputes, and the counter need only say so (a lane that reads it at the
+// capacity still adds, so that it goes past).
+__device__ __forceinline__ unsigned long long take_spill_slot(const TwellOut& o) {
+  const auto capacity = static_cast<unsigned long long>(o.spill_capacity);
+  if (*static_cast<volatile unsigned long long*>(o.spill_count) > capacity) return capacity;
+  const unsigned together = __activemask();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int leader = __ffs(together) - 1;
+  unsigned long long first = 0;
+  if (lane == leader) first = atomicAdd(o.spill_count, static_cast<unsigned long long>(__popc(together)));
+  return __shfl_sync(together, first, leader) + static_cast<unsigned>(__popc(together & ((1u << lane) - 1u)));
+}
+
+// An overflowed (row, tile)'s staged row, as the 16 lanes of its half-warp hold it (load_staged),
+// into the next spill slot with its (row, tile). Called by the whole warp; `overflowed` is the
+// same over each half.
+template <int BN>
+__device__ __forceinline__ void spill_half_segment(const StagedChunk<BN>& chunk, bool overflowed, std::int64_t row,
+                                                   std::int64_t tile, const TwellOut& o, int lane) {
+  unsigned long long slot = 0;
+  if (overflowed && (lane & 15) == 0) slot = take_spill_slot(o);
+  slot = __shfl_sync(0xffffffffu, slot, lane & 16);
+  if (!overflowed || slot >= static_cast<unsigned long long>(o.spill_capacity)) return;
+  auto* to = reinterpret_cast<uint4*>(o.spill_values + slot * BN) + (lane & 15) * (BN / 128);
+#pragma unroll
+  for (int i = 0; i < BN / 128; ++i)
+    to[i] = make_uint4(chunk.w[4 * i], chunk.w[4 * i + 1], chunk.w[4 * i + 2], chunk.w[4 * i + 3]);
+  if ((lane & 15) == 0) o.spill_where[slot] = make_int2(static_cast<int>(row), static_cast<int>(tile));
+}
+
 // Each half-warp writes the TwELL slots of its (row, tile) from its staged row (+0 = not stored;
 // columns >= tile_cols are ignored) with pack_slot_groups; `group` is the row's slot group,
 // o.packed + layout.slot_offset(row, tile, N); a half that is not `live` writes nothing. An
-// overflowed tile sets the row's flag. Lanes 0 and 16 add their half's count, and the excess over
-// the capacity, to their running totals.
+// overflowed tile sets the row's flag, and its staged row is spilled where o asks for it. Lanes 0
+// and 16 add their half's count, and the excess over the capacity, to their running totals.
 template <int BN>
 __device__ __forceinline__ void pack_twell_half_rows(const StagedChunk<BN>& chunk, std::uint32_t* group,
-                                                     std::int64_t row, bool live, int tile_cols, const TwellRows& geo,
-                                                     const TwellOut& o, int lane, unsigned long long& stored,
-                                                     unsigned long long& excess) {
+                                                     std::int64_t row, std::int64_t tile, bool live, int tile_cols,
+                                                     const TwellRows& geo, const TwellOut& o, int lane,
+                                                     unsigned long long& stored, unsigned long long& excess) {
   constexpr int kPerLane = BN / 16;
   std::uint32_t flags[kPerLane / 2];
   nonzero_flags(chunk, flags);  // staging writes +0 for "not stored" and never -0
@@ -157,19 +190,25 @@ __device__ __forceinline__ void pack_twell_half_rows(const StagedChunk<BN>& chun
     }
     stored += static_cast<unsigned long long>(count);
   }
+  // The vote keeps the common pair (neither half overflowed) off the spill's shuffle: 1-2 % of
+  // the portable kernel on uniform rows (fifty-ninth session).
+  const bool overflowed = live && count > geo.capacity;
+  if (o.spill_values != nullptr && __any_sync(0xffffffffu, overflowed))
+    spill_half_segment<BN>(chunk, overflowed, row, tile, o, lane);
 }
 
 // `rows` (even) staged rows packed by one warp, two at a time (half-warp h takes rows 2i + h): row
 // r is staged at first_staged + r * staged_step, its slot group is first_group + r * group_step
-// and its matrix row first_row + r * row_step; rows at or past m are skipped. The loop is not
+// and its matrix row first_row + r * row_step, all in TwELL tile `tile`; rows at or past m are
+// skipped. The loop is not
 // unrolled, so the epilogue's code stays small enough for the instruction cache (an unrolled
 // version spent most of its time on instruction fetch); the next pair's loads are issued before
 // the current pair is packed.
 template <int BN>
 __device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_staged, int staged_step, int rows,
                                                 std::uint32_t* first_group, std::int64_t group_step,
-                                                std::int64_t first_row, int row_step, std::int64_t m, int tile_cols,
-                                                const TwellRows& geo, const TwellOut& o, int lane,
+                                                std::int64_t first_row, int row_step, std::int64_t m, std::int64_t tile,
+                                                int tile_cols, const TwellRows& geo, const TwellOut& o, int lane,
                                                 unsigned long long& stored, unsigned long long& excess) {
   const int half = lane >> 4;
   StagedChunk<BN> next = load_staged<BN>(first_staged + half * staged_step, lane);
@@ -179,29 +218,18 @@ __device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_stage
     if (i + 2 < rows) next = load_staged<BN>(first_staged + (i + 2 + half) * staged_step, lane);
     const int r = i + half;
     const std::int64_t row = first_row + static_cast<std::int64_t>(r) * row_step;
-    pack_twell_half_rows<BN>(chunk, first_group + r * group_step, row, row < m, tile_cols, geo, o, lane, stored,
+    pack_twell_half_rows<BN>(chunk, first_group + r * group_step, row, tile, row < m, tile_cols, geo, o, lane, stored,
                              excess);
   }
 }
 
 // An overflowed (row, tile)'s staged segment (BN values as BN / 8 16-byte chunks, those past the
-// tile's columns left out) into the next spill slot (TwellOut::spill_values). The lanes that
-// spill together take their slots with one atomic (token-skewed data overflows many tiles), and
-// none once the counter is past the capacity: the plan then recomputes, and the counter need
-// only say so (a lane that reads it at the capacity still adds, so that it goes past).
+// tile's columns left out) into the next spill slot (take_spill_slot), with its (row, tile).
 template <int BN>
 __device__ __forceinline__ void spill_segment(const uint4* chunk, std::uint32_t live_chunks, std::int64_t row,
                                               std::int64_t tile, const TwellOut& o) {
-  const auto capacity = static_cast<unsigned long long>(o.spill_capacity);
-  if (*static_cast<volatile unsigned long long*>(o.spill_count) > capacity) return;
-  const unsigned together = __activemask();
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int leader = __ffs(together) - 1;
-  unsigned long long first = 0;
-  if (lane == leader) first = atomicAdd(o.spill_count, static_cast<unsigned long long>(__popc(together)));
-  const unsigned long long slot =
-      __shfl_sync(together, first, leader) + static_cast<unsigned>(__popc(together & ((1u << lane) - 1u)));
-  if (slot >= capacity) return;
+  const unsigned long long slot = take_spill_slot(o);
+  if (slot >= static_cast<unsigned long long>(o.spill_capacity)) return;
   auto* to = reinterpret_cast<uint4*>(o.spill_values + slot * BN);
 #pragma unroll 1  // a rare path: no registers for it beside the packer's own
   for (int c = 0; c < BN / 8; ++c)

@@ -560,12 +560,11 @@ bool check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x
     const cuda::OverflowCount c = plan.sync_overflow_count();
     CAPTURE(plan.path());
     if (expect_fused) CHECK(plan.path().rfind(fused_prefix(mainloop), 0) == 0);
-    // On the Hopper path a block that holds every flagged row is filled from the packers' spilled
+    // On the fused paths a block that holds every flagged row is filled from the packers' spilled
     // segments (their pool has one for each (row, tile) of the block), not recomputed.
     const bool filled = plan.path().find("+overflow:spilled") != std::string::npos;
     spilled = spilled || filled;
-    if (policy == OverflowPolicy::hybrid && plan.path().rfind("fused_wgmma", 0) == 0 && c.rows > 0 &&
-        c.rows <= cap_before)
+    if (policy == OverflowPolicy::hybrid && plan.path().rfind("fused_", 0) == 0 && c.rows > 0 && c.rows <= cap_before)
       CHECK(filled);
     CHECK(c.rows == expect.overflow_rows());
     CHECK(c.nnz == report.nnz);
@@ -622,7 +621,7 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: random dense
 // GemmToSparsePlan against gemm_to_sparse on the workload patterns, through mainloop `ml`.
 template <class T>
 void check_plan_workloads(cuda::FusedMainloop ml) {
-  bool filled_from_spills = false;  // a block mixing TwELL slots and spilled segments, on Hopper
+  bool filled_from_spills = false;  // a block mixing TwELL slots and spilled segments
   for (testing::WorkloadSetting s : testing::sweep(kWorkloadSettings)) {
     s.m = testing::sweep_size(s.m, 128);  // under the sanitizer: 128 tokens, a CTA's rows
     const std::uint64_t seed = testing::fresh_seed();
@@ -644,7 +643,7 @@ void check_plan_workloads(cuda::FusedMainloop ml) {
       check_plan<T>(xd.view(), wd.view(), od.view(), kActs[0], TwellLayout{tile, 16}, OverflowPolicy::drop, 4, true, ml);
     }
   }
-  if (testing::whole_sweep()) CHECK(filled_from_spills == (fused_prefix(ml) == "fused_wgmma_tma_tile"));
+  if (testing::whole_sweep()) CHECK(filled_from_spills);
 }
 
 // One case per mainloop, so that each finishes under compute-sanitizer's racecheck in one call.
@@ -683,41 +682,44 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows complet
   // Checked against the CPU reference too, not only against the free function.
   const HybridMatrix<T> ref = reference::gemm_to_sparse<T>(c.x.view(), c.w.view(), {}, layout, conv);
 
-  cuda::GemmToSparsePlan<T> plan(1024, 512, 1408, {}, layout, 1, OverflowPolicy::hybrid);
-  CHECK(plan.overflow_capacity() == 1);
-  plan.run(xd.view(), wd.view());
-  CHECK(plan.device_overflow_count() != nullptr);
-  const cuda::OverflowCount first = plan.sync_overflow_count();
-  CHECK(first.rows == expect.overflow_rows());
-  CHECK(first.exceeded_capacity);
-  CHECK(first.second_pass);
-  CAPTURE(plan.path());
-  CHECK(plan.path().find("+second_pass:") != std::string::npos);
-  // Each flagged row spills at least one segment, and R > 8 exceeds the pool's 6 (one block row
-  // of 6 tiles): the block's row was recomputed, not filled.
-  CHECK(plan.path().find("+overflow:spilled") == std::string::npos);
-  CHECK(plan.overflow_capacity() == first.rows);  // max(R, 2 * 1)
-  const HybridMatrix<T> got = to_host(plan.result());
-  check_bitwise_equal(got, expect);
   const MatrixF xf = to_eigen<T>(c.x.view()), wf = to_eigen<T>(c.w.view());
-  const Outcome o = compare<T>(decode_checked(ref), decode_checked(got), xf * wf, xf.cwiseAbs() * wf.cwiseAbs(), {});
-  CHECK(o.wrong == 0);
-  CHECK(o.ambiguous <= 2 + o.stored / 1000);
+  for (const cuda::FusedMainloop mainloop : kMainloops) {
+    CAPTURE(name_of(mainloop));
+    cuda::GemmToSparsePlan<T> plan(1024, 512, 1408, {}, layout, 1, OverflowPolicy::hybrid, {}, mainloop);
+    CHECK(plan.overflow_capacity() == 1);
+    plan.run(xd.view(), wd.view());
+    CHECK(plan.device_overflow_count() != nullptr);
+    const cuda::OverflowCount first = plan.sync_overflow_count();
+    CHECK(first.rows == expect.overflow_rows());
+    CHECK(first.exceeded_capacity);
+    CHECK(first.second_pass);
+    CAPTURE(plan.path());
+    CHECK(plan.path().find("+second_pass:") != std::string::npos);
+    // Each flagged row spills at least one segment, and R > 8 exceeds the pool's 6 (one block row
+    // of 6 tiles): the block's row was recomputed, not filled.
+    CHECK(plan.path().find("+overflow:spilled") == std::string::npos);
+    CHECK(plan.overflow_capacity() == first.rows);  // max(R, 2 * 1)
+    const HybridMatrix<T> got = to_host(plan.result());
+    check_bitwise_equal(got, expect);
+    const Outcome o = compare<T>(decode_checked(ref), decode_checked(got), xf * wf, xf.cwiseAbs() * wf.cwiseAbs(), {});
+    CHECK(o.wrong == 0);
+    CHECK(o.ambiguous <= 2 + o.stored / 1000);
 
-  // The grown block now holds every overflow row: a second run needs no second pass.
-  poison(plan);
-  plan.run(xd.view(), wd.view());
-  const cuda::OverflowCount again = plan.sync_overflow_count();
-  CHECK(again.rows == first.rows);
-  CHECK_FALSE(again.exceeded_capacity);
-  CHECK_FALSE(again.second_pass);
-  // The pool grew with the block, so on Hopper the block is now filled from the spills.
-  if (plan.path().rfind("fused_wgmma", 0) == 0) CHECK(plan.path().find("+overflow:spilled") != std::string::npos);
-  check_bitwise_equal(to_host(plan.result()), expect);
+    // The grown block now holds every overflow row: a second run needs no second pass.
+    poison(plan);
+    plan.run(xd.view(), wd.view());
+    const cuda::OverflowCount again = plan.sync_overflow_count();
+    CHECK(again.rows == first.rows);
+    CHECK_FALSE(again.exceeded_capacity);
+    CHECK_FALSE(again.second_pass);
+    // The pool grew with the block, so the block is now filled from the spills.
+    CHECK(plan.path().find("+overflow:spilled") != std::string::npos);
+    check_bitwise_equal(to_host(plan.result()), expect);
 
-  // take_result moves the storage out, trimmed to R rows, and retires the plan.
-  const HybridMatrix<T> taken = std::move(plan).take_result().to(MemorySpace::host);
-  check_bitwise_equal(taken, expect);
+    // take_result moves the storage out, trimmed to R rows, and retires the plan.
+    const HybridMatrix<T> taken = std::move(plan).take_result().to(MemorySpace::host);
+    check_bitwise_equal(taken, expect);
+  }
 }
 
 TEST_CASE("GemmToSparsePlan's sync_overflow_count(meanwhile): called once, its work queued, a throw leaves the count") {

@@ -40,9 +40,9 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 //
 // Storage, allocated once by the constructor: the TwELL part (M x packed width), an overflow
 // block of `overflow_capacity` dense rows, both row maps, per-row flags, a 64-bit device status
-// (overflow row count R, first overflowed row, nnz and excess totals, how the block is made), and
-// on Hopper a pool for the GEMM's spilled overflow segments and a capacity x K matrix for
-// overflow rows of x to recompute (see size_hopper_overflow).
+// (overflow row count R, first overflowed row, nnz and excess totals, how the block is made), a
+// pool for the GEMM's spilled overflow segments, and on Hopper a capacity x K matrix for overflow
+// rows of x to recompute (see size_overflow_buffers).
 //
 // run(x, w) queues on the plan's stream, allocating nothing and never waiting for the device:
 // the fused GEMM with the TwELL epilogue (which flags rows with an overflowed tile), one kernel
@@ -145,7 +145,7 @@ class GemmToSparsePlan {
   OverflowCount sync_overflow_count(const char* where, const std::function<void()>& meanwhile = {},
                                     bool for_later_runs = true);
   void run_generic(const char* where);
-  void size_hopper_overflow(std::int64_t capacity);  // gathered_x_ and the spill buffers for a block
+  void size_overflow_buffers(std::int64_t capacity);  // the spill pool (and gathered_x_) for a block
 
   std::int64_t m_ = 0, k_ = 0, n_ = 0;
   ActivationSpec act_{};
@@ -161,11 +161,11 @@ class GemmToSparsePlan {
   Buffer<std::int32_t> overflow_to_row_;  // capacity
   Buffer<std::int32_t> flags_;            // M, zero between runs (the ranking kernel clears them)
   Buffer<std::uint64_t> status_;          // accumulators, R, first row + 1, totals, how the block is made
-  // Hopper only: the overflow rows of x for a recompute (capacity x K), and the packers' spilled
-  // segments (capacity x tiles of `tile` values) with their (row, tile) pairs.
-  DenseMatrix<T> gathered_x_;
+  // The packers' spilled segments (capacity x tiles of `tile` values) with their (row, tile)
+  // pairs, and on Hopper the overflow rows of x for a recompute (capacity x K).
   Buffer<std::uint16_t> spill_values_;
   Buffer<std::int32_t> spill_where_;
+  DenseMatrix<T> gathered_x_;
 
   // The latest run's operands (for the second pass) and outcome.
   DenseView<const T> x_{}, w_{};
