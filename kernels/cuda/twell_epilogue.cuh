@@ -200,10 +200,9 @@ __device__ __forceinline__ void pack_twell_half_rows(const StagedChunk<BN>& chun
 // `rows` (even) staged rows packed by one warp, two at a time (half-warp h takes rows 2i + h): row
 // r is staged at first_staged + r * staged_step, its slot group is first_group + r * group_step
 // and its matrix row first_row + r * row_step, all in TwELL tile `tile`; rows at or past m are
-// skipped. The loop is not
-// unrolled, so the epilogue's code stays small enough for the instruction cache (an unrolled
-// version spent most of its time on instruction fetch); the next pair's loads are issued before
-// the current pair is packed.
+// skipped. The loop is not unrolled, so the epilogue's code stays small enough for the
+// instruction cache (an unrolled version spent most of its time on instruction fetch); the next
+// pair's loads are issued before the current pair is packed.
 template <int BN>
 __device__ __forceinline__ void pack_twell_rows(const std::uint16_t* first_staged, int staged_step, int rows,
                                                 std::uint32_t* first_group, std::int64_t group_step,
