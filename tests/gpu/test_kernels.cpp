@@ -223,7 +223,7 @@ TEST_CASE_TEMPLATE("cuda spmm at the paper's layout with token skew", T, bf16, f
 // run and copied back on it just after, and only that stream is synchronised: the pair-balanced
 // kernel reads ~8 B rows for each of ~350 rows (~23 MB) while the dense block is a 350 x 8192 x 4096
 // GEMM (~23.5 GFLOP), so a run that did not join its side stream would likely copy poisoned rows
-// (a race: how often it shows is in docs/testing.md). Each run must equal, bit for bit, the
+// (a race: how often it shows is in docs/testing-results.md). Each run must equal, bit for bit, the
 // one-shot spmm (overflow rows after the kernel, the device synchronised), whose values the
 // token-skew case above checks against the reference.
 TEST_CASE("SpmmPlan's overflow rows beside the kernel: the plan's stream waits for them") {

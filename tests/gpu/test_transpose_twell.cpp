@@ -178,7 +178,7 @@ std::vector<double> term_magnitudes(std::vector<double> products, const DenseMat
 // Close to the reference in norm and, given the terms' magnitudes, rounded into T once, as the
 // reference rounds: no part of the product (A^T's own dense rows, a Hybrid's dense rows of A) may
 // be added to a C already rounded (an attempt that did so failed this check in 96 assertions,
-// docs/testing.md, twenty-fourth session).
+// docs/testing-results.md, twenty-fourth session).
 template <class T>
 void check_close(const SpmmRun<T>& run, const DenseMatrix<T>& want, const std::vector<double>* magnitude = nullptr) {
   CAPTURE(run.path);
