@@ -4,7 +4,10 @@
     python3 bench/compare.py base.json other.json [...] [--op spmm] [--variant twell] [--out FILE]
 
 Prints a markdown table: one row per case (suite, op, variant, shape, M, distribution, density
-target), the median ms of each file, and each later file's median over the first's. Meant for
+target), the median ms of each file, and each later file's median over the first's, or, for a
+file of a later round (NAME.rK.json, as bench-variants.sh --rounds writes them), over the first
+file's own round K where there is one (so that a round's ratios do not carry the base's drift
+between rounds; the base's later rounds are still over its first, which shows that drift). Meant for
 builds of one tree timed in one call on one device (scripts/bench-variants.sh writes such files):
 the ratio of medians is only meaningful between runs on the same GPU. A case missing from a file,
 or not "ok" there, shows as "-"; a case "ok" in none of them is left out. Columns are named by the
@@ -14,6 +17,7 @@ the filters. Needs the standard library only.
 import argparse
 import json
 import os
+import re
 import sys
 
 KEY_FIELDS = ("suite", "op", "variant", "shape", "M", "distribution", "density_target")
@@ -31,21 +35,40 @@ def medians(path):
     return out
 
 
+def split_round(name):
+    """("new", 2) for "new.r2", (name, 1) for a name without a round suffix."""
+    m = re.fullmatch(r"(.*)\.r([0-9]+)", name)
+    return (m.group(1), int(m.group(2))) if m else (name, 1)
+
+
+def ratio_bases(stems):
+    """For each file after the first, the index of the file its ratio is over: the first file's
+    variant in the same round where there is one (and it is not the file itself), else the first."""
+    first = split_round(stems[0])[0]
+    where = {split_round(s): i for i, s in enumerate(stems)}
+    bases = []
+    for i, s in enumerate(stems[1:], start=1):
+        j = where.get((first, split_round(s)[1]), 0)
+        bases.append(0 if j == i else j)
+    return bases
+
+
 def table(paths, op=None, variant=None):
     runs = [medians(p) for p in paths]
-    names = [os.path.splitext(os.path.basename(p))[0] for p in paths]
-    if len(set(names)) < len(names):
-        names = list(paths)
+    stems = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+    names = stems if len(set(stems)) == len(stems) else list(paths)
+    bases = ratio_bases(stems)
     keys = [k for k in dict.fromkeys(k for run in runs for k in run)  # first seen first
             if (op is None or k[1] == op) and (variant is None or k[2] == variant)]
     head = ["suite", "op", "variant", "shape", "M", "dist", "density"]
-    head += [f"{n} ms" for n in names] + [f"{n} / {names[0]}" for n in names[1:]]
+    head += [f"{n} ms" for n in names] + [f"{n} / {names[b]}" for n, b in zip(names[1:], bases)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for k in keys:
         ms = [run.get(k) for run in runs]
         cells = ["" if v is None else str(v) for v in k]
         cells += ["-" if v is None else f"{v:.4f}" for v in ms]
-        cells += ["-" if v is None or ms[0] is None or ms[0] == 0 else f"{v / ms[0]:.3f}" for v in ms[1:]]
+        cells += ["-" if v is None or ms[b] is None or ms[b] == 0 else f"{v / ms[b]:.3f}"
+                  for v, b in zip(ms[1:], bases)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n", len(keys)
 

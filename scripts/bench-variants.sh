@@ -29,7 +29,7 @@
 #                   one before, so that drift shows
 #
 # Writes OUTDIR/NAME.json for each variant (NAME.rK.json for round K > 1) and OUTDIR/variants.md
-# (the comparison, the first variant the base of the ratios), and prints the table. Each variant
+# (the comparison, the first variant the base of the ratios, round by round), and prints the table. Each variant
 # builds in its own folder under TWELL_BENCH_VARIANTS_BUILD (default /tmp/twell-variants), all at
 # once, the cores shared out (Release, sm_90a, no tests). On a lent H100 (16 cores, 600 s a
 # command) one variant built in 82 s and `--suite spmm --contract` takes ~50 s a variant, so
