@@ -89,14 +89,21 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
   s.dtype = dtype_of<T>;
   s.rows = m.rows;
   s.cols = m.cols;
-  s.nnz = m.nnz;
-  s.density = m.rows > 0 && m.cols > 0 ? static_cast<double>(m.nnz) / (static_cast<double>(m.rows) * static_cast<double>(m.cols)) : 0.0;
   s.default_layout = options.default_layout;
   // The figures of the shape alone first (and the TwELL bytes below), so that a matrix too large
-  // to count fails before the walk over its rows.
+  // to count fails before the walk over its rows; the CSR bytes of every stored entry bound those
+  // of its nonzeros.
   const std::int64_t vsize = value_size(s.dtype);
   s.bytes.dense = checked_sum("dense bytes", {{m.rows, m.cols, vsize}});
-  s.bytes.csr = checked_sum("CSR bytes", {{m.rows, 8}, {8}, {m.nnz, 4 + vsize}});
+  (void)checked_sum("CSR bytes", {{m.rows, 8}, {8}, {m.nnz, 4 + vsize}});
+  // Explicit zeros (an sddmm output holds them) are counted as the converters count them: not at
+  // all. Counting them once reported overflow that no conversion of the matrix has.
+  const auto nonzero = [&](std::int64_t k) { return is_stored(m.values[k]); };
+  for (std::int64_t k = 0; k < m.nnz; ++k) s.nnz += nonzero(k) ? 1 : 0;
+  s.density = m.rows > 0 && m.cols > 0
+                  ? static_cast<double>(s.nnz) / (static_cast<double>(m.rows) * static_cast<double>(m.cols))
+                  : 0.0;
+  s.bytes.csr = (m.rows + 1) * 8 + s.nnz * (4 + vsize);
   s.at_default.layout = options.default_layout;
 
   for (const std::int32_t tile : options.tiles) {
@@ -134,8 +141,10 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
   for (std::int64_t i = 0; i < m.rows; ++i) {
     const std::int64_t begin = m.row_ptr[i];
     const std::int64_t end = m.row_ptr[i + 1];
-    add_sample(row_frequency, end - begin);
-    s.max_row_nnz = std::max(s.max_row_nnz, end - begin);
+    std::int64_t row_nnz = 0;
+    for (std::int64_t k = begin; k < end; ++k) row_nnz += nonzero(k) ? 1 : 0;
+    add_sample(row_frequency, row_nnz);
+    s.max_row_nnz = std::max(s.max_row_nnz, row_nnz);
     for (std::size_t f = 0; f < families.size(); ++f) {
       TileFamily& family = families[f];
       const bool is_default = family.tile == options.default_layout.tile;
@@ -144,9 +153,13 @@ MatrixStats compute(CsrView<const T> m, const StatsOptions& options) {
       // Columns increase within a row, so each tile's entries form one run.
       for (std::int64_t k = begin; k < end;) {
         const std::int64_t tile = m.col_idx[k] / family.tile;
-        std::int64_t run = k + 1;
-        while (run < end && m.col_idx[run] / family.tile == tile) ++run;
-        const std::int64_t count = run - k;
+        std::int64_t run = k;
+        std::int64_t count = 0;
+        for (; run < end && m.col_idx[run] / family.tile == tile; ++run) count += nonzero(run) ? 1 : 0;
+        if (count == 0) {  // explicit zeros only: an empty tile
+          k = run;
+          continue;
+        }
         if (is_default) {
           add_sample(tile_frequency, count);
           ++nonempty_default_tiles;

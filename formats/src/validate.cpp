@@ -112,9 +112,12 @@ std::string ell_shape(EllView<const T> m) {
   if (auto v = beyond_int32_cols("ELL", m.cols); !v.empty()) return v;
   if (m.width > m.cols)
     return concat("ELL: width = ", m.width, " exceeds cols = ", m.cols, ": a row holds at most one entry per column");
+  std::int64_t slots = 0;  // checked: a wrapped product once skipped the null checks below
+  if (__builtin_mul_overflow(m.rows, m.width, &slots))
+    return concat("ELL: shape ", m.rows, " x width ", m.width, " holds more than 2^63 - 1 slots");
   if (m.rows > 0 && m.row_count == nullptr) return null_array("ELL", "row_count", m.rows);
-  if (m.rows * m.width > 0 && m.col_idx == nullptr) return null_array("ELL", "col_idx", m.rows * m.width);
-  if (m.rows * m.width > 0 && m.values == nullptr) return null_array("ELL", "values", m.rows * m.width);
+  if (slots > 0 && m.col_idx == nullptr) return null_array("ELL", "col_idx", slots);
+  if (slots > 0 && m.values == nullptr) return null_array("ELL", "values", slots);
   return {};
 }
 

@@ -292,21 +292,29 @@ void require_same_structure(A a, B b, const char* where, const char* name_a, con
 // ---- writing a result that has the structure of `pattern` -------------------------------------
 // `name` is the pattern's name in the caller's signature (errors say it). value(e) computes the
 // new value at each entry of the pattern (it may read `out`, which may
-// alias the pattern). CSR/ELL: `out` must already share the pattern's index arrays and only its
-// values are written. TwELL/Hybrid: every value is computed first, then `out` receives the
-// pattern's whole structure (counts, columns, maps, shadow slots) and the new values; a Hybrid's
-// overflow rows are written whole, with zeros outside the pattern.
+// alias the pattern). Every value is computed first, so a pattern found malformed on the way
+// leaves `out` (and what it aliases) untouched. CSR/ELL: `out` must already share the pattern's
+// index arrays and only its values are written. TwELL/Hybrid: `out` then receives the pattern's
+// whole structure (counts, columns, maps, shadow slots) and the new values; a Hybrid's overflow
+// rows are written whole, with zeros outside the pattern.
+
+template <class View, class F>
+std::vector<std::pair<Entry, float>> values_on_pattern(View pattern, const char* where, F&& value) {
+  std::vector<std::pair<Entry, float>> values;
+  for_each_entry(pattern, where, [&](const Entry& e) { values.emplace_back(e, value(e)); });
+  return values;
+}
 
 template <class T, class F>
 void write_on_pattern(CsrView<const T> pattern, CsrView<T> out, const char* where, const char* name, F&& value) {
   require_same_structure(pattern, out, where, name, "out");
-  for_each_entry(pattern, where, [&](const Entry& e) { store(out, e, value(e)); });
+  for (const auto& [e, x] : values_on_pattern(pattern, where, value)) store(out, e, x);
 }
 
 template <class T, class F>
 void write_on_pattern(EllView<const T> pattern, EllView<T> out, const char* where, const char* name, F&& value) {
   require_same_structure(pattern, out, where, name, "out");
-  for_each_entry(pattern, where, [&](const Entry& e) { store(out, e, value(e)); });
+  for (const auto& [e, x] : values_on_pattern(pattern, where, value)) store(out, e, x);
 }
 
 template <class T>
@@ -323,8 +331,7 @@ void write_on_pattern(TwellView<const T> pattern, TwellView<T> out, const char* 
   require(out.layout == pattern.layout, ErrorCode::shape_mismatch, where, "out has layout (tile ", out.layout.tile,
           ", C ", out.layout.compression, ") but ", name, " has (tile ", pattern.layout.tile, ", C ",
           pattern.layout.compression, ")");
-  std::vector<std::pair<Entry, float>> values;
-  for_each_entry(pattern, where, [&](const Entry& e) { values.emplace_back(e, value(e)); });
+  const auto values = values_on_pattern(pattern, where, value);
   copy_twell_structure(pattern, out);
   for (const auto& [e, x] : values) store(out, e, x);
 }

@@ -107,7 +107,7 @@ MemorySpace space_of(const auto& view) {
 // Runs f with the backend of `space` (f takes the backend type as a tag argument).
 template <class F>
 auto on_backend(MemorySpace space, [[maybe_unused]] const char* where, F&& f) {
-  if (space == MemorySpace::host)
+  if (detail::checked_space(space, where) == MemorySpace::host)
     return detail::map_host_allocation_failure(where, [&] { return f(ReferenceBackend{}); });
 #if TWELL_HAS_CUDA
   require_cuda_device(where);
@@ -281,6 +281,12 @@ void refuse_hybrid_policy(const ConvertOptions& o) {
           "overflowed rows to a dense block");
 }
 
+// The ELL builders' own check, made here too because a same-width ELL copy never reaches them.
+void refuse_hybrid_policy_for_ell(const ConvertOptions& o) {
+  require(o.ell_width == -1 || o.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, "twell::to_ell",
+          "options.overflow = hybrid has no meaning for ELL (it has no overflow block); use error or drop");
+}
+
 template <class T>
 void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unused]] TwellView<T> dst,
                           [[maybe_unused]] const ConvertOptions& o, [[maybe_unused]] const char* where) {
@@ -295,30 +301,31 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
 }  // namespace
 
 // Every entry point checks the policy itself: a same-format copy reaches no backend converter.
-#define TWELL_DEFINE_CONVERT_FROM(T, View)                                                                  \
-  DenseMatrix<T> to_dense(View<const T> src, const ConvertOptions& o) {                                     \
-    check_overflow_policy(o.overflow, "twell::to_dense");                                                   \
-    return on_backend(space_of(src), "twell::to_dense",                                                     \
-                      [&](auto b) { return Compose<decltype(b)>::to_dense(src, o); });                      \
-  }                                                                                                         \
-  CsrMatrix<T> to_csr(View<const T> src, const ConvertOptions& o) {                                         \
-    check_overflow_policy(o.overflow, "twell::to_csr");                                                     \
+#define TWELL_DEFINE_CONVERT_FROM(T, View)                                                                           \
+  DenseMatrix<T> to_dense(View<const T> src, const ConvertOptions& o) {                                              \
+    check_overflow_policy(o.overflow, "twell::to_dense");                                                            \
+    return on_backend(space_of(src), "twell::to_dense",                                                              \
+                      [&](auto b) { return Compose<decltype(b)>::to_dense(src, o); });                               \
+  }                                                                                                                  \
+  CsrMatrix<T> to_csr(View<const T> src, const ConvertOptions& o) {                                                  \
+    check_overflow_policy(o.overflow, "twell::to_csr");                                                              \
     return on_backend(space_of(src), "twell::to_csr", [&](auto b) { return Compose<decltype(b)>::to_csr(src, o); }); \
-  }                                                                                                         \
-  EllMatrix<T> to_ell(View<const T> src, const ConvertOptions& o) {                                         \
-    check_overflow_policy(o.overflow, "twell::to_ell");                                                     \
+  }                                                                                                                  \
+  EllMatrix<T> to_ell(View<const T> src, const ConvertOptions& o) {                                                  \
+    check_overflow_policy(o.overflow, "twell::to_ell");                                                              \
+    refuse_hybrid_policy_for_ell(o);                                                                                 \
     return on_backend(space_of(src), "twell::to_ell", [&](auto b) { return Compose<decltype(b)>::to_ell(src, o); }); \
-  }                                                                                                         \
-  TwellMatrix<T> to_twell(View<const T> src, TwellLayout layout, const ConvertOptions& o) {                 \
-    check_overflow_policy(o.overflow, "twell::to_twell");                                                   \
-    refuse_hybrid_policy(o);                                                                                \
-    return on_backend(space_of(src), "twell::to_twell",                                                     \
-                      [&](auto b) { return Compose<decltype(b)>::to_twell(src, layout, o); });              \
-  }                                                                                                         \
-  HybridMatrix<T> to_hybrid(View<const T> src, TwellLayout layout, const ConvertOptions& o) {               \
-    check_overflow_policy(o.overflow, "twell::to_hybrid");                                                  \
-    return on_backend(space_of(src), "twell::to_hybrid",                                                    \
-                      [&](auto b) { return Compose<decltype(b)>::to_hybrid(src, layout, o); });             \
+  }                                                                                                                  \
+  TwellMatrix<T> to_twell(View<const T> src, TwellLayout layout, const ConvertOptions& o) {                          \
+    check_overflow_policy(o.overflow, "twell::to_twell");                                                            \
+    refuse_hybrid_policy(o);                                                                                         \
+    return on_backend(space_of(src), "twell::to_twell",                                                              \
+                      [&](auto b) { return Compose<decltype(b)>::to_twell(src, layout, o); });                       \
+  }                                                                                                                  \
+  HybridMatrix<T> to_hybrid(View<const T> src, TwellLayout layout, const ConvertOptions& o) {                        \
+    check_overflow_policy(o.overflow, "twell::to_hybrid");                                                           \
+    return on_backend(space_of(src), "twell::to_hybrid",                                                             \
+                      [&](auto b) { return Compose<decltype(b)>::to_hybrid(src, layout, o); });                      \
   }
 
 #define TWELL_DEFINE_CONVERT_INTO(T)                                                                         \

@@ -28,6 +28,12 @@ inline std::string shape(std::int64_t rows, std::int64_t cols) {
 template <class T>
 void check_shapes(const char* where, DenseView<const T> x, DenseView<const T> w_in, DenseView<const T> wd,
                   In<DenseView<const T>> y, const char* y_name) {
+  // Geometry first: an inner operation would find a bad ld or pointer only after others had
+  // written their outputs (the training backward's dx and dwd), and name the operand its own way.
+  detail::check_dense_geometry(x, where, "x");
+  detail::check_dense_geometry(w_in, where, "wu");
+  detail::check_dense_geometry(wd, where, "wd");
+  detail::check_dense_geometry(DenseView<const T>(y), where, y_name);
   const std::int64_t m = x.rows, k = x.cols, n = w_in.cols;
   require(w_in.rows == k, ErrorCode::shape_mismatch, where, "x is ", shape(m, k), " but wu is ",
           shape(w_in.rows, w_in.cols));
@@ -55,6 +61,7 @@ template <class T>
 void check_gated(const char* where, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
                  DenseView<const T> wd, In<DenseView<const T>> y, const char* y_name = "y") {
   check_shapes(where, x, wu, wd, y, y_name);
+  detail::check_dense_geometry(wg, where, "wg");
   require(wg.rows == wu.rows && wg.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ", shape(wg.rows, wg.cols),
           " but wu is ", shape(wu.rows, wu.cols));
   check_spaces(where, x.space, {{"wg", wg.space}, {"wu", wu.space}, {"wd", wd.space}, {y_name, y.space}});

@@ -294,6 +294,8 @@ void free_bytes(void* p, MemorySpace space) noexcept {
 }
 
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
+  checked_space(dst_space, "twell::copy");
+  checked_space(src_space, "twell::copy");
   if (bytes == 0) return;
   if (dst_space == MemorySpace::host && src_space == MemorySpace::host) {
     std::memcpy(dst, src, bytes);

@@ -24,6 +24,13 @@ std::size_t checked_bytes(std::size_t n, std::size_t size) {
   return n * size;
 }
 
+MemorySpace checked_space(MemorySpace space, const char* where) {
+  // A value cast from outside the enum once allocated on the host, said "device" and leaked.
+  require(space == MemorySpace::host || space == MemorySpace::device, ErrorCode::invalid_argument, where,
+          "memory space ", static_cast<int>(space), " is neither host nor device");
+  return space;
+}
+
 std::size_t checked_elements(std::int64_t rows, std::int64_t cols, const char* where) {
   require(rows >= 0 && cols >= 0, ErrorCode::invalid_argument, where, "shape ", rows, " x ", cols, " is negative");
   require(cols == 0 || rows <= INT64_MAX / cols, ErrorCode::invalid_argument, where, "shape ", rows, " x ", cols,

@@ -40,6 +40,8 @@ void fail_next_pool_allocations(int) {}
 void set_uninitialized_device_fill(int) {}
 
 void copy_bytes(void* dst, MemorySpace dst_space, const void* src, MemorySpace src_space, std::size_t bytes) {
+  checked_space(dst_space, "twell::copy");
+  checked_space(src_space, "twell::copy");
   if (dst_space == MemorySpace::device || src_space == MemorySpace::device) no_device("twell::copy");
   if (bytes != 0) std::memcpy(dst, src, bytes);
 }

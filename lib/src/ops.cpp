@@ -49,18 +49,17 @@ MemorySpace common_space(const char* where, const Operand& first, const Ops&... 
 // is out_of_memory), twell::cuda for device. `call` must hold no unparenthesised comma.
 #define TWELL_ON_HOST(where, call) detail::map_host_allocation_failure(where, [&] { return reference::call; })
 #if TWELL_HAS_CUDA
-#define TWELL_DISPATCH(space, where, call)                                   \
-  do {                                                                      \
-    if ((space) == MemorySpace::host) return TWELL_ON_HOST(where, call);    \
-    require_cuda_device(where);                                             \
-    return cuda::call;                                                      \
+#define TWELL_DISPATCH(space, where, call)                                                           \
+  do {                                                                                               \
+    if (detail::checked_space(space, where) == MemorySpace::host) return TWELL_ON_HOST(where, call); \
+    require_cuda_device(where);                                                                      \
+    return cuda::call;                                                                               \
   } while (false)
 #else
-#define TWELL_DISPATCH(space, where, call)                                                 \
-  do {                                                                                    \
-    if ((space) == MemorySpace::host) return TWELL_ON_HOST(where, call);                  \
-    fail(ErrorCode::no_device, where,                                                     \
-         "operands live in device memory but this build of twell has no cuda backend");   \
+#define TWELL_DISPATCH(space, where, call)                                                                           \
+  do {                                                                                                               \
+    if (detail::checked_space(space, where) == MemorySpace::host) return TWELL_ON_HOST(where, call);                 \
+    fail(ErrorCode::no_device, where, "operands live in device memory but this build of twell has no cuda backend"); \
   } while (false)
 #endif
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -184,6 +185,31 @@ TEST_CASE("sizes that overflow a 64-bit count or the address space are refused, 
   // Empty shapes stay fine.
   CHECK(DenseMatrix<float>(0, k31 * k31).values().size() == 0);
   CHECK(TwellMatrix<bf16>(0, 4096, TwellLayout{}).packed().size() == 0);
+}
+
+TEST_CASE("a MemorySpace outside its enum is invalid_argument wherever it picks a backend") {
+  // It once allocated on the host, called itself "device" and leaked on destruction.
+  const auto bogus = static_cast<MemorySpace>(2);
+  CHECK(to_string(bogus) == "?");
+  for (const auto& make : std::vector<std::function<void()>>{
+           [&] { Buffer<float>(16, bogus); },
+           [&] { Buffer<float>(0, bogus); },
+           [&] { Buffer<float>(16, bogus, Uninitialized{}); },
+           [&] { DenseMatrix<float>(4, 4, bogus); },
+           [&] { (void)Buffer<float>(4).copy_to(bogus); },
+       }) {
+    try {
+      make();
+      FAIL("a bogus memory space was accepted");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK(std::string(e.what()).find("memory space 2 is neither host nor device") != std::string::npos);
+    }
+  }
+  std::vector<float> x(4, 1.0f), y(4);
+  const DenseView<const float> view{x.data(), 2, 2, 2, bogus};
+  CHECK(code_of([&] { (void)to_csr(view); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { transpose(view, DenseView<float>{y.data(), 2, 2, 2, bogus}); }) == ErrorCode::invalid_argument);
 }
 
 // The plans' guard against running after a move (their buffers are gone): a move carries the

@@ -307,6 +307,32 @@ TEST_CASE("an fp32 TwELL slot word whose high bits are set is a bad column, not 
   CHECK_NOTHROW(ref::spmm<float>(Op::none, std::as_const(a).view(), b.view(), c.view(), 1.0f, 0.0f));
 }
 
+// A pattern found malformed part-way (a column out of range in its second row) must leave out,
+// which shares its index arrays and may alias it, as it was: the CSR and ELL writers once
+// stored the first row's values before the throw.
+TEST_CASE("sddmm and multiply_on_pattern on a malformed CSR or ELL pattern leave out untouched") {
+  std::int64_t row_ptr[] = {0, 1, 2};
+  std::int32_t col_idx[] = {0, 7};  // 7 is outside [0, 4)
+  const float ones[] = {1.0f, 1.0f};
+  const CsrView<const float> pattern{2, 4, 2, row_ptr, col_idx, ones};
+  std::int32_t counts[] = {1, 1};
+  const EllView<const float> ell_pattern{2, 4, 1, counts, col_idx, ones};
+  const DenseMatrix<float> a = testing::random_dense<float>(2, 3, 1.0f, testing::fresh_seed());
+  const DenseMatrix<float> b = testing::random_dense<float>(3, 4, 1.0f, testing::fresh_seed());
+  std::vector<float> out(2, -1.0f);
+  const CsrView<float> csr_out{2, 4, 2, row_ptr, col_idx, out.data()};
+  const EllView<float> ell_out{2, 4, 1, counts, col_idx, out.data()};
+  using testing::code_of;
+  CHECK(code_of([&] { sddmm<float>(a.view(), Op::none, b.view(), pattern, csr_out); }) == ErrorCode::malformed);
+  CHECK(out == std::vector<float>{-1.0f, -1.0f});
+  CHECK(code_of([&] { multiply_on_pattern<float>(pattern, pattern, csr_out); }) == ErrorCode::malformed);
+  CHECK(out == std::vector<float>{-1.0f, -1.0f});
+  CHECK(code_of([&] { sddmm<float>(a.view(), Op::none, b.view(), ell_pattern, ell_out); }) == ErrorCode::malformed);
+  CHECK(out == std::vector<float>{-1.0f, -1.0f});
+  CHECK(code_of([&] { multiply_on_pattern<float>(ell_pattern, ell_pattern, ell_out); }) == ErrorCode::malformed);
+  CHECK(out == std::vector<float>{-1.0f, -1.0f});
+}
+
 TEST_CASE("transpose refuses A with more rows than its transpose's 32-bit column indices hold") {
   // Refused from the shape alone, before A's arrays are read: they once wrapped to negative columns.
   const CsrView<const float> tall{std::int64_t{1} << 31, 4, 0, nullptr, nullptr, nullptr};

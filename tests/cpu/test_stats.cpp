@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -199,6 +200,51 @@ TEST_CASE("stats: empty shapes and a hand-made matrix") {
   CHECK(s.candidates[0].hybrid_bytes == 96 + 32 + 12 + 4);
   CHECK(s.candidates[1].hybrid_bytes == 48 + 32 + 12 + 4);
   CHECK(s.recommended == TwellLayout{8, 4});
+}
+
+// An sddmm output may hold explicit zeros; the converters drop them, and stats counts them as the
+// converters do (it once took every stored entry, reporting overflow no conversion has).
+TEST_CASE("stats: explicit zeros in a CSR are not nonzeros") {
+  // One row of 8 columns: 3 nonzeros and an explicit zero in one tile of 8, at C 2 (capacity 3).
+  const std::int64_t row_ptr[] = {0, 4, 4};
+  const std::int32_t col_idx[] = {0, 1, 2, 3};
+  const float values[] = {1.0f, 0.0f, 2.0f, -0.0f};
+  const std::int32_t col_idx2[] = {0, 1, 2, 3};
+  const float values2[] = {1.0f, 2.0f, 3.0f, 0.0f};
+  for (const CsrView<const float> m : {CsrView<const float>{2, 8, 4, row_ptr, col_idx, values},
+                                       CsrView<const float>{2, 8, 4, row_ptr, col_idx2, values2}}) {
+    StatsOptions options;
+    options.tiles = {8};
+    options.compressions = {2};
+    options.default_layout = TwellLayout{8, 2};
+    const MatrixStats s = stats(m, options);
+    const MatrixStats converted = stats(to_csr(m), options);  // to_csr drops the zeros
+    CHECK(s.nnz == converted.nnz);
+    CHECK(s.nnz < 4);
+    CHECK(s.density == converted.density);
+    CHECK(s.max_row_nnz == converted.max_row_nnz);
+    CHECK(s.per_row.histogram == converted.per_row.histogram);
+    CHECK(s.per_row_tile.samples == converted.per_row_tile.samples);
+    CHECK(s.per_row_tile.histogram == converted.per_row_tile.histogram);
+    CHECK(s.at_default.overflowed_tiles == 0);
+    CHECK(s.at_default.overflow_rows == 0);
+    CHECK(s.bytes.csr == converted.bytes.csr);
+    CHECK(s.bytes.ell == converted.bytes.ell);
+    CHECK(s.bytes.hybrid == converted.bytes.hybrid);
+    CHECK(s.recommended == converted.recommended);
+  }
+}
+
+// A valid TwELL or Hybrid wider than CSR's 32-bit columns: stats says it cannot count it, in its
+// own name (it once passed on the inner conversion's invalid_argument).
+TEST_CASE("stats: a valid matrix past 2^31 - 1 columns is unsupported, said by stats") {
+  const std::int64_t wide = std::int64_t{std::numeric_limits<std::int32_t>::max()} + 9;
+  const TwellView<const bf16> tw{0, wide, TwellLayout{}, nullptr, nullptr};
+  const DenseView<const float> dense{nullptr, 0, wide, wide, MemorySpace::host};
+  for (const auto& call : std::vector<std::function<void()>>{[&] { (void)stats(tw); }, [&] { (void)stats(dense); }}) {
+    CHECK(testing::code_of(call) == ErrorCode::unsupported);
+    CHECK(contains(testing::message_of(call), "twell::stats: cols = 2147483656 exceeds 2147483647"));
+  }
 }
 
 TEST_CASE("stats: bad options and malformed input throw") {

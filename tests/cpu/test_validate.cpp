@@ -230,6 +230,10 @@ TEST_CASE_TEMPLATE("ELL: no wider than its columns, in the validator and the con
     }
   }
   CHECK(to_ell(d, {.ell_width = 20}).width() == 20);
+  // rows x width past 2^63 - 1 is reported, not wrapped to an empty view whose arrays go unchecked.
+  const EllView<const T> huge{
+      std::int64_t{1} << 62, std::numeric_limits<std::int32_t>::max(), 4, nullptr, nullptr, nullptr};
+  expect_malformed(huge, "ELL: shape 4611686018427387904 x width 4 holds more than 2^63 - 1 slots");
 }
 
 // ---- 32-bit column indices ----

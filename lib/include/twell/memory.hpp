@@ -82,6 +82,8 @@ void set_uninitialized_device_fill(int byte);
 // Bytes of n elements of `size` bytes each; throws invalid_argument when they exceed the address
 // space (a wrapped product would allocate a small block and be overrun).
 std::size_t checked_bytes(std::size_t n, std::size_t size);
+// `space`, or Error(invalid_argument) naming `where` for a value outside the enum.
+MemorySpace checked_space(MemorySpace space, const char* where = "twell::Buffer");
 
 // A member value that a move carries to its destination and resets to kMovedFrom in its source,
 // so that a class with defaulted moves can tell a moved-from object (whose buffers are gone) from
@@ -134,13 +136,14 @@ class Buffer {
 
  public:
   Buffer() = default;
-  explicit Buffer(std::size_t n, MemorySpace space = MemorySpace::host) : size_(n), space_(space) {
+  explicit Buffer(std::size_t n, MemorySpace space = MemorySpace::host)
+      : size_(n), space_(detail::checked_space(space)) {
     if (n == 0) return;
     const std::size_t bytes = detail::checked_bytes(n, sizeof(T));
     data_ = static_cast<T*>(detail::allocate_zeroed_bytes(bytes, space));
   }
   // No zero fill: for outputs a kernel writes whole.
-  Buffer(std::size_t n, MemorySpace space, Uninitialized) : size_(n), space_(space) {
+  Buffer(std::size_t n, MemorySpace space, Uninitialized) : size_(n), space_(detail::checked_space(space)) {
     if (n != 0) data_ = static_cast<T*>(detail::allocate_bytes(detail::checked_bytes(n, sizeof(T)), space));
   }
   Buffer(const Buffer&) = delete;

@@ -30,7 +30,13 @@ constexpr std::string_view to_string(DType t) {
 }
 
 constexpr std::string_view to_string(MemorySpace s) {
-  return s == MemorySpace::host ? "host" : "device";
+  switch (s) {
+    case MemorySpace::host:
+      return "host";
+    case MemorySpace::device:
+      return "device";
+  }
+  return "?";
 }
 
 // bfloat16 storage: bit-compatible with __nv_bfloat16, so device code can reinterpret it.
