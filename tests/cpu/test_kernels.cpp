@@ -333,6 +333,15 @@ TEST_CASE("sddmm and multiply_on_pattern on a malformed CSR or ELL pattern leave
   CHECK(out == std::vector<float>{-1.0f, -1.0f});
 }
 
+// A view whose span passes the address space covers everything above its start: its byte range
+// once wrapped to a few bytes, and a transpose went ahead over its own input.
+TEST_CASE("an output whose span passes the address space overlaps what lies above it") {
+  std::vector<float> memory(72, 1.0f);
+  const DenseView<const float> a{memory.data() + 64, 2, 2, 2, MemorySpace::host};
+  const DenseView<float> out{memory.data(), 2, 2, std::int64_t{1} << 62, MemorySpace::host};  // row 1 at +2^64 bytes
+  CHECK(testing::message_of([&] { transpose<float>(a, out); }).find("out overlaps a") != std::string::npos);
+}
+
 TEST_CASE("transpose refuses A with more rows than its transpose's 32-bit column indices hold") {
   // Refused from the shape alone, before A's arrays are read: they once wrapped to negative columns.
   const CsrView<const float> tall{std::int64_t{1} << 31, 4, 0, nullptr, nullptr, nullptr};

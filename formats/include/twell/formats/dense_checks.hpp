@@ -21,18 +21,27 @@ struct ByteRange {
   bool overlaps(ByteRange o) const { return begin < o.end && o.begin < end; }
 };
 
+// A span past the address space (a view that no memory backs) reaches the end of it: wrapped,
+// it once looked short enough to miss an operand it covers.
 template <class T>
 ByteRange byte_range(const T* p, std::int64_t count) {
   if (count <= 0) return {};
   const auto begin = reinterpret_cast<std::uintptr_t>(p);
-  return {begin, begin + static_cast<std::uintptr_t>(count) * sizeof(T)};
+  std::uintptr_t bytes = 0, end = 0;
+  if (__builtin_mul_overflow(static_cast<std::uintptr_t>(count), sizeof(T), &bytes) ||
+      __builtin_add_overflow(begin, bytes, &end))
+    end = UINTPTR_MAX;
+  return {begin, end};
 }
 
 // A dense view spans from its first element to the last element of its last row.
 template <class T>
 ByteRange byte_range(DenseView<T> v) {
   if (v.rows == 0 || v.cols == 0) return {};
-  return byte_range(v.data, (v.rows - 1) * v.ld + v.cols);
+  std::int64_t count = 0;
+  if (__builtin_mul_overflow(v.rows - 1, v.ld, &count) || __builtin_add_overflow(count, v.cols, &count))
+    count = INT64_MAX;
+  return byte_range(v.data, count);
 }
 
 // Every path reads whole values: a pointer between value boundaries (a byte offset into a buffer)

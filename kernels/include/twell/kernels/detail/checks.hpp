@@ -85,7 +85,7 @@ template <class T>
 void check_twell_geometry(TwellView<T> v, const char* where, const char* name) {
   require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has shape ", shape(v.rows, v.cols));
   check_layout(v.layout, where);
-  const bool empty = v.rows * v.packed_width() == 0;
+  const bool empty = v.rows == 0 || v.cols == 0;  // not rows x width, which can wrap to 0
   require(empty || v.packed != nullptr, ErrorCode::malformed, where, name, " has no packed array");
   require(empty || ValueTraits<std::remove_const_t<T>>::packs_in_slot || v.value_plane != nullptr, ErrorCode::malformed,
           where, name, " is fp32 TwELL without a value plane");
