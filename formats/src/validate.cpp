@@ -374,13 +374,22 @@ std::string hybrid_content(HybridView<const T> m, const ValidateOptions& options
 
 // ---- entry points: shape and pointers first, then the contents (on a host copy if needed) ----
 
+// Every view lives in host or device memory; a value outside the enum is refused by every
+// operation, so validate does not call it valid.
+std::string space_violation(MemorySpace s, const char* what) {
+  if (s == MemorySpace::host || s == MemorySpace::device) return {};
+  return concat(what, ": memory space ", static_cast<int>(s), " is neither host nor device");
+}
+
 template <class T>
 std::string violation(DenseView<const T> m, const ValidateOptions&) {
+  if (auto v = space_violation(m.space, "dense"); !v.empty()) return v;
   return dense_shape(m, "dense");
 }
 
 template <class T>
 std::string violation(CsrView<const T> m, const ValidateOptions& options) {
+  if (auto v = space_violation(m.space, "CSR"); !v.empty()) return v;
   if (auto v = csr_shape(m); !v.empty()) return v;
   if (m.space == MemorySpace::device) {
     const auto host = copy_to(m, MemorySpace::host);
@@ -391,6 +400,7 @@ std::string violation(CsrView<const T> m, const ValidateOptions& options) {
 
 template <class T>
 std::string violation(EllView<const T> m, const ValidateOptions& options) {
+  if (auto v = space_violation(m.space, "ELL"); !v.empty()) return v;
   if (auto v = ell_shape(m); !v.empty()) return v;
   if (m.space == MemorySpace::device) {
     const auto host = copy_to(m, MemorySpace::host);
@@ -401,6 +411,7 @@ std::string violation(EllView<const T> m, const ValidateOptions& options) {
 
 template <class T>
 std::string violation(TwellView<const T> m, const ValidateOptions& options) {
+  if (auto v = space_violation(m.space, "TwELL"); !v.empty()) return v;
   if (auto v = twell_shape(m, "TwELL"); !v.empty()) return v;
   if (m.space == MemorySpace::device) {
     const auto host = copy_to(m, MemorySpace::host);
@@ -411,6 +422,7 @@ std::string violation(TwellView<const T> m, const ValidateOptions& options) {
 
 template <class T>
 std::string violation(HybridView<const T> m, const ValidateOptions& options) {
+  if (auto v = space_violation(m.space(), "Hybrid"); !v.empty()) return v;
   if (auto v = hybrid_shape(m); !v.empty()) return v;
   if (m.space() == MemorySpace::device) {
     const auto host = copy_to(m, MemorySpace::host);

@@ -140,15 +140,27 @@ bool plain_copy(View src, const ConvertOptions& o) {
 // that is not stored (-0.0 included) comes out as +0, as it does from every other format. So a
 // host dense source is copied only when it is already canonical, and a device one is re-built.
 template <class T>
-bool plain_dense_copy(DenseView<const T> src, const ConvertOptions& o) {
-  if (o.threshold != 0.0f || o.report != nullptr || src.space != MemorySpace::host || !find_violation(src).empty())
-    return false;
+bool unstored_are_plus_zero(DenseView<const T> src) {
   for (std::int64_t i = 0; i < src.rows; ++i)
     for (std::int64_t j = 0; j < src.cols; ++j) {
       const T v = src.at(i, j);
       if (!is_stored(v) && std::memcmp(&v, &kZero<T>, sizeof(T)) != 0) return false;
     }
   return true;
+}
+
+template <class T>
+bool plain_dense_copy(DenseView<const T> src, const ConvertOptions& o) {
+  if (o.threshold != 0.0f || o.report != nullptr || src.space != MemorySpace::host || !find_violation(src).empty())
+    return false;
+  return unstored_are_plus_zero(src);
+}
+
+// A Hybrid's overflow rows are dense rows: copied only when canonical too (a host -0.0 there once
+// stayed in the copy, while every re-built Hybrid holds +0).
+template <class T>
+bool plain_hybrid_copy(HybridView<const T> src, const ConvertOptions& o) {
+  return plain_copy(src, o) && (src.space() == MemorySpace::device || unstored_are_plus_zero(src.overflow));
 }
 
 // The composition rules: one direct converter where the backend has it, CSR in between where
@@ -269,7 +281,7 @@ struct Compose {
   }
   template <class T>
   static HybridMatrix<T> to_hybrid(HybridView<const T> s, TwellLayout l, const ConvertOptions& o) {
-    if (l == s.twell.layout && plain_copy(s, o)) return copy_to(s, s.space());
+    if (l == s.twell.layout && plain_hybrid_copy(s, o)) return copy_to(s, s.space());
     const auto csr = B::hybrid_to_csr(s, first_step(o));
     return B::csr_to_hybrid(csr.view(), l, o);
   }
@@ -328,15 +340,16 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
                       [&](auto b) { return Compose<decltype(b)>::to_hybrid(src, layout, o); });                      \
   }
 
-#define TWELL_DEFINE_CONVERT_INTO(T)                                                                         \
-  void to_twell_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& o) {                    \
-    constexpr const char* kWhere = "twell::to_twell_into";                                                   \
-    check_overflow_policy(o.overflow, kWhere);                                                               \
-    require(src.space == dst.space, ErrorCode::space_mismatch, kWhere, "src and dst live in different memory " \
-            "spaces; copy one of them first");                                                               \
-    if (src.space == MemorySpace::host)                                                                      \
+#define TWELL_DEFINE_CONVERT_INTO(T)                                                                               \
+  void to_twell_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& o) {                          \
+    constexpr const char* kWhere = "twell::to_twell_into";                                                         \
+    check_overflow_policy(o.overflow, kWhere);                                                                     \
+    require(src.space == dst.space, ErrorCode::space_mismatch, kWhere,                                             \
+            "src and dst live in different memory "                                                                \
+            "spaces; copy one of them first");                                                                     \
+    if (detail::checked_space(src.space, kWhere) == MemorySpace::host)                                             \
       return detail::map_host_allocation_failure(kWhere, [&] { reference::dense_to_twell_into<T>(src, dst, o); }); \
-    to_twell_into_device(src, dst, o, kWhere);                                                               \
+    to_twell_into_device(src, dst, o, kWhere);                                                                     \
   }
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_DEFINE_CONVERT_INTO)
 #undef TWELL_DEFINE_CONVERT_INTO

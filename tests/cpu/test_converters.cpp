@@ -308,6 +308,22 @@ TEST_CASE_TEMPLATE("same-format conversion: deep copy, or re-layout / re-width",
   // A mutable view converts too.
   auto mutable_copy = to_dense(d);
   CHECK(identical(to_csr(mutable_copy.view()), csr));
+  // A -0.0 where an overflow row stores nothing comes out as +0 from the copy too, as from every
+  // re-build (the copy once kept it, so the bits depended on whether a report was asked for).
+  auto signed_zero = to_hybrid(d, TwellLayout{32, 8});
+  REQUIRE(signed_zero.overflow_rows() > 0);
+  DenseView<T> block = signed_zero.overflow().view();
+  bool placed = false;
+  for (std::int64_t r = 0; r < block.rows && !placed; ++r)
+    for (std::int64_t j = 0; j < block.cols && !placed; ++j)
+      if (!is_stored(block.at(r, j))) {
+        block.at(r, j) = from_float<T>(-0.0f);
+        placed = true;
+      }
+  REQUIRE(placed);
+  ConvertReport report;
+  CHECK(identical(to_hybrid(signed_zero, TwellLayout{32, 8}), h));
+  CHECK(identical(to_hybrid(signed_zero, TwellLayout{32, 8}, {.report = &report}), h));
 }
 
 TEST_CASE_TEMPLATE("threshold: |v| <= t is not stored, through every path", T, bf16, fp16, float) {
@@ -590,6 +606,9 @@ TEST_CASE_TEMPLATE("bad input: every error path throws twell::Error with the rig
   CHECK(error_of([&] { (void)to_csr(d, {.threshold = -1.0f}); }).code() == ErrorCode::invalid_argument);
   CHECK(error_of([&] { (void)to_hybrid(csr, {}, {.threshold = std::nanf("")}); }).code() ==
         ErrorCode::invalid_argument);
+  // +Inf would drop Inf values, which are always stored.
+  CHECK(error_of([&] { (void)to_csr(d, {.threshold = std::numeric_limits<float>::infinity()}); }).code() ==
+        ErrorCode::invalid_argument);
   CHECK(error_of([&] { (void)to_twell(csr, TwellLayout{256, 3}); }).code() == ErrorCode::invalid_argument);
   CHECK(error_of([&] { (void)to_hybrid(d, TwellLayout{8, 8}); }).code() == ErrorCode::invalid_argument);
   CHECK(error_of([&] { (void)to_ell(d, {.ell_width = -7}); }).code() == ErrorCode::invalid_argument);
@@ -723,6 +742,11 @@ TEST_CASE_TEMPLATE("dense_to_twell_into refuses a destination of the wrong shape
     null_plane.value_plane = nullptr;
     CHECK(error_of([&] { reference::dense_to_twell_into<T>(d.view(), null_plane); }).code() ==
           ErrorCode::invalid_argument);
+  } else {  // 16-bit values live in the slots: a value plane would leave a view validate refuses
+    std::vector<T> plane(static_cast<std::size_t>(dst.packed().size()));
+    TwellView<T> with_plane = dst.view();
+    with_plane.value_plane = plane.data();
+    CHECK(contains(error_of([&] { to_twell_into(d.view(), with_plane); }).what(), "dst.value_plane is set"));
   }
   TwellView<T> device_dst = dst.view();
   device_dst.space = MemorySpace::device;

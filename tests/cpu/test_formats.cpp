@@ -13,6 +13,10 @@
 
 #include <twell/twell.hpp>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "checks.hpp"
 #include "random.hpp"
 
@@ -210,6 +214,13 @@ TEST_CASE("a MemorySpace outside its enum is invalid_argument wherever it picks 
   const DenseView<const float> view{x.data(), 2, 2, 2, bogus};
   CHECK(code_of([&] { (void)to_csr(view); }) == ErrorCode::invalid_argument);
   CHECK(code_of([&] { transpose(view, DenseView<float>{y.data(), 2, 2, 2, bogus}); }) == ErrorCode::invalid_argument);
+  TwellMatrix<float> tw(2, 2, TwellLayout{8, 2});
+  TwellView<float> tw_bogus = tw.view();
+  tw_bogus.space = bogus;
+  CHECK(code_of([&] { to_twell_into(view, tw_bogus); }) == ErrorCode::invalid_argument);
+  // validate does not call valid what every operation refuses.
+  CHECK(find_violation(view) == "dense: memory space 2 is neither host nor device");
+  CHECK(find_violation(TwellView<const float>(tw_bogus)) == "TwELL: memory space 2 is neither host nor device");
 }
 
 // The plans' guard against running after a move (their buffers are gone): a move carries the
@@ -311,6 +322,34 @@ TEST_CASE_TEMPLATE("is_stored: -0.0 is zero, NaN and Inf are stored, threshold i
   CHECK(is_stored(from_float<T>(0.75f), 0.5f));
   CHECK(is_stored(from_float<T>(std::nanf("")), 1e30f));
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+// Under flush-to-zero and denormals-are-zero (a process built with -ffast-math, or torch's
+// set_flush_denormal) a subnormal compared as a float reads as 0: it was dropped by every
+// converter and made validate call a valid CSR malformed. The smallest subnormal of each type.
+TEST_CASE_TEMPLATE("a subnormal is stored whatever the host's flush-to-zero mode", T, bf16, fp16, float) {
+  T tiny{};
+  if constexpr (std::is_same_v<T, float>) {
+    tiny = bits_float(1u);
+  } else {
+    tiny = ValueTraits<T>::from_bits(1u);
+  }
+  DenseMatrix<T> d(1, 8);
+  d.view().at(0, 2) = tiny;
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
+  const bool stored = is_stored(tiny);
+  const auto csr = to_csr(d);
+  const std::string violation = find_violation(csr);
+  const auto tw = to_twell(d, TwellLayout{8, 2});
+  _mm_setcsr(saved);
+  CHECK(stored);
+  CHECK(csr.nnz() == 1);
+  CHECK(violation == "");
+  const auto back = to_dense(tw);
+  CHECK(std::memcmp(back.values().data(), d.values().data(), d.values().bytes()) == 0);
+}
+#endif
 
 TEST_CASE("Buffer: zero-filled, aligned, move-only semantics, deep copies") {
   Buffer<std::uint32_t> a(1000);

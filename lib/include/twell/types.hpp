@@ -165,6 +165,17 @@ constexpr DType dtype_of = ValueTraits<std::remove_const_t<T>>::dtype;
 // With threshold 0 that means v != 0, so -0.0 is not stored and NaN always is.
 template <Value T>
 TWELL_HD inline bool is_stored(T v, float threshold = 0.0f) {
+#if !defined(__CUDA_ARCH__)
+  // A host process may run with subnormals flushed to zero (-ffast-math, torch's
+  // set_flush_denormal), where a subnormal compared as a float reads as 0 and was dropped: at
+  // threshold 0 the rule is decided on the bits (the device code keeps subnormals).
+  if ((float_bits(threshold) & 0x7fffffffu) == 0u) {
+    if constexpr (std::is_same_v<std::remove_const_t<T>, float>)
+      return (float_bits(v) & 0x7fffffffu) != 0u;
+    else
+      return (ValueTraits<std::remove_const_t<T>>::to_bits(v) & 0x7fffu) != 0u;
+  }
+#endif
   return !(std::fabs(to_float(v)) <= threshold);
 }
 

@@ -35,6 +35,9 @@ void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpa
             "dst.value_plane overlaps the source; convert into storage of its own");
     require(!byte_range(dst.value_plane, words).overlaps(byte_range(dst.packed, words)), ErrorCode::invalid_argument,
             where, "dst.value_plane overlaps dst.packed; each needs storage of its own");
+  } else {
+    require(dst.value_plane == nullptr, ErrorCode::invalid_argument, where, "dst.value_plane is set, but ",
+            to_string(dtype_of<T>), " values live in the slots and the view must leave it null");
   }
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include <twell/memory.hpp>
 
@@ -35,11 +36,13 @@ struct ConvertOptions {
 };
 
 // What every converter of both backends checks first, naming `where`: a threshold that is a
-// non-negative number (NaN refused) and a policy that is one of the enumerators (also where the
+// finite non-negative number (NaN refused; +Inf would drop Inf values, which are always stored)
+// and a policy that is one of the enumerators (also where the
 // target ignores it: a value outside the enum is a caller's bug, whatever it converts to).
 inline void check_convert_options(const ConvertOptions& options, const char* where) {
-  require(options.threshold >= 0.0f, ErrorCode::invalid_argument, where, "options.threshold = ", options.threshold,
-          " must be a non-negative number");
+  require(options.threshold >= 0.0f && options.threshold <= std::numeric_limits<float>::max(),
+          ErrorCode::invalid_argument, where, "options.threshold = ", options.threshold,
+          " must be a finite non-negative number");
   check_overflow_policy(options.overflow, where);
 }
 
