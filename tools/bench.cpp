@@ -1,7 +1,6 @@
 // `twell bench`: the benchmark suites of bench/ (DESIGN.md "Benchmark method"); JSON for
 // bench/plot.py and a short table on stdout.
 #include <cstdint>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -133,9 +132,7 @@ int run_bench(std::span<const std::string> argv) {
   nothing_measured("this build of twell has no cuda backend (configure with -DTWELL_WITH_CUDA=ON)", "no cuda backend");
 #endif
   if (!out.empty()) {
-    std::ofstream f(out);
-    f << report.to_json().dump(1);
-    require(static_cast<bool>(f), ErrorCode::io, "twell bench", "cannot write '", out, "'");
+    write_text_file(out, report.to_json().dump(1));
     std::cerr << "twell bench: wrote " << out << "\n";
   }
   return status;

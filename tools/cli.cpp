@@ -45,4 +45,21 @@ Format output_format(FileType type, const std::optional<std::string>& to, std::o
   return asked;
 }
 
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  std::error_code ec;
+  if (std::filesystem::exists(a, ec) && std::filesystem::exists(b, ec)) {
+    const bool same = std::filesystem::equivalent(a, b, ec);
+    if (!ec) return same;
+  }
+  const auto normal = [](const std::filesystem::path& p) {
+    std::error_code absolute_ec;
+    return std::filesystem::absolute(p, absolute_ec).lexically_normal();
+  };
+  return normal(a) == normal(b);
+}
+
+void write_text_file(const std::filesystem::path& path, std::string_view text) {
+  write_file(path, std::as_bytes(std::span(text.data(), text.size())));
+}
+
 }  // namespace twell::cli

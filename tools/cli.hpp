@@ -2,6 +2,7 @@
 // registers itself at start-up, so adding one touches no other file.
 #pragma once
 
+#include <filesystem>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -54,5 +55,13 @@ auto as_usage(F&& parse) {
 // CSR and a .npy file dense, and --to naming another format is a usage error; a .twell file holds
 // any format, --to's or else `twell_default` (none: --to is required). Throws UsageError.
 Format output_format(FileType type, const std::optional<std::string>& to, std::optional<Format> twell_default);
+
+// Whether a and b name the same file: the same file on disk where both exist, else the same
+// absolute path once "." and ".." are resolved (an output not yet written).
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);
+
+// Writes `text` to `path` as every output of the program is written: twell::write_file, which
+// replaces the file whole or not at all (a failure throws ErrorCode::io).
+void write_text_file(const std::filesystem::path& path, std::string_view text);
 
 }  // namespace twell::cli

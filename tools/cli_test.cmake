@@ -1,9 +1,19 @@
 # Exit statuses and messages of the twell program: run by ctest as
 #   cmake -DTWELL=<path to twell> -P cli_test.cmake
 # Each case runs the program and checks its exit status and a fragment of its output.
-function(expect status fragment)
+
+# Runs twell with ARGN; sets rc, out, err and cmdline in the caller's scope.
+function(run_twell)
   execute_process(COMMAND ${TWELL} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   string(REPLACE ";" " " cmdline "${ARGN}")
+  set(rc "${rc}" PARENT_SCOPE)
+  set(out "${out}" PARENT_SCOPE)
+  set(err "${err}" PARENT_SCOPE)
+  set(cmdline "${cmdline}" PARENT_SCOPE)
+endfunction()
+
+function(expect status fragment)
+  run_twell(${ARGN})
   if(NOT rc STREQUAL "${status}")
     message(FATAL_ERROR "twell ${cmdline}: exit status ${rc}, expected ${status}\nstdout:\n${out}\nstderr:\n${err}")
   endif()
@@ -12,6 +22,26 @@ function(expect status fragment)
     message(FATAL_ERROR "twell ${cmdline}: output lacks '${fragment}'\nstdout:\n${out}\nstderr:\n${err}")
   endif()
   message(STATUS "ok: twell ${cmdline} -> ${rc}")
+endfunction()
+
+# Like expect, but the fragment must appear exactly `count` times in the output (0: never).
+function(expect_count status fragment count)
+  run_twell(${ARGN})
+  set(rest "${out}${err}")
+  set(found 0)
+  string(LENGTH "${fragment}" length)
+  string(FIND "${rest}" "${fragment}" at)
+  while(NOT at EQUAL -1)
+    math(EXPR found "${found} + 1")
+    math(EXPR at "${at} + ${length}")
+    string(SUBSTRING "${rest}" ${at} -1 rest)
+    string(FIND "${rest}" "${fragment}" at)
+  endwhile()
+  if(NOT rc STREQUAL "${status}" OR NOT found EQUAL count)
+    message(FATAL_ERROR "twell ${cmdline}: exit status ${rc} (expected ${status}), '${fragment}' ${found} times "
+                        "(expected ${count})\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  message(STATUS "ok: twell ${cmdline} -> ${rc}, '${fragment}' ${found} times")
 endfunction()
 
 expect(0 "demo" --help)
@@ -96,3 +126,83 @@ expect(0 "1 values stored, 1 values became zero in fp16" convert "${tiny_mtx}" "
 expect(2 "layout.tile = 12 must be a multiple of 8" convert "${tiny_mtx}" "${narrowed}" --tile 12)
 expect(2 "--ell-width sets the width of an ELL output, but this command writes dense" convert "${tiny_mtx}" "${narrowed}" --ell-width 5)
 file(REMOVE "${big_mtx}" "${big_npy}" "${narrowed}" "${tiny_mtx}")
+
+# stats --png with stdout a pipe: the report is printed once, not again by each python probe's
+# fork (whether or not a python with matplotlib is found, the report comes first and once).
+set(small_mtx "${CMAKE_CURRENT_BINARY_DIR}/cli_test_small.mtx")
+set(small_png "${CMAKE_CURRENT_BINARY_DIR}/cli_test_small.png")
+file(WRITE "${small_mtx}" "%%MatrixMarket matrix coordinate real general\n3 4 3\n1 1 1.5\n2 3 -2\n3 4 7\n")
+expect_count(0 "recommended layout" 1 stats "${small_mtx}" --png "${small_png}")
+file(REMOVE "${small_png}")
+
+# Standard output that cannot be written (a full disk) is a failure, exit 1, whatever printed it.
+if(EXISTS /dev/full)
+  foreach(args IN ITEMS "--help" "stats;${small_mtx}" "validate;${small_mtx}")
+    execute_process(COMMAND ${TWELL} ${args} OUTPUT_FILE /dev/full RESULT_VARIABLE rc ERROR_VARIABLE err)
+    string(REPLACE ";" " " cmdline "${args}")
+    string(FIND "${err}" "error writing standard output: No space left on device" at)
+    if(NOT rc STREQUAL "1" OR at EQUAL -1)
+      message(FATAL_ERROR "twell ${cmdline} > /dev/full: exit status ${rc}, expected 1\nstderr:\n${err}")
+    endif()
+    message(STATUS "ok: twell ${cmdline} > /dev/full -> ${rc}")
+  endforeach()
+endif()
+
+# bench --out writes through twell::write_file like every other output: a file it cannot replace
+# is an error, and "wrote" is said only after a write that succeeded. Only where no GPU is visible
+# (bench then measures nothing, exit 1, at once); with one it would run the suites.
+execute_process(COMMAND ${TWELL} --version OUTPUT_VARIABLE version)
+string(FIND "${version}" "device visible" gpu_visible)
+if(gpu_visible EQUAL -1)
+  if(EXISTS /dev/full)
+    expect(1 "cannot write '/dev/full': not a regular file" bench --quick --out /dev/full)
+    expect_count(1 "twell bench: wrote" 0 bench --quick --out /dev/full)
+  endif()
+  set(bench_json "${CMAKE_CURRENT_BINARY_DIR}/cli_test_bench.json")
+  expect(1 "twell bench: wrote ${bench_json}" bench --quick --out "${bench_json}")
+  file(REMOVE "${bench_json}")
+endif()
+
+# stats --json / --png never overwrite the input, nor each other, however the path is spelt;
+# nothing is written.
+get_filename_component(bindir_name "${CMAKE_CURRENT_BINARY_DIR}" NAME)
+set(small_json "${CMAKE_CURRENT_BINARY_DIR}/cli_test_small.json")
+expect(2 "--json '${small_mtx}' names the input file" stats "${small_mtx}" --json "${small_mtx}")
+expect(2 "names the input file" stats "${small_mtx}"
+       --png "${CMAKE_CURRENT_BINARY_DIR}/../${bindir_name}/./cli_test_small.mtx")
+expect(2 "--json and --png name the same file" stats "${small_mtx}" --json "${small_json}" --png "${small_json}")
+expect(0 "recommended layout" stats "${small_mtx}")
+file(REMOVE "${small_json}")
+
+# On a terminal the progress line is erased before the results are printed, not left in front of
+# their first line. `script` gives twell a terminal; TWELL_PROGRESS=always draws from the start.
+find_program(SCRIPT_PROGRAM script)
+if(SCRIPT_PROGRAM)
+  string(ASCII 27 escape)
+  set(small_npy "${CMAKE_CURRENT_BINARY_DIR}/cli_test_small.npy")
+  foreach(args IN ITEMS "convert '${small_mtx}' '${small_npy}'" "stats '${small_mtx}'" "validate '${small_mtx}'")
+    execute_process(COMMAND ${SCRIPT_PROGRAM} -qec "TWELL_PROGRESS=always '${TWELL}' ${args}" /dev/null
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+    string(FIND "${out}" "\r${escape}[K${small_mtx}" at)
+    if(NOT rc STREQUAL "0" OR at EQUAL -1)
+      message(FATAL_ERROR "twell ${args} on a terminal: exit status ${rc}, the output does not start on a "
+                          "cleared line:\n${out}")
+    endif()
+    message(STATUS "ok: twell ${args} on a terminal -> ${rc}")
+  endforeach()
+  file(REMOVE "${small_npy}")
+endif()
+
+# validate: a file past a reader's memory limit cannot be checked; it is not called invalid.
+set(tall_mtx "${CMAKE_CURRENT_BINARY_DIR}/cli_test_tall.mtx")
+file(WRITE "${tall_mtx}" "%%MatrixMarket matrix coordinate real general\n50000000 1000 1\n1 1 1\n")
+expect(1 "cli_test_tall.mtx: cannot check (out_of_memory):" validate "${tall_mtx}")
+expect(1 "cli_test_small.mtx: invalid (io)" validate "${CMAKE_CURRENT_BINARY_DIR}/missing/cli_test_small.mtx")
+file(REMOVE "${tall_mtx}")
+
+# convert: explicit zeros of a .mtx are dropped (twell stores none) and the summary says so.
+set(zeros_mtx "${CMAKE_CURRENT_BINARY_DIR}/cli_test_zeros.mtx")
+set(zeros_npy "${CMAKE_CURRENT_BINARY_DIR}/cli_test_zeros.npy")
+file(WRITE "${zeros_mtx}" "%%MatrixMarket matrix coordinate real general\n2 3 4\n1 1 1\n1 2 0\n2 3 -2\n2 1 -0\n")
+expect(0 "2 values stored, 2 explicit zeros in the file dropped" convert "${zeros_mtx}" "${zeros_npy}")
+file(REMOVE "${zeros_mtx}" "${zeros_npy}")

@@ -169,12 +169,16 @@ int run_convert(std::span<const std::string> argv) {
   const AnyMatrix result = convert(m, to, request->layout, options);
   progress.step("writing " + out);
   write_matrix(out, result);
+  progress.clear();
   if (!request->quiet) {
     std::cout << in << " (" << from << ") -> " << out << " (" << describe(result) << "): " << report.nnz
               << " values stored";
     if (report.dropped != 0) std::cout << ", " << report.dropped << " dropped by --overflow drop";
     if (report.overflow_rows != 0) std::cout << ", " << report.overflow_rows << " rows in the dense overflow block";
-    if (zeroed != 0) std::cout << ", " << zeroed << " values became zero in " << to_string(dtype(m)) << " and were dropped";
+    // Stored in the file but not in twell (no format keeps zeros): said, so the counts add up.
+    if (mtx.explicit_zeros != 0) std::cout << ", " << mtx.explicit_zeros << " explicit zeros in the file dropped";
+    if (zeroed != 0)
+      std::cout << ", " << zeroed << " values became zero in " << to_string(dtype(m)) << " and were dropped";
     std::cout << "\n";
   }
   return 0;

@@ -1,6 +1,8 @@
 // twell: the command-line program. Dispatches to the registered subcommands (tools/cli.hpp).
 // Exit status: 0 success, 1 bad input data or a failed operation (twell::Error), 2 bad usage.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -29,10 +31,8 @@ void print_help(std::ostream& os) {
   os << "\n`twell <command> --help` describes a command's options.\n";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
+// Runs the command line; the exit status.
+int run(const std::vector<std::string>& args) {
   if (args.empty()) {
     print_help(std::cerr);
     return 2;
@@ -64,4 +64,21 @@ int main(int argc, char** argv) {
     std::cerr << "twell " << name << ": error: " << e.what() << "\n";
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  const int status = run(args);
+  // Output lost on a full disk or a closed file is a failure: a report cut short must not exit 0.
+  // (std::cout shares stdout's buffer; `generate` also writes with printf.)
+  errno = 0;
+  std::cout.flush();
+  const bool written = std::fflush(stdout) == 0 && std::cout && std::ferror(stdout) == 0;
+  const int err = errno;  // of the first failed write
+  if (written) return status;
+  std::cerr << "twell" << (args.empty() ? "" : " " + args.front()) << ": error writing standard output"
+            << (err != 0 ? std::string(": ") + std::strerror(err) : std::string()) << "\n";
+  return status == 0 ? 1 : status;
 }

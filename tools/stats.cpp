@@ -1,5 +1,6 @@
 // `twell stats FILE [--png hist.png] [--json stats.json]`: distributions of nonzeros per row and
 // per (row, tile), overflow of candidate TwELL layouts, bytes per format, recommended layout.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -109,12 +109,19 @@ class TemporaryFile {
 
 // Runs argv without a shell; the exit status, or -1 when it could not start.
 int spawn(const std::vector<std::string>& argv, bool quiet) {
+  // What is still buffered would be written twice, by the child too, and after the child's output.
+  std::cout.flush();
+  std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid < 0) return -1;
   if (pid == 0) {
     if (quiet) {
-      std::freopen("/dev/null", "w", stdout);
-      std::freopen("/dev/null", "w", stderr);
+      // dup2, not freopen: the child must not flush the parent's stdio buffers itself.
+      const int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+      if (null_fd >= 0) {
+        dup2(null_fd, STDOUT_FILENO);
+        dup2(null_fd, STDERR_FILENO);
+      }
     }
     std::vector<char*> args;
     for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -182,6 +189,14 @@ std::optional<StatsRequest> parse_stats(std::span<const std::string> argv) {
   }
   if (args.has("json")) r.json = args.get("json", "");
   if (args.has("png")) r.png = args.get("png", "");
+  // An output over the input destroys the matrix, and one over the other loses the statistics:
+  // always a mistake here (unlike convert IN IN, which converts in place).
+  for (const auto& [option, output] : {std::pair{"--json", r.json}, std::pair{"--png", r.png}}) {
+    if (output && same_file(*output, r.path))
+      throw UsageError(std::string(option) + " '" + *output + "' names the input file; it would be overwritten");
+  }
+  if (r.json && r.png && same_file(*r.json, *r.png))
+    throw UsageError("--json and --png name the same file '" + *r.png + "'");
   return r;
 }
 
@@ -198,11 +213,12 @@ int run_stats(std::span<const std::string> argv) {
   const AnyMatrix m = read_matrix(path, read);
   progress.step("computing statistics");
   const MatrixStats st = std::visit([&](const auto& x) { return stats(x.view(), options); }, m);
+  progress.clear();
   std::cout << path << "\n" << format_stats(st);
   const std::string json = to_json(st, path);
   if (request->json) {
     const std::string& out = *request->json;
-    write_file(out, std::span(reinterpret_cast<const std::byte*>(json.data()), json.size()));
+    write_text_file(out, json);
     std::cout << "statistics written to " << out << "\n";
   }
   if (request->png) {
@@ -210,6 +226,7 @@ int run_stats(std::span<const std::string> argv) {
     const std::string& png = *request->png;
     const std::filesystem::path script = find_plot_script();
     const std::string python = find_python();
+    progress.clear();
     if (script.empty() || python.empty()) {
       std::cerr << "twell stats: no PNG written: "
                 << (script.empty() ? "plot_stats.py was not found (set TWELL_PLOT_STATS)"
@@ -224,7 +241,7 @@ int run_stats(std::span<const std::string> argv) {
       input = *request->json;
     } else {
       input = temporary.emplace().path();
-      write_file(input, std::span(reinterpret_cast<const std::byte*>(json.data()), json.size()));
+      write_text_file(input, json);
     }
     const int rc = spawn({python, script.string(), input.string(), png}, false);
     if (rc != 0) fail(ErrorCode::io, "twell stats", python, " ", script.string(), " exited with status ", rc);

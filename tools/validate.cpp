@@ -13,7 +13,8 @@ namespace twell::cli {
 
 const Spec kValidateSpec{"validate",
                          "Reads a matrix file and checks every invariant of its format: exit status 0 when it\n"
-                         "is valid, 1 when it is not, with the first violation and its byte offset or coordinates.",
+                         "is valid, 1 when it is not, with the first violation and its byte offset or coordinates,\n"
+                         "or when it cannot be checked (a reader's memory limit).",
                          "<file.mtx|file.npy|file.twell>",
                          1,
                          1,
@@ -44,11 +45,17 @@ int run_validate(std::span<const std::string> argv) {
   progress.step("reading and validating");
   try {
     const AnyMatrix m = read_matrix(path, options);
+    progress.clear();
     std::cout << path << ": valid " << to_string(format(m)) << " " << to_string(dtype(m)) << " matrix, " << rows(m)
               << " x " << cols(m) << "\n";
     return 0;
   } catch (const Error& e) {
-    std::cout << path << ": invalid (" << to_string(e.code()) << "): " << e.what() << "\n";
+    progress.clear();
+    // A reader's limit (ReadOptions::max_implicit_bytes) or the machine's memory says nothing of
+    // the file: a valid 50M-row matrix of one entry is not "invalid".
+    const bool unchecked = e.code() == ErrorCode::out_of_memory;
+    std::cout << path << (unchecked ? ": cannot check (" : ": invalid (") << to_string(e.code()) << "): " << e.what()
+              << "\n";
     return 1;
   }
 }

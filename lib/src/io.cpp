@@ -48,16 +48,16 @@ struct Descriptor {
   int fd;
 };
 
-// A fresh file beside `path` ("<path>.partial.<64 random bits>"), created exclusively: never a
-// file that a planted link points at, nor one that another writer uses. Mode 0666 less the umask,
-// as fopen gives.
+// A fresh file beside `path`, ".twell-<64 random bits>.partial": hidden, and of a fixed length
+// (31 bytes), so that any name the file system takes for the target can be written. Created
+// exclusively: never a file that a planted link points at, nor one that another writer uses.
+// Mode 0666 less the umask, as fopen gives.
 Descriptor create_temporary(const std::filesystem::path& path, std::filesystem::path& tmp) {
   std::random_device random;
   const std::uint64_t suffix = (std::uint64_t{random()} << 32) ^ random();
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(suffix));
-  tmp = path;
-  tmp += std::string(".partial.") + hex;
+  char name[32];
+  std::snprintf(name, sizeof name, ".twell-%016llx.partial", static_cast<unsigned long long>(suffix));
+  tmp = path.parent_path() / name;
   return Descriptor(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
 }
 
@@ -65,18 +65,23 @@ Descriptor create_temporary(const std::filesystem::path& path, std::filesystem::
 
 std::vector<std::byte> read_file(const std::filesystem::path& path) {
   constexpr std::string_view kWhere = "twell::read_file";
-  const Descriptor f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a pipe that no one writes returns at once, to be refused below.
+  const Descriptor f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (f.fd < 0) {
     const int err = errno;
     fail(ErrorCode::io, kWhere, "cannot open '", path.string(), "': ", std::strerror(err));
   }
+  // Only a regular file, whose size bounds what is read: /dev/zero or an endless pipe would take
+  // memory until the process is killed.
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode))
+    fail(ErrorCode::io, kWhere, "cannot read '", path.string(), "': not a regular file");
   // A file larger than the memory is out_of_memory, as in the readers, not a std::bad_alloc.
   return io_detail::guard_allocation(kWhere, [&] {
     std::vector<std::byte> bytes;
-    // A regular file's size is reserved up front (failing before any read when it cannot be had);
-    // the read still runs to the end, as the file may be a pipe or may have grown.
-    struct stat st {};
-    if (::fstat(f.fd, &st) == 0 && S_ISREG(st.st_mode)) bytes.reserve(static_cast<std::size_t>(st.st_size));
+    // The size is reserved up front (failing before any read when it cannot be had); the read
+    // still runs to the end, as the file may have grown.
+    bytes.reserve(static_cast<std::size_t>(st.st_size));
     std::array<std::byte, 1 << 16> chunk;
     for (;;) {
       const ssize_t got = ::read(f.fd, chunk.data(), chunk.size());
@@ -94,9 +99,22 @@ std::vector<std::byte> read_file(const std::filesystem::path& path) {
 
 void write_file(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   constexpr std::string_view kWhere = "twell::write_file";
+  // Through a symlink: the link stays and the file it leads to is replaced, as editors and cp do.
+  std::filesystem::path target = path;
+  std::error_code ec;
+  if (std::filesystem::is_symlink(path, ec) && std::filesystem::exists(path, ec)) {
+    target = std::filesystem::canonical(path, ec);
+    if (ec) fail(ErrorCode::io, kWhere, "cannot resolve the link '", path.string(), "': ", ec.message());
+  }
+  // Only a regular file is replaced: a rename over a device or a pipe (/dev/full, as root) would
+  // take its place instead of writing to it.
+  struct stat existing {};
+  const bool replaces = ::stat(target.c_str(), &existing) == 0;
+  if (replaces && !S_ISREG(existing.st_mode))
+    fail(ErrorCode::io, kWhere, "cannot write '", path.string(), "': not a regular file");
   std::filesystem::path tmp;
   {
-    const Descriptor f = create_temporary(path, tmp);
+    const Descriptor f = create_temporary(target, tmp);
     if (f.fd < 0) {
       const int err = errno;
       fail(ErrorCode::io, kWhere, "cannot create '", tmp.string(), "' to write '", path.string(),
@@ -108,6 +126,9 @@ void write_file(const std::filesystem::path& path, std::span<const std::byte> by
       fail(ErrorCode::io, kWhere, "error ", what, " '", tmp.string(), "' (", bytes.size(),
            " bytes): ", std::strerror(err));
     };
+    // The replacement keeps the permissions of the file it replaces (a private 0600 file stays
+    // private), set before any byte is written.
+    if (replaces && ::fchmod(f.fd, existing.st_mode & 07777) != 0) fail_removing("setting the mode of");
     // All of it, and on the disk before the rename: the target is never seen half written.
     for (std::size_t done = 0; done < bytes.size();) {
       const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
@@ -117,11 +138,10 @@ void write_file(const std::filesystem::path& path, std::span<const std::byte> by
     }
     if (::fsync(f.fd) != 0) fail_removing("syncing");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
+  std::filesystem::rename(tmp, target, ec);
   if (ec) {
     ::unlink(tmp.c_str());
-    fail(ErrorCode::io, kWhere, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
+    fail(ErrorCode::io, kWhere, "cannot rename '", tmp.string(), "' to '", target.string(), "': ", ec.message());
   }
 }
 

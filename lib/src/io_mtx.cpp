@@ -178,7 +178,14 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   } else if (iequal(tok[4], "skew-symmetric")) {
     symmetry = Symmetry::skew;
   } else {
-    lines.fail_here(ErrorCode::unsupported, at[4], "symmetry '", tok[4], "' is not general, symmetric or skew-symmetric");
+    lines.fail_here(ErrorCode::unsupported, at[4], "symmetry '", tok[4],
+                    "' is not general, symmetric or skew-symmetric");
+  }
+  // The specification (and NIST's mm_is_valid) forbids it: a pattern holds no value to negate
+  // for the mirrored entry, and a made-up -1 would be read.
+  if (field == Field::pattern && symmetry == Symmetry::skew) {
+    lines.fail_here(ErrorCode::malformed, at[4], "field 'pattern' with symmetry '", tok[4],
+                    "' is not a valid Matrix Market combination (skew-symmetric needs values)");
   }
 
   // Comments and blank lines, then the size line.
@@ -224,8 +231,9 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   // Three arrays of rows + 1 int64 (row_ptr and the bucket sort's start and fill below).
   if (!io_detail::fits_implicit(static_cast<std::uint64_t>(rows) + 1, 3 * sizeof(std::int64_t), bytes.size(),
                                 options)) {
-    lines.fail_here(ErrorCode::io, 0, rows, " rows need 3 x (rows + 1) x 8 bytes of row offsets, more than the ",
-                    bytes.size(), "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
+    lines.fail_here(ErrorCode::out_of_memory, 0, rows,
+                    " rows need 3 x (rows + 1) x 8 bytes of row offsets, more than the ", bytes.size(),
+                    "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
   }
 
   if (symmetry != Symmetry::general && rows != cols) {

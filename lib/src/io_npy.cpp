@@ -198,7 +198,7 @@ AnyMatrix read_npy(std::span<const std::byte> bytes, const ReadOptions& options)
   // A (rows, 0) array has no data for any row count, but its rows still cost work and memory
   // downstream (a CSR's row pointers): each is charged 8 bytes, as a .mtx row pointer is.
   if (cols == 0 && !io_detail::fits_implicit(static_cast<std::uint64_t>(rows), 8, size, options)) {
-    fail(ErrorCode::io, kWhere, "header: ", rows, " rows of 0 columns, at 8 bytes a row, exceed the ", size,
+    fail(ErrorCode::out_of_memory, kWhere, "header: ", rows, " rows of 0 columns, at 8 bytes a row, exceed the ", size,
          "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
   }
   const std::size_t item = dtype == DType::fp32 ? 4 : 2;

@@ -150,7 +150,7 @@ Header parse_header(std::span<const std::byte> bytes, const ReadOptions& options
   // a dense or TwELL matrix with 0 columns has an empty payload for any row count. With 0 columns
   // each row is charged 8 bytes, as a .mtx row pointer is.
   if (h.cols == 0 && !io_detail::fits_implicit(static_cast<std::uint64_t>(h.rows), 8, bytes.size(), options)) {
-    fail(ErrorCode::io, kWhere, "byte 16: rows = ", h.rows, " of 0 columns, at 8 bytes a row, exceed the ",
+    fail(ErrorCode::out_of_memory, kWhere, "byte 16: rows = ", h.rows, " of 0 columns, at 8 bytes a row, exceed the ",
          bytes.size(), "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
   }
   if (h.format != Format::dense && h.cols > io_detail::kMaxSparseCols) {

@@ -224,12 +224,20 @@ TEST_CASE("Matrix Market reader: fields, order, explicit zeros, duplicates and b
   CHECK(bad(head + "2 2 5\n1 1 1\n1 2 1\n2 1 1\n2 2 1\n") == ErrorCode::malformed);  // entries > cells
   CHECK(bad(head + "-2 2 0\n") == ErrorCode::malformed);
   CHECK(bad(head + "2 2\n") == ErrorCode::malformed);
-  CHECK(bad(head + "2 3000000000 0\n") == ErrorCode::unsupported);        // 32-bit columns
-  CHECK(bad(head + "4000000000000 1 0\n") == ErrorCode::io);              // row_ptr beyond the cap
+  CHECK(bad(head + "2 3000000000 0\n") == ErrorCode::unsupported);       // 32-bit columns
+  CHECK(bad(head + "4000000000000 1 0\n") == ErrorCode::out_of_memory);  // row_ptr beyond the cap
   CHECK(bad("%%MatrixMarket matrix coordinate real hermitian\n1 1 0\n") == ErrorCode::unsupported);
   CHECK(bad("%%MatrixMarket matrix coordinate real symmetric\n2 2 1\n1 2 1\n") == ErrorCode::malformed);  // upper
   CHECK(bad("%%MatrixMarket matrix coordinate real symmetric\n2 3 0\n") == ErrorCode::malformed);  // not square
   CHECK(bad("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n1 1 1\n") == ErrorCode::malformed);
+  try {  // the specification forbids pattern with skew-symmetric: no value to negate
+    read_mtx(bytes_of("%%MatrixMarket matrix coordinate pattern skew-symmetric\n3 3 1\n2 1\n"));
+    FAIL("pattern skew-symmetric was read");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::malformed);
+    CHECK(std::string(e.what()).find("line 1 (byte 41): field 'pattern' with symmetry 'skew-symmetric'") !=
+          std::string::npos);
+  }
   CHECK(bad("%%MatrixMarket matrix array real general\n1 1\n1\n") == ErrorCode::unsupported);
   CHECK(bad("%%MatrixMarket matrix coordinate complex general\n1 1 0\n") == ErrorCode::unsupported);
 }
@@ -388,10 +396,11 @@ TEST_CASE("Matrix Market reader: the row budget counts each of the three per-row
     return read_mtx(bytes_of(head + std::to_string(n) + " 0 0\n"), o);
   };
   // A 55-byte input: 8190 rows pass the old cap (8191 x 8 <= 55 + 65536), 2700 the new one (2701 x 24).
-  CHECK(code_of([&] { read(8190, 65536); }) == ErrorCode::io);
+  CHECK(code_of([&] { read(8190, 65536); }) == ErrorCode::out_of_memory);
   CHECK(rows(read(2700, 65536)) == 2700);
   // Just under the old cap of the default budget (2^27 x 8 bytes = 1 GiB): refused, not 3 GiB taken.
-  CHECK(code_of([&] { read((std::int64_t{1} << 27) - 1, ReadOptions{}.max_implicit_bytes); }) == ErrorCode::io);
+  CHECK(code_of([&] { read((std::int64_t{1} << 27) - 1, ReadOptions{}.max_implicit_bytes); }) ==
+        ErrorCode::out_of_memory);
 }
 
 TEST_CASE("matrix_as: the held matrix by type, or an error naming what is held") {
@@ -516,11 +525,11 @@ TEST_CASE(".twell reader: truncation at every field, magic, checksum, sizes and 
   std::memcpy(wide.data() + 16, &many, 8);
   const std::uint32_t wide_crc = crc32(std::span(wide).first(wide.size() - 4));
   std::memcpy(wide.data() + wide.size() - 4, &wide_crc, 4);
-  CHECK(code_of([&] { read_twell(wide); }) == ErrorCode::io);
+  CHECK(code_of([&] { read_twell(wide); }) == ErrorCode::out_of_memory);
   ReadOptions small;
   small.max_implicit_bytes = 0;
   std::vector<std::byte> tall = encode_npy<float>(DenseMatrix<float>(1000, 0).view());
-  CHECK(code_of([&] { read_npy(tall, small); }) == ErrorCode::io);
+  CHECK(code_of([&] { read_npy(tall, small); }) == ErrorCode::out_of_memory);
   CHECK(std::get<DenseMatrix<float>>(read_npy(tall)).rows() == 1000);
   // Consistent sizes, valid checksum, but content breaking an invariant: validate() rejects it.
   std::vector<std::byte> bad = encode_twell(csr);
@@ -556,8 +565,8 @@ TEST_CASE(".npy and .twell: rows of 0 columns are charged 8 bytes each against m
   // 2^30 - 24 rows of no bytes: the row count itself was compared with the input's size plus the
   // 1 GiB budget and passed, and later steps spend 8 to 16 bytes a row (16.8 GB for a .npy of 79).
   const std::int64_t many = (std::int64_t{1} << 30) - 24;
-  CHECK(code_of([&] { read_npy(encode_npy<float>(DenseMatrix<float>(many, 0).view())); }) == ErrorCode::io);
-  CHECK(code_of([&] { read_twell(encode_twell(AnyMatrix(DenseMatrix<fp16>(many, 0)))); }) == ErrorCode::io);
+  CHECK(code_of([&] { read_npy(encode_npy<float>(DenseMatrix<float>(many, 0).view())); }) == ErrorCode::out_of_memory);
+  CHECK(code_of([&] { read_twell(encode_twell(AnyMatrix(DenseMatrix<fp16>(many, 0)))); }) == ErrorCode::out_of_memory);
   // The budget is exact: 8 bytes a row beyond the input's own size.
   const auto at_budget = [](const std::vector<std::byte>& file, std::int64_t n, std::uint64_t extra) {
     ReadOptions o;
@@ -566,10 +575,10 @@ TEST_CASE(".npy and .twell: rows of 0 columns are charged 8 bytes each against m
   };
   const std::vector<std::byte> npy = encode_npy<float>(DenseMatrix<float>(1000, 0).view());
   CHECK(rows(read_npy(npy, at_budget(npy, 1000, 0))) == 1000);
-  CHECK(code_of([&] { read_npy(npy, at_budget(npy, 999, 7)); }) == ErrorCode::io);
+  CHECK(code_of([&] { read_npy(npy, at_budget(npy, 999, 7)); }) == ErrorCode::out_of_memory);
   const std::vector<std::byte> tw = encode_twell(AnyMatrix(DenseMatrix<bf16>(1000, 0)));
   CHECK(rows(read_twell(tw, at_budget(tw, 1000, 0))) == 1000);
-  CHECK(code_of([&] { read_twell(tw, at_budget(tw, 999, 7)); }) == ErrorCode::io);
+  CHECK(code_of([&] { read_twell(tw, at_budget(tw, 999, 7)); }) == ErrorCode::out_of_memory);
 }
 
 TEST_CASE("writers refuse a view that breaks its format, before reading it") {
@@ -712,6 +721,65 @@ TEST_CASE("write_file writes a fresh temporary beside the target, and leaves non
   CHECK(code_of([&] { write_file(dir / "missing" / "m.npy", bytes_of("x")); }) == ErrorCode::io);
   CHECK(entries_in(dir) == 4);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("write_file keeps the replaced file's permissions and writes through a symlink") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("twell_test_replace_" + std::to_string(testing::fresh_seed()));
+  std::filesystem::create_directories(dir);
+  using std::filesystem::perms;
+  const auto mode_of = [](const std::filesystem::path& p) {
+    return std::filesystem::status(p).permissions() & perms::mask;
+  };
+  // A private file stays private: the temporary took 0666 less the umask.
+  const auto secret = dir / "secret.npy";
+  write_file(secret, bytes_of("old"));
+  std::filesystem::permissions(secret, perms::owner_read | perms::owner_write);
+  write_file(secret, bytes_of("new"));
+  CHECK(text_of(secret) == "new");
+  CHECK(mode_of(secret) == (perms::owner_read | perms::owner_write));
+  // The link stays a link, and the file it leads to is what is replaced (mode kept too).
+  const auto target = dir / "target.mtx";
+  const auto link = dir / "link.mtx";
+  write_file(target, bytes_of("old"));
+  std::filesystem::permissions(target, perms::owner_all | perms::group_read);
+  std::filesystem::create_symlink(target.filename(), link);
+  write_file(link, bytes_of("through the link"));
+  CHECK(std::filesystem::is_symlink(link));
+  CHECK(text_of(target) == "through the link");
+  CHECK(mode_of(target) == (perms::owner_all | perms::group_read));
+  CHECK(entries_in(dir) == 3);  // secret, target, link: no temporary left
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("write_file takes any name the file system takes: the temporary's is short") {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("twell_test_long_" + std::to_string(testing::fresh_seed()));
+  std::filesystem::create_directories(dir);
+  // 255 bytes, NAME_MAX: "<name>.partial.<16 hex digits>" beside it was 280.
+  const auto longest = dir / (std::string(251, 'a') + ".npy");
+  write_file(longest, bytes_of("x"));
+  CHECK(text_of(longest) == "x");
+  write_file(longest, bytes_of("y"));
+  CHECK(text_of(longest) == "y");
+  CHECK(entries_in(dir) == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("read_file refuses what is not a regular file, naming it: its size bounds the read") {
+  // A device that ends at once (/dev/zero, which never ends, took memory until the process was
+  // killed), and a directory.
+  const std::filesystem::path paths[] = {"/dev/null", std::filesystem::temp_directory_path()};
+  for (const std::filesystem::path& path : paths) {
+    try {
+      (void)read_file(path);
+      FAIL("read ", path);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::io);
+      const std::string named = path.string() + "': not a regular file";
+      CHECK(std::string(e.what()).find(named) != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("read_file: a file larger than the memory it may take is out_of_memory, not std::bad_alloc") {

@@ -34,8 +34,9 @@ struct ReadOptions {
   // Memory a file may make the reader allocate beyond what its own bytes account for: a
   // Matrix Market header can declare a billion rows in a 30-byte file, and its reader keeps 24
   // bytes a row (row_ptr and two per-row offset arrays). Past the input's size plus this limit the
-  // reader fails (ErrorCode::io) instead of allocating. A matrix whose rows take no bytes (N = 0
-  // in .npy or .twell) is charged 8 bytes a row against the same sum.
+  // reader fails (ErrorCode::out_of_memory: a limit of the reader, not a fault of the file) instead
+  // of allocating. A matrix whose rows take no bytes (N = 0 in .npy or .twell) is charged 8 bytes
+  // a row against the same sum.
   std::uint64_t max_implicit_bytes = std::uint64_t{1} << 30;
 };
 
