@@ -45,6 +45,16 @@ Format output_format(FileType type, const std::optional<std::string>& to, std::o
   return asked;
 }
 
+ReadOptions read_options(const std::filesystem::path& path, const std::optional<std::string>& dtype) {
+  ReadOptions read;
+  const FileType type = as_usage([&] { return file_type_of(path); });
+  if (!dtype) return read;
+  if (type != FileType::mtx)
+    throw UsageError(detail::concat("--dtype has no effect: a .", to_string(type), " file holds its own value type"));
+  read.dtype = as_usage([&] { return parse_dtype(*dtype); });
+  return read;
+}
+
 bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
   std::error_code ec;
   if (std::filesystem::exists(a, ec) && std::filesystem::exists(b, ec)) {

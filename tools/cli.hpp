@@ -56,6 +56,11 @@ auto as_usage(F&& parse) {
 // any format, --to's or else `twell_default` (none: --to is required). Throws UsageError.
 Format output_format(FileType type, const std::optional<std::string>& to, std::optional<Format> twell_default);
 
+// The reading options of validate's and stats' --dtype (`dtype`, when given): the value type a
+// .mtx file is parsed into. A .npy or .twell file holds its own, so --dtype for one is refused
+// rather than ignored. Throws UsageError, also for a path of no known file type.
+ReadOptions read_options(const std::filesystem::path& path, const std::optional<std::string>& dtype);
+
 // Whether a and b name the same file: the same file on disk where both exist, else the same
 // absolute path once "." and ".." are resolved (an output not yet written).
 bool same_file(const std::filesystem::path& a, const std::filesystem::path& b);

@@ -206,3 +206,71 @@ set(zeros_npy "${CMAKE_CURRENT_BINARY_DIR}/cli_test_zeros.npy")
 file(WRITE "${zeros_mtx}" "%%MatrixMarket matrix coordinate real general\n2 3 4\n1 1 1\n1 2 0\n2 3 -2\n2 1 -0\n")
 expect(0 "2 values stored, 2 explicit zeros in the file dropped" convert "${zeros_mtx}" "${zeros_npy}")
 file(REMOVE "${zeros_mtx}" "${zeros_npy}")
+
+# An option that would have no effect is refused (exit 2, naming it and why), like --ell-width for
+# an output that is not ELL: nothing is written.
+set(unused_out "${CMAKE_CURRENT_BINARY_DIR}/cli_test_unused.twell")
+expect(2 "--dead-fraction has no effect with --distribution uniform" generate "${unused_out}" --shape small
+       --tokens 64 --distribution uniform --dead-fraction 0.9)
+set(unused_mtx "${CMAKE_CURRENT_BINARY_DIR}/cli_test_unused.mtx")
+set(unused_npy "${CMAKE_CURRENT_BINARY_DIR}/cli_test_unused.npy")
+file(WRITE "${unused_mtx}" "%%MatrixMarket matrix coordinate real general\n2 3 3\n1 1 1\n2 1 5\n2 3 -2\n")
+expect(2 "--overflow hybrid has no effect: a csr output has no overflow" convert "${unused_mtx}" "${unused_mtx}"
+       --overflow hybrid)
+expect(2 "--overflow drop has no effect: a dense output has no overflow" convert "${unused_mtx}" "${unused_npy}"
+       --overflow drop)
+expect(2 "--overflow drop has no effect: a Hybrid keeps every value" convert "${unused_mtx}" "${unused_out}"
+       --to hybrid --overflow drop)
+expect(2 "--overflow hybrid has no effect: ELL has no overflow block" convert "${unused_mtx}" "${unused_out}"
+       --to ell --overflow hybrid)
+expect(2 "--overflow hybrid has no effect: ELL has no overflow block" convert "${unused_mtx}" "${unused_out}"
+       --to ell --overflow hybrid --ell-width 1)
+expect(2 "--overflow drop has no effect: without --ell-width" convert "${unused_mtx}" "${unused_out}"
+       --to ell --overflow drop)
+expect(0 "1 dropped by --overflow drop" convert "${unused_mtx}" "${unused_out}" --to ell --overflow drop --ell-width 1)
+expect(0 "hybrid(tile 256, C 8)" convert "${unused_mtx}" "${unused_out}" --to twell --overflow hybrid)
+expect(0 "hybrid(tile 256, C 8)" convert "${unused_mtx}" "${unused_out}" --to hybrid --overflow hybrid)
+# --dtype picks the type a .mtx is parsed into; a .npy or .twell file carries its own.
+expect(0 "(csr fp32 2 x 3)" convert "${unused_mtx}" "${unused_out}" --to csr)
+expect(0 "(dense fp32 2 x 3)" convert "${unused_mtx}" "${unused_npy}")
+foreach(command IN ITEMS validate stats)
+  expect(0 "bf16" ${command} "${unused_mtx}" --dtype bf16)
+  expect(2 "--dtype has no effect: a .twell file holds its own value type" ${command} "${unused_out}" --dtype bf16)
+  expect(2 "--dtype has no effect: a .npy file holds its own value type" ${command} "${unused_npy}" --dtype fp32)
+endforeach()
+file(REMOVE "${unused_out}" "${unused_mtx}" "${unused_npy}")
+
+# stats --json: a file name of any bytes gives valid JSON, control characters as \u00XX and each
+# byte that is not UTF-8 (a Latin-1 e-acute here) as \ufffd; --png then reads it.
+set(odd_dir "${CMAKE_CURRENT_BINARY_DIR}/cli_test_odd")
+file(REMOVE_RECURSE "${odd_dir}")
+file(MAKE_DIRECTORY "${odd_dir}")
+file(WRITE "${odd_dir}/plain.mtx" "%%MatrixMarket matrix coordinate real general\n2 3 2\n1 1 1\n2 3 -2\n")
+execute_process(COMMAND sh -c "cd \"$1\" && f=$(printf 'caf\\351\\n\\001.mtx') && cp plain.mtx \"$f\" &&
+                               \"$2\" stats \"$f\" --json odd.json --png odd.png" sh "${odd_dir}" "${TWELL}"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+file(READ "${odd_dir}/odd.json" json)
+string(FIND "${json}" "{\"file\": \"caf\\ufffd\\u000a\\u0001.mtx\"," at)
+string(FIND "${out}${err}" "no PNG written" no_png)
+string(FIND "${out}" "histograms plotted to odd.png" plotted)
+if(NOT rc STREQUAL "0" OR at EQUAL -1 OR (no_png EQUAL -1 AND plotted EQUAL -1))
+  message(FATAL_ERROR "twell stats 'caf\\351\\n\\001.mtx' --json --png: exit status ${rc}, expected 0, the file name "
+                      "escaped and a PNG plotted\nstdout:\n${out}\nstderr:\n${err}\njson:\n${json}")
+endif()
+message(STATUS "ok: twell stats 'caf\\351\\n\\001.mtx' --json --png -> ${rc}")
+file(REMOVE_RECURSE "${odd_dir}")
+
+# convert: a dense matrix wider than 2^31-1 columns (which CSR's 32-bit column indices cannot hold)
+# converts to dense as a copy, not through CSR. No data: 0 rows.
+set(wide_npy "${CMAKE_CURRENT_BINARY_DIR}/cli_test_wide.npy")
+set(wide_copy "${CMAKE_CURRENT_BINARY_DIR}/cli_test_wide_copy.npy")
+set(wide_header "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 3000000000), }")
+string(LENGTH "${wide_header}" header_length)
+math(EXPR padding "127 - 10 - ${header_length}")  # magic, version and length: 10 bytes; 128 in all
+string(REPEAT " " ${padding} spaces)
+execute_process(COMMAND sh -c "printf '\\223NUMPY\\001\\000\\166\\000%s\\n' \"$2\" > \"$1\"" sh "${wide_npy}"
+                           "${wide_header}${spaces}")
+expect(1 "error (unsupported): twell::stats: cols = 3000000000" stats "${wide_npy}")
+expect(0 "(dense fp32 0 x 3000000000): 0 values stored" convert "${wide_npy}" "${wide_copy}")
+expect(0 "(dense fp32 0 x 3000000000): 0 values stored" convert "${wide_npy}" "${wide_copy}.twell" --to dense)
+file(REMOVE "${wide_npy}" "${wide_copy}" "${wide_copy}.twell")

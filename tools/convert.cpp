@@ -1,5 +1,6 @@
 // `twell convert IN OUT --to FORMAT [...]`: reads a .mtx/.npy/.twell file, optionally changes
 // the value type, converts to any format and writes .mtx (CSR), .npy (dense) or .twell (any).
+#include <algorithm>
 #include <iostream>
 #include <vector>
 
@@ -65,6 +66,33 @@ OverflowPolicy parse_overflow(const std::string& s) {
   throw UsageError("--overflow '" + s + "' is not one of error, hybrid, drop");
 }
 
+// Why --overflow `policy` would have no effect on a `to` output; empty when it has one. ELL overflows
+// only under --ell-width, and never into a block: the library refuses hybrid there only with a
+// width, but without one it would be ignored, so the CLI refuses it either way.
+std::string overflow_unused(Format to, OverflowPolicy policy, bool ell_width) {
+  switch (to) {
+    case Format::twell:
+      return {};  // error and drop apply; hybrid writes a Hybrid
+    case Format::hybrid:
+      return policy == OverflowPolicy::hybrid ? "" : "a Hybrid keeps every value (its dense block takes the overflow)";
+    case Format::ell:
+      if (policy == OverflowPolicy::hybrid) return "ELL has no overflow block";
+      return ell_width ? "" : "without --ell-width the ELL width is the longest row, so no row overflows";
+    case Format::dense:
+    case Format::csr:
+      break;
+  }
+  return detail::concat("a ", to_string(to), " output has no overflow");
+}
+
+// The values a dense matrix stores: its nonzeros, as ConvertReport::nnz counts them.
+std::int64_t stored_values(const AnyMatrix& dense) {
+  return dispatch_dtype(dtype(dense), [&]<class T>() {
+    const auto values = std::get<DenseMatrix<T>>(dense).values().host_span();
+    return static_cast<std::int64_t>(std::ranges::count_if(values, [](T v) { return is_stored(v); }));
+  });
+}
+
 std::string describe(const AnyMatrix& m) {
   std::string layout;
   if (const Format f = format(m); f == Format::twell || f == Format::hybrid) {
@@ -127,12 +155,16 @@ std::optional<ConvertRequest> parse_convert(std::span<const std::string> argv) {
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
-  if (r.to == Format::twell && r.options.overflow == OverflowPolicy::hybrid) r.to = Format::hybrid;
-  // Like the layout options, a width that would go unused is refused rather than ignored.
+  // Like the layout options, a width or a policy that would go unused is refused rather than ignored.
   if (args.has("ell-width") && r.to != Format::ell) {
     throw UsageError("--ell-width sets the width of an ELL output, but this command writes " +
                      std::string(to_string(r.to)));
   }
+  if (args.has("overflow")) {
+    if (const std::string why = overflow_unused(r.to, r.options.overflow, r.options.ell_width != -1); !why.empty())
+      throw UsageError("--overflow " + args.get("overflow", "") + " has no effect: " + why);
+  }
+  if (r.to == Format::twell && r.options.overflow == OverflowPolicy::hybrid) r.to = Format::hybrid;
   r.quiet = args.flag("quiet");
   return r;
 }
@@ -148,7 +180,10 @@ int run_convert(std::span<const std::string> argv) {
   const ReadOptions read = request->read;
   ConvertOptions options = request->options;
   ConvertReport report;
-  options.report = &report;
+  // A dense output drops nothing and has no overflow block, so its values are counted rather than
+  // reported: with a report the library re-builds a dense input through CSR instead of copying it,
+  // which fails beyond CSR's 2^31-1 columns.
+  if (to != Format::dense) options.report = &report;
   const bool cast = request->dtype.has_value();
   const DType want_dtype = request->dtype.value_or(DType::fp32);
 
@@ -167,6 +202,7 @@ int run_convert(std::span<const std::string> argv) {
   }
   progress.step(std::string("converting to ") + std::string(to_string(to)));
   const AnyMatrix result = convert(m, to, request->layout, options);
+  if (to == Format::dense) report.nnz = stored_values(result);
   progress.step("writing " + out);
   write_matrix(out, result);
   progress.clear();

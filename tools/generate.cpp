@@ -44,6 +44,9 @@ std::optional<GenerateRequest> parse_generate(std::span<const std::string> argv)
   w.density = args.get_double("density", 0.005, 0.0, 1.0);
   w.distribution = as_usage([&] { return workload::parse_distribution(args.get("distribution", "token_skewed")); });
   w.dead_fraction = args.get_double("dead-fraction", w.dead_fraction, 0.0, 1.0);
+  // Like convert's --ell-width, an option that would go unused is refused rather than ignored.
+  if (w.distribution == workload::Distribution::uniform && args.has("dead-fraction"))
+    throw UsageError("--dead-fraction has no effect with --distribution uniform: every unit may fire");
   w.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, std::numeric_limits<std::int64_t>::max()));
   r.dtype = as_usage([&] { return parse_dtype(args.get("dtype", "bf16")); });
   r.out = args.positional()[0];

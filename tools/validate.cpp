@@ -18,19 +18,14 @@ const Spec kValidateSpec{"validate",
                          "<file.mtx|file.npy|file.twell>",
                          1,
                          1,
-                         {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file (default fp32)"}}};
+                         {{"dtype", "bf16|fp16|fp32", "value type for a .mtx file only (default fp32)"}}};
 
 std::optional<ValidateRequest> parse_validate(std::span<const std::string> argv) {
   const Args args(kValidateSpec, argv);
   if (args.help()) return std::nullopt;
   ValidateRequest r;
   r.path = args.positional()[0];
-  try {
-    r.read.dtype = parse_dtype(args.get("dtype", "fp32"));
-    file_type_of(r.path);
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
+  r.read = read_options(r.path, args.has("dtype") ? std::optional(args.get("dtype", "")) : std::nullopt);
   return r;
 }
 
