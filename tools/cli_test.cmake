@@ -204,7 +204,7 @@ file(REMOVE "${tall_mtx}")
 set(zeros_mtx "${CMAKE_CURRENT_BINARY_DIR}/cli_test_zeros.mtx")
 set(zeros_npy "${CMAKE_CURRENT_BINARY_DIR}/cli_test_zeros.npy")
 file(WRITE "${zeros_mtx}" "%%MatrixMarket matrix coordinate real general\n2 3 4\n1 1 1\n1 2 0\n2 3 -2\n2 1 -0\n")
-expect(0 "2 values stored, 2 explicit zeros in the file dropped" convert "${zeros_mtx}" "${zeros_npy}")
+expect(0 "2 values stored, 2 explicit zeros dropped" convert "${zeros_mtx}" "${zeros_npy}")
 file(REMOVE "${zeros_mtx}" "${zeros_npy}")
 
 # An option that would have no effect is refused (exit 2, naming it and why), like --ell-width for

@@ -212,7 +212,7 @@ int run_convert(std::span<const std::string> argv) {
     if (report.dropped != 0) std::cout << ", " << report.dropped << " dropped by --overflow drop";
     if (report.overflow_rows != 0) std::cout << ", " << report.overflow_rows << " rows in the dense overflow block";
     // Stored in the file but not in twell (no format keeps zeros): said, so the counts add up.
-    if (mtx.explicit_zeros != 0) std::cout << ", " << mtx.explicit_zeros << " explicit zeros in the file dropped";
+    if (mtx.explicit_zeros != 0) std::cout << ", " << mtx.explicit_zeros << " explicit zeros dropped";
     if (zeroed != 0)
       std::cout << ", " << zeroed << " values became zero in " << to_string(dtype(m)) << " and were dropped";
     std::cout << "\n";

@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   errno = 0;
   std::cout.flush();
   const bool written = std::fflush(stdout) == 0 && std::cout && std::ferror(stdout) == 0;
-  const int err = errno;  // of the first failed write
+  const int err = errno;  // of these flushes; 0 when only ferror kept an earlier failure
   if (written) return status;
   std::cerr << "twell" << (args.empty() ? "" : " " + args.front()) << ": error writing standard output"
             << (err != 0 ? std::string(": ") + std::strerror(err) : std::string()) << "\n";

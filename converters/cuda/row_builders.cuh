@@ -72,8 +72,7 @@ EllMatrix<T> rows_to_ell(Rows rows, std::int64_t n_rows, std::int64_t cols, cons
   check_index_range(cols, where);
   require(options.ell_width >= -1, ErrorCode::invalid_argument, where, "options.ell_width = ", options.ell_width,
           " must be -1 (the longest row) or a width >= 0");
-  require(options.ell_width == -1 || options.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, where,
-          "options.overflow = hybrid has no meaning for ELL (it has no overflow block); use error or drop");
+  check_ell_overflow_policy(options, where);
   require(options.ell_width <= cols, ErrorCode::invalid_argument, where, "options.ell_width = ", options.ell_width,
           " exceeds cols = ", cols, ": a row holds at most one entry per column");
   const cudaStream_t stream = stream_of(options);

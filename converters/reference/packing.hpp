@@ -250,8 +250,7 @@ EllMatrix<T> build_ell(const Source& src, const ConvertOptions& options, const c
   check_index_range(src.cols(), where);
   require(options.ell_width >= -1, ErrorCode::invalid_argument, where, "options.ell_width = ", options.ell_width,
           " must be -1 (the longest row) or a width >= 0");
-  require(options.ell_width == -1 || options.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, where,
-          "options.overflow = hybrid has no meaning for ELL (it has no overflow block); use error or drop");
+  check_ell_overflow_policy(options, where);
   require(options.ell_width <= src.cols(), ErrorCode::invalid_argument, where,
           "options.ell_width = ", options.ell_width, " exceeds cols = ", src.cols(),
           ": a row holds at most one entry per column");

@@ -25,7 +25,7 @@ std::int64_t l0_impl(View x, const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::reference::l0_norm";
   detail::check_view(x, where, "x");
   std::int64_t count = 0;
-  detail::for_each_entry(x, where, [&](const detail::Entry& e) { count += detail::load(x, e) != 0.0f ? 1 : 0; });
+  detail::for_each_entry(x, where, [&](const detail::Entry& e) { count += is_stored(detail::load(x, e)) ? 1 : 0; });
   detail::report_format_path(options, "reference/l0_norm", format);
   return count;
 }

@@ -298,23 +298,31 @@ void require_same_structure(A a, B b, const char* where, const char* name_a, con
 // whole structure (counts, columns, maps, shadow slots) and the new values; a Hybrid's overflow
 // rows are written whole, with zeros outside the pattern.
 
+// Every value, in the pattern's entry order; the walk throws on a malformed pattern.
 template <class View, class F>
-std::vector<std::pair<Entry, float>> values_on_pattern(View pattern, const char* where, F&& value) {
-  std::vector<std::pair<Entry, float>> values;
-  for_each_entry(pattern, where, [&](const Entry& e) { values.emplace_back(e, value(e)); });
+std::vector<float> values_on_pattern(View pattern, const char* where, F&& value) {
+  std::vector<float> values;
+  for_each_entry(pattern, where, [&](const Entry& e) { values.push_back(value(e)); });
   return values;
+}
+
+// Stores them at the same entries of `out`, walking the pattern (now known well formed) again.
+template <class View, class Out>
+void store_on_pattern(View pattern, Out out, const char* where, const std::vector<float>& values) {
+  std::size_t i = 0;
+  for_each_entry(pattern, where, [&](const Entry& e) { store(out, e, values[i++]); });
 }
 
 template <class T, class F>
 void write_on_pattern(CsrView<const T> pattern, CsrView<T> out, const char* where, const char* name, F&& value) {
   require_same_structure(pattern, out, where, name, "out");
-  for (const auto& [e, x] : values_on_pattern(pattern, where, value)) store(out, e, x);
+  store_on_pattern(pattern, out, where, values_on_pattern(pattern, where, value));
 }
 
 template <class T, class F>
 void write_on_pattern(EllView<const T> pattern, EllView<T> out, const char* where, const char* name, F&& value) {
   require_same_structure(pattern, out, where, name, "out");
-  for (const auto& [e, x] : values_on_pattern(pattern, where, value)) store(out, e, x);
+  store_on_pattern(pattern, out, where, values_on_pattern(pattern, where, value));
 }
 
 template <class T>
@@ -331,9 +339,9 @@ void write_on_pattern(TwellView<const T> pattern, TwellView<T> out, const char* 
   require(out.layout == pattern.layout, ErrorCode::shape_mismatch, where, "out has layout (tile ", out.layout.tile,
           ", C ", out.layout.compression, ") but ", name, " has (tile ", pattern.layout.tile, ", C ",
           pattern.layout.compression, ")");
-  const auto values = values_on_pattern(pattern, where, value);
+  const std::vector<float> values = values_on_pattern(pattern, where, value);
   copy_twell_structure(pattern, out);
-  for (const auto& [e, x] : values) store(out, e, x);
+  store_on_pattern(pattern, out, where, values);
 }
 
 // `also` (a Hybrid of the pattern's structure, or null) widens the overflow rows' pattern to the

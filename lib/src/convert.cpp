@@ -293,12 +293,6 @@ void refuse_hybrid_policy(const ConvertOptions& o) {
           "overflowed rows to a dense block");
 }
 
-// The ELL builders' own check, made here too because a same-width ELL copy never reaches them.
-void refuse_hybrid_policy_for_ell(const ConvertOptions& o) {
-  require(o.ell_width == -1 || o.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, "twell::to_ell",
-          "options.overflow = hybrid has no meaning for ELL (it has no overflow block); use error or drop");
-}
-
 template <class T>
 void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unused]] TwellView<T> dst,
                           [[maybe_unused]] const ConvertOptions& o, [[maybe_unused]] const char* where) {
@@ -325,7 +319,7 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
   }                                                                                                                  \
   EllMatrix<T> to_ell(View<const T> src, const ConvertOptions& o) {                                                  \
     check_overflow_policy(o.overflow, "twell::to_ell");                                                              \
-    refuse_hybrid_policy_for_ell(o);                                                                                 \
+    check_ell_overflow_policy(o, "twell::to_ell");                                                                   \
     return on_backend(space_of(src), "twell::to_ell", [&](auto b) { return Compose<decltype(b)>::to_ell(src, o); }); \
   }                                                                                                                  \
   TwellMatrix<T> to_twell(View<const T> src, TwellLayout layout, const ConvertOptions& o) {                          \

@@ -747,6 +747,12 @@ TEST_CASE_TEMPLATE("dense_to_twell_into refuses a destination of the wrong shape
     TwellView<T> with_plane = dst.view();
     with_plane.value_plane = plane.data();
     CHECK(contains(error_of([&] { to_twell_into(d.view(), with_plane); }).what(), "dst.value_plane is set"));
+    // An empty one too, which validate refuses as well.
+    const DenseMatrix<T> none(0, 300);
+    TwellMatrix<T> empty(0, 300, layout);
+    TwellView<T> empty_with_plane = empty.view();
+    empty_with_plane.value_plane = plane.data();
+    CHECK(contains(error_of([&] { to_twell_into(none.view(), empty_with_plane); }).what(), "dst.value_plane is set"));
   }
   TwellView<T> device_dst = dst.view();
   device_dst.space = MemorySpace::device;

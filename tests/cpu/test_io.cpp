@@ -715,7 +715,8 @@ TEST_CASE("write_file writes a fresh temporary beside the target, and leaves non
   write_file(dir / "m.npy", bytes_of("newer"));  // replaces the target
   CHECK(text_of(dir / "m.npy") == "newer");
   CHECK(entries_in(dir) == 3);  // victim, link, target: no temporary left
-  // A failed rename (the target is a directory) removes the temporary too.
+  // A target that is not a regular file (a directory) or a missing folder is refused, and no
+  // temporary is left behind.
   std::filesystem::create_directory(dir / "d.npy");
   CHECK(code_of([&] { write_file(dir / "d.npy", bytes_of("x")); }) == ErrorCode::io);
   CHECK(code_of([&] { write_file(dir / "missing" / "m.npy", bytes_of("x")); }) == ErrorCode::io);

@@ -78,7 +78,7 @@ T narrow(double v, std::string_view where, Element&& element, bool& rounded_to_z
     fail(ErrorCode::unsupported, where, element(), " is outside the finite range of ", to_string(dtype_of<T>),
          " (largest ", kLargest, ")");
   }
-  rounded_to_zero = v != 0 && to_float(out) == 0;
+  rounded_to_zero = v != 0 && !is_stored(out);  // on the bits: a subnormal result is kept
   return out;
 }
 

@@ -21,7 +21,13 @@ void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpa
   require(dst.rows == src.rows && dst.cols == src.cols, ErrorCode::shape_mismatch, where, "dst is ", dst.rows, " x ",
           dst.cols, " but src is ", src.rows, " x ", src.cols);
   check_layout(dst.layout, where);
-  const std::int64_t words = dst.rows * dst.layout.packed_width(dst.cols);
+  if constexpr (ValueTraits<T>::packs_in_slot) {  // an empty view too: validate refuses either
+    require(dst.value_plane == nullptr, ErrorCode::invalid_argument, where, "dst.value_plane is set, but ",
+            to_string(dtype_of<T>), " values live in the slots and the view must leave it null");
+  }
+  std::int64_t words = 0;
+  require(!__builtin_mul_overflow(dst.rows, dst.layout.packed_width(dst.cols), &words), ErrorCode::invalid_argument,
+          where, "dst of ", dst.rows, " x ", dst.cols, " holds more than 2^63 - 1 packed words");
   if (words == 0) return;
   require(dst.packed != nullptr, ErrorCode::invalid_argument, where, "dst.packed is null for a ", dst.rows, " x ",
           dst.cols, " TwELL");
@@ -35,9 +41,6 @@ void check_twell_destination(DenseView<const T> src, TwellView<T> dst, MemorySpa
             "dst.value_plane overlaps the source; convert into storage of its own");
     require(!byte_range(dst.value_plane, words).overlaps(byte_range(dst.packed, words)), ErrorCode::invalid_argument,
             where, "dst.value_plane overlaps dst.packed; each needs storage of its own");
-  } else {
-    require(dst.value_plane == nullptr, ErrorCode::invalid_argument, where, "dst.value_plane is set, but ",
-            to_string(dtype_of<T>), " values live in the slots and the view must leave it null");
   }
 }
 

@@ -46,4 +46,10 @@ inline void check_convert_options(const ConvertOptions& options, const char* whe
   check_overflow_policy(options.overflow, where);
 }
 
+// ELL has no overflow block: with a width that rows may exceed, the hybrid policy is refused.
+inline void check_ell_overflow_policy(const ConvertOptions& options, const char* where) {
+  require(options.ell_width == -1 || options.overflow != OverflowPolicy::hybrid, ErrorCode::invalid_argument, where,
+          "options.overflow = hybrid has no meaning for ELL (it has no overflow block); use error or drop");
+}
+
 }  // namespace twell
