@@ -183,7 +183,7 @@ class Buffer {
   // A copy of this buffer in the given space (same space: a deep copy).
   Buffer copy_to(MemorySpace space) const {
     Buffer out;
-    out.space_ = space;
+    out.space_ = detail::checked_space(space);
     out.size_ = size_;
     if (size_ != 0) {
       out.data_ = static_cast<T*>(detail::allocate_bytes(bytes(), space));
