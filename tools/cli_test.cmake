@@ -250,7 +250,7 @@ execute_process(COMMAND sh -c "cd \"$1\" && f=$(printf 'caf\\351\\n\\001.mtx') &
                                \"$2\" stats \"$f\" --json odd.json --png odd.png" sh "${odd_dir}" "${TWELL}"
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 file(READ "${odd_dir}/odd.json" json)
-string(FIND "${json}" "{\"file\": \"caf\\ufffd\\u000a\\u0001.mtx\"," at)
+string(FIND "${json}" "{\"file\": \"caf\\ufffd\\n\\u0001.mtx\"," at)
 string(FIND "${out}${err}" "no PNG written" no_png)
 string(FIND "${out}" "histograms plotted to odd.png" plotted)
 if(NOT rc STREQUAL "0" OR at EQUAL -1 OR (no_png EQUAL -1 AND plotted EQUAL -1))

@@ -15,8 +15,9 @@
 #include <sstream>
 
 #include <twell/any_matrix.hpp>
-#include <twell/stats.hpp>
+#include <twell/bench/json.hpp>
 #include <twell/io.hpp>
+#include <twell/stats.hpp>
 
 #include "args.hpp"
 #include "cli.hpp"
@@ -33,64 +34,12 @@ void json_distribution(std::ostream& os, const CountDistribution& d) {
   os << "]}";
 }
 
-// The length of the valid UTF-8 sequence that `s` starts with, or 0 when it starts with none
-// (RFC 3629: no overlong forms, no surrogates, nothing beyond U+10FFFF).
-std::size_t utf8_sequence_length(std::string_view s) {
-  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
-  const unsigned char lead = byte(0);
-  if (lead < 0x80) return 1;
-  std::size_t length = 0;
-  unsigned char second_min = 0x80, second_max = 0xBF;  // narrower after E0, ED, F0 and F4
-  if (lead >= 0xC2 && lead <= 0xDF) {
-    length = 2;
-  } else if (lead >= 0xE0 && lead <= 0xEF) {
-    length = 3;
-    if (lead == 0xE0) second_min = 0xA0;
-    if (lead == 0xED) second_max = 0x9F;
-  } else if (lead >= 0xF0 && lead <= 0xF4) {
-    length = 4;
-    if (lead == 0xF0) second_min = 0x90;
-    if (lead == 0xF4) second_max = 0x8F;
-  } else {
-    return 0;
-  }
-  if (s.size() < length || byte(1) < second_min || byte(1) > second_max) return 0;
-  for (std::size_t i = 2; i < length; ++i)
-    if (byte(i) < 0x80 || byte(i) > 0xBF) return 0;
-  return length;
-}
-
-// `text` as a JSON string, valid whatever bytes a file name holds: control characters as \u00XX,
-// and each byte that is not part of a valid UTF-8 sequence (a Latin-1 name) as \ufffd.
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const std::size_t length = utf8_sequence_length(text.substr(i));
-    if (length == 0) {
-      out += "\\ufffd";
-      ++i;
-      continue;
-    }
-    if (c < 0x20) {
-      char escaped[7];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      if (c == '"' || c == '\\') out += '\\';
-      out.append(text, i, length);
-    }
-    i += length;
-  }
-  return out + "\"";
-}
-
 std::string to_json(const MatrixStats& s, const std::string& file) {
   std::ostringstream os;
   os.precision(17);
-  os << "{\"file\": " << json_string(file) << ", \"dtype\": \"" << to_string(s.dtype) << "\", \"rows\": " << s.rows
-     << ", \"cols\": " << s.cols << ", \"nnz\": " << s.nnz << ", \"density\": " << s.density
-     << ",\n \"tile\": " << s.default_layout.tile << ", \"per_row\": ";
+  os << "{\"file\": " << bench::json_quoted(file) << ", \"dtype\": \"" << to_string(s.dtype)
+     << "\", \"rows\": " << s.rows << ", \"cols\": " << s.cols << ", \"nnz\": " << s.nnz
+     << ", \"density\": " << s.density << ",\n \"tile\": " << s.default_layout.tile << ", \"per_row\": ";
   json_distribution(os, s.per_row);
   os << ",\n \"per_row_tile\": ";
   json_distribution(os, s.per_row_tile);

@@ -9,36 +9,31 @@ namespace twell::bench {
 
 namespace {
 
-void write_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
+// The length of the valid UTF-8 sequence that `s` starts with, or 0 when it starts with none
+// (RFC 3629: no overlong forms, no surrogates, nothing beyond U+10FFFF).
+std::size_t utf8_sequence_length(std::string_view s) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char lead = byte(0);
+  if (lead < 0x80) return 1;
+  std::size_t length = 0;
+  unsigned char second_min = 0x80, second_max = 0xBF;  // narrower after E0, ED, F0 and F4
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) second_min = 0xA0;
+    if (lead == 0xED) second_max = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) second_min = 0x90;
+    if (lead == 0xF4) second_max = 0x8F;
+  } else {
+    return 0;
   }
-  out += '"';
+  if (s.size() < length || byte(1) < second_min || byte(1) > second_max) return 0;
+  for (std::size_t i = 2; i < length; ++i)
+    if (byte(i) < 0x80 || byte(i) > 0xBF) return 0;
+  return length;
 }
 
 void newline(std::string& out, int indent, int depth) {
@@ -48,6 +43,34 @@ void newline(std::string& out, int indent, int depth) {
 }
 
 }  // namespace
+
+std::string json_quoted(std::string_view text) {
+  std::string out = "\"";
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t length = utf8_sequence_length(text.substr(i));
+    i += length == 0 ? 1 : length;
+    if (length == 0) {
+      out += "\\ufffd";
+    } else if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20) {
+      char escaped[7];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out.append(text, i - length, length);
+    }
+  }
+  return out + "\"";
+}
 
 Json& Json::operator[](const std::string& key) {
   if (is_null()) value_ = Object{};
@@ -96,7 +119,7 @@ void Json::write(std::string& out, int indent, int depth) const {
   } else if (const auto* i = std::get_if<std::int64_t>(&value_)) {
     out += std::to_string(*i);
   } else if (const auto* s = std::get_if<std::string>(&value_)) {
-    write_string(out, *s);
+    out += json_quoted(*s);
   } else if (const auto* a = std::get_if<Array>(&value_)) {
     if (a->empty()) {
       out += "[]";
@@ -123,7 +146,7 @@ void Json::write(std::string& out, int indent, int depth) const {
     for (std::size_t k = 0; k < o->size(); ++k) {
       if (k != 0) out += ',';
       newline(out, indent, depth + 1);
-      write_string(out, (*o)[k].first);
+      out += json_quoted((*o)[k].first);
       out += indent > 0 ? ": " : ":";
       (*o)[k].second.write(out, indent, depth + 1);
     }

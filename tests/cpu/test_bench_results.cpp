@@ -27,6 +27,14 @@ TEST_CASE("Json writes scalars, escapes strings and never writes NaN or Inf") {
   CHECK(Json(-std::numeric_limits<double>::infinity()).dump(0) == "null");
   CHECK(Json("a\"b\\c\nd\te").dump(0) == R"("a\"b\\c\nd\te")");
   CHECK(Json(std::string("\x01")).dump(0) == R"("\u0001")");
+  // Valid UTF-8 passes through; each byte outside a valid sequence (a Latin-1 e-acute, a
+  // truncated sequence, an overlong form, a surrogate) becomes U+FFFD, so the output stays JSON.
+  CHECK(Json("caf\xc3\xa9 \xf0\x9f\x99\x82").dump(0) == "\"caf\xc3\xa9 \xf0\x9f\x99\x82\"");
+  CHECK(Json("caf\xe9").dump(0) == R"("caf\ufffd")");
+  CHECK(Json("\xe2\x82").dump(0) == R"("\ufffd\ufffd")");
+  CHECK(Json("\xc0\xaf").dump(0) == R"("\ufffd\ufffd")");
+  CHECK(Json("\xed\xa0\x80").dump(0) == R"("\ufffd\ufffd\ufffd")");
+  CHECK(twell::bench::json_quoted(std::string_view("a\0b", 3)) == R"("a\u0000b")");
 }
 
 TEST_CASE("Json objects keep insertion order, replace on a repeated key, and nest") {

@@ -3,11 +3,17 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
 
 namespace twell::bench {
+
+// `text` as a JSON string literal, valid whatever bytes it holds: quotes and backslashes escaped,
+// newline, tab and carriage return as \n, \t and \r, other control characters as \u00XX, and each
+// byte that is not part of a valid UTF-8 sequence (a Latin-1 file name) as \ufffd.
+std::string json_quoted(std::string_view text);
 
 class Json {
  public:
