@@ -377,7 +377,7 @@ std::string hybrid_content(HybridView<const T> m, const ValidateOptions& options
 // Every view lives in host or device memory; a value outside the enum is refused by every
 // operation, so validate does not call it valid.
 std::string space_violation(MemorySpace s, const char* what) {
-  if (s == MemorySpace::host || s == MemorySpace::device) return {};
+  if (is_memory_space(s)) return {};
   return concat(what, ": memory space ", static_cast<int>(s), " is neither host nor device");
 }
 

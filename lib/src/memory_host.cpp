@@ -26,8 +26,8 @@ std::size_t checked_bytes(std::size_t n, std::size_t size) {
 
 MemorySpace checked_space(MemorySpace space, const char* where) {
   // A value cast from outside the enum once allocated on the host, said "device" and leaked.
-  require(space == MemorySpace::host || space == MemorySpace::device, ErrorCode::invalid_argument, where,
-          "memory space ", static_cast<int>(space), " is neither host nor device");
+  require(is_memory_space(space), ErrorCode::invalid_argument, where, "memory space ", static_cast<int>(space),
+          " is neither host nor device");
   return space;
 }
 

@@ -20,6 +20,9 @@ namespace twell {
 enum class DType : std::uint8_t { bf16, fp16, fp32 };
 enum class MemorySpace : std::uint8_t { host, device };
 
+// False for a value cast from outside the enum, which every operation refuses.
+constexpr bool is_memory_space(MemorySpace s) { return s == MemorySpace::host || s == MemorySpace::device; }
+
 constexpr std::string_view to_string(DType t) {
   switch (t) {
     case DType::bf16: return "bf16";
