@@ -126,16 +126,6 @@ ConvertOptions first_step(const ConvertOptions& o) {
   return f;
 }
 
-// A same-format conversion that changes nothing is a deep copy. A host source must also be
-// strictly valid, so that explicit zeros or corruption take the converting path (which drops
-// the former and reports the latter); device sources are trusted, as validating them would
-// cost a round trip to the host.
-template <class View>
-bool plain_copy(View src, const ConvertOptions& o) {
-  if (o.threshold != 0.0f || o.report != nullptr) return false;
-  return space_of(src) == MemorySpace::device || find_violation(src).empty();
-}
-
 // Dense holds no invariant beyond its shape, but its converted form is canonical: every value
 // that is not stored (-0.0 included) comes out as +0, as it does from every other format. So a
 // host dense source is copied only when it is already canonical, and a device one is re-built.
@@ -156,15 +146,11 @@ bool plain_dense_copy(DenseView<const T> src, const ConvertOptions& o) {
   return unstored_are_plus_zero(src);
 }
 
-// A Hybrid's overflow rows are dense rows: copied only when canonical too (a host -0.0 there once
-// stayed in the copy, while every re-built Hybrid holds +0).
-template <class T>
-bool plain_hybrid_copy(HybridView<const T> src, const ConvertOptions& o) {
-  return plain_copy(src, o) && (src.space() == MemorySpace::device || unstored_are_plus_zero(src.overflow));
-}
-
 // The composition rules: one direct converter where the backend has it, CSR in between where
-// it does not, and deep copy or re-build for same-format requests.
+// it does not. A same-format request is re-built like any other (a plain copy kept a source's
+// explicit zeros and -0.0 bits on the device, which the host dropped, and ran on the legacy
+// stream); only a canonical host dense source is copied, as dense -> dense re-built goes through
+// CSR's 32-bit column indices.
 template <class B>
 struct Compose {
   template <class T>
@@ -197,7 +183,6 @@ struct Compose {
   }
   template <class T>
   static CsrMatrix<T> to_csr(CsrView<const T> s, const ConvertOptions& o) {
-    if (plain_copy(s, o)) return copy_to(s, s.space);
     return B::csr_to_csr(s, o);
   }
   template <class T>
@@ -223,7 +208,6 @@ struct Compose {
   }
   template <class T>
   static EllMatrix<T> to_ell(EllView<const T> s, const ConvertOptions& o) {
-    if (o.ell_width == s.width && plain_copy(s, o)) return copy_to(s, s.space);
     const auto csr = B::ell_to_csr(s, first_step(o));
     return B::csr_to_ell(csr.view(), o);
   }
@@ -253,7 +237,6 @@ struct Compose {
   }
   template <class T>
   static TwellMatrix<T> to_twell(TwellView<const T> s, TwellLayout l, const ConvertOptions& o) {
-    if (l == s.layout && plain_copy(s, o)) return copy_to(s, s.space);
     const auto csr = B::twell_to_csr(s, first_step(o));
     return B::csr_to_twell(csr.view(), l, o);
   }
@@ -281,7 +264,6 @@ struct Compose {
   }
   template <class T>
   static HybridMatrix<T> to_hybrid(HybridView<const T> s, TwellLayout l, const ConvertOptions& o) {
-    if (l == s.twell.layout && plain_hybrid_copy(s, o)) return copy_to(s, s.space());
     const auto csr = B::hybrid_to_csr(s, first_step(o));
     return B::csr_to_hybrid(csr.view(), l, o);
   }

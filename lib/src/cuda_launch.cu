@@ -97,6 +97,15 @@ void allow_dynamic_shared(const void* kernel, int bytes, const char* where) {
   const std::lock_guard lock(facts.mutex);
   int& allowed = facts.allowed_shared[{device, kernel}];
   if (bytes <= allowed) return;
+  // Past the device's opt-in limit the attribute call fails as a bare CUDA error; the operands'
+  // sizes decide the bytes (the TwELL spmm's per-tile prefix, for one), so say that they do.
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
+  cudaFuncAttributes attributes{};
+  check_cuda(cudaFuncGetAttributes(&attributes, kernel), where);
+  const auto limit = static_cast<std::int64_t>(optin) - static_cast<std::int64_t>(attributes.sharedSizeBytes);
+  require(bytes <= limit, ErrorCode::unsupported, where, "these operands need ", bytes,
+          " bytes of shared memory per block; the device allows this kernel ", limit);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), where);
   allowed = bytes;
 }

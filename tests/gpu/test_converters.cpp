@@ -5,10 +5,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,6 +22,7 @@
 #include <twell/converters/hybrid_plan.hpp>
 #include <twell/formats/copy.hpp>
 #include <twell/formats/validate.hpp>
+#include <twell/ops.hpp>
 
 #include "checks.hpp"
 #include "device.hpp"
@@ -326,6 +330,88 @@ TEST_CASE("cuda converters queue their work on options.stream") {
   quiet.report = nullptr;  // drop without a report: nothing read back, the call may return early
   const auto twell = synced(gpu::dense_to_twell(d_dense.view(), TwellLayout{}, quiet)).to(kHost);
   expect_same(twell, ref::dense_to_twell(dense.view(), TwellLayout{}, quiet));
+  cuda_ok(cudaStreamDestroy(stream));
+}
+
+// Sources as twell's own kernels leave them (sddmm and elementwise outputs): stored zeros, and
+// -0.0 in a Hybrid's overflow rows. Every 3rd entry becomes 0, every 15th -0.0.
+template <Value T>
+void zero_every_third(T* values, std::int64_t n) {
+  for (std::int64_t e = 0; e < n; e += 3) values[e] = from_float<T>(e % 5 != 0 ? 0.0f : -0.0f);
+}
+
+// The first entry of every other nonempty (row, tile) becomes 0.
+template <Value T>
+void zero_some_slots(TwellMatrix<T>& tw) {
+  const TwellLayout& l = tw.layout();
+  std::uint32_t* words = tw.packed().data();
+  for (std::int64_t i = 0; i < tw.rows(); ++i)
+    for (std::int64_t t = 0; t < l.tiles(tw.cols()); t += 2) {
+      const std::int64_t at = l.slot_offset(i, t, tw.cols());
+      if (words[at] == 0) continue;
+      if constexpr (ValueTraits<T>::packs_in_slot) {
+        words[at + 1] = TwellLayout::pack(0, TwellLayout::slot_column(words[at + 1]));
+      } else {
+        tw.value_plane().data()[at + 1] = 0.0f;
+      }
+    }
+}
+
+TEST_CASE_TEMPLATE("cuda same-format conversions re-build like the reference: stored zeros dropped, -0.0 as +0", T,
+                   bf16, fp16, float) {
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  const auto d = random_sparse_dense<T>(150, 700, {.density = 0.08}, seed);
+  auto csr = to_csr(d);
+  zero_every_third(csr.values().data(), csr.nnz());
+  auto ell = to_ell(d);
+  zero_every_third(ell.values().data(), ell.rows() * ell.width());
+  auto tw = to_twell(d, TwellLayout{256, 1});
+  zero_some_slots(tw);
+  const TwellLayout layout{32, 4};
+  const auto with_full_rows = random_sparse_dense<T>(150, 700, {.density = 0.08, .full_row_share = 0.05}, seed + 1);
+  auto hy = to_hybrid(with_full_rows, layout);
+  REQUIRE(hy.overflow_rows() > 0);
+  DenseView<T> block = hy.overflow().view();
+  for (std::int64_t r = 0; r < block.rows; ++r)
+    for (std::int64_t j = r % 7; j < block.cols; j += 7)
+      if (!is_stored(block.at(r, j))) block.at(r, j) = from_float<T>(-0.0f);
+  // The host re-builds these sources (they are not canonical); the device copied them as they were.
+  CHECK(to_csr(csr).nnz() < csr.nnz());
+  expect_same(to_csr(csr.to(kDevice)).to(kHost), to_csr(csr));
+  const ConvertOptions same_width{.ell_width = ell.width()};
+  expect_same(to_ell(ell.to(kDevice), same_width).to(kHost), to_ell(ell, same_width));
+  expect_same(to_twell(tw.to(kDevice), tw.layout()).to(kHost), to_twell(tw, tw.layout()));
+  expect_same(to_hybrid(hy.to(kDevice), layout).to(kHost), to_hybrid(hy, layout));
+  expect_same(to_hybrid(hy.to(kDevice), layout).to(kHost), to_hybrid(with_full_rows, layout));
+}
+
+TEST_CASE("cuda same-format conversion runs after the work queued on options.stream") {
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  const auto a = testing::random_dense<bf16>(300, 64, 1.0f, seed).to(kDevice);
+  const auto b = testing::random_dense<bf16>(400, 64, 1.0f, seed + 1).to(kDevice);
+  const auto pattern = to_csr(random_sparse_dense<bf16>(300, 400, {.density = 0.1}, seed + 2)).to(kDevice);
+  auto out = pattern.to(kDevice);
+  testing::poison_device(out.values());
+  cuda_ok(cudaDeviceSynchronize());
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The stream is held back on the host for 300 ms: a conversion not ordered after the sddmm
+  // queued behind that reads the poison (a plain copy on the legacy stream once did).
+  cuda_ok(cudaLaunchHostFunc(
+      stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }, nullptr));
+  KernelOptions on_stream;
+  on_stream.stream.handle = stream;
+  sddmm<bf16>(a.view(), Op::transpose, b.view(), pattern.view(), out.view(), 1.0f, 0.0f, on_stream);
+  ConvertOptions convert_on_stream;
+  convert_on_stream.stream.handle = stream;
+  const auto got = to_csr(out.view(), convert_on_stream).to(kHost);
+  cuda_ok(cudaStreamSynchronize(stream));
+  const auto settled = to_csr(out.to(kHost));  // the sddmm's result, read after the stream's work
+  REQUIRE(settled.nnz() > 0);
+  for (std::int64_t e = 0; e < settled.nnz(); ++e) REQUIRE(std::isfinite(to_float(settled.values().data()[e])));
+  expect_same(got, settled);
   cuda_ok(cudaStreamDestroy(stream));
 }
 

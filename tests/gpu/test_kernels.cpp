@@ -327,6 +327,32 @@ TEST_CASE_TEMPLATE("cuda spmm on misaligned B and C takes the scalar path and st
   CHECK(rel(got, want) <= relative_bound<T>());
 }
 
+// The TwELL kernel's per-tile prefix lives in shared memory: 55,000 tiles of 8 columns need
+// ~237 KB, past a Hopper's 227 KB opt-in. Either a kernel takes the operands and is right, or the
+// call says `unsupported`, naming shared memory (it was a bare CUDA error from cudaFuncSetAttribute).
+TEST_CASE("cuda spmm on a TwELL whose tile prefix outgrows shared memory is right or unsupported") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  constexpr std::int64_t kRows = 4, kCols = 8 * 55000, kN = 8;
+  const auto a_dense = testing::random_sparse_dense<bf16>(kRows, kCols, {.density = 0.001}, seed);
+  const TwellMatrix<bf16> a = ref::dense_to_twell<bf16>(a_dense.view(), TwellLayout{8, 2});
+  const auto b = testing::random_dense<bf16>(kCols, kN, 1.0f, seed + 1);
+  DenseMatrix<bf16> want = nan_dense<bf16>(kRows, kN);
+  ref::spmm<bf16>(Op::none, a.view(), b.view(), want.view(), 1.0f, 0.0f);
+  const auto a_dev = a.to(kDevice);
+  const auto b_dev = b.to(kDevice);
+  DenseMatrix<bf16> c = nan_dense<bf16>(kRows, kN).to(kDevice);
+  try {
+    dev::spmm<bf16>(Op::none, a_dev.view(), b_dev.view(), c.view(), 1.0f, 0.0f);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(rel(c.to(kHost), want) <= relative_bound<bf16>());
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::unsupported);
+    CHECK(std::string(e.what()).find("bytes of shared memory per block") != std::string::npos);
+  }
+  REQUIRE(cudaGetLastError() == cudaSuccess);  // no sticky error left for the next case
+}
+
 // K = 0: op(A) B has no terms, and the kernel scales every row of C by beta, a Hybrid's overflow
 // rows included; they must not be scaled again by the overflow product. (Overflow rows at K = 0
 // make no valid Hybrid, but spmm does not validate its operands.)

@@ -16,6 +16,7 @@
 #include <twell/formats/hybrid.hpp>
 #include <twell/formats/layout.hpp>
 #include <twell/formats/twell_matrix.hpp>
+#include <twell/formats/view_checks.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/types.hpp>
 
@@ -60,51 +61,6 @@ template <class T>
 void check_c_apart_from_b(DenseView<const T> b, DenseView<T> c, const char* where) {
   require(!byte_range(c).overlaps(byte_range(b)), ErrorCode::invalid_argument, where,
           "C overlaps B; spmm cannot write its result over an operand");
-}
-
-// Shapes and arrays of the sparse views, what each backend's check_view adds to its memory-space
-// check: only what the host sees without reading the arrays (the reference backend also checks
-// row_ptr's ends, which it can read).
-template <class T>
-void check_csr_geometry(CsrView<T> v, const char* where, const char* name) {
-  require(v.rows >= 0 && v.cols >= 0 && v.nnz >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
-          shape(v.rows, v.cols), " and nnz ", v.nnz);
-  require(v.row_ptr != nullptr && (v.nnz == 0 || (v.col_idx != nullptr && v.values != nullptr)), ErrorCode::malformed,
-          where, name, " has a null array with ", v.rows, " rows and nnz ", v.nnz);
-}
-
-template <class T>
-void check_ell_geometry(EllView<T> v, const char* where, const char* name) {
-  require(v.rows >= 0 && v.cols >= 0 && v.width >= 0, ErrorCode::invalid_argument, where, name, " has shape ",
-          shape(v.rows, v.cols), " and width ", v.width);
-  require(v.rows == 0 || (v.row_count != nullptr && (v.width == 0 || (v.col_idx != nullptr && v.values != nullptr))),
-          ErrorCode::malformed, where, name, " has a null array with ", v.rows, " rows and width ", v.width);
-}
-
-template <class T>
-void check_twell_geometry(TwellView<T> v, const char* where, const char* name) {
-  require(v.rows >= 0 && v.cols >= 0, ErrorCode::invalid_argument, where, name, " has shape ", shape(v.rows, v.cols));
-  check_layout(v.layout, where);
-  const bool empty = v.rows == 0 || v.cols == 0;  // not rows x width, which can wrap to 0
-  require(empty || v.packed != nullptr, ErrorCode::malformed, where, name, " has no packed array");
-  require(empty || ValueTraits<std::remove_const_t<T>>::packs_in_slot || v.value_plane != nullptr, ErrorCode::malformed,
-          where, name, " is fp32 TwELL without a value plane");
-}
-
-// A Hybrid's overflow block and row maps; its TwELL part is check_twell_geometry's, and the
-// block's memory space the backend's.
-template <class T>
-void check_hybrid_overflow_geometry(HybridView<T> v, const char* where, const char* name) {
-  require(v.overflow.cols == v.cols() && v.overflow.rows >= 0 && v.overflow.rows <= v.rows(), ErrorCode::shape_mismatch,
-          where, name, " has an overflow block of ", shape(v.overflow.rows, v.overflow.cols), " for ",
-          shape(v.rows(), v.cols()));
-  require(v.overflow.ld >= v.overflow.cols, ErrorCode::invalid_argument, where, name,
-          " overflow block has leading dimension ", v.overflow.ld, " below its ", v.overflow.cols, " columns");
-  require((v.rows() == 0 || v.row_to_overflow != nullptr) &&
-              (v.overflow.rows == 0 ||
-               (v.overflow_to_row != nullptr && (v.overflow.cols == 0 || v.overflow.data != nullptr))),
-          ErrorCode::malformed, where, name, " has a null map or overflow block with ", v.overflow.rows,
-          " overflow rows");
 }
 
 }  // namespace twell::detail
