@@ -415,6 +415,49 @@ TEST_CASE("cuda same-format conversion runs after the work queued on options.str
   cuda_ok(cudaStreamDestroy(stream));
 }
 
+// A Hybrid's overflow ld below its width once read shifted rows, and a null array faulted on the
+// device (a sticky error that ends the process's use of the GPU).
+TEST_CASE("cuda converters check their source's shape, arrays and leading dimensions before reading it") {
+  namespace gpu = twell::cuda;
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  const TwellLayout layout{32, 4};
+  const auto dense = random_sparse_dense<bf16>(40, 100, {.density = 0.1, .full_row_share = 0.2}, seed);
+  const auto hybrid = to_hybrid(dense, layout).to(kDevice);
+  REQUIRE(hybrid.overflow_rows() >= 2);
+  const auto code_of = [](auto call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return e.code();
+    }
+    FAIL("no twell::Error");
+    return ErrorCode::cuda;  // not reached
+  };
+  HybridView<const bf16> narrow = hybrid.view();
+  narrow.overflow.ld = narrow.overflow.cols - 1;
+  CHECK(code_of([&] { (void)gpu::hybrid_to_dense(narrow, {}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)gpu::hybrid_to_csr(narrow, {}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)gpu::hybrid_to_twell(narrow, TwellLayout{64, 2}, {}); }) == ErrorCode::invalid_argument);
+  CHECK(code_of([&] { (void)to_dense(narrow); }) == ErrorCode::invalid_argument);
+  HybridView<const bf16> host_block = hybrid.view();
+  host_block.overflow.space = kHost;
+  CHECK(code_of([&] { (void)gpu::hybrid_to_csr(host_block, {}); }) == ErrorCode::space_mismatch);
+  HybridView<const bf16> no_map = hybrid.view();
+  no_map.row_to_overflow = nullptr;
+  CHECK(code_of([&] { (void)gpu::hybrid_to_dense(no_map, {}); }) == ErrorCode::malformed);
+  const auto csr = to_csr(dense).to(kDevice);
+  CsrView<const bf16> no_row_ptr = csr.view();
+  no_row_ptr.row_ptr = nullptr;
+  CHECK(code_of([&] { (void)gpu::csr_to_twell(no_row_ptr, layout, {}); }) == ErrorCode::malformed);
+  CHECK(code_of([&] { (void)gpu::csr_to_dense(no_row_ptr, {}); }) == ErrorCode::malformed);
+  const auto tw = to_twell(dense, TwellLayout{128, 1}).to(kDevice);
+  TwellView<const bf16> no_words = tw.view();
+  no_words.packed = nullptr;
+  CHECK(code_of([&] { (void)gpu::twell_to_csr(no_words, {}); }) == ErrorCode::malformed);
+  cuda_ok(cudaDeviceSynchronize());  // nothing faulted
+}
+
 TEST_CASE("cuda converters refuse bad requests like the reference") {
   namespace gpu = twell::cuda;
   const auto dense = random_sparse_dense<fp16>(4, 40, SparseDenseOptions{}, fresh_seed());
