@@ -257,16 +257,11 @@ template <class T, class Pattern, class Out>
 Operands check_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pattern, Out out) {
   detail::check_view(pattern, kWhere, "pattern");
   detail::check_view(out, kWhere, "out");
-  const std::int64_t m = twell::detail::rows_of(pattern), n = twell::detail::cols_of(pattern);
   detail::check_dense(a, kWhere, "A");
   detail::check_dense(b, kWhere, "B");
-  require(op_b == Op::none || op_b == Op::transpose, ErrorCode::invalid_argument, kWhere, "op_b ",
-          static_cast<int>(op_b), " is unknown");
+  twell::detail::check_sddmm_operands(a, op_b, b, pattern, out, kWhere);
   const bool t = op_b == Op::transpose;
-  const std::int64_t bk = t ? b.cols : b.rows, bn = t ? b.rows : b.cols;
-  require(a.rows == m && bn == n && a.cols == bk, ErrorCode::shape_mismatch, kWhere, "A is ",
-          detail::shape(a.rows, a.cols), " and op(B) is ", detail::shape(bk, bn), " but the pattern is ",
-          detail::shape(m, n));
+  const std::int64_t n = twell::detail::cols_of(pattern);
   return Operands{a.cols, n, a.ld, b.ld, t};
 }
 

@@ -15,14 +15,8 @@ void sddmm_impl(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pat
   detail::check_dense(b, where, "B");
   detail::check_view(pattern, where, "pattern");
   detail::check_view(out, where, "out");
-  require(op_b == Op::none || op_b == Op::transpose, ErrorCode::invalid_argument, where, "op_b ",
-          static_cast<int>(op_b), " is unknown");
-  const std::int64_t m = detail::rows_of(pattern), n = detail::cols_of(pattern);
+  twell::detail::check_sddmm_operands(a, op_b, b, pattern, out, where);
   const bool transposed = op_b == Op::transpose;
-  const std::int64_t bk = transposed ? b.cols : b.rows, bn = transposed ? b.rows : b.cols;
-  require(a.rows == m && bn == n && a.cols == bk, ErrorCode::shape_mismatch, where, "A is ",
-          detail::shape(a.rows, a.cols), " and op(B) is ", detail::shape(bk, bn), " but the pattern is ",
-          detail::shape(m, n));
   // beta reads the old values of out at the pattern's places, so out must have that structure.
   if (beta != 0.0f) detail::require_same_structure(pattern, Out(out), where, "pattern", "out (beta != 0)");
 

@@ -333,6 +333,36 @@ TEST_CASE("sddmm and multiply_on_pattern on a malformed CSR or ELL pattern leave
   CHECK(out == std::vector<float>{-1.0f, -1.0f});
 }
 
+// The GPU kernels read A and B while they write out; both backends refuse out's values on either,
+// in every format (a Hybrid's overflow block too).
+TEST_CASE_TEMPLATE("sddmm refuses an out whose values overlap A or B", T, bf16, float) {
+  const auto dense =
+      testing::random_sparse_dense<T>(6, 40, {.density = 0.2, .full_row_share = 0.5}, testing::fresh_seed());
+  const auto a = testing::random_dense<T>(6, 5, 1.0f, testing::fresh_seed());
+  const auto b = testing::random_dense<T>(5, 40, 1.0f, testing::fresh_seed());
+  // A or B as a view that starts on the first bytes an out writes.
+  const auto on = [](const T* p, std::int64_t rows, std::int64_t cols) {
+    return DenseView<const T>{p, rows, cols, cols, MemorySpace::host};
+  };
+  const auto refused = [&](auto out, DenseView<const T> a_view, DenseView<const T> b_view) {
+    return testing::message_of([&] { sddmm<T>(a_view, Op::none, b_view, out, out); }).find("out overlaps A or B") !=
+           std::string::npos;
+  };
+  auto csr = to_csr(dense);
+  CHECK(refused(csr.view(), on(csr.values().data(), 6, 5), b.view()));
+  CHECK(refused(csr.view(), a.view(), on(csr.values().data(), 5, 40)));
+  auto ell = to_ell(dense);
+  CHECK(refused(ell.view(), on(ell.values().data(), 6, 5), b.view()));
+  auto tw = to_twell(dense, TwellLayout{64, 1});
+  const T* words =
+      ValueTraits<T>::packs_in_slot ? reinterpret_cast<const T*>(tw.packed().data()) : tw.value_plane().data();
+  CHECK(refused(tw.view(), on(words, 6, 5), b.view()));
+  auto hy = to_hybrid(dense, TwellLayout{8, 2});
+  REQUIRE(hy.overflow_rows() > 0);
+  CHECK(refused(hy.view(), on(hy.overflow().values().data(), 6, 5), b.view()));
+  CHECK_NOTHROW(sddmm<T>(a.view(), Op::none, b.view(), csr.view(), csr.view()));  // apart: it runs
+}
+
 // A view whose span passes the address space covers everything above its start: its byte range
 // once wrapped to a few bytes, and a transpose went ahead over its own input.
 TEST_CASE("an output whose span passes the address space overlaps what lies above it") {

@@ -353,6 +353,21 @@ TEST_CASE("cuda spmm on a TwELL whose tile prefix outgrows shared memory is righ
   REQUIRE(cudaGetLastError() == cudaSuccess);  // no sticky error left for the next case
 }
 
+// The kernels read A and B while they write out: an out over A is refused before any launch
+// (tests/cpu/test_kernels.cpp covers every format through the shared check).
+TEST_CASE("cuda sddmm refuses an out whose values overlap A") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto pattern = to_csr(testing::random_sparse_dense<bf16>(6, 40, {.density = 0.3}, seed)).to(kDevice);
+  auto out = pattern.to(kDevice);
+  const auto b = testing::random_dense<bf16>(5, 40, 1.0f, seed + 1).to(kDevice);
+  const DenseView<const bf16> a_over_out{out.values().data(), 6, 5, 5, kDevice};
+  const std::string message = testing::message_of(
+      [&] { dev::sddmm<bf16>(a_over_out, Op::none, b.view(), pattern.view(), out.view(), 1.0f, 0.0f); });
+  CHECK(message.find("out overlaps A or B") != std::string::npos);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+}
+
 // K = 0: op(A) B has no terms, and the kernel scales every row of C by beta, a Hybrid's overflow
 // rows included; they must not be scaled again by the overflow product. (Overflow rows at K = 0
 // make no valid Hybrid, but spmm does not validate its operands.)

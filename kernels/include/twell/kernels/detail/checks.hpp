@@ -17,6 +17,7 @@
 #include <twell/formats/layout.hpp>
 #include <twell/formats/twell_matrix.hpp>
 #include <twell/formats/view_checks.hpp>
+#include <twell/kernels/detail/per_format.hpp>
 #include <twell/kernels/options.hpp>
 #include <twell/types.hpp>
 
@@ -61,6 +62,52 @@ template <class T>
 void check_c_apart_from_b(DenseView<const T> b, DenseView<T> c, const char* where) {
   require(!byte_range(c).overlaps(byte_range(b)), ErrorCode::invalid_argument, where,
           "C overlaps B; spmm cannot write its result over an operand");
+}
+
+// The bytes a sparse output's values occupy (a Hybrid's: its TwELL part's; its overflow block is
+// a dense view of its own). Saturating, like byte_range.
+template <class T>
+ByteRange written_range(CsrView<T> v) {
+  return byte_range(v.values, v.nnz);
+}
+template <class T>
+ByteRange written_range(EllView<T> v) {
+  std::int64_t n = 0;
+  return byte_range(v.values, __builtin_mul_overflow(v.rows, v.width, &n) ? INT64_MAX : n);
+}
+template <class T>
+ByteRange written_range(TwellView<T> v) {
+  std::int64_t n = 0;
+  const bool wraps = __builtin_mul_overflow(v.rows, v.layout.packed_width(v.cols), &n);
+  if constexpr (ValueTraits<std::remove_const_t<T>>::packs_in_slot) {
+    return byte_range(v.packed, wraps ? INT64_MAX : n);
+  } else {
+    return byte_range(v.value_plane, wraps ? INT64_MAX : n);
+  }
+}
+
+// sddmm's op_b and shapes, and out's values apart from A and B: the GPU kernels read A and B
+// while they write out (the reference, which computes every value first, refuses the same calls).
+template <class T, class Pattern, class Out>
+void check_sddmm_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pattern, Out out,
+                          const char* where) {
+  require(op_b == Op::none || op_b == Op::transpose, ErrorCode::invalid_argument, where, "op_b ",
+          static_cast<int>(op_b), " is unknown");
+  const std::int64_t m = rows_of(pattern), n = cols_of(pattern);
+  const bool transposed = op_b == Op::transpose;
+  const std::int64_t bk = transposed ? b.cols : b.rows, bn = transposed ? b.rows : b.cols;
+  require(a.rows == m && bn == n && a.cols == bk, ErrorCode::shape_mismatch, where, "A is ", shape(a.rows, a.cols),
+          " and op(B) is ", shape(bk, bn), " but the pattern is ", shape(m, n));
+  const auto apart = [&](ByteRange written) {
+    require(!written.overlaps(byte_range(a)) && !written.overlaps(byte_range(b)), ErrorCode::invalid_argument, where,
+            "out overlaps A or B; sddmm cannot write its result over an operand");
+  };
+  if constexpr (requires { out.twell; }) {
+    apart(written_range(out.twell));
+    apart(byte_range(out.overflow));
+  } else {
+    apart(written_range(out));
+  }
 }
 
 }  // namespace twell::detail
