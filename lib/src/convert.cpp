@@ -288,7 +288,7 @@ void to_twell_into_device([[maybe_unused]] DenseView<const T> src, [[maybe_unuse
 
 }  // namespace
 
-// Every entry point checks the policy itself: a same-format copy reaches no backend converter.
+// Every entry point checks the policy itself: a dense -> dense copy reaches no backend converter.
 #define TWELL_DEFINE_CONVERT_FROM(T, View)                                                                           \
   DenseMatrix<T> to_dense(View<const T> src, const ConvertOptions& o) {                                              \
     check_overflow_policy(o.overflow, "twell::to_dense");                                                            \

@@ -455,7 +455,7 @@ TEST_CASE_TEMPLATE("ELL width: -1 is the longest row, a smaller width follows th
     CHECK(error_of([&] { (void)convert_any<T>(src, kEll, {}, {.ell_width = -2}); }).code() ==
           ErrorCode::invalid_argument);
   }
-  // An ELL source at its own width is a plain copy, which once skipped the policy check.
+  // An ELL source at its own width was once a plain copy, which skipped the policy check.
   CHECK(error_of([&] { (void)to_ell(ell, {.overflow = OverflowPolicy::hybrid, .ell_width = ell.width()}); }).code() ==
         ErrorCode::invalid_argument);
 }

@@ -354,9 +354,8 @@ TEST_CASE_TEMPLATE("sddmm refuses an out whose values overlap A or B", T, bf16, 
   auto ell = to_ell(dense);
   CHECK(refused(ell.view(), on(ell.values().data(), 6, 5), b.view()));
   auto tw = to_twell(dense, TwellLayout{64, 1});
-  const T* words =
-      ValueTraits<T>::packs_in_slot ? reinterpret_cast<const T*>(tw.packed().data()) : tw.value_plane().data();
-  CHECK(refused(tw.view(), on(words, 6, 5), b.view()));
+  CHECK(refused(tw.view(), on(reinterpret_cast<const T*>(tw.packed().data()), 6, 5), b.view()));
+  if constexpr (!ValueTraits<T>::packs_in_slot) CHECK(refused(tw.view(), on(tw.value_plane().data(), 6, 5), b.view()));
   auto hy = to_hybrid(dense, TwellLayout{8, 2});
   REQUIRE(hy.overflow_rows() > 0);
   CHECK(refused(hy.view(), on(hy.overflow().values().data(), 6, 5), b.view()));

@@ -407,8 +407,9 @@ TEST_CASE("cuda same-format conversion runs after the work queued on options.str
   sddmm<bf16>(a.view(), Op::transpose, b.view(), pattern.view(), out.view(), 1.0f, 0.0f, on_stream);
   ConvertOptions convert_on_stream;
   convert_on_stream.stream.handle = stream;
-  const auto got = to_csr(out.view(), convert_on_stream).to(kHost);
-  cuda_ok(cudaStreamSynchronize(stream));
+  const auto got_device = to_csr(out.view(), convert_on_stream);
+  cuda_ok(cudaStreamSynchronize(stream));  // before the copy to the host, on the legacy stream
+  const auto got = got_device.to(kHost);
   const auto settled = to_csr(out.to(kHost));  // the sddmm's result, read after the stream's work
   REQUIRE(settled.nnz() > 0);
   for (std::int64_t e = 0; e < settled.nnz(); ++e) REQUIRE(std::isfinite(to_float(settled.values().data()[e])));

@@ -3,9 +3,9 @@
 // The backend follows the source: a host source is converted by the reference backend, a
 // device source by the cuda backend (ErrorCode::no_device in a build without it); the result
 // lives where the source lives. Pairs without a direct converter (ELL <-> TwELL, ELL <-> Hybrid)
-// go through CSR. A same-format conversion is a deep copy when nothing changes (threshold 0, no
-// report requested, same layout or ELL width, and, for a host source, strictly valid); otherwise
-// it is re-built through CSR (TwELL / Hybrid re-layout, thresholding, explicit zeros removed).
+// go through CSR. A same-format conversion is re-built like any other (explicit zeros removed,
+// CSR row by row, the other formats through CSR), so both backends agree; only a canonical host
+// dense source is copied.
 // Every result is canonical: a value that is not stored (-0.0 included) reads back as +0, so
 // conversions commute (A -> B -> C equals A -> C), and to_dense of a dense matrix holding -0.0
 // is re-built rather than copied.

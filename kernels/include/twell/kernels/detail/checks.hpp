@@ -64,8 +64,7 @@ void check_c_apart_from_b(DenseView<const T> b, DenseView<T> c, const char* wher
           "C overlaps B; spmm cannot write its result over an operand");
 }
 
-// The bytes a sparse output's values occupy (a Hybrid's: its TwELL part's; its overflow block is
-// a dense view of its own). Saturating, like byte_range.
+// The bytes a CSR or ELL output's values occupy; saturating, like byte_range.
 template <class T>
 ByteRange written_range(CsrView<T> v) {
   return byte_range(v.values, v.nnz);
@@ -75,15 +74,14 @@ ByteRange written_range(EllView<T> v) {
   std::int64_t n = 0;
   return byte_range(v.values, __builtin_mul_overflow(v.rows, v.width, &n) ? INT64_MAX : n);
 }
+// A TwELL's packed words are rewritten with the values (16-bit), or beside its value plane (fp32).
 template <class T>
-ByteRange written_range(TwellView<T> v) {
+void check_twell_apart(TwellView<T> v, ByteRange a, ByteRange b, const char* where) {
   std::int64_t n = 0;
-  const bool wraps = __builtin_mul_overflow(v.rows, v.layout.packed_width(v.cols), &n);
-  if constexpr (ValueTraits<std::remove_const_t<T>>::packs_in_slot) {
-    return byte_range(v.packed, wraps ? INT64_MAX : n);
-  } else {
-    return byte_range(v.value_plane, wraps ? INT64_MAX : n);
-  }
+  const std::int64_t words = __builtin_mul_overflow(v.rows, v.layout.packed_width(v.cols), &n) ? INT64_MAX : n;
+  for (const ByteRange written : {byte_range(v.packed, words), byte_range(v.value_plane, words)})
+    require(!written.overlaps(a) && !written.overlaps(b), ErrorCode::invalid_argument, where,
+            "out overlaps A or B; sddmm cannot write its result over an operand");
 }
 
 // sddmm's op_b and shapes, and out's values apart from A and B: the GPU kernels read A and B
@@ -98,13 +96,16 @@ void check_sddmm_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, P
   const std::int64_t bk = transposed ? b.cols : b.rows, bn = transposed ? b.rows : b.cols;
   require(a.rows == m && bn == n && a.cols == bk, ErrorCode::shape_mismatch, where, "A is ", shape(a.rows, a.cols),
           " and op(B) is ", shape(bk, bn), " but the pattern is ", shape(m, n));
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
   const auto apart = [&](ByteRange written) {
-    require(!written.overlaps(byte_range(a)) && !written.overlaps(byte_range(b)), ErrorCode::invalid_argument, where,
+    require(!written.overlaps(ra) && !written.overlaps(rb), ErrorCode::invalid_argument, where,
             "out overlaps A or B; sddmm cannot write its result over an operand");
   };
   if constexpr (requires { out.twell; }) {
-    apart(written_range(out.twell));
+    check_twell_apart(out.twell, ra, rb, where);
     apart(byte_range(out.overflow));
+  } else if constexpr (requires { out.packed; }) {
+    check_twell_apart(out, ra, rb, where);
   } else {
     apart(written_range(out));
   }
