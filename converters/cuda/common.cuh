@@ -12,7 +12,6 @@
 #include <cub/device/device_scan.cuh>
 
 #include <twell/converters/backends.hpp>
-#include <twell/formats/dense_checks.hpp>
 #include <twell/formats/view_checks.hpp>
 
 #include "cuda_check.hpp"
@@ -22,6 +21,7 @@
 namespace twell::cuda::detail {
 
 using twell::detail::check_cuda;
+using twell::detail::check_device_operand;
 
 constexpr int kWarpSize = 32;
 constexpr int kBlockThreads = 256;
@@ -147,41 +147,6 @@ inline ConvertOptions quiet(const ConvertOptions& options) {
   ConvertOptions o = options;
   o.report = nullptr;
   return o;
-}
-
-inline void require_device(MemorySpace space, const char* where) {
-  require(space == MemorySpace::device, ErrorCode::space_mismatch, where,
-          "the cuda backend needs a device source, got host memory");
-}
-
-// A source: device memory, then its shape, arrays and leading dimensions, before any kernel reads
-// it (a null array or a Hybrid's overflow ld below its width once faulted or read shifted rows).
-template <class T>
-void require_source(DenseView<const T> src, const char* where) {
-  require_device(src.space, where);
-  twell::detail::check_dense_geometry(src, where, "src");
-}
-template <class T>
-void require_source(CsrView<const T> src, const char* where) {
-  require_device(src.space, where);
-  twell::detail::check_csr_geometry(src, where, "src");
-}
-template <class T>
-void require_source(EllView<const T> src, const char* where) {
-  require_device(src.space, where);
-  twell::detail::check_ell_geometry(src, where, "src");
-}
-template <class T>
-void require_source(TwellView<const T> src, const char* where) {
-  require_device(src.space, where);
-  twell::detail::check_twell_geometry(src, where, "src");
-}
-template <class T>
-void require_source(HybridView<const T> src, const char* where) {
-  require_source(src.twell, where);
-  require(src.overflow.rows == 0 || src.overflow.space == MemorySpace::device, ErrorCode::space_mismatch, where,
-          "src has its overflow block in host memory");
-  twell::detail::check_hybrid_overflow_geometry(src, where, "src");
 }
 
 __device__ inline int lane_id() { return static_cast<int>(threadIdx.x % kWarpSize); }

@@ -9,7 +9,7 @@ namespace twell::cuda {
 template <Value T>
 CsrMatrix<T> csr_to_csr(CsrView<const T> src, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::csr_to_csr";
-  detail::require_source(src, where);
+  detail::check_device_operand(src, where, "src");
   check_convert_options(options, where);
   return detail::rows_to_csr<T>(detail::CsrRows<T>(src), src.rows, src.cols, options, where);
 }

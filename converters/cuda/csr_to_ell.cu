@@ -8,7 +8,7 @@ namespace twell::cuda {
 template <Value T>
 EllMatrix<T> csr_to_ell(CsrView<const T> src, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::csr_to_ell";
-  detail::require_source(src, where);
+  detail::check_device_operand(src, where, "src");
   check_convert_options(options, where);
   return detail::rows_to_ell<T>(detail::CsrRows<T>(src), src.rows, src.cols, options, where);
 }

@@ -11,7 +11,7 @@ namespace {
 
 template <class T>
 void convert_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions& options, const char* where) {
-  detail::require_source(src, where);
+  detail::check_device_operand(src, where, "src");
   twell::detail::check_twell_destination(src, dst, MemorySpace::device, where);
   check_convert_options(options, where);
   detail::require_twell_policy(options, where);
@@ -25,7 +25,7 @@ void convert_into(DenseView<const T> src, TwellView<T> dst, const ConvertOptions
 template <Value T>
 TwellMatrix<T> detail::dense_to_twell_as(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options,
                                          const char* where) {
-  detail::require_source(src, where);
+  detail::check_device_operand(src, where, "src");
   check_convert_options(options, where);
   check_layout(layout, where);
   detail::require_twell_policy(options, where);

@@ -8,7 +8,7 @@ namespace twell::cuda {
 template <Value T>
 DenseMatrix<T> hybrid_to_dense(HybridView<const T> src, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::hybrid_to_dense";
-  detail::require_source(src, where);
+  detail::check_device_operand(src, where, "src");
   check_convert_options(options, where);
   check_layout(src.twell.layout, where);
   return detail::rows_to_dense<T>(detail::HybridRows<T>(src), src.rows(), src.cols(), options, where);

@@ -9,7 +9,7 @@ namespace twell::cuda {
 template <Value T>
 TwellMatrix<T> hybrid_to_twell(HybridView<const T> src, TwellLayout layout, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::hybrid_to_twell";
-  detail::require_source(src, where);
+  detail::check_device_operand(src, where, "src");
   check_convert_options(options, where);
   check_layout(src.twell.layout, where);
   check_layout(layout, where);

@@ -524,7 +524,7 @@ HybridMatrix<T> pack_hybrid(std::int64_t n_rows, std::int64_t cols, TwellLayout 
 template <class T>
 TwellMatrix<T> csr_to_twell_as(CsrView<const T> src, TwellLayout layout, const ConvertOptions& options,
                                const char* where) {
-  require_source(src, where);
+  check_device_operand(src, where, "src");
   return pack_twell<T>(src.rows, src.cols, layout, options, where, [&](TwellView<T> out, OverflowTarget target) {
     launch_sparse_to_twell(CsrRows<T>(src), src.rows, src.cols, out, options.threshold, target, stream_of(options),
                            where);
@@ -534,7 +534,7 @@ TwellMatrix<T> csr_to_twell_as(CsrView<const T> src, TwellLayout layout, const C
 template <class T>
 HybridMatrix<T> dense_to_hybrid_as(DenseView<const T> src, TwellLayout layout, const ConvertOptions& options,
                                    const char* where) {
-  require_source(src, where);
+  check_device_operand(src, where, "src");
   return pack_hybrid<T>(src.rows, src.cols, layout, DenseRows<T>(src), options, where,
                         [&](TwellView<T> out, OverflowTarget target) {
                           launch_dense_to_twell(src, out, options.threshold, target, stream_of(options), where);
@@ -544,7 +544,7 @@ HybridMatrix<T> dense_to_hybrid_as(DenseView<const T> src, TwellLayout layout, c
 template <class T>
 HybridMatrix<T> csr_to_hybrid_as(CsrView<const T> src, TwellLayout layout, const ConvertOptions& options,
                                  const char* where) {
-  require_source(src, where);
+  check_device_operand(src, where, "src");
   return pack_hybrid<T>(src.rows, src.cols, layout, CsrRows<T>(src), options, where,
                         [&](TwellView<T> out, OverflowTarget target) {
                           launch_sparse_to_twell(CsrRows<T>(src), src.rows, src.cols, out, options.threshold, target,

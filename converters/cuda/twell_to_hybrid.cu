@@ -9,7 +9,7 @@ namespace twell::cuda {
 template <Value T>
 HybridMatrix<T> twell_to_hybrid(TwellView<const T> src, TwellLayout layout, const ConvertOptions& options) {
   constexpr const char* where = "twell::cuda::twell_to_hybrid";
-  detail::require_source(src, where);
+  detail::check_device_operand(src, where, "src");
   check_convert_options(options, where);
   check_layout(src.layout, where);
   check_layout(layout, where);

@@ -76,9 +76,9 @@ namespace {
 template <class T>
 void gemm_impl(Handles& handles, Op op_a, DenseView<const T> a, Op op_b, DenseView<const T> b, DenseView<T> c,
                float alpha, float beta, const char* where) {
-  detail::check_dense(a, where, "A");
-  detail::check_dense(b, where, "B");
-  detail::check_dense(c, where, "C");
+  detail::check_operand(a, where, "A");
+  detail::check_operand(b, where, "B");
+  detail::check_operand(c, where, "C");
   const bool ta = op_a == Op::transpose, tb = op_b == Op::transpose;
   const std::int64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols;
   const std::int64_t kb = tb ? b.cols : b.rows, n = tb ? b.rows : b.cols;
@@ -101,9 +101,9 @@ void gemm_impl(Handles& handles, Op op_a, DenseView<const T> a, Op op_b, DenseVi
 template <class T>
 void gemm_relu_impl(Handles& handles, DenseView<const T> a, DenseView<const T> b, DenseView<T> c) {
   constexpr const char* where = "twell::baseline::gemm_relu";
-  detail::check_dense(a, where, "A");
-  detail::check_dense(b, where, "B");
-  detail::check_dense(c, where, "C");
+  detail::check_operand(a, where, "A");
+  detail::check_operand(b, where, "B");
+  detail::check_operand(c, where, "C");
   require(a.cols == b.rows && c.rows == a.rows && c.cols == b.cols, ErrorCode::shape_mismatch, where, "A is ",
           detail::shape(a.rows, a.cols), ", B is ", detail::shape(b.rows, b.cols), " and C is ",
           detail::shape(c.rows, c.cols));

@@ -74,15 +74,10 @@ constexpr cudaDataType_t cuda_type() {
 
 using twell::detail::shape;
 
-inline void require_device(MemorySpace space, const char* where, const char* name) {
-  require(space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
-          " lives in host memory; the baselines take device operands only");
-}
-
-template <class T>
-void check_dense(DenseView<T> v, const char* where, const char* name) {
-  require_device(v.space, where, name);
-  twell::detail::check_dense_geometry(v, where, name);
+// Operands are device views, checked before a library call reads them.
+template <class View>
+void check_operand(View v, const char* where, const char* name) {
+  twell::detail::check_view(v, MemorySpace::device, "cuSPARSE/cuBLAS baseline", where, name);
 }
 
 inline void require_int32(std::int64_t v, const char* where, const char* what) {

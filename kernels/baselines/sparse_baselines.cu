@@ -146,9 +146,9 @@ SpmmPlan<T>::SpmmPlan(Handles& handles, Op op_a, CsrView<const T> a, SparseStora
                       DenseView<const T> b, DenseView<T> c, float alpha, float beta)
     : impl_(std::make_unique<Impl>()) {
   constexpr const char* where = "twell::baseline::SpmmPlan";
-  detail::require_device(a.space, where, "A");
-  detail::check_dense(b, where, "B");
-  detail::check_dense(c, where, "C");
+  detail::check_operand(a, where, "A");
+  detail::check_operand(b, where, "B");
+  detail::check_operand(c, where, "C");
   const bool t = op_a == Op::transpose;
   const std::int64_t m = t ? a.cols : a.rows, k = t ? a.rows : a.cols;
   require(b.rows == k && c.rows == m && c.cols == b.cols, ErrorCode::shape_mismatch, where, "op(A) is ",
@@ -304,9 +304,9 @@ SddmmPlan<T>::SddmmPlan(Handles& handles, DenseView<const T> a, Op op_b, DenseVi
                         float alpha, float beta, Fp32Copies copies)
     : impl_(std::make_unique<Impl>()) {
   constexpr const char* where = "twell::baseline::SddmmPlan";
-  detail::check_dense(a, where, "A");
-  detail::check_dense(b, where, "B");
-  detail::require_device(out.space, where, "out");
+  detail::check_operand(a, where, "A");
+  detail::check_operand(b, where, "B");
+  detail::check_operand(out, where, "out");
   const bool t = op_b == Op::transpose;
   const std::int64_t bk = t ? b.cols : b.rows, bn = t ? b.rows : b.cols;
   require(a.rows == out.rows && bn == out.cols && a.cols == bk, ErrorCode::shape_mismatch, where, "A is ",
@@ -447,7 +447,7 @@ template <Value T>
 DenseToCsrPlan<T>::DenseToCsrPlan(Handles& handles, DenseView<const T> src, std::int64_t capacity)
     : impl_(std::make_unique<Impl>()) {
   constexpr const char* where = "twell::baseline::DenseToCsrPlan";
-  detail::check_dense(src, where, "src");
+  detail::check_operand(src, where, "src");
   detail::require_int32(src.rows * src.cols, where, "rows * cols");
   require(capacity >= 0, ErrorCode::invalid_argument, where, "capacity = ", capacity, " is negative");
   Impl& p = *impl_;

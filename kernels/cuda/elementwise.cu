@@ -245,9 +245,9 @@ auto values_of(View& v) {
 template <class View, class Out, class F>
 void elementwise(const char* where, const char* path, View x, View y, const char* y_name, Out out, F f,
                  const KernelOptions& options, const char* format) {
-  detail::check_view(x, where, "x");
-  detail::check_view(y, where, y_name);
-  detail::check_view(out, where, "out");
+  detail::check_device_operand(x, where, "x");
+  detail::check_device_operand(y, where, y_name);
+  detail::check_device_operand(out, where, "out");
   check_pair(x, y, where, y_name);
   check_pair(x, out, where, "out");
   run(x, values_of(y), out, f, where, options);

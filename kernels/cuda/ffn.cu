@@ -14,7 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <twell/converters/options.hpp>
-#include <twell/formats/dense_checks.hpp>
+#include <twell/formats/view_checks.hpp>
 #include <twell/instantiate.hpp>
 #include <twell/kernels/backends.hpp>
 #include <twell/kernels/detail/checks.hpp>
@@ -1297,18 +1297,13 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-template <class T>
-void check_device(DenseView<T> v, const char* where, const char* name) {
-  require(v.space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
-          " lives in host memory; the cuda backend takes device operands only");
-  twell::detail::check_dense_geometry(v, where, name);
-}
+using twell::detail::check_device_operand;
 
 // w_in (wg or wu) is K x N, wd is N x K.
 template <class T>
 void check_weights(DenseView<const T> w_in, DenseView<const T> wd, const char* where) {
-  check_device(w_in, where, "wu");
-  check_device(wd, where, "wd");
+  check_device_operand(w_in, where, "wu");
+  check_device_operand(wd, where, "wd");
   require(wd.rows == w_in.cols && wd.cols == w_in.rows, ErrorCode::shape_mismatch, where, "wd is ", wd.rows, " x ",
           wd.cols, " but wu is ", w_in.rows, " x ", w_in.cols, " (wd must be ", w_in.cols, " x ", w_in.rows, ")");
   require(w_in.rows <= kFusedFfnMaxK, ErrorCode::unsupported, where, "K = ", w_in.rows,
@@ -1319,8 +1314,8 @@ void check_weights(DenseView<const T> w_in, DenseView<const T> wd, const char* w
 template <class T>
 void check_io(DenseView<const T> x, DenseView<T> y, std::int64_t k, const char* where, const char* x_name = "x",
               const char* y_name = "y") {
-  check_device(x, where, x_name);
-  check_device(y, where, y_name);
+  check_device_operand(x, where, x_name);
+  check_device_operand(y, where, y_name);
   require(x.cols == k, ErrorCode::shape_mismatch, where, x_name, " is ", x.rows, " x ", x.cols,
           " but the weights need ", k, " columns");
   require(y.rows == x.rows && y.cols == k, ErrorCode::shape_mismatch, where, y_name, " is ", y.rows, " x ", y.cols,
@@ -1357,11 +1352,10 @@ bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
   } else {
     if (k > 2 * kThreads * 8) return false;
     const std::size_t bytes = block_smem_bytes(k);
-    int device = 0, optin = 0, sms = 0, per_sm = 0;
-    ::twell::detail::check_cuda(cudaGetDevice(&device), where);
-    ::twell::detail::check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
-    if (bytes > static_cast<std::size_t>(optin)) return false;
     const auto kernel = block_kernel_for<T, kPass>(k);
+    if (bytes > static_cast<std::size_t>(::twell::detail::dynamic_shared_limit(kernel, where))) return false;
+    int device = 0, sms = 0, per_sm = 0;
+    ::twell::detail::check_cuda(cudaGetDevice(&device), where);
     ::twell::detail::allow_dynamic_shared(kernel, bytes, where);
     ::twell::detail::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
     per_sm = ::twell::detail::resident_blocks_per_sm(kernel, kThreads, bytes, where);
@@ -1551,7 +1545,7 @@ GemmToSparsePlan<T> checked_gate(std::int64_t m, bool gated, DenseView<const T> 
   require(m <= INT32_MAX, ErrorCode::unsupported, where, "M = ", m, " exceeds 2^31 - 1 rows");
   check_weights<T>(gated ? wu : w_gate, wd, where);
   if (gated) {
-    check_device(w_gate, where, "wg");
+    check_device_operand(w_gate, where, "wg");
     require(w_gate.rows == wu.rows && w_gate.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ", w_gate.rows,
             " x ", w_gate.cols, " but wu is ", wu.rows, " x ", wu.cols);
   }
@@ -1744,7 +1738,7 @@ void check_training_weights(const DenseView<const T>* wg, DenseView<const T> wu,
   check_weights<T>(wu, wd, where);
   check_wu_shape<T>(wu, k, n, where);
   if (wg == nullptr) return;
-  check_device(*wg, where, "wg");
+  check_device_operand(*wg, where, "wg");
   require(wg->rows == k && wg->cols == n, ErrorCode::shape_mismatch, where, "wg is ", wg->rows, " x ", wg->cols,
           " but wu is ", k, " x ", n);
 }
@@ -1959,7 +1953,7 @@ void GatedUpDownPlan<T>::queue_ahead(HybridView<const T> a, DenseView<const T> w
   twell::detail::require_live(live_, where);
   wu_t_source_ = {};
   ahead_ = {};
-  check_device(wu, where, "wu");
+  check_device_operand(wu, where, "wu");
   check_wu_shape<T>(wu, k_, n_, where);
   // Their overflow rows are not read here (a gate's queued result and the parts it will fill may
   // differ in them until the count is known): the parts are checked without.
@@ -2038,7 +2032,7 @@ void gated_up_down_backward(const GatedBackwardOperands<T>& op, const KernelOpti
 template <Value T>
 void gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu, DenseView<const T> wd,
                        ActivationSpec act, DenseView<T> y, const KernelOptions& options) {
-  check_device(x, "twell::cuda::gated_ffn_forward", "x");
+  check_device_operand(x, "twell::cuda::gated_ffn_forward", "x");
   GatedFfnPlan<T> plan(x.rows, wg, wu, wd, act, TwellLayout{}, GatedFfnPlan<T>::kDefaultCapacity, options);
   plan.forward(x, y);
   if (options.report != nullptr) options.report->path = plan.path();
@@ -2047,7 +2041,7 @@ void gated_ffn_forward(DenseView<const T> x, DenseView<const T> wg, DenseView<co
 template <Value T>
 void ffn_forward(DenseView<const T> x, DenseView<const T> wu, DenseView<const T> wd, ActivationSpec act,
                  DenseView<T> y, const KernelOptions& options) {
-  check_device(x, "twell::cuda::ffn_forward", "x");
+  check_device_operand(x, "twell::cuda::ffn_forward", "x");
   FfnPlan<T> plan(x.rows, wu, wd, act, TwellLayout{}, FfnPlan<T>::kDefaultCapacity, options);
   plan.forward(x, y);
   if (options.report != nullptr) options.report->path = plan.path();

@@ -232,7 +232,7 @@ void add_sources(Reducer& r, HybridView<const T> x) {
 
 template <class View>
 Totals reduce(View x, const KernelOptions& options, const char* where) {
-  detail::check_view(x, where, "x");
+  detail::check_device_operand(x, where, "x");
   Reducer r(detail::stream_of(options), where);
   add_sources(r, x);
   return r.finish();

@@ -255,10 +255,10 @@ void set_vec(DenseView<const T> a, const T* b, Operands& o) {
 // Checks the pattern, out, A and B (in that order) against each other.
 template <class T, class Pattern, class Out>
 Operands check_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pattern, Out out) {
-  detail::check_view(pattern, kWhere, "pattern");
-  detail::check_view(out, kWhere, "out");
-  detail::check_dense(a, kWhere, "A");
-  detail::check_dense(b, kWhere, "B");
+  detail::check_device_operand(pattern, kWhere, "pattern");
+  detail::check_device_operand(out, kWhere, "out");
+  detail::check_device_operand(a, kWhere, "A");
+  detail::check_device_operand(b, kWhere, "B");
   twell::detail::check_sddmm_operands(a, op_b, b, pattern, out, kWhere);
   const bool t = op_b == Op::transpose;
   const std::int64_t n = twell::detail::cols_of(pattern);

@@ -83,43 +83,9 @@ __device__ __forceinline__ float twell_value(std::uint32_t word, const T* value_
 
 inline cudaStream_t stream_of(const KernelOptions& options) { return static_cast<cudaStream_t>(options.stream.handle); }
 
-using twell::detail::check_dense_geometry;
+using twell::detail::check_device_operand;
 using twell::detail::report_path;
 using twell::detail::shape;
-
-inline void require_device(MemorySpace space, const char* where, const char* name) {
-  require(space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
-          " lives in host memory; the cuda backend takes device operands only");
-}
-
-template <class T>
-void check_dense(DenseView<T> v, const char* where, const char* name) {
-  require_device(v.space, where, name);
-  check_dense_geometry(v, where, name);
-}
-
-template <class T>
-void check_view(CsrView<T> v, const char* where, const char* name) {
-  require_device(v.space, where, name);
-  twell::detail::check_csr_geometry(v, where, name);
-}
-template <class T>
-void check_view(EllView<T> v, const char* where, const char* name) {
-  require_device(v.space, where, name);
-  twell::detail::check_ell_geometry(v, where, name);
-}
-template <class T>
-void check_view(TwellView<T> v, const char* where, const char* name) {
-  require_device(v.space, where, name);
-  twell::detail::check_twell_geometry(v, where, name);
-}
-template <class T>
-void check_view(HybridView<T> v, const char* where, const char* name) {
-  check_view(v.twell, where, name);
-  require(v.overflow.rows == 0 || v.overflow.space == MemorySpace::device, ErrorCode::space_mismatch, where, name,
-          " has its overflow block in host memory");
-  twell::detail::check_hybrid_overflow_geometry(v, where, name);
-}
 
 // Bytes of shared memory a block of the current device may opt in to.
 inline int shared_memory_per_block(const char* where) {

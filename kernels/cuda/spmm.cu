@@ -529,8 +529,8 @@ void check_op(Op op) {
 
 template <class T>
 void check_operands(std::int64_t m, std::int64_t k, DenseView<const T> b, DenseView<T> c) {
-  detail::check_dense(b, kWhere, "B");
-  detail::check_dense(c, kWhere, "C");
+  detail::check_device_operand(b, kWhere, "B");
+  detail::check_device_operand(c, kWhere, "C");
   require(b.rows == k, ErrorCode::shape_mismatch, kWhere, "op(A) is ", detail::shape(m, k), " but B is ",
           detail::shape(b.rows, b.cols));
   require(c.rows == m && c.cols == b.cols, ErrorCode::shape_mismatch, kWhere, "C is ", detail::shape(c.rows, c.cols),
@@ -747,9 +747,10 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
       require(detail::spmm_stream_applies(a, b, c), ErrorCode::unsupported, kWhere,
               "the tile_stream algorithm takes 16-bit values, A of at most 2^31 - 1 rows, columns and slot words a "
               "row, tiles of at most 256 columns with 8 or more slots (a multiple of 4), 16-byte aligned operands with "
-              "B's columns and leading dimensions in 8s, and ",
-              "a device with ", detail::spmm_stream_shared_bytes(), " bytes of shared memory per block; A is ",
-              detail::shape(a.rows, a.cols), " in tiles of ", a.layout.tile, " with ", a.layout.slots(), " slots");
+              "B's columns and leading dimensions in 8s, B of at most ",
+              detail::spmm_stream_max_b_cols(), " columns, and ", "a device with ", detail::spmm_stream_shared_bytes(),
+              " bytes of shared memory per block; A is ", detail::shape(a.rows, a.cols), " in tiles of ", a.layout.tile,
+              " with ", a.layout.slots(), " slots");
       return requested;
     case SpmmAlgorithm::slice_reuse:
       require(detail::spmm_slices_applies(a, b, c), ErrorCode::unsupported, kWhere,
@@ -883,7 +884,7 @@ std::string hybrid_none(HybridView<const T> a, DenseView<const T> b, DenseView<T
 template <class T, class View>
 bool check_spmm(Op op_a, View a, std::int64_t rows, std::int64_t cols, DenseView<const T> b, DenseView<T> c) {
   check_op(op_a);
-  detail::check_view(a, kWhere, "A");
+  detail::check_device_operand(a, kWhere, "A");
   const bool t = op_a == Op::transpose;
   check_operands(t ? cols : rows, t ? rows : cols, b, c);
   return t;

@@ -546,7 +546,7 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
   } else {
     if (a.rows <= 0 || a.cols <= 0 || b.cols <= 0) return false;
     if (a.rows > INT_MAX || a.cols > INT_MAX || a.layout.packed_width(a.cols) > INT_MAX) return false;
-    if ((b.cols + kCols - 1) / kCols > 65535) return false;  // the grid's slices; the other kernels take more
+    if (b.cols > spmm_stream_max_b_cols()) return false;  // the other kernels take more
     const int slots = a.layout.slots();
     if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
     if (!vector_operands(b, c)) return false;
@@ -555,6 +555,8 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
 }
 
 int spmm_stream_shared_bytes() { return kSmemBytes; }
+
+std::int64_t spmm_stream_max_b_cols() { return std::int64_t{65535} * kCols; }
 
 std::int64_t spmm_stream_ctas(std::int64_t rows, std::int64_t b_cols) {
   const StreamGrid grid = stream_grid(rows, b_cols);

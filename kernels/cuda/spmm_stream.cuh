@@ -16,14 +16,18 @@ namespace twell::cuda::detail {
 // Whether spmm_twell_stream takes these operands: 16-bit T, a non-empty product, A of at most
 // INT_MAX rows, columns and slot words a row, tiles of at most 256 columns whose slot groups hold
 // at least 8 slots and start 16-byte aligned (S a multiple of 4, the packed array 16-byte
-// aligned), B and C 16-byte aligned with leading dimensions and B's columns multiples of 8, and a
-// device with the shared memory for the kernel's three stages.
+// aligned), B and C 16-byte aligned with leading dimensions and B's columns multiples of 8, B of
+// at most spmm_stream_max_b_cols() columns (the grid's slices), and a device with the shared
+// memory for the kernel's three stages.
 template <class T>
 bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c);
 
 // The dynamic shared memory of the kernel's CTA, in bytes (for messages: spmm_stream_applies checks
 // it against the device).
 int spmm_stream_shared_bytes();
+
+// The most columns of B the kernel takes: 65535 grid slices of 128 (for messages and the check).
+std::int64_t spmm_stream_max_b_cols();
 
 // The CTAs spmm_twell_stream launches for one product of `rows` rows of A and `b_cols` columns
 // of B, unpaired (one per 256 x 128 block of C, all resident at once only up to one per SM).

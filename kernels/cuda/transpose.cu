@@ -85,7 +85,7 @@ int key_bits(std::int64_t cols) {
 template <class T, class View, class ToCsr>
 HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOptions& options, ToCsr to_csr,
                                     const char* format) {
-  detail::check_view(a, kWhere, "A");
+  detail::check_device_operand(a, kWhere, "A");
   const detail::TwellRows<T> rows = detail::twell_rows<T>(a);
   check_layout(layout, kWhere);
   const cudaStream_t stream = detail::stream_of(options);
@@ -129,7 +129,7 @@ HybridMatrix<T> transpose_to_hybrid(View a, TwellLayout layout, const KernelOpti
 
 template <Value T>
 CsrMatrix<T> transpose(CsrView<const T> a, const KernelOptions& options) {
-  detail::check_view(a, kWhere, "A");
+  detail::check_device_operand(a, kWhere, "A");
   require(a.rows <= 0x7fffffffLL && a.cols <= 0x7fffffffLL, ErrorCode::unsupported, kWhere, "A is ",
           detail::shape(a.rows, a.cols), "; 32-bit column indices cannot hold the transpose");
   const cudaStream_t stream = detail::stream_of(options);
@@ -171,7 +171,7 @@ CsrMatrix<T> transpose(CsrView<const T> a, const KernelOptions& options) {
 
 template <Value T>
 EllMatrix<T> transpose(EllView<const T> a, const KernelOptions& options) {
-  detail::check_view(a, kWhere, "A");
+  detail::check_device_operand(a, kWhere, "A");
   KernelOptions inner = options;
   inner.report = nullptr;
   // Stored zeros are entries (an sddmm result may hold some): kept, as the reference keeps them,
@@ -196,8 +196,8 @@ HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const Kerne
 
 template <Value T>
 void transpose(DenseView<const T> a, DenseView<T> out, const KernelOptions& options) {
-  detail::check_dense(a, kWhere, "a");
-  detail::check_dense(out, kWhere, "out");
+  detail::check_device_operand(a, kWhere, "a");
+  detail::check_device_operand(out, kWhere, "out");
   twell::detail::check_dense_transpose(a, out, kWhere);
   detail::transpose_dense<T>(a.data, a.rows, a.cols, a.ld, out.data, out.ld, detail::stream_of(options), kWhere);
   detail::report_path(options, "cuda/transpose/dense");

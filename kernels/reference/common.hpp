@@ -9,6 +9,7 @@
 #include <Eigen/Dense>
 
 #include <twell/error.hpp>
+#include <twell/formats/csr.hpp>
 #include <twell/formats/dense.hpp>
 #include <twell/formats/layout.hpp>
 #include <twell/kernels/detail/checks.hpp>
@@ -20,22 +21,23 @@ namespace twell::reference::detail {
 
 using MatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-using twell::detail::check_dense_geometry;
 using twell::detail::cols_of;
 using twell::detail::report_format_path;
 using twell::detail::report_path;
 using twell::detail::rows_of;
 using twell::detail::shape;
 
-inline void require_host(MemorySpace space, const char* where, const char* name) {
-  require(space == MemorySpace::host, ErrorCode::space_mismatch, where, name,
-          " lives in device memory; the reference backend takes host operands only");
+// An operand of the reference backend: host memory, then its geometry.
+template <class View>
+void check_host_operand(View v, const char* where, const char* name) {
+  twell::detail::check_view(v, MemorySpace::host, "reference backend", where, name);
 }
-
+// A CSR's row_ptr ends too, which the host can read (the cuda backend cannot without a copy).
 template <class T>
-void check_dense(DenseView<T> v, const char* where, const char* name) {
-  require_host(v.space, where, name);
-  check_dense_geometry(v, where, name);
+void check_host_operand(CsrView<T> v, const char* where, const char* name) {
+  twell::detail::check_view(v, MemorySpace::host, "reference backend", where, name);
+  require(v.row_ptr[0] == 0 && v.row_ptr[v.rows] == v.nnz, ErrorCode::malformed, where, name, " row_ptr runs from ",
+          v.row_ptr[0], " to ", v.row_ptr[v.rows], " but nnz is ", v.nnz);
 }
 
 // Throws shape_mismatch naming both operands unless rows/cols match the expectation.

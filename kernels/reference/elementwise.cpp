@@ -16,9 +16,9 @@ namespace {
 template <class View, class Out, class F>
 void elementwise(const char* where, const char* path, View x, View y, const char* y_name, Out out, F f,
                  bool either_stored, const KernelOptions& options, const char* format) {
-  detail::check_view(x, where, "x");
-  detail::check_view(y, where, y_name);
-  detail::check_view(out, where, "out");
+  detail::check_host_operand(x, where, "x");
+  detail::check_host_operand(y, where, y_name);
+  detail::check_host_operand(out, where, "out");
   detail::require_same_structure(x, y, where, "x", y_name);
   const auto value = [&](const detail::Entry& e) { return f(detail::load(x, e), detail::load(y, e)); };
   if constexpr (requires { x.overflow; }) {

@@ -17,9 +17,9 @@ struct FfnShapes {
 template <class T>
 FfnShapes check_ffn(const char* where, DenseView<const T> x, DenseView<const T> w_in, DenseView<const T> wd,
                     const ActivationSpec& act) {
-  detail::check_dense(x, where, "x");
-  detail::check_dense(w_in, where, "wu");
-  detail::check_dense(wd, where, "wd");
+  detail::check_host_operand(x, where, "x");
+  detail::check_host_operand(w_in, where, "wu");
+  detail::check_host_operand(wd, where, "wd");
   twell::detail::check_activation(act, where);
   const FfnShapes s{x.rows, x.cols, w_in.cols};
   require(w_in.rows == s.k, ErrorCode::shape_mismatch, where, "x is ", detail::shape(x.rows, x.cols), " but wu is ",
@@ -32,14 +32,14 @@ FfnShapes check_ffn(const char* where, DenseView<const T> x, DenseView<const T> 
 
 template <class T>
 void check_gate(const char* where, DenseView<const T> wg, DenseView<const T> wu) {
-  detail::check_dense(wg, where, "wg");
+  detail::check_host_operand(wg, where, "wg");
   require(wg.rows == wu.rows && wg.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ",
           detail::shape(wg.rows, wg.cols), " but wu is ", detail::shape(wu.rows, wu.cols));
 }
 
 template <class T>
 void check_out(const char* where, const char* name, DenseView<T> y, const FfnShapes& s) {
-  detail::check_dense(y, where, name);
+  detail::check_host_operand(y, where, name);
   detail::require_shape(y.rows, y.cols, s.m, s.k, where, name, "x");
 }
 

@@ -13,8 +13,8 @@ template <Value T>
 HybridMatrix<T> gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, ActivationSpec act, TwellLayout layout,
                                const ConvertOptions& convert, const KernelOptions& options) {
   constexpr const char* where = "twell::reference::gemm_to_sparse";
-  detail::check_dense(x, where, "X");
-  detail::check_dense(w, where, "W");
+  detail::check_host_operand(x, where, "X");
+  detail::check_host_operand(w, where, "W");
   twell::detail::check_activation(act, where);
   check_layout(layout, where);
   require(w.rows == x.cols, ErrorCode::shape_mismatch, where, "X is ", detail::shape(x.rows, x.cols), " but W is ",

@@ -12,7 +12,7 @@ namespace {
 template <class View>
 double l1_impl(View x, const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::reference::l1_norm";
-  detail::check_view(x, where, "x");
+  detail::check_host_operand(x, where, "x");
   double sum = 0.0;
   detail::for_each_entry(x, where, [&](const detail::Entry& e) { sum += std::fabs(double{detail::load(x, e)}); });
   detail::report_format_path(options, "reference/l1_norm", format);
@@ -23,7 +23,7 @@ double l1_impl(View x, const KernelOptions& options, const char* format) {
 template <class View>
 std::int64_t l0_impl(View x, const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::reference::l0_norm";
-  detail::check_view(x, where, "x");
+  detail::check_host_operand(x, where, "x");
   std::int64_t count = 0;
   detail::for_each_entry(x, where, [&](const detail::Entry& e) { count += is_stored(detail::load(x, e)) ? 1 : 0; });
   detail::report_format_path(options, "reference/l0_norm", format);

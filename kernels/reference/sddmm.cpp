@@ -11,10 +11,10 @@ template <class T, class Pattern, class Out>
 void sddmm_impl(DenseView<const T> a, Op op_b, DenseView<const T> b, Pattern pattern, Out out, float alpha, float beta,
                 const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::reference::sddmm";
-  detail::check_dense(a, where, "A");
-  detail::check_dense(b, where, "B");
-  detail::check_view(pattern, where, "pattern");
-  detail::check_view(out, where, "out");
+  detail::check_host_operand(a, where, "A");
+  detail::check_host_operand(b, where, "B");
+  detail::check_host_operand(pattern, where, "pattern");
+  detail::check_host_operand(out, where, "out");
   twell::detail::check_sddmm_operands(a, op_b, b, pattern, out, where);
   const bool transposed = op_b == Op::transpose;
   // beta reads the old values of out at the pattern's places, so out must have that structure.

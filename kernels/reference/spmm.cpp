@@ -11,9 +11,9 @@ template <class T, class View>
 void spmm_impl(Op op_a, View a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
                const KernelOptions& options, const char* format) {
   constexpr const char* where = "twell::reference::spmm";
-  detail::check_view(a, where, "A");
-  detail::check_dense(b, where, "B");
-  detail::check_dense(c, where, "C");
+  detail::check_host_operand(a, where, "A");
+  detail::check_host_operand(b, where, "B");
+  detail::check_host_operand(c, where, "C");
   require(op_a == Op::none || op_a == Op::transpose, ErrorCode::invalid_argument, where, "op_a ",
           static_cast<int>(op_a), " is unknown");
   const bool transposed = op_a == Op::transpose;

@@ -21,7 +21,7 @@ CsrMatrix<T> transposed_csr(View a, const char* where) {
   const std::int64_t rows = detail::rows_of(a), cols = detail::cols_of(a);
   require(rows <= INT32_MAX, ErrorCode::unsupported, where, "A has ", rows,
           " rows, more than the 32-bit column indices of its transpose's CSR hold");
-  detail::check_view(a, where, "A");
+  detail::check_host_operand(a, where, "A");
   std::vector<std::int64_t> count(static_cast<std::size_t>(cols) + 1, 0);
   detail::for_each_entry(a, where, [&](const detail::Entry& e) { ++count[static_cast<std::size_t>(e.col) + 1]; });
   for (std::size_t j = 1; j < count.size(); ++j) count[j] += count[j - 1];
@@ -89,8 +89,8 @@ HybridMatrix<T> transpose(HybridView<const T> a, TwellLayout layout, const Kerne
 template <Value T>
 void transpose(DenseView<const T> a, DenseView<T> out, const KernelOptions& options) {
   constexpr const char* where = "twell::reference::transpose";
-  detail::check_dense(a, where, "a");
-  detail::check_dense(out, where, "out");
+  detail::check_host_operand(a, where, "a");
+  detail::check_host_operand(out, where, "out");
   twell::detail::check_dense_transpose(a, out, where);
   for (std::int64_t i = 0; i < a.rows; ++i)
     for (std::int64_t j = 0; j < a.cols; ++j) out.data[j * out.ld + i] = a.data[i * a.ld + j];

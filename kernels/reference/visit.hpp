@@ -107,32 +107,6 @@ void store(HybridView<T> v, const Entry& e, float x) {
   }
 }
 
-// ---- argument checks of the sparse views ------------------------------------------------------
-
-template <class T>
-void check_view(CsrView<T> v, const char* where, const char* name) {
-  require_host(v.space, where, name);
-  twell::detail::check_csr_geometry(v, where, name);
-  require(v.row_ptr[0] == 0 && v.row_ptr[v.rows] == v.nnz, ErrorCode::malformed, where, name, " row_ptr runs from ",
-          v.row_ptr[0], " to ", v.row_ptr[v.rows], " but nnz is ", v.nnz);
-}
-template <class T>
-void check_view(EllView<T> v, const char* where, const char* name) {
-  require_host(v.space, where, name);
-  twell::detail::check_ell_geometry(v, where, name);
-}
-template <class T>
-void check_view(TwellView<T> v, const char* where, const char* name) {
-  require_host(v.space, where, name);
-  twell::detail::check_twell_geometry(v, where, name);
-}
-template <class T>
-void check_view(HybridView<T> v, const char* where, const char* name) {
-  check_view(v.twell, where, name);
-  require_host(v.overflow.space, where, name);
-  twell::detail::check_hybrid_overflow_geometry(v, where, name);
-}
-
 inline void bad_column(const char* where, std::int64_t row, std::int64_t col, std::int64_t cols) {
   fail(ErrorCode::malformed, where, "row ", row, " holds column ", col, " outside [0, ", cols, ")");
 }

@@ -62,7 +62,7 @@ namespace {
 // kernel is allowed, and occupancy answers.
 struct LaunchFacts {
   std::mutex mutex;
-  std::map<std::pair<int, const void*>, int> allowed_shared;
+  std::map<std::pair<int, const void*>, int> allowed_shared, shared_limit;
   std::map<std::tuple<int, const void*, int, std::size_t>, int> resident;
   // ... and the cluster's dimensions.
   std::map<std::tuple<int, const void*, int, std::size_t, unsigned, unsigned, unsigned>, int> clusters;
@@ -91,21 +91,28 @@ int remembered(std::map<Key, int>& known, const std::type_identity_t<Key>& key, 
 
 }  // namespace
 
+int dynamic_shared_limit(const void* kernel, const char* where) {
+  const int device = current_device(where);
+  return remembered(launch_facts().shared_limit, std::pair(device, kernel), [&] {
+    int optin = 0;
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
+    cudaFuncAttributes attributes{};
+    check_cuda(cudaFuncGetAttributes(&attributes, kernel), where);
+    return optin - static_cast<int>(attributes.sharedSizeBytes);
+  });
+}
+
 void allow_dynamic_shared(const void* kernel, int bytes, const char* where) {
+  // Past the device's opt-in limit the attribute call fails as a bare CUDA error; the operands'
+  // sizes decide the bytes (the TwELL spmm's per-tile prefix, for one), so say that they do.
+  const int limit = dynamic_shared_limit(kernel, where);
+  require(bytes <= limit, ErrorCode::unsupported, where, "these operands need ", bytes,
+          " bytes of shared memory per block; the device allows this kernel ", limit);
   const int device = current_device(where);
   LaunchFacts& facts = launch_facts();
   const std::lock_guard lock(facts.mutex);
   int& allowed = facts.allowed_shared[{device, kernel}];
   if (bytes <= allowed) return;
-  // Past the device's opt-in limit the attribute call fails as a bare CUDA error; the operands'
-  // sizes decide the bytes (the TwELL spmm's per-tile prefix, for one), so say that they do.
-  int optin = 0;
-  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
-  cudaFuncAttributes attributes{};
-  check_cuda(cudaFuncGetAttributes(&attributes, kernel), where);
-  const auto limit = static_cast<std::int64_t>(optin) - static_cast<std::int64_t>(attributes.sharedSizeBytes);
-  require(bytes <= limit, ErrorCode::unsupported, where, "these operands need ", bytes,
-          " bytes of shared memory per block; the device allows this kernel ", limit);
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), where);
   allowed = bytes;
 }

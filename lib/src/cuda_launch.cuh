@@ -72,6 +72,13 @@ cudaError_t try_launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, 
 // cudaDeviceReset clears the attributes set, so twell is not used on a device after one, nor in
 // a context of the driver API other than the device's primary one (docs/api.md, "Conventions").
 void allow_dynamic_shared(const void* kernel, int bytes, const char* where);
+// The dynamic shared memory the kernel may opt in to on the current device: the device's opt-in
+// limit less the kernel's static shared memory.
+int dynamic_shared_limit(const void* kernel, const char* where);
+template <class... Params>
+int dynamic_shared_limit(void (*kernel)(Params...), const char* where) {
+  return dynamic_shared_limit(reinterpret_cast<const void*>(kernel), where);
+}
 template <class... Params>
 void allow_dynamic_shared(void (*kernel)(Params...), std::size_t bytes, const char* where) {
   allow_dynamic_shared(reinterpret_cast<const void*>(kernel), static_cast<int>(bytes), where);

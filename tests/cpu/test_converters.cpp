@@ -283,7 +283,7 @@ TEST_CASE_TEMPLATE("conversions commute: A -> B -> C equals A -> C", T, bf16, fp
   }
 }
 
-TEST_CASE_TEMPLATE("same-format conversion: deep copy, or re-layout / re-width", T, bf16, fp16, float) {
+TEST_CASE_TEMPLATE("same-format conversion: a re-build, or a re-layout / re-width", T, bf16, fp16, float) {
   const auto d = random_sparse_dense<T>(70, 333, {.density = 0.08, .specials = true}, fresh_seed());
   const auto csr = to_csr(d);
   const auto csr2 = to_csr(csr);
@@ -491,9 +491,8 @@ TEST_CASE_TEMPLATE("CSR equals Eigen::SparseMatrix<float, RowMajor> built from t
   }
 }
 
-// CSR -> CSR that cannot be a plain copy (a threshold, a report, stored zeros) is re-built row by
-// row: its cost follows the entries, not the width (it once went through a Hybrid, whose dense
-// overflow row here would have taken 8.6 GB).
+// CSR -> CSR is re-built row by row: its cost follows the entries, not the width (it once went through a Hybrid, whose
+// dense overflow row here would have taken 8.6 GB).
 TEST_CASE("to_csr of a CSR with a threshold: one row 2^31 - 1 columns wide, 40 entries in one tile") {
   constexpr std::int64_t kWidest = std::numeric_limits<std::int32_t>::max();
   CsrMatrix<float> csr(1, kWidest, 40);
@@ -880,13 +879,13 @@ TEST_CASE_TEMPLATE("every reference converter refuses an overflow policy outside
     CHECK(e.code() == ErrorCode::invalid_argument);
     CHECK(contains(e.what(), std::string("twell::reference::") + name + ": overflow policy 7 is none of"));
   }
-  // The public API too, also where a same-format request is a plain copy that reaches no converter.
-  const ConvertOptions copy{.overflow = static_cast<OverflowPolicy>(7)};
+  // The public API too, also for same-format requests and a canonical host dense -> dense copy.
+  const ConvertOptions bad_policy{.overflow = static_cast<OverflowPolicy>(7)};
   DenseMatrix<T> canon(2, 8);
   canon.view().at(1, 3) = from_float<T>(1.0f);
   const auto canon_csr = to_csr(canon);
   const auto canon_hy = to_hybrid(canon, layout);
-  CHECK(error_of([&] { (void)to_dense(canon, copy); }).code() == ErrorCode::invalid_argument);
-  CHECK(error_of([&] { (void)to_csr(canon_csr, copy); }).code() == ErrorCode::invalid_argument);
-  CHECK(error_of([&] { (void)to_hybrid(canon_hy, layout, copy); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_dense(canon, bad_policy); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_csr(canon_csr, bad_policy); }).code() == ErrorCode::invalid_argument);
+  CHECK(error_of([&] { (void)to_hybrid(canon_hy, layout, bad_policy); }).code() == ErrorCode::invalid_argument);
 }

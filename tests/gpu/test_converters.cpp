@@ -583,6 +583,43 @@ TEST_CASE("cuda dense_to_twell_into under drop without a report runs on options.
   cuda_ok(cudaStreamDestroy(stream));
 }
 
+// docs/api.md: the one conversion that neither waits for the device nor touches the legacy
+// stream. Global capture mode refuses both, so the capture itself is the check; replays then
+// rewrite a poisoned destination.
+TEST_CASE("cuda dense_to_twell_into under drop without a report is captured into a CUDA graph") {
+  namespace ref = twell::reference;
+  namespace gpu = twell::cuda;
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t seed = fresh_seed();
+  CAPTURE(seed);
+  const TwellLayout layout{256, 16};
+  const auto dense = overflowing_bf16(700, 3000, seed);
+  const auto d_dense = dense.to(kDevice);
+  TwellMatrix<bf16> dst(700, 3000, layout, kDevice);
+  ConvertOptions o = with(0.0f, OverflowPolicy::drop);
+  o.stream.handle = stream;
+  gpu::dense_to_twell_into(d_dense.view(), dst.view(), o);  // first use: attributes set outside the capture
+  cuda_ok(cudaStreamSynchronize(stream));
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  gpu::dense_to_twell_into(d_dense.view(), dst.view(), o);
+  cuda_ok(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+  const auto want = ref::dense_to_twell(dense.view(), layout, with(0.0f, OverflowPolicy::drop));
+  for (int replay = 0; replay < 2; ++replay) {
+    CAPTURE(replay);
+    poison(dst);
+    cuda_ok(cudaGraphLaunch(exec, stream));
+    cuda_ok(cudaStreamSynchronize(stream));
+    expect_same(dst.to(kHost), want);
+  }
+  cuda_ok(cudaGraphExecDestroy(exec));
+  cuda_ok(cudaGraphDestroy(graph));
+  cuda_ok(cudaStreamDestroy(stream));
+}
+
 TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination of the wrong shape, layout, space or policy", T,
                    bf16, fp16, float) {
   namespace gpu = twell::cuda;

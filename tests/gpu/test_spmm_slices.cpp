@@ -611,3 +611,31 @@ TEST_CASE("cuda spmm refuses a forced TwELL kernel that does not take the operan
   expect_unsupported<float>(ref::dense_to_twell<float>(a32.view(), TwellLayout{256, 16}), kN,
                             SpmmAlgorithm::tile_stream);
 }
+
+// The tile-streaming grid ends at 65535 slices of 128 columns of B: forced past them, the kernel
+// is refused naming the limit; automatic takes another kernel there and stays right.
+TEST_CASE("cuda spmm with B wider than the tile-streaming kernel's 65535 column slices") {
+  constexpr std::int64_t kM = 4, kK = 16;
+  constexpr std::int64_t kN = 65535LL * 128 + 8;  // one slice past the grid, columns still in 8s
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const TwellMatrix<bf16> a_host = ref::dense_to_twell<bf16>(
+      testing::random_sparse_dense<bf16>(kM, kK, {.density = 0.3}, seed).view(), TwellLayout{16, 8});
+  const auto b = testing::random_dense<bf16>(kK, kN, 1.0f, seed + 1);
+  const auto c0 = testing::random_dense<bf16>(kM, kN, 1.0f, seed + 2);
+  const std::string path = check_spmm<bf16>(a_host, b, c0, 1.0f, 0.5f, {});
+  CHECK(path.find("tile_stream") == std::string::npos);
+
+  const auto a = a_host.to(kDevice);
+  const DenseMatrix<bf16> b_dev = b.to(kDevice);
+  DenseMatrix<bf16> c(kM, kN, kDevice);
+  KernelOptions options;
+  options.spmm_algorithm = SpmmAlgorithm::tile_stream;
+  try {
+    dev::spmm<bf16>(Op::none, a.view(), b_dev.view(), c.view(), 1.0f, 0.0f, options);
+    FAIL("no error for the tile-streaming kernel past its grid");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::unsupported);
+    CHECK(std::string(e.what()).find("B of at most 8388480 columns") != std::string::npos);
+  }
+}

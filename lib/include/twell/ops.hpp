@@ -39,7 +39,8 @@ template <Value T>
 void spmm(Op op_a, In<HybridView<const T>> a, In<DenseView<const T>> b, DenseView<T> c, float alpha = 1.0f,
           float beta = 0.0f, const KernelOptions& options = {});
 
-// out = alpha * (A op(B)) + beta * out at the stored entries of `pattern` (out may alias it).
+// out = alpha * (A op(B)) + beta * out at the stored entries of `pattern`. out may alias pattern;
+// out's values overlapping A or B are `invalid_argument` (the kernels read A and B while writing).
 template <Value T>
 void sddmm(In<DenseView<const T>> a, Op op_b, In<DenseView<const T>> b, In<CsrView<const T>> pattern, CsrView<T> out,
            float alpha = 1.0f, float beta = 0.0f, const KernelOptions& options = {});

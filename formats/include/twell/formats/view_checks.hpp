@@ -60,4 +60,47 @@ void check_hybrid_overflow_geometry(HybridView<T> v, const char* where, const ch
           " overflow rows");
 }
 
+// ---- a backend's operand: its memory space, then its geometry -------------------------------------
+// `backend` names the caller in the message ("cuda backend", "reference backend", "baselines").
+
+inline void require_space(MemorySpace space, MemorySpace want, const char* backend, const char* where, const char* name,
+                          const char* part = "") {
+  require(space == want, ErrorCode::space_mismatch, where, name, part, " lives in ", to_string(space), " memory; the ",
+          backend, " takes ", to_string(want), " operands only");
+}
+
+template <class T>
+void check_view(DenseView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
+  require_space(v.space, want, backend, where, name);
+  check_dense_geometry(v, where, name);
+}
+template <class T>
+void check_view(CsrView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
+  require_space(v.space, want, backend, where, name);
+  check_csr_geometry(v, where, name);
+}
+template <class T>
+void check_view(EllView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
+  require_space(v.space, want, backend, where, name);
+  check_ell_geometry(v, where, name);
+}
+template <class T>
+void check_view(TwellView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
+  require_space(v.space, want, backend, where, name);
+  check_twell_geometry(v, where, name);
+}
+// An empty overflow block is never read, so its space is not checked.
+template <class T>
+void check_view(HybridView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
+  check_view(v.twell, want, backend, where, name);
+  if (v.overflow.rows != 0) require_space(v.overflow.space, want, backend, where, name, "'s overflow block");
+  check_hybrid_overflow_geometry(v, where, name);
+}
+
+// An operand of the cuda backend (its kernels, converters and FFN), checked before any kernel reads it.
+template <class View>
+void check_device_operand(View v, const char* where, const char* name) {
+  check_view(v, MemorySpace::device, "cuda backend", where, name);
+}
+
 }  // namespace twell::detail

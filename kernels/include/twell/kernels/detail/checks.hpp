@@ -3,6 +3,7 @@
 // because each names the space it takes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -64,24 +65,29 @@ void check_c_apart_from_b(DenseView<const T> b, DenseView<T> c, const char* wher
           "C overlaps B; spmm cannot write its result over an operand");
 }
 
-// The bytes a CSR or ELL output's values occupy; saturating, like byte_range.
+// The bytes an sddmm rewrites in `out` (saturating, like byte_range): a CSR's or ELL's values; a
+// TwELL's packed words (16-bit values live in them) and fp32 value plane; a Hybrid's also its
+// overflow block. Unused entries are empty.
+using WrittenRanges = std::array<ByteRange, 3>;
 template <class T>
-ByteRange written_range(CsrView<T> v) {
-  return byte_range(v.values, v.nnz);
+WrittenRanges written_ranges(CsrView<T> v) {
+  return {byte_range(v.values, v.nnz)};
 }
 template <class T>
-ByteRange written_range(EllView<T> v) {
+WrittenRanges written_ranges(EllView<T> v) {
   std::int64_t n = 0;
-  return byte_range(v.values, __builtin_mul_overflow(v.rows, v.width, &n) ? INT64_MAX : n);
+  return {byte_range(v.values, __builtin_mul_overflow(v.rows, v.width, &n) ? INT64_MAX : n)};
 }
-// A TwELL's packed words are rewritten with the values (16-bit), or beside its value plane (fp32).
 template <class T>
-void check_twell_apart(TwellView<T> v, ByteRange a, ByteRange b, const char* where) {
+WrittenRanges written_ranges(TwellView<T> v) {
   std::int64_t n = 0;
   const std::int64_t words = __builtin_mul_overflow(v.rows, v.layout.packed_width(v.cols), &n) ? INT64_MAX : n;
-  for (const ByteRange written : {byte_range(v.packed, words), byte_range(v.value_plane, words)})
-    require(!written.overlaps(a) && !written.overlaps(b), ErrorCode::invalid_argument, where,
-            "out overlaps A or B; sddmm cannot write its result over an operand");
+  return {byte_range(v.packed, words), v.value_plane == nullptr ? ByteRange{} : byte_range(v.value_plane, words)};
+}
+template <class T>
+WrittenRanges written_ranges(HybridView<T> v) {
+  const WrittenRanges twell = written_ranges(v.twell);
+  return {twell[0], twell[1], byte_range(v.overflow)};
 }
 
 // sddmm's op_b and shapes, and out's values apart from A and B: the GPU kernels read A and B
@@ -97,18 +103,9 @@ void check_sddmm_operands(DenseView<const T> a, Op op_b, DenseView<const T> b, P
   require(a.rows == m && bn == n && a.cols == bk, ErrorCode::shape_mismatch, where, "A is ", shape(a.rows, a.cols),
           " and op(B) is ", shape(bk, bn), " but the pattern is ", shape(m, n));
   const ByteRange ra = byte_range(a), rb = byte_range(b);
-  const auto apart = [&](ByteRange written) {
+  for (const ByteRange written : written_ranges(out))
     require(!written.overlaps(ra) && !written.overlaps(rb), ErrorCode::invalid_argument, where,
             "out overlaps A or B; sddmm cannot write its result over an operand");
-  };
-  if constexpr (requires { out.twell; }) {
-    check_twell_apart(out.twell, ra, rb, where);
-    apart(byte_range(out.overflow));
-  } else if constexpr (requires { out.packed; }) {
-    check_twell_apart(out, ra, rb, where);
-  } else {
-    apart(written_range(out));
-  }
 }
 
 }  // namespace twell::detail
