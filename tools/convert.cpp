@@ -32,9 +32,10 @@ AnyMatrix cast_to(const AnyMatrix& m, const std::string& path, std::int64_t& zer
             const auto idx = static_cast<std::size_t>(k);
             const float value = to_float(v[idx]);
             bool to_zero = false;
-            narrowed[idx] = narrow<U>(value, path, [&] {
-              return detail::concat("row ", r, ", column ", ci[idx], ": value ", value);
-            }, to_zero);
+            narrowed[idx] = narrow<U>(
+                value, path,
+                [&] { return detail::concat("row ", r, ", column ", ci[idx], ": value ", shortest_decimal(value)); },
+                to_zero);
             dropped += to_zero ? 1 : 0;
             kept += is_stored(narrowed[idx]) ? 1 : 0;  // a zero stored in the source is not kept either
           }

@@ -56,6 +56,13 @@ template <class T>
 std::string dense_shape(DenseView<const T> m, std::string_view what) {
   if (m.rows < 0 || m.cols < 0) return concat(what, ": shape ", m.rows, " x ", m.cols, " is negative");
   if (m.ld < m.cols) return concat(what, ": ld = ", m.ld, " is smaller than cols = ", m.cols);
+  // (rows - 1) * ld + cols values, in bytes: past 2^63 a writer's sizes wrapped, and it wrote a
+  // file its reader refused.
+  std::int64_t span = 0;
+  if (m.rows > 0 && m.cols > 0 &&
+      (__builtin_mul_overflow(m.rows - 1, m.ld, &span) || __builtin_add_overflow(span, m.cols, &span) ||
+       __builtin_mul_overflow(span, static_cast<std::int64_t>(sizeof(T)), &span)))
+    return concat(what, ": ", m.rows, " x ", m.cols, " with ld = ", m.ld, " spans more than 2^63 bytes");
   if (m.rows > 0 && m.cols > 0 && m.data == nullptr) return null_array(what, "data", m.rows * m.cols);
   // What every entry point refuses as ErrorCode::misaligned (check_value_boundary).
   if (!detail::on_value_boundary(m))

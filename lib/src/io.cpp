@@ -112,6 +112,12 @@ void write_file(const std::filesystem::path& path, std::span<const std::byte> by
   const bool replaces = ::stat(target.c_str(), &existing) == 0;
   if (replaces && !S_ISREG(existing.st_mode))
     fail(ErrorCode::io, kWhere, "cannot write '", path.string(), "': not a regular file");
+  // A rename needs only the directory's write permission; a read-only file is refused as the
+  // shell's > refuses it.
+  if (replaces && ::faccessat(AT_FDCWD, target.c_str(), W_OK, AT_EACCESS) != 0) {
+    const int err = errno;
+    fail(ErrorCode::io, kWhere, "cannot write '", path.string(), "': ", std::strerror(err));
+  }
   std::filesystem::path tmp;
   {
     const Descriptor f = create_temporary(target, tmp);
@@ -127,8 +133,9 @@ void write_file(const std::filesystem::path& path, std::span<const std::byte> by
            " bytes): ", std::strerror(err));
     };
     // The replacement keeps the permissions of the file it replaces (a private 0600 file stays
-    // private), set before any byte is written.
-    if (replaces && ::fchmod(f.fd, existing.st_mode & 07777) != 0) fail_removing("setting the mode of");
+    // private), set before any byte is written; not setuid and setgid, which a write clears too
+    // (a root process replacing a user's setuid file would otherwise make a root-owned one).
+    if (replaces && ::fchmod(f.fd, existing.st_mode & 01777) != 0) fail_removing("setting the mode of");
     // All of it, and on the disk before the rename: the target is never seen half written.
     for (std::size_t done = 0; done < bytes.size();) {
       const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);

@@ -258,9 +258,8 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     std::int64_t c = 0;
     if (!t.next(s) || !parse_int(s, r)) lines.fail_here(ErrorCode::malformed, t.at(), "row index '", s, "' is not an integer");
     if (r < 1 || r > rows) lines.fail_here(ErrorCode::malformed, t.at(), "row index ", r, " is outside [1, ", rows, "]");
-    if (!t.next(s) || !parse_int(s, c)) {
-      lines.fail_here(ErrorCode::malformed, t.at(), "column index '", s, "' is missing or not an integer");
-    }
+    if (!t.next(s)) lines.fail_here(ErrorCode::malformed, t.pos(), "entry has no column index");
+    if (!parse_int(s, c)) lines.fail_here(ErrorCode::malformed, t.at(), "column index '", s, "' is not an integer");
     if (c < 1 || c > cols) lines.fail_here(ErrorCode::malformed, t.at(), "column index ", c, " is outside [1, ", cols, "]");
     double v = 1.0;
     if (field != Field::pattern) {
@@ -289,7 +288,10 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
                       symmetry == Symmetry::skew ? "strictly " : "", "lower triangle of a ", tok[4], " matrix");
     }
     // Rounded once the line is known to be well formed: a structural error is reported first.
-    const auto element = [&] { return detail::concat("line ", lines.number(), " (byte ", value_byte, "): value ", value_text); };
+    const auto element = [&] {
+      return detail::concat("line ", lines.number(), " (byte ", value_byte, "): value ",
+                            io_detail::printable(value_text));
+    };
     bool to_zero = false;
     const T value = narrow<T>(v, kWhere, element, to_zero);
     entry_row.push_back(r - 1);
@@ -394,7 +396,7 @@ std::vector<std::byte> encode_mtx(CsrView<const T> m) {
       p = std::to_chars(p, buf + sizeof buf, static_cast<std::int64_t>(m.col_idx[k]) + 1).ptr;
       *p++ = ' ';
       // Shortest decimal of the fp64 that equals the value: exact, and readable by any parser.
-      p = std::to_chars(p, buf + sizeof buf, static_cast<double>(to_float(m.values[k]))).ptr;
+      p = std::to_chars(p, buf + sizeof buf, exact_double(to_float(m.values[k]))).ptr;
       *p++ = '\n';
       io_detail::append_bytes(out, buf, static_cast<std::size_t>(p - buf));
     }

@@ -54,6 +54,10 @@ class HeaderParser {
       if (key == "descr") {
         if (seen_descr) bad(key_at, "key 'descr' appears twice");
         seen_descr = true;
+        // A list or dict is a structured dtype: valid .npy, but nothing twell reads.
+        if (peek() == '[' || peek() == '{')
+          fail(ErrorCode::unsupported, kWhere, "header byte ", base_ + pos_,
+               ": descr is a structured dtype; twell reads '<f4', '<f2' and '<u2' (bf16 bits)");
         r.descr = string_literal();
       } else if (key == "fortran_order") {
         if (seen_order) bad(key_at, "key 'fortran_order' appears twice");

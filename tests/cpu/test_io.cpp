@@ -10,8 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <string>
 #include <utility>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include <twell/any_matrix.hpp>
 #include <twell/converters/backends.hpp>
@@ -312,6 +317,55 @@ TEST_CASE("Matrix Market reader: a value beyond the value type is an error, one 
   CHECK(below_fp64.rounded_to_zero == 1);
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// Under flush-to-zero and denormals-are-zero (torch's set_flush_denormal) the hardware's
+// double -> float narrowing flushed a subnormal result to 0 (read, dropped and counted as rounded
+// to zero) and float -> double widening read a stored subnormal as 0 (written as "0", then
+// dropped as an explicit zero). Reading and writing go on the bits now; .npy and .twell copy them.
+TEST_CASE_TEMPLATE(".mtx keeps subnormal values whatever the host's flush-to-zero mode", T, bf16, float) {
+  const std::string text =
+      "%%MatrixMarket matrix coordinate real general\n1 4 4\n1 1 1e-40\n1 2 -9.2e-41\n1 3 1.5e-45\n1 4 1e-400\n";
+  ReadOptions o;
+  o.dtype = dtype_of<T>;
+  MtxReport plain_report, ftz_report;
+  const auto plain = std::get<CsrMatrix<T>>(read_mtx(bytes_of(text), o, &plain_report));
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
+  const auto ftz = std::get<CsrMatrix<T>>(read_mtx(bytes_of(text), o, &ftz_report));
+  const auto written = encode_mtx(plain.view());
+  _mm_setcsr(saved);
+  CHECK(identical(ftz, plain));
+  CHECK(ftz_report.rounded_to_zero == plain_report.rounded_to_zero);
+  CHECK(plain.nnz() >= 2);  // 1e-40 and -9.2e-41 are subnormal in both types
+  const auto back = std::get<CsrMatrix<T>>(read_mtx(written, o));
+  CHECK(identical(back, plain));
+  // narrow() in fp32's subnormal range, against the hardware's rounding without flush-to-zero
+  // (fp32 to nearest even; for bf16 through fp32 rounded to odd, then to nearest even).
+  const auto by_hardware = [](double v) {
+    float wide = static_cast<float>(v);
+    if constexpr (!std::is_same_v<T, float>) {
+      if (static_cast<double>(wide) != v && (float_bits(wide) & 1u) == 0)
+        wide = std::nextafter(wide, v < static_cast<double>(wide) ? -INFINITY : INFINITY);
+    }
+    return from_float<T>(wide);
+  };
+  const auto name = [] { return std::string("x"); };
+  std::mt19937_64 rng(testing::fresh_seed());
+  std::uniform_real_distribution<double> exponent(-152.0, -124.0);
+  for (int i = 0; i < 20000; ++i) {
+    const double v = (i % 2 ? -1.0 : 1.0) * std::exp2(exponent(rng));
+    CAPTURE(v);
+    const T want = by_hardware(v);
+    bool zeroed = false;
+    _mm_setcsr(saved | 0x8040u);
+    const T got = narrow<T>(v, "test", name, zeroed);
+    _mm_setcsr(saved);
+    if (std::memcmp(&got, &want, sizeof(T)) != 0) FAIL_CHECK("narrow differs from the hardware's rounding at ", v);
+    CHECK(zeroed == ((float_bits(to_float(want)) & 0x7fffffffu) == 0u));
+  }
+}
+#endif
+
 TEST_CASE("Matrix Market reader: a value carries at most one sign") {
   // "+-5" once read as -5: the '+' was stripped and from_chars took the '-'.
   const auto read = [](const std::string& field, const std::string& value) {
@@ -345,6 +399,16 @@ TEST_CASE("readers' error messages show the file's bytes escaped and at most 64 
   const std::string n = testing::message_of([&] { read_npy(bytes_of(npy)); });
   CAPTURE(n);
   CHECK(n.find("'<f\\x008'") != std::string::npos);
+  // A value beyond the type, as long as the file: the message once quoted all of it.
+  const std::string digits = "1" + std::string(100000, '0') + "e-400";
+  const std::string v = testing::message_of(
+      [&] { read_mtx(bytes_of("%%MatrixMarket matrix coordinate real general\n1 1 1\n1 1 " + digits + "\n")); });
+  CHECK(v.size() < 400);
+  CHECK(v.find("value " + digits.substr(0, 64) + "...") != std::string::npos);
+  // An entry without a column names that, not its row token as the column.
+  const std::string c =
+      testing::message_of([&] { read_mtx(bytes_of("%%MatrixMarket matrix coordinate real general\n3 3 1\n2    \n")); });
+  CHECK(c.find("entry has no column index") != std::string::npos);
 }
 
 TEST_CASE("Matrix Market reader: decimals beyond fp64 are read alike under every locale") {
@@ -445,6 +509,8 @@ TEST_CASE(".npy reader rejects every malformed header") {
   CHECK(with_header("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 5), }") == ErrorCode::unsupported);
   CHECK(with_header("{'descr': '<f4', 'fortran_order': True, 'shape': (3, 5), }") == ErrorCode::unsupported);
   CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (15,), }") == ErrorCode::unsupported);
+  // A record array is valid .npy that twell does not read: unsupported, as '>f4' is (was malformed).
+  CHECK(with_header("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (3, 5), }") == ErrorCode::unsupported);
   CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, -5), }") == ErrorCode::malformed);
   CHECK(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3, 5), 'x': 1}") == ErrorCode::malformed);
   CHECK(with_header("{'descr': '<f4', 'shape': (3, 5), }") == ErrorCode::malformed);
@@ -611,6 +677,11 @@ TEST_CASE("writers refuse a view that breaks its format, before reading it") {
   CHECK(code_of([&] { (void)encode_npy(DenseView<const float>{nullptr, 2, 2, 2}); }) == ErrorCode::malformed);
   CHECK(code_of([&] { (void)encode_twell(DenseView<const float>{d, 2, 8, 4}); }) == ErrorCode::malformed);
   CHECK(!encode_npy(DenseView<const float>{nullptr, 0, 8, 8}).empty());
+  // 2^31 x 2^31 fp32 is 2^64 bytes, which wrapped to 0: a 128-byte .npy and a 60-byte .twell that
+  // their readers refused.
+  constexpr std::int64_t kHuge = std::int64_t{1} << 31;
+  CHECK(code_of([&] { (void)encode_npy(DenseView<const float>{d, kHuge, kHuge, kHuge}); }) == ErrorCode::malformed);
+  CHECK(code_of([&] { (void)encode_twell(DenseView<const float>{d, kHuge, kHuge, kHuge}); }) == ErrorCode::malformed);
 
   TwellMatrix<bf16> over(1, 16, TwellLayout{8, 2});  // capacity 3
   over.packed().host_span()[0] = 5;
@@ -750,6 +821,14 @@ TEST_CASE("write_file keeps the replaced file's permissions and writes through a
   CHECK(text_of(target) == "through the link");
   CHECK(mode_of(target) == (perms::owner_all | perms::group_read));
   CHECK(entries_in(dir) == 3);  // secret, target, link: no temporary left
+  // Not setuid or setgid: the replacement is new content, and a root process would otherwise
+  // make a root-owned setuid file of a user's.
+  const auto setuid_file = dir / "setuid.mtx";
+  write_file(setuid_file, bytes_of("old"));
+  std::filesystem::permissions(setuid_file, perms::set_uid | perms::set_gid | perms::owner_all | perms::group_read);
+  write_file(setuid_file, bytes_of("new"));
+  CHECK(text_of(setuid_file) == "new");
+  CHECK(mode_of(setuid_file) == (perms::owner_all | perms::group_read));
   std::filesystem::remove_all(dir);
 }
 

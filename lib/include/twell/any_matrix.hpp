@@ -1,11 +1,14 @@
 // AnyMatrix: an owning matrix of any format and value type, chosen at run time (files, the CLI).
 #pragma once
 
+#include <bit>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 
 #include <twell/convert.hpp>
@@ -49,26 +52,54 @@ inline DType parse_dtype(std::string_view name) {
   fail(ErrorCode::invalid_argument, "twell::parse_dtype", "dtype '", name, "' is not one of bf16, fp16, fp32");
 }
 
+// f's shortest decimal that reads back as f.
+inline std::string shortest_decimal(float f) {
+  char buf[32];
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, f).ptr);
+}
+
+// f as a double, exactly, whatever the host's denormals-are-zero mode: the hardware's widening
+// reads a subnormal float as 0 under it (torch's set_flush_denormal), so a subnormal is rebuilt
+// from its bits, by arithmetic on normal doubles only.
+inline double exact_double(float f) {
+  const std::uint32_t bits = float_bits(f);
+  if ((bits & 0x7f800000u) != 0u) return static_cast<double>(f);
+  const double magnitude = static_cast<double>(bits & 0x007fffffu) * 0x1p-149;
+  return (bits & 0x80000000u) != 0u ? -magnitude : magnitude;
+}
+
 // v rounded to T (nearest even), for values that come from outside T (fp64 text, another value
 // type): rounding may change them, nothing else may unnoticed. A finite v that rounds past T's
 // largest finite value is ErrorCode::unsupported, "where: <element()> is outside the finite range
 // of <T> (largest <max>)": element(), called only then, names the element and its value. Inf and
 // NaN pass as they are. A nonzero v that rounds to zero returns +-0 with rounded_to_zero set, for
-// the caller to drop and count (twell stores no zeros).
+// the caller to drop and count (twell stores no zeros). The result does not depend on the host's
+// flush-to-zero mode: fp32's subnormal range is rounded on an integer significand.
 template <Value T, class Element>
 T narrow(double v, std::string_view where, Element&& element, bool& rounded_to_zero) {
   // From FLT_MAX plus half an ulp on, fp32 rounds to Inf (the cast of such a double is undefined).
   constexpr double kFp32Overflow = 0x1.ffffffp+127;
+  constexpr double kFp32Normal = 0x1p-126;
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  const bool finite = std::isfinite(v);
-  float wide = finite && std::fabs(v) >= kFp32Overflow ? (v < 0 ? -kInf : kInf) : static_cast<float>(v);
   // A 16-bit type is reached through fp32 rounded to odd: rounding to nearest twice can put a
   // value just past a 16-bit tie onto the tie, which then goes to even (65519.9999999 to fp16
   // would be Inf); an odd last bit on every inexact fp32 leaves the second rounding no such tie.
-  if constexpr (!std::is_same_v<T, float>) {
-    if (std::isfinite(wide) && static_cast<double>(wide) != v && (float_bits(wide) & 1u) == 0) {
+  constexpr bool kToOdd = !std::is_same_v<T, float>;
+  const bool finite = std::isfinite(v);
+  const double magnitude = std::fabs(v);
+  float wide = 0.0f;
+  if (finite && magnitude >= kFp32Overflow) {
+    wide = v < 0 ? -kInf : kInf;
+  } else if (finite && magnitude < kFp32Normal) {
+    const double scaled = magnitude * 0x1p149;  // the fp32 significand, exact (a double denormal reads 0)
+    double significand = std::nearbyint(scaled);
+    if (kToOdd && significand != scaled && std::fmod(significand, 2.0) == 0.0)
+      significand += significand < scaled ? 1.0 : -1.0;
+    wide = bits_float((std::signbit(v) ? 0x80000000u : 0u) | static_cast<std::uint32_t>(significand));
+  } else {
+    wide = static_cast<float>(v);
+    if (kToOdd && finite && static_cast<double>(wide) != v && (float_bits(wide) & 1u) == 0)
       wide = std::nextafter(wide, v < static_cast<double>(wide) ? -kInf : kInf);
-    }
   }
   const T out = from_float<T>(wide);
   if (finite && std::isinf(to_float(out))) {
@@ -76,10 +107,16 @@ T narrow(double v, std::string_view where, Element&& element, bool& rounded_to_z
                                : std::is_same_v<T, fp16> ? 65504.0f
                                                          : 0x1.fep+127f;
     fail(ErrorCode::unsupported, where, element(), " is outside the finite range of ", to_string(dtype_of<T>),
-         " (largest ", kLargest, ")");
+         " (largest ", shortest_decimal(kLargest), ")");
   }
-  rounded_to_zero = v != 0 && !is_stored(out);  // on the bits: a subnormal result is kept
+  const bool nonzero = (std::bit_cast<std::uint64_t>(v) << 1) != 0u;  // on the bits, as is_stored
+  rounded_to_zero = nonzero && !is_stored(out);
   return out;
+}
+// A float source: widened exactly first.
+template <Value T, class Element>
+T narrow(float v, std::string_view where, Element&& element, bool& rounded_to_zero) {
+  return narrow<T>(exact_double(v), where, std::forward<Element>(element), rounded_to_zero);
 }
 
 // The Format of each owning matrix type.
