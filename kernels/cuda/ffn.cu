@@ -1597,6 +1597,7 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
   check_io<T>(x, y, k_, where_);
   require(x.rows == m_, ErrorCode::shape_mismatch, where_, "the plan is for ", m_, " tokens but x has ", x.rows,
           " rows");
+  twell::detail::check_apart(y, "y", {{"x", x}, {gated_ ? "wg" : "wu", w_gate_}, {"wd", wd_}}, where_);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
   gate_.run(x, w_gate_);
   const HybridView<const T> g = gate_.queued_result();
@@ -1751,6 +1752,7 @@ void check_kept(DenseView<const T> x, HybridView<const T> a, DenseView<const T> 
   check_io<T>(x, y, k, where);
   require(x.rows == m, ErrorCode::shape_mismatch, where, "the plan is for ", m, " tokens but x has ", x.rows, " rows");
   check_training_weights<T>(nullptr, wu, wd, k, n, where);
+  twell::detail::check_apart(y, "y", {{"x", x}, {"wu", wu}, {"wd", wd}}, where);
   check_parts<T>({{"a", a, false}, {"u", u, true}, {"h", h, true}}, m, n, layout, where);
 }
 

@@ -20,6 +20,7 @@ namespace {
 
 using ffn_detail::check_gated;
 using ffn_detail::check_plain;
+using ffn_detail::composed_path;
 using ffn_detail::hybrid_like;
 using ffn_detail::spmm_on_backend;
 
@@ -84,6 +85,7 @@ void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> w
                               const KernelOptions& options) {
   check_gated("twell::sparse_gated_ffn_forward", x, wg, wu, wd, y);
   composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr);
+  if (options.report != nullptr) options.report->path = composed_path(x.space);  // not its last step's
 }
 
 template <Value T>
@@ -91,6 +93,7 @@ void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<
                         ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options) {
   check_plain("twell::sparse_ffn_forward", x, wu, wd, y);
   composed_plain<T>(x, wu, wd, act, layout, y, options, nullptr);
+  if (options.report != nullptr) options.report->path = composed_path(x.space);
 }
 
 // The weights, the settings and (device) the plan; the host path keeps only what it needs to
@@ -149,12 +152,25 @@ struct Ffn<T>::Impl : FfnState<T, int> {};
 
 namespace {
 
-// Checks the weights against each other with a 1-row probe of x and y (the layer's M is checked at
-// forward()); fails on device weights without a device.
+// A layer's weights in `space` need that space's backend.
+void require_backend(const char* where, MemorySpace space) {
+#if TWELL_HAS_CUDA
+  if (space == MemorySpace::device) require_cuda_device(where);
+#else
+  require(space == MemorySpace::host, ErrorCode::no_device, where,
+          "the weights live in device memory but this build of twell has no cuda backend");
+#endif
+}
+
+// Checks the weights, each under its name, then against each other with an empty probe of x and
+// y (the layer's M is checked at forward()); fails on device weights without a device.
 template <class T>
 void check_layer(const char* where, std::int64_t tokens, DenseView<const T> wg, DenseView<const T> wu,
                  DenseView<const T> wd, bool gated) {
   require(tokens >= 0, ErrorCode::invalid_argument, where, "tokens = ", tokens, " is negative");
+  if (gated) detail::check_dense_geometry(wg, where, "wg");
+  detail::check_dense_geometry(wu, where, "wu");
+  detail::check_dense_geometry(wd, where, "wd");
   const DenseView<const T> x{nullptr, 0, wu.rows, wu.rows, wu.space};
   const DenseView<T> y{nullptr, 0, wu.rows, wu.rows, wu.space};
   if (gated) {
@@ -162,17 +178,7 @@ void check_layer(const char* where, std::int64_t tokens, DenseView<const T> wg, 
   } else {
     check_plain(where, x, wu, wd, y);
   }
-#if TWELL_HAS_CUDA
-  if (wu.space == MemorySpace::device) require_cuda_device(where);
-#else
-  require(wu.space == MemorySpace::host, ErrorCode::no_device, where,
-          "the weights live in device memory but this build of twell has no cuda backend");
-#endif
-}
-
-// path() of a forward that ran the composition, on the backend of its operands.
-std::string composed_path(MemorySpace space) {
-  return space == MemorySpace::device ? "composed:cuda" : "composed:reference";
+  require_backend(where, wu.space);
 }
 
 template <class T>
@@ -216,6 +222,21 @@ DenseMatrix<T> in_out_copy(DenseView<const T> out_in, const KernelOptions& optio
   return w;
 }
 
+// OutIn weights, each checked under its name before its in x out copy is made (the copy's
+// transpose would name it "a").
+template <class T>
+std::vector<DenseMatrix<T>> in_out_copies(const char* where,
+                                          std::initializer_list<std::pair<const char*, OutIn<T>>> weights,
+                                          const KernelOptions& options) {
+  for (const auto& [name, w] : weights) {
+    detail::check_dense_geometry(w.w, where, name);
+    require_backend(where, w.w.space);
+  }
+  std::vector<DenseMatrix<T>> copies;
+  for (const auto& [name, w] : weights) copies.push_back(in_out_copy<T>(w.w, options));
+  return copies;
+}
+
 }  // namespace
 
 template <Value T>
@@ -236,7 +257,7 @@ GatedFfn<T>::GatedFfn(std::int64_t tokens, OutIn<T> wg, OutIn<T> wu, OutIn<T> wd
                       TwellLayout layout, std::int64_t overflow_capacity, const KernelOptions& options)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
-  for (const OutIn<T>& w : {wg, wu, wd}) s.owned.push_back(in_out_copy<T>(w.w, options));
+  s.owned = in_out_copies<T>("twell::GatedFfn (OutIn weights)", {{"wg", wg}, {"wu", wu}, {"wd", wd}}, options);
   set_up<true, T>(s, "twell::GatedFfn (OutIn weights, as their in x out copies)", tokens, s.owned[0].view(),
                   s.owned[1].view(), s.owned[2].view(), act, layout, overflow_capacity, options);
 }
@@ -270,7 +291,7 @@ Ffn<T>::Ffn(std::int64_t tokens, OutIn<T> wu, OutIn<T> wd, ActivationSpec act, T
             std::int64_t overflow_capacity, const KernelOptions& options)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
-  for (const OutIn<T>& w : {wu, wd}) s.owned.push_back(in_out_copy<T>(w.w, options));
+  s.owned = in_out_copies<T>("twell::Ffn (OutIn weights)", {{"wu", wu}, {"wd", wd}}, options);
   set_up<false, T>(s, "twell::Ffn (OutIn weights, as their in x out copies)", tokens, DenseView<const T>{},
                    s.owned[0].view(), s.owned[1].view(), act, layout, overflow_capacity, options);
 }

@@ -43,6 +43,12 @@ void check_shapes(const char* where, DenseView<const T> x, DenseView<const T> w_
           " but x needs ", shape(m, k));
 }
 
+// The path a composed FFN call reports, on the backend of its operands (its steps report their
+// own, which the call's replaces).
+inline std::string composed_path(MemorySpace space) {
+  return space == MemorySpace::device ? "composed:cuda" : "composed:reference";
+}
+
 // An FFN object's overflow block: at least 0 rows, or kDefaultFfnCapacity (the object picks it).
 inline void check_overflow_capacity(std::int64_t capacity, const char* where) {
   require(capacity >= 0 || capacity == kDefaultFfnCapacity, ErrorCode::invalid_argument, where, "overflow capacity ",
@@ -57,14 +63,20 @@ inline void check_spaces(const char* where, MemorySpace x,
             to_string(space), " memory");
 }
 
+// The M x K operand of a check: the forward's result y, which shares no byte with x or the
+// weights (a training forward's x is also kept for the backward), or the backward's input dy.
+enum class Rows { y, dy };
+
 template <class T>
 void check_gated(const char* where, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
-                 DenseView<const T> wd, In<DenseView<const T>> y, const char* y_name = "y") {
+                 DenseView<const T> wd, In<DenseView<const T>> y, Rows rows = Rows::y) {
+  const char* y_name = rows == Rows::y ? "y" : "dy";
   check_shapes(where, x, wu, wd, y, y_name);
   detail::check_dense_geometry(wg, where, "wg");
   require(wg.rows == wu.rows && wg.cols == wu.cols, ErrorCode::shape_mismatch, where, "wg is ", shape(wg.rows, wg.cols),
           " but wu is ", shape(wu.rows, wu.cols));
   check_spaces(where, x.space, {{"wg", wg.space}, {"wu", wu.space}, {"wd", wd.space}, {y_name, y.space}});
+  if (rows == Rows::y) detail::check_apart(y, "y", {{"x", x}, {"wg", wg}, {"wu", wu}, {"wd", wd}}, where);
 }
 
 template <class T>
@@ -72,6 +84,7 @@ void check_plain(const char* where, DenseView<const T> x, DenseView<const T> wu,
                  DenseView<T> y) {
   check_shapes(where, x, wu, wd, y, "y");
   check_spaces(where, x.space, {{"wu", wu.space}, {"wd", wd.space}, {"y", y.space}});
+  detail::check_apart(y, "y", {{"x", x}, {"wu", wu}, {"wd", wd}}, where);
 }
 
 // An empty Hybrid with `like`'s shape, layout and overflow row count, in its memory space.

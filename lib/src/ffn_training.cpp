@@ -100,6 +100,7 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
 #endif
   training_after_gate<T>(kept, x, wg, wu, wd, s.a.view(), s.u.view(), s.h.view(),
                          act.kind != Activation::relu ? &g : nullptr, y, options, spmm_on_backend<T>(options));
+  if (options.report != nullptr) options.report->path = kept ? "fused:cuda" : ffn_detail::composed_path(x.space);
   return s;
 }
 
@@ -109,7 +110,7 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
                                                In<DenseView<const T>> wd, In<DenseView<const T>> dy, float lambda,
                                                L1Normalization norm, const KernelOptions& options) {
   constexpr const char* where = "twell::sparse_gated_ffn_backward";
-  check_gated(where, x, wg, wu, wd, dy, "dy");
+  check_gated(where, x, wg, wu, wd, dy, ffn_detail::Rows::dy);
   const std::int64_t m = x.rows, k = x.cols, n = wu.cols;
   const MemorySpace space = x.space;
   ffn_detail::check_saved(where, saved.view(), m, n, space);
@@ -139,8 +140,7 @@ GatedFfnGradients<T> sparse_gated_ffn_backward(const GatedFfnActivations<T>& sav
                                     {dh.view(), dg.view(), du.view(), {n_by_k[0].view(), n_by_k[1].view()}},
                                     {out.dx.view(), out.dwg.view(), out.dwu.view(), out.dwd.view()}, options,
                                     spmm_on_backend<T>(options), ffn_detail::products_on_backend<T>(options), rows);
-  if (options.report != nullptr)
-    options.report->path = space == MemorySpace::host ? "composed:reference" : fused ? "fused:cuda" : "composed:cuda";
+  if (options.report != nullptr) options.report->path = fused ? "fused:cuda" : ffn_detail::composed_path(space);
   return out;
 }
 
@@ -357,7 +357,7 @@ double GatedFfnTraining<T>::backward(In<DenseView<const T>> x, In<DenseView<cons
                                      L1Normalization norm, const GatedFfnGradientViews<T>& out) {
   constexpr const char* where = "twell::GatedFfnTraining::backward";
   Impl& s = state_of(impl_, where);
-  check_gated(where, x, wg, wu, wd, dy, "dy");
+  check_gated(where, x, wg, wu, wd, dy, ffn_detail::Rows::dy);
   s.check_call(where, x, wu);
   require_activations_saved(s, where);
   const GatedFfnActivationViews<T> saved = activations();

@@ -802,3 +802,65 @@ TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
   mixed.u = HybridMatrix<float>(s.m, s.n, TwellLayout{16, 4}, 0);
   CHECK(code_of([&] { backward(mixed, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
 }
+
+// Found by a review (2026-12-01): y over an input was accepted by the forwards (a training
+// forward then overwrote x, and the backward's weight gradients were wrong without an error), or
+// refused late by the inner spmm, after the gate ran; errors named a probe "x" or transpose's "a"
+// instead of the weight; the free forwards reported their last step's path.
+TEST_CASE("FFN forwards refuse y over x or a weight up front, and name what they check") {
+  using testing::message_of;
+  const FfnShape s{4, 8, 12};
+  const Weights<float> w(s, testing::fresh_seed());
+  const ActivationSpec relu{};
+  DenseMatrix<float> y(s.m, s.k);
+  // x itself as y, and y as the first M x K values of wd (N x K, N > M).
+  DenseMatrix<float> x_copy = w.x.to(MemorySpace::host);
+  const DenseView<float> y_on_x = x_copy.view();
+  DenseMatrix<float> wd_copy = w.wd.to(MemorySpace::host);
+  const DenseView<float> y_on_wd{wd_copy.values().data(), s.m, s.k, s.k, MemorySpace::host};
+  const DenseView<const float> x = std::as_const(x_copy).view(), wd = std::as_const(wd_copy).view();
+  const auto refused = [](const std::string& m, const char* what) {
+    CAPTURE(m);
+    CHECK(m.find(what) != std::string::npos);
+  };
+  for (const auto& [out, name] : {std::pair{y_on_x, "y overlaps x"}, std::pair{y_on_wd, "y overlaps wd"}}) {
+    refused(message_of([&] { sparse_gated_ffn_forward<float>(x, w.wg.view(), w.wu.view(), wd, relu, {}, out); }), name);
+    refused(message_of([&] { sparse_ffn_forward<float>(x, w.wu.view(), wd, relu, {}, out); }), name);
+    refused(message_of([&] {
+              (void)sparse_gated_ffn_training_forward<float>(x, w.wg.view(), w.wu.view(), wd, relu, {}, out);
+            }),
+            name);
+    GatedFfn<float> gated(s.m, w.wg.view(), w.wu.view(), wd);
+    refused(message_of([&] { gated.forward(x, out); }), name);
+    Ffn<float> plain(s.m, w.wu.view(), wd);
+    refused(message_of([&] { plain.forward(x, out); }), name);
+    // The training object keeps the activations of its last good forward.
+    GatedFfnTraining<float> step(s.m, s.k, s.n, MemorySpace::host);
+    step.forward(x, w.wg.view(), w.wu.view(), wd, y.view());
+    refused(message_of([&] { step.forward(x, w.wg.view(), w.wu.view(), wd, out); }), name);
+    CHECK_NOTHROW((void)step.activations());
+  }
+  // The weights are named as the caller passed them.
+  refused(message_of([&] {
+            GatedFfn<float>(s.m, w.wg.view(), DenseView<const float>{w.wu.values().data(), -3, s.n, s.n}, w.wd.view());
+          }),
+          "wu has negative shape");
+  const DenseView<const float> short_ld{w.wg.values().data(), s.n, s.k, 3};  // N x K, OutIn
+  refused(message_of([&] {
+            GatedFfn<float>(s.m, OutIn<float>{short_ld}, OutIn<float>{w.wu.view()}, OutIn<float>{w.wd.view()});
+          }),
+          "wg has leading dimension 3");
+  // The free forwards report their own path, not their last step's.
+  KernelReport report;
+  KernelOptions options;
+  options.report = &report;
+  sparse_gated_ffn_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, {}, y.view(), options);
+  CHECK(report.path == "composed:reference");
+  report.path.clear();
+  sparse_ffn_forward<float>(w.x.view(), w.wu.view(), w.wd.view(), relu, {}, y.view(), options);
+  CHECK(report.path == "composed:reference");
+  report.path.clear();
+  (void)sparse_gated_ffn_training_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, {}, y.view(),
+                                                 options);
+  CHECK(report.path == "composed:reference");
+}

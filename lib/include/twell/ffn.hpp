@@ -181,7 +181,8 @@ struct OutIn {
 //     runs the composed forward below on the device (path "composed:cuda").
 //   - host: the composed forward above (gemm_to_sparse, sddmm, spmm; it allocates per call).
 // stats (optional): per-token nonzero counts, overflow rows and the capacity they met (FfnStats).
-// path() names what the latest forward() ran. Shapes: x and y are M x K.
+// path() names what the latest forward() ran. Shapes: x and y are M x K; y overlapping x or a
+// weight is invalid_argument.
 template <Value T>
 class GatedFfn {
  public:

@@ -5,8 +5,10 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <twell/converters/options.hpp>
 #include <twell/error.hpp>
@@ -58,11 +60,21 @@ void check_dense_transpose(DenseView<const T> a, DenseView<T> out, const char* w
           "out overlaps a; a transpose cannot be done in place");
 }
 
-// spmm's C shares no byte with B: the GPU kernels read B while they write C.
+// A dense result shares no byte with the dense operands read while it is written (the GPU
+// kernels read them while other blocks write it).
+template <class T>
+void check_apart(DenseView<T> out, const char* out_name,
+                 std::initializer_list<std::pair<const char*, DenseView<const T>>> inputs, const char* where) {
+  const ByteRange written = byte_range(out);
+  for (const auto& [name, in] : inputs)
+    require(!written.overlaps(byte_range(in)), ErrorCode::invalid_argument, where, out_name, " overlaps ", name,
+            "; the result cannot be written over an operand");
+}
+
+// spmm's C shares no byte with B.
 template <class T>
 void check_c_apart_from_b(DenseView<const T> b, DenseView<T> c, const char* where) {
-  require(!byte_range(c).overlaps(byte_range(b)), ErrorCode::invalid_argument, where,
-          "C overlaps B; spmm cannot write its result over an operand");
+  check_apart(c, "C", {{"B", b}}, where);
 }
 
 // The bytes an sddmm rewrites in `out` (saturating, like byte_range): a CSR's or ELL's values; a
