@@ -303,8 +303,8 @@ TEST_CASE_TEMPLATE("cuda dense -> TwELL reads strided and unaligned views", T, b
 TEST_CASE("cuda converters queue their work on options.stream") {
   namespace ref = twell::reference;
   namespace gpu = twell::cuda;
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const testing::NonBlockingStream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
   const std::uint64_t seed = fresh_seed();
   CAPTURE(seed);
   const auto dense = overflowing_bf16(500, 3000, seed);
@@ -330,7 +330,6 @@ TEST_CASE("cuda converters queue their work on options.stream") {
   quiet.report = nullptr;  // drop without a report: nothing read back, the call may return early
   const auto twell = synced(gpu::dense_to_twell(d_dense.view(), TwellLayout{}, quiet)).to(kHost);
   expect_same(twell, ref::dense_to_twell(dense.view(), TwellLayout{}, quiet));
-  cuda_ok(cudaStreamDestroy(stream));
 }
 
 // Sources as twell's own kernels leave them (sddmm and elementwise outputs): stored zeros, and
@@ -396,8 +395,8 @@ TEST_CASE("cuda same-format conversion runs after the work queued on options.str
   auto out = pattern.to(kDevice);
   testing::poison_device(out.values());
   cuda_ok(cudaDeviceSynchronize());
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const testing::NonBlockingStream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
   // The stream is held back on the host for 300 ms: a conversion not ordered after the sddmm
   // queued behind that reads the poison (a plain copy on the legacy stream once did).
   cuda_ok(cudaLaunchHostFunc(
@@ -414,7 +413,6 @@ TEST_CASE("cuda same-format conversion runs after the work queued on options.str
   REQUIRE(settled.nnz() > 0);
   for (std::int64_t e = 0; e < settled.nnz(); ++e) REQUIRE(std::isfinite(to_float(settled.values().data()[e])));
   expect_same(got, settled);
-  cuda_ok(cudaStreamDestroy(stream));
 }
 
 // A Hybrid's overflow ld below its width once read shifted rows, and a null array faulted on the
@@ -567,8 +565,8 @@ TEST_CASE_TEMPLATE("cuda dense_to_twell_into a poisoned destination equals the r
 TEST_CASE("cuda dense_to_twell_into under drop without a report runs on options.stream, host not waiting") {
   namespace ref = twell::reference;
   namespace gpu = twell::cuda;
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const testing::NonBlockingStream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
   const std::uint64_t seed = fresh_seed();
   CAPTURE(seed);
   const auto dense = overflowing_bf16(700, 3000, seed);
@@ -580,7 +578,6 @@ TEST_CASE("cuda dense_to_twell_into under drop without a report runs on options.
   for (int i = 0; i < 3; ++i) gpu::dense_to_twell_into(d_dense.view(), dst.view(), o);
   cuda_ok(cudaStreamSynchronize(stream));
   expect_same(dst.to(kHost), ref::dense_to_twell(dense.view(), TwellLayout{256, 16}, with(0.0f, OverflowPolicy::drop)));
-  cuda_ok(cudaStreamDestroy(stream));
 }
 
 // docs/api.md: the one conversion that neither waits for the device nor touches the legacy
@@ -589,8 +586,8 @@ TEST_CASE("cuda dense_to_twell_into under drop without a report runs on options.
 TEST_CASE("cuda dense_to_twell_into under drop without a report is captured into a CUDA graph") {
   namespace ref = twell::reference;
   namespace gpu = twell::cuda;
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const testing::NonBlockingStream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
   const std::uint64_t seed = fresh_seed();
   CAPTURE(seed);
   const TwellLayout layout{256, 16};
@@ -617,7 +614,6 @@ TEST_CASE("cuda dense_to_twell_into under drop without a report is captured into
   }
   cuda_ok(cudaGraphExecDestroy(exec));
   cuda_ok(cudaGraphDestroy(graph));
-  cuda_ok(cudaStreamDestroy(stream));
 }
 
 TEST_CASE_TEMPLATE("cuda dense_to_twell_into refuses a destination of the wrong shape, layout, space or policy", T,
@@ -903,8 +899,8 @@ TEST_CASE("cuda DenseToHybridPlan runs on options.stream and refuses bad request
   CAPTURE(seed);
   const auto dense = overflowing_bf16(300, 2000, seed);
   const auto d_dense = dense.to(kDevice);
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const testing::NonBlockingStream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
   ConvertOptions on_stream;
   on_stream.stream.handle = stream;
   const HybridView<bf16> got = plan.run(d_dense.view(), on_stream);
@@ -913,7 +909,6 @@ TEST_CASE("cuda DenseToHybridPlan runs on options.stream and refuses bad request
   CHECK(want.overflow_rows() > 0);
   expect_same(copy_to(got, kHost), want);
   CHECK(plan.growths() == 0);
-  cuda_ok(cudaStreamDestroy(stream));
 
   CHECK(code_of([&] { (void)plan.run(dense.view()); }) == ErrorCode::space_mismatch);
   const auto other = overflowing_bf16(300, 2001, seed).to(kDevice);

@@ -612,23 +612,27 @@ TEST_CASE("cuda spmm refuses a forced TwELL kernel that does not take the operan
                             SpmmAlgorithm::tile_stream);
 }
 
-// The tile-streaming grid ends at 65535 slices of 128 columns of B: forced past them, the kernel
-// is refused naming the limit; automatic takes another kernel there and stays right.
-TEST_CASE("cuda spmm with B wider than the tile-streaming kernel's 65535 column slices") {
+// The tile-streaming grid ends at 65535 slices of 128 columns of B: forced, the kernel runs at
+// that width and is refused one slice past it, naming the limit; automatic (the pair-balanced
+// kernel at these 4 rows) stays right past it.
+TEST_CASE("cuda spmm with B as wide as the tile-streaming kernel's 65535 column slices, and wider") {
   constexpr std::int64_t kM = 4, kK = 16;
-  constexpr std::int64_t kN = 65535LL * 128 + 8;  // one slice past the grid, columns still in 8s
+  constexpr std::int64_t kAtLimit = 65535LL * 128;
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   const TwellMatrix<bf16> a_host = ref::dense_to_twell<bf16>(
       testing::random_sparse_dense<bf16>(kM, kK, {.density = 0.3}, seed).view(), TwellLayout{16, 1});
-  const auto b = testing::random_dense<bf16>(kK, kN, 1.0f, seed + 1);
-  const auto c0 = testing::random_dense<bf16>(kM, kN, 1.0f, seed + 2);
-  const std::string path = check_spmm<bf16>(a_host, b, c0, 1.0f, 0.5f, {});
-  CHECK(path.find("tile_stream") == std::string::npos);
+  const auto b_at = testing::random_dense<bf16>(kK, kAtLimit, 1.0f, seed + 1);
+  const auto c_at = testing::random_dense<bf16>(kM, kAtLimit, 1.0f, seed + 2);
+  check_spmm<bf16>(a_host, b_at, c_at, 1.0f, 0.5f, {{SpmmAlgorithm::tile_stream, "cuda/spmm/twell/tile_stream"}});
 
+  constexpr std::int64_t kPast = kAtLimit + 8;  // one slice more, columns still in 8s
+  const auto b = testing::random_dense<bf16>(kK, kPast, 1.0f, seed + 3);
+  const auto c0 = testing::random_dense<bf16>(kM, kPast, 1.0f, seed + 4);
+  CHECK(check_spmm<bf16>(a_host, b, c0, 1.0f, 0.5f, {}) == "cuda/spmm/twell/pair_balanced_vec16");
   const auto a = a_host.to(kDevice);
   const DenseMatrix<bf16> b_dev = b.to(kDevice);
-  DenseMatrix<bf16> c(kM, kN, kDevice);
+  DenseMatrix<bf16> c(kM, kPast, kDevice);
   KernelOptions options;
   options.spmm_algorithm = SpmmAlgorithm::tile_stream;
   try {

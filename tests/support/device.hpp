@@ -15,6 +15,20 @@ namespace twell::testing {
 
 inline void cuda_ok(cudaError_t status) { REQUIRE_MESSAGE(status == cudaSuccess, cudaGetErrorString(status)); }
 
+// A non-blocking stream (not ordered after the legacy default stream), destroyed with its owner
+// also when a REQUIRE ends the test case early.
+class NonBlockingStream {
+ public:
+  NonBlockingStream() { cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  NonBlockingStream(const NonBlockingStream&) = delete;
+  NonBlockingStream& operator=(const NonBlockingStream&) = delete;
+  ~NonBlockingStream() { cudaStreamDestroy(stream_); }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
 // The current device's streaming multiprocessors.
 inline int device_multiprocessors() {
   int device = 0, sms = 0;

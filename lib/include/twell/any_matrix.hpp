@@ -4,6 +4,7 @@
 #include <bit>
 #include <charconv>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -113,9 +114,9 @@ T narrow(double v, std::string_view where, Element&& element, bool& rounded_to_z
   rounded_to_zero = nonzero && !is_stored(out);
   return out;
 }
-// A float source: widened exactly first.
-template <Value T, class Element>
-T narrow(float v, std::string_view where, Element&& element, bool& rounded_to_zero) {
+// A float source: widened exactly first (only a float: other arithmetic types take the double one).
+template <Value T, class Element, std::same_as<float> F>
+T narrow(F v, std::string_view where, Element&& element, bool& rounded_to_zero) {
   return narrow<T>(exact_double(v), where, std::forward<Element>(element), rounded_to_zero);
 }
 

@@ -1,5 +1,6 @@
-// Argument checks of the sparse views that every backend and the cuda converters share, beside
-// dense_checks.hpp's for dense views.
+// Argument checks of the views that every backend and the cuda converters share: the sparse
+// views' geometry (dense_checks.hpp has the dense one), and check_view, an operand's memory space
+// and geometry.
 #pragma once
 
 #include <type_traits>
@@ -61,7 +62,9 @@ void check_hybrid_overflow_geometry(HybridView<T> v, const char* where, const ch
 }
 
 // ---- a backend's operand: its memory space, then its geometry -------------------------------------
-// `backend` names the caller in the message ("cuda backend", "reference backend", "baselines").
+// `backend` names the caller in the message ("cuda backend", "reference backend",
+// "cuSPARSE/cuBLAS baseline"). An empty Hybrid overflow block's space is not checked, as no
+// operation reads it (validate() still requires the TwELL part's space there).
 
 inline void require_space(MemorySpace space, MemorySpace want, const char* backend, const char* where, const char* name,
                           const char* part = "") {
@@ -69,32 +72,24 @@ inline void require_space(MemorySpace space, MemorySpace want, const char* backe
           backend, " takes ", to_string(want), " operands only");
 }
 
-template <class T>
-void check_view(DenseView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
-  require_space(v.space, want, backend, where, name);
-  check_dense_geometry(v, where, name);
-}
-template <class T>
-void check_view(CsrView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
-  require_space(v.space, want, backend, where, name);
-  check_csr_geometry(v, where, name);
-}
-template <class T>
-void check_view(EllView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
-  require_space(v.space, want, backend, where, name);
-  check_ell_geometry(v, where, name);
-}
-template <class T>
-void check_view(TwellView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
-  require_space(v.space, want, backend, where, name);
-  check_twell_geometry(v, where, name);
-}
-// An empty overflow block is never read, so its space is not checked.
-template <class T>
-void check_view(HybridView<T> v, MemorySpace want, const char* backend, const char* where, const char* name) {
-  check_view(v.twell, want, backend, where, name);
-  if (v.overflow.rows != 0) require_space(v.overflow.space, want, backend, where, name, "'s overflow block");
-  check_hybrid_overflow_geometry(v, where, name);
+template <class View>
+void check_view(View v, MemorySpace want, const char* backend, const char* where, const char* name) {
+  if constexpr (requires { v.twell; }) {
+    check_view(v.twell, want, backend, where, name);
+    if (v.overflow.rows != 0) require_space(v.overflow.space, want, backend, where, name, "'s overflow block");
+    check_hybrid_overflow_geometry(v, where, name);
+  } else {
+    require_space(v.space, want, backend, where, name);
+    if constexpr (requires { v.row_ptr; }) {
+      check_csr_geometry(v, where, name);
+    } else if constexpr (requires { v.row_count; }) {
+      check_ell_geometry(v, where, name);
+    } else if constexpr (requires { v.packed; }) {
+      check_twell_geometry(v, where, name);
+    } else {
+      check_dense_geometry(v, where, name);
+    }
+  }
 }
 
 // An operand of the cuda backend (its kernels, converters and FFN), checked before any kernel reads it.

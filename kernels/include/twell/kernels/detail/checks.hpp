@@ -1,6 +1,6 @@
 // Host-side argument checks shared by the reference, cuda and baseline kernels, so that both
-// backends word their errors alike. Plain host C++; the memory-space check stays with each backend
-// because each names the space it takes.
+// backends word their errors alike. Plain host C++; each operand's memory space and geometry are
+// checked by view_checks.hpp's check_view, which names the backend.
 #pragma once
 
 #include <array>
