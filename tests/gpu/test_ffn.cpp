@@ -1235,6 +1235,9 @@ TEST_CASE("GatedUpDownPlan rejects bad input") {
     shared_block.overflow.data = block;
     CHECK(run_with(shared_block, h.view()) == ErrorCode::invalid_argument);
   }
+  const DenseView<bf16> y_on_wd{const_cast<bf16*>(wd.view().data), 8, 32, 32, MemorySpace::device};
+  CHECK(code_of([&] { plan.run(x.view(), a.view(), wu.view(), wd.view(), u.view(), h.view(), y_on_wd); }) ==
+        ErrorCode::invalid_argument);
   HybridMatrix<bf16> other_layout(8, 64, TwellLayout{32, 8}, a.overflow_rows(), MemorySpace::device);
   CHECK(run_with(other_layout.view(), h.view()) == ErrorCode::shape_mismatch);
   HybridMatrix<bf16> fewer_rows(8, 64, kLayout, 0, MemorySpace::device);
@@ -1333,6 +1336,19 @@ TEST_CASE("FFN plans reject bad input") {
   CHECK(code_of([&] { plan.forward(seven, y7.view()); }) == ErrorCode::shape_mismatch);
   CHECK(code_of([&] { plan.forward(testing::off_boundary<bf16>(x.view()), y.view()); }) == ErrorCode::misaligned);
   CHECK(code_of([&] { plan.forward(in.x.view(), y.view()); }) == ErrorCode::space_mismatch);
+  // y over x or a weight the plan reads is refused before anything runs (nothing is written).
+  const auto y_at = [](const DenseMatrix<bf16>& m) {
+    return DenseView<bf16>{const_cast<bf16*>(m.view().data), 8, 32, 32, MemorySpace::device};
+  };
+  for (const DenseMatrix<bf16>* under : {&x, &wg, &wd}) {
+    CHECK(code_of([&] { plan.forward(x.view(), y_at(*under)); }) == ErrorCode::invalid_argument);
+    CHECK(code_of([&] {
+            cuda::gated_ffn_forward<bf16>(x.view(), wg.view(), wu.view(), wd.view(), {}, y_at(*under));
+          }) == ErrorCode::invalid_argument);
+  }
+  cuda::FfnPlan<bf16> plain(8, wu.view(), wd.view());
+  CHECK(code_of([&] { plain.forward(x.view(), y_at(wu)); }) == ErrorCode::invalid_argument);
+  CHECK(testing::bitwise_equal<bf16>(x.to(MemorySpace::host).view(), in.x.view()));
   cuda::GatedFfnPlan<bf16> moved_to = std::move(plan);
   CHECK(code_of([&] { plan.forward(x.view(), y.view()); }) == ErrorCode::invalid_argument);  // NOLINT(bugprone-use-after-move)
   moved_to.forward(x.view(), y.view());
