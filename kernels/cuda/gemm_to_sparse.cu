@@ -897,14 +897,18 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
   const bool drop = policy_ == OverflowPolicy::drop;
   count_.nnz = drop ? stored - excess : stored;
   count_.dropped = drop ? excess : 0;
+  // The plan changes only once everything below has succeeded: a failed allocation while the
+  // block grows (out_of_memory, which the caller may answer by freeing memory and calling again)
+  // leaves the block, the map and the buffers sized for it as they were, and the path unextended.
+  std::string path = path_;
   if (policy_ == OverflowPolicy::hybrid) {
     count_.rows = flagged;
     const std::int64_t capacity = overflow_.rows();
     // The block's rows were made in run(): filled, or recomputed by the mainloop's kind.
     if (flagged > 0 && capacity > 0)
-      path_ += filled                               ? "+overflow:spilled"
-               : path_.rfind("fused_wgmma", 0) == 0 ? "+overflow:wgmma_dense"
-                                                    : "+overflow:mma_sync_dense";
+      path += filled                              ? "+overflow:spilled"
+              : path.rfind("fused_wgmma", 0) == 0 ? "+overflow:wgmma_dense"
+                                                  : "+overflow:mma_sync_dense";
     if (flagged > capacity) {
       count_.exceeded_capacity = true;
       count_.second_pass = true;
@@ -922,13 +926,15 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
       ::twell::detail::launch_kernel(where, invert_overflow_map_kernel, static_cast<unsigned>((m_ + 255) / 256), 256, 0,
                                      stream, row_to_overflow_.data(), m_, map.data());
       const DenseView<T> rest{block.view().data + capacity * n_, flagged - capacity, n_, n_, MemorySpace::device};
-      path_ += "+second_pass:" +
-               detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);
+      path += "+second_pass:" +
+              detail::gemm_activate_dense<T>(x_, map.data() + capacity, flagged - capacity, w_, act_, rest, stream);
+      // Buffers sized for the grown block before the block itself: larger ones serve the old one.
+      if (for_later_runs) size_overflow_buffers(grown);
       overflow_ = std::move(block);
       overflow_to_row_ = std::move(map);
-      if (for_later_runs) size_overflow_buffers(grown);
     }
   }
+  path_ = std::move(path);
   state_ = State::synced;
   return count_;
 }
@@ -984,7 +990,7 @@ HybridMatrix<T> GemmToSparsePlan<T>::take_result() && {
 
 template <Value T>
 const std::uint64_t* GemmToSparsePlan<T>::device_overflow_count() const {
-  return status_.data() == nullptr ? nullptr : status_.data() + kFlaggedRows;
+  return ran_fused_ && status_.data() != nullptr ? status_.data() + kFlaggedRows : nullptr;
 }
 
 // The allocating form: a plan with an empty overflow block, so that the block is allocated once

@@ -691,6 +691,10 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows complet
     CHECK(plan.device_overflow_count() != nullptr);
     const cuda::OverflowCount first = plan.sync_overflow_count();
     CHECK(first.rows == expect.overflow_rows());
+    std::uint64_t on_device = 0;
+    REQUIRE(cudaMemcpy(&on_device, plan.device_overflow_count(), sizeof on_device, cudaMemcpyDeviceToHost) ==
+            cudaSuccess);
+    CHECK(on_device == static_cast<std::uint64_t>(first.rows));
     CHECK(first.exceeded_capacity);
     CHECK(first.second_pass);
     CAPTURE(plan.path());

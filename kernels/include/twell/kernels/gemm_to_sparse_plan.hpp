@@ -101,8 +101,8 @@ class GemmToSparsePlan {
   // spans the block's rows: overflow row r is final iff r < min(R, overflow view rows); a row
   // whose row_to_overflow is at or past the view's rows is complete only after
   // sync_overflow_count(), so such a consumer must treat it itself. On the generic path this
-  // equals result() (R rows, all final). Valid from run() until the next run(). (Added for the
-  // fused FFN, inline so that it needs no change to gemm_to_sparse.cu.)
+  // equals result() (R rows, all final). Valid from run() until the next run(), take_result(),
+  // or a sync_overflow_count() that grows the block (R past its rows; then use result()).
   HybridView<const T> queued_result() const {
     require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument,
             "twell::cuda::GemmToSparsePlan::queued_result", "nothing queued: call run() first");
@@ -118,7 +118,10 @@ class GemmToSparsePlan {
   // and leaves the plan empty (run() then throws).
   HybridMatrix<T> take_result() &&;
 
-  // R of the latest run, on the device, in stream order after run() (64-bit).
+  // The rows the latest fused run flagged, on the device, in stream order after run() (64-bit):
+  // R under the hybrid policy; under drop and error the rows with an overflowing tile (the rows
+  // that lost entries, or the count behind the overflow error). nullptr when the latest run took
+  // the generic path (its count is R of result(), on the host).
   const std::uint64_t* device_overflow_count() const;
   // Rows of the preallocated block: min(M, the requested capacity), grown by a second pass; 0
   // for the error and drop policies and for plans without the fused path.
