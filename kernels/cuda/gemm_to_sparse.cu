@@ -742,10 +742,13 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
   run(x, w, "twell::cuda::GemmToSparsePlan::run");
 }
 
+// Why a spent plan refuses every call, whichever call it is.
+constexpr const char* kSpentPlan =
+    "the plan's storage was moved out (by take_result() or a move of the plan); build a new plan";
+
 template <Value T>
 void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const char* where) {
-  require(state_ != State::taken, ErrorCode::invalid_argument, where,
-          "the plan's storage was moved out (by take_result() or a move of the plan); build a new plan");
+  require(state_ != State::taken, ErrorCode::invalid_argument, where, kSpentPlan);
   check_operands<T>(x, w, act_, where);
   require(x.rows == m_ && x.cols == k_ && w.cols == n_, ErrorCode::shape_mismatch, where, "the plan is for x ", m_,
           " x ", k_, " and w ", k_, " x ", n_, "; got x ", x.rows, " x ", x.cols, " and w ", w.rows, " x ", w.cols);
@@ -861,7 +864,7 @@ template <Value T>
 OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const std::function<void()>& meanwhile,
                                                        bool for_later_runs) {
   require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument, where,
-          "nothing to count: call run() first");
+          state_ == State::taken ? kSpentPlan : "nothing to count: call run() first");
   if (state_ == State::synced || !ran_fused_) {
     if (meanwhile) meanwhile();
     state_ = State::synced;
@@ -942,7 +945,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
 template <Value T>
 HybridView<const T> GemmToSparsePlan<T>::result() const {
   require(state_ == State::synced, ErrorCode::invalid_argument, "twell::cuda::GemmToSparsePlan::result",
-          "the result is valid from sync_overflow_count() until the next run()");
+          state_ == State::taken ? kSpentPlan : "the result is valid from sync_overflow_count() until the next run()");
   if (!ran_fused_) return generic_.view();
   HybridView<const T> v;
   v.twell = twell_.view();
@@ -956,7 +959,7 @@ HybridView<const T> GemmToSparsePlan<T>::result() const {
 template <Value T>
 HybridMatrix<T> GemmToSparsePlan<T>::take_result() && {
   require(state_ == State::synced, ErrorCode::invalid_argument, "twell::cuda::GemmToSparsePlan::take_result",
-          "the result is valid from sync_overflow_count() until the next run()");
+          state_ == State::taken ? kSpentPlan : "the result is valid from sync_overflow_count() until the next run()");
   state_ = State::taken;
   if (!ran_fused_) return std::move(generic_);
   HybridMatrix<T> out;

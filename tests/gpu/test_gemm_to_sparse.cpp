@@ -723,6 +723,15 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows complet
     // take_result moves the storage out, trimmed to R rows, and retires the plan.
     const HybridMatrix<T> taken = std::move(plan).take_result().to(MemorySpace::host);
     check_bitwise_equal(taken, expect);
+    // Every later call says so, not "call run() first" (which would be refused too).
+    // NOLINTBEGIN(bugprone-use-after-move)
+    for (const std::string& m : {testing::message_of([&] { (void)plan.sync_overflow_count(); }),
+                                 testing::message_of([&] { (void)plan.result(); }),
+                                 testing::message_of([&] { plan.run(xd.view(), wd.view()); })}) {
+      CAPTURE(m);
+      CHECK(m.find("moved out") != std::string::npos);
+    }
+    // NOLINTEND(bugprone-use-after-move)
   }
 }
 
