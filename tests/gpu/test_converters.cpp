@@ -562,28 +562,10 @@ TEST_CASE_TEMPLATE("cuda dense_to_twell_into a poisoned destination equals the r
     }
 }
 
-TEST_CASE("cuda dense_to_twell_into under drop without a report runs on options.stream, host not waiting") {
-  namespace ref = twell::reference;
-  namespace gpu = twell::cuda;
-  const testing::NonBlockingStream owned_stream;
-  const cudaStream_t stream = owned_stream.get();
-  const std::uint64_t seed = fresh_seed();
-  CAPTURE(seed);
-  const auto dense = overflowing_bf16(700, 3000, seed);
-  const auto d_dense = dense.to(kDevice);
-  TwellMatrix<bf16> dst(700, 3000, TwellLayout{256, 16}, kDevice);
-  poison(dst);
-  ConvertOptions o = with(0.0f, OverflowPolicy::drop);
-  o.stream.handle = stream;
-  for (int i = 0; i < 3; ++i) gpu::dense_to_twell_into(d_dense.view(), dst.view(), o);
-  cuda_ok(cudaStreamSynchronize(stream));
-  expect_same(dst.to(kHost), ref::dense_to_twell(dense.view(), TwellLayout{256, 16}, with(0.0f, OverflowPolicy::drop)));
-}
-
 // docs/api.md: the one conversion that neither waits for the device nor touches the legacy
-// stream. Global capture mode refuses both, so the capture itself is the check; replays then
-// rewrite a poisoned destination.
-TEST_CASE("cuda dense_to_twell_into under drop without a report is captured into a CUDA graph") {
+// stream. It runs on options.stream; global capture mode refuses both a wait and the legacy
+// stream, so its capture is the second check, and replays rewrite a poisoned destination.
+TEST_CASE("cuda dense_to_twell_into under drop without a report runs on options.stream and is captured into a graph") {
   namespace ref = twell::reference;
   namespace gpu = twell::cuda;
   const testing::NonBlockingStream owned_stream;
@@ -594,17 +576,20 @@ TEST_CASE("cuda dense_to_twell_into under drop without a report is captured into
   const auto dense = overflowing_bf16(700, 3000, seed);
   const auto d_dense = dense.to(kDevice);
   TwellMatrix<bf16> dst(700, 3000, layout, kDevice);
+  poison(dst);
   ConvertOptions o = with(0.0f, OverflowPolicy::drop);
   o.stream.handle = stream;
-  gpu::dense_to_twell_into(d_dense.view(), dst.view(), o);  // first use: attributes set outside the capture
+  for (int i = 0; i < 3; ++i) gpu::dense_to_twell_into(d_dense.view(), dst.view(), o);
   cuda_ok(cudaStreamSynchronize(stream));
+  const auto want = ref::dense_to_twell(dense.view(), layout, with(0.0f, OverflowPolicy::drop));
+  expect_same(dst.to(kHost), want);
+
   cudaGraph_t graph = nullptr;
   cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   gpu::dense_to_twell_into(d_dense.view(), dst.view(), o);
   cuda_ok(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec = nullptr;
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
-  const auto want = ref::dense_to_twell(dense.view(), layout, with(0.0f, OverflowPolicy::drop));
   for (int replay = 0; replay < 2; ++replay) {
     CAPTURE(replay);
     poison(dst);
