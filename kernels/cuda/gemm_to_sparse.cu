@@ -722,10 +722,14 @@ template <Value T>
 void GemmToSparsePlan<T>::size_overflow_buffers(std::int64_t capacity) {
   // A segment for every (row, tile) of the block: enough whenever R <= capacity.
   const std::int64_t segments = capacity * layout_.tiles(n_);
-  spill_values_ =
-      Buffer<std::uint16_t>(static_cast<std::size_t>(segments * layout_.tile), MemorySpace::device, Uninitialized{});
-  spill_where_ = Buffer<std::int32_t>(static_cast<std::size_t>(2 * segments), MemorySpace::device, Uninitialized{});
-  if (hopper_) gathered_x_ = DenseMatrix<T>(capacity, k_, MemorySpace::device);
+  // All allocated before any is assigned: a failure leaves every buffer as it was.
+  Buffer<std::uint16_t> values(static_cast<std::size_t>(segments * layout_.tile), MemorySpace::device, Uninitialized{});
+  Buffer<std::int32_t> where(static_cast<std::size_t>(2 * segments), MemorySpace::device, Uninitialized{});
+  DenseMatrix<T> gathered;
+  if (hopper_) gathered = DenseMatrix<T>(capacity, k_, MemorySpace::device);
+  spill_values_ = std::move(values);
+  spill_where_ = std::move(where);
+  if (hopper_) gathered_x_ = std::move(gathered);
 }
 
 template <Value T>
@@ -741,10 +745,6 @@ template <Value T>
 void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
   run(x, w, "twell::cuda::GemmToSparsePlan::run");
 }
-
-// Why a spent plan refuses every call, whichever call it is.
-constexpr const char* kSpentPlan =
-    "the plan's storage was moved out (by take_result() or a move of the plan); build a new plan";
 
 template <Value T>
 void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const char* where) {
@@ -897,15 +897,16 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
          layout_.compression, ") holds ", layout_.capacity(), " per (row, tile); ", flagged,
          " rows overflow (use OverflowPolicy::hybrid or drop)");
   }
-  const bool drop = policy_ == OverflowPolicy::drop;
-  count_.nnz = drop ? stored - excess : stored;
-  count_.dropped = drop ? excess : 0;
   // The plan changes only once everything below has succeeded: a failed allocation while the
   // block grows (out_of_memory, which the caller may answer by freeing memory and calling again)
-  // leaves the block, the map and the buffers sized for it as they were, and the path unextended.
+  // leaves the block, the map and the buffers sized for it as they were, the count and the path.
+  const bool drop = policy_ == OverflowPolicy::drop;
+  OverflowCount count = count_;
+  count.nnz = drop ? stored - excess : stored;
+  count.dropped = drop ? excess : 0;
   std::string path = path_;
   if (policy_ == OverflowPolicy::hybrid) {
-    count_.rows = flagged;
+    count.rows = flagged;
     const std::int64_t capacity = overflow_.rows();
     // The block's rows were made in run(): filled, or recomputed by the mainloop's kind.
     if (flagged > 0 && capacity > 0)
@@ -913,8 +914,8 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
               : path.rfind("fused_wgmma", 0) == 0 ? "+overflow:wgmma_dense"
                                                   : "+overflow:mma_sync_dense";
     if (flagged > capacity) {
-      count_.exceeded_capacity = true;
-      count_.second_pass = true;
+      count.exceeded_capacity = true;
+      count.second_pass = true;
       const std::int64_t grown = std::min(m_, std::max(flagged, 2 * capacity));
       DenseMatrix<T> block(grown, n_, MemorySpace::device);
       Buffer<std::int32_t> map(static_cast<std::size_t>(grown), MemorySpace::device);
@@ -938,6 +939,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
     }
   }
   path_ = std::move(path);
+  count_ = count;
   state_ = State::synced;
   return count_;
 }

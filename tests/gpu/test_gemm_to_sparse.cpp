@@ -360,6 +360,31 @@ TEST_CASE_TEMPLATE("gemm_to_sparse generic paths: other tiles, unaligned shapes,
   if constexpr (std::is_same_v<T, float>) run_case<T>(aligned, kActs[3], TwellLayout{256, 4}, OverflowPolicy::hybrid, dense);
 }
 
+// device_overflow_count() is the latest fused run's count: null before any run and after a run
+// that took the generic path (an x whose leading dimension breaks the 16-byte rows), where it
+// once pointed at the previous fused run's status.
+TEST_CASE("GemmToSparsePlan's device count is null unless the latest run was fused") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  constexpr std::int64_t kM = 64, kK = 64, kN = 256;
+  const auto c = random_case<bf16>(kM, kK, kN, seed);
+  const auto padded = testing::random_dense<bf16>(kM, kK + 2, 1.0f, seed + 2);
+  const DenseMatrix<bf16> xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+  const DenseMatrix<bf16> pd = padded.to(MemorySpace::device);
+  const DenseView<const bf16> unaligned_x{pd.view().data, kM, kK, kK + 2, MemorySpace::device};
+  cuda::GemmToSparsePlan<bf16> plan(kM, kK, kN, {}, TwellLayout{256, 8});
+  REQUIRE(plan.fused());
+  CHECK(plan.device_overflow_count() == nullptr);
+  plan.run(xd.view(), wd.view());
+  (void)plan.sync_overflow_count();
+  CHECK(plan.path().rfind("fused", 0) == 0);
+  CHECK(plan.device_overflow_count() != nullptr);
+  plan.run(unaligned_x, wd.view());
+  (void)plan.sync_overflow_count();
+  CHECK(plan.path().rfind("generic:", 0) == 0);
+  CHECK(plan.device_overflow_count() == nullptr);
+}
+
 TEST_CASE_TEMPLATE("gemm_to_sparse on workload patterns, densities 0.3 % to 20 %, token-skewed overflow", T, bf16,
                    fp16) {
   for (const testing::WorkloadSetting& s : testing::sweep(kWorkloadSettings)) {
@@ -725,9 +750,11 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows complet
     check_bitwise_equal(taken, expect);
     // Every later call says so, not "call run() first" (which would be refused too).
     // NOLINTBEGIN(bugprone-use-after-move)
-    for (const std::string& m : {testing::message_of([&] { (void)plan.sync_overflow_count(); }),
-                                 testing::message_of([&] { (void)plan.result(); }),
-                                 testing::message_of([&] { plan.run(xd.view(), wd.view()); })}) {
+    for (const std::string& m :
+         {testing::message_of([&] { (void)plan.sync_overflow_count(); }),
+          testing::message_of([&] { (void)plan.result(); }), testing::message_of([&] { (void)plan.queued_result(); }),
+          testing::message_of([&] { (void)std::move(plan).take_result(); }),
+          testing::message_of([&] { plan.run(xd.view(), wd.view()); })}) {
       CAPTURE(m);
       CHECK(m.find("moved out") != std::string::npos);
     }

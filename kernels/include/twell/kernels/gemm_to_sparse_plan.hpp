@@ -50,7 +50,8 @@ enum class FusedMainloop : std::uint8_t { best, portable };
 // and the device count R, and (hybrid policy) the dense recompute of overflow rows 0 ..
 // min(R, capacity)-1 into the block. Then:
 //   - in stream order after run(): the TwELL part and row_to_overflow are final, and so are
-//     overflow rows r < min(R, capacity) and overflow_to_row[r]; device_overflow_count() holds R.
+//     overflow rows r < min(R, capacity) and overflow_to_row[r]; device_overflow_count() holds R
+//     (hybrid; see it below for the other policies and the generic path).
 //   - R on the host is known only after sync_overflow_count() (a 40-byte read-back the host waits
 //     for; its `meanwhile` lets the caller queue more work before that wait).
 //     If R > capacity (hybrid), that call grows the block and the map to min(M, max(R,
@@ -105,7 +106,8 @@ class GemmToSparsePlan {
   // or a sync_overflow_count() that grows the block (R past its rows; then use result()).
   HybridView<const T> queued_result() const {
     require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument,
-            "twell::cuda::GemmToSparsePlan::queued_result", "nothing queued: call run() first");
+            "twell::cuda::GemmToSparsePlan::queued_result",
+            state_ == State::taken ? kSpentPlan : "nothing queued: call run() first");
     if (!ran_fused_) return generic_.view();
     HybridView<const T> v;
     v.twell = twell_.view();
@@ -135,6 +137,9 @@ class GemmToSparsePlan {
 
  private:
   enum class State : std::uint8_t { idle, queued, synced, taken };
+  // Why a spent plan refuses every call, whichever call it is.
+  static constexpr const char* kSpentPlan =
+      "the plan's storage was moved out (by take_result() or a move of the plan); build a new plan";
 
   // gemm_to_sparse runs a plan, but its caller called gemm_to_sparse: these name `where` in their
   // errors (the public run / sync_overflow_count name themselves).
