@@ -535,7 +535,7 @@ void check_operands(std::int64_t m, std::int64_t k, DenseView<const T> b, DenseV
           detail::shape(b.rows, b.cols));
   require(c.rows == m && c.cols == b.cols, ErrorCode::shape_mismatch, kWhere, "C is ", detail::shape(c.rows, c.cols),
           " but op(A) B is ", detail::shape(m, b.cols));
-  twell::detail::check_c_apart_from_b(b, c, kWhere);
+  twell::detail::check_apart(c, "C", {{"B", b}}, kWhere);  // the GPU reads B while it writes C
 }
 
 // C = beta * C (or zero) when op(A) B has no terms: K == 0.

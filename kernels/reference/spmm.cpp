@@ -23,7 +23,7 @@ void spmm_impl(Op op_a, View a, DenseView<const T> b, DenseView<T> c, float alph
           detail::shape(b.rows, b.cols));
   require(c.rows == m && c.cols == b.cols, ErrorCode::shape_mismatch, where, "C is ", detail::shape(c.rows, c.cols),
           " but op(A) B is ", detail::shape(m, b.cols));
-  twell::detail::check_c_apart_from_b(b, c, where);
+  twell::detail::check_apart(c, "C", {{"B", b}}, where);  // the GPU reads B while it writes C
 
   const detail::MatrixF bf = detail::to_matrix(b);
   detail::MatrixF acc = detail::MatrixF::Zero(m, b.cols);

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include <twell/converters/options.hpp>
@@ -49,17 +48,6 @@ inline void check_activation(const ActivationSpec& act, const char* where) {
           " must be a non-negative number");
 }
 
-// A dense transpose's out: N x M for an M x N a, and no byte shared with a (the kernels read a
-// while writing out). Geometry of both is checked by the caller.
-template <class T>
-void check_dense_transpose(DenseView<const T> a, DenseView<T> out, const char* where) {
-  require(out.rows == a.cols && out.cols == a.rows, ErrorCode::shape_mismatch, where, "out is ",
-          shape(out.rows, out.cols), " but the transpose of a (", shape(a.rows, a.cols), ") is ",
-          shape(a.cols, a.rows));
-  require(!byte_range(out).overlaps(byte_range(a)), ErrorCode::invalid_argument, where,
-          "out overlaps a; a transpose cannot be done in place");
-}
-
 // A dense result shares no byte with the dense operands read while it is written (the GPU
 // kernels read them while other blocks write it).
 template <class T>
@@ -71,10 +59,14 @@ void check_apart(DenseView<T> out, const char* out_name,
             "; the result cannot be written over an operand");
 }
 
-// spmm's C shares no byte with B.
+// A dense transpose's out: N x M for an M x N a, and no byte shared with a (the kernels read a
+// while writing out). Geometry of both is checked by the caller.
 template <class T>
-void check_c_apart_from_b(DenseView<const T> b, DenseView<T> c, const char* where) {
-  check_apart(c, "C", {{"B", b}}, where);
+void check_dense_transpose(DenseView<const T> a, DenseView<T> out, const char* where) {
+  require(out.rows == a.cols && out.cols == a.rows, ErrorCode::shape_mismatch, where, "out is ",
+          shape(out.rows, out.cols), " but the transpose of a (", shape(a.rows, a.cols), ") is ",
+          shape(a.cols, a.rows));
+  check_apart(out, "out", {{"a", a}}, where);
 }
 
 // The bytes an sddmm rewrites in `out` (saturating, like byte_range): a CSR's or ELL's values; a
