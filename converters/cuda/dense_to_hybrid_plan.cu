@@ -44,7 +44,7 @@ void DenseToHybridPlan<T>::hold_overflow_rows(std::int64_t capacity) {
 
 template <Value T>
 HybridView<T> DenseToHybridPlan<T>::run(DenseView<const T> src, const ConvertOptions& options) {
-  twell::detail::require_live(live_, kWhere);
+  twell::detail::require_plan_device(device_, kWhere);
   detail::check_device_operand(src, kWhere, "src");
   require(src.rows == rows() && src.cols == cols(), ErrorCode::shape_mismatch, kWhere, "src is ", src.rows, " x ",
           src.cols, " but the plan converts ", rows(), " x ", cols());

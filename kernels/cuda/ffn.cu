@@ -1593,7 +1593,7 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
 
 template <Value T>
 void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* stats) {
-  twell::detail::require_live(live_, where_);
+  twell::detail::require_plan_device(device_, where_);
   check_io<T>(x, y, k_, where_);
   require(x.rows == m_, ErrorCode::shape_mismatch, where_, "the plan is for ", m_, " tokens but x has ", x.rows,
           " rows");
@@ -1952,7 +1952,7 @@ std::string queue_backward(const GatedBackwardOperands<T>& op, T* wg_t, T* wu_t,
 template <Value T>
 void GatedUpDownPlan<T>::queue_ahead(HybridView<const T> a, DenseView<const T> wu, HybridView<T> u, HybridView<T> h) {
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::queue_ahead";
-  twell::detail::require_live(live_, where);
+  twell::detail::require_plan_device(device_, where);
   wu_t_source_ = {};
   ahead_ = {};
   check_device_operand(wu, where, "wu");
@@ -1975,7 +1975,7 @@ template <Value T>
 void GatedUpDownPlan<T>::run(DenseView<const T> x, HybridView<const T> a, DenseView<const T> wu, DenseView<const T> wd,
                              HybridView<T> u, HybridView<T> h, DenseView<T> y) {
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::run";
-  twell::detail::require_live(live_, where);
+  twell::detail::require_plan_device(device_, where);
   // What queue_ahead left, for this run only.
   const KeptAhead ahead{ahead_.queued && same_view<T>(wu_t_source_, wu),
                         ahead_ == Ahead{true, a.twell.packed, a.row_to_overflow, u.twell.packed, u.row_to_overflow,
@@ -2006,7 +2006,7 @@ void gated_up_down(DenseView<const T> x, HybridView<const T> a, DenseView<const 
 template <Value T>
 void GatedUpDownPlan<T>::backward(const GatedBackwardOperands<T>& op) {
   constexpr const char* where = "twell::cuda::GatedUpDownPlan::backward";
-  twell::detail::require_live(live_, where);
+  twell::detail::require_plan_device(device_, where);
   check_backward<T>(op, m_, k_, n_, layout_, where);
   const bool reuse = op.reuse_run_wu_t && same_view<T>(wu_t_source_, op.wu);
   if (!reuse) wu_t_source_ = {};

@@ -705,7 +705,7 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
       policy != OverflowPolicy::hybrid
           ? 0
           : std::min(m, overflow_capacity == kDefaultCapacity ? default_capacity(m) : overflow_capacity);
-  twell_ = TwellMatrix<T>(m, n, layout, MemorySpace::device);
+  twell_ = TwellMatrix<T>(m, n, layout, MemorySpace::device, Uninitialized{});  // the epilogue writes every slot
   overflow_ = DenseMatrix<T>(capacity, n, MemorySpace::device);
   // -1 everywhere, as the ranking kernel's fast path (no flagged row) leaves the map: then a first
   // run without an overflowed tile may take that path too. Set synchronously (fill_bytes), so that
@@ -749,6 +749,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
 template <Value T>
 void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const char* where) {
   require(state_ != State::taken, ErrorCode::invalid_argument, where, kSpentPlan);
+  twell::detail::require_plan_device(device_, where);
   check_operands<T>(x, w, act_, where);
   require(x.rows == m_ && x.cols == k_ && w.cols == n_, ErrorCode::shape_mismatch, where, "the plan is for x ", m_,
           " x ", k_, " and w ", k_, " x ", n_, "; got x ", x.rows, " x ", x.cols, " and w ", w.rows, " x ", w.cols);
@@ -865,6 +866,7 @@ OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const 
                                                        bool for_later_runs) {
   require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument, where,
           state_ == State::taken ? kSpentPlan : "nothing to count: call run() first");
+  twell::detail::require_plan_device(device_, where);
   if (state_ == State::synced || !ran_fused_) {
     if (meanwhile) meanwhile();
     state_ = State::synced;
@@ -960,8 +962,10 @@ HybridView<const T> GemmToSparsePlan<T>::result() const {
 
 template <Value T>
 HybridMatrix<T> GemmToSparsePlan<T>::take_result() && {
-  require(state_ == State::synced, ErrorCode::invalid_argument, "twell::cuda::GemmToSparsePlan::take_result",
+  constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan::take_result";
+  require(state_ == State::synced, ErrorCode::invalid_argument, kWhere,
           state_ == State::taken ? kSpentPlan : "the result is valid from sync_overflow_count() until the next run()");
+  twell::detail::require_plan_device(device_, kWhere);
   state_ = State::taken;
   if (!ran_fused_) return std::move(generic_);
   HybridMatrix<T> out;
@@ -978,7 +982,6 @@ HybridMatrix<T> GemmToSparsePlan<T>::take_result() && {
   DenseMatrix<T> block(r, n_, MemorySpace::device);
   Buffer<std::int32_t> map(static_cast<std::size_t>(r), MemorySpace::device);
   if (r > 0) {
-    constexpr const char* kWhere = "twell::cuda::GemmToSparsePlan::take_result";
     ::twell::detail::check_cuda(cudaMemcpyAsync(block.view().data, overflow_.view().data,
                                                 static_cast<std::size_t>(r * n_) * sizeof(T), cudaMemcpyDeviceToDevice,
                                                 stream),

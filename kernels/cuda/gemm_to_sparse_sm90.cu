@@ -526,8 +526,9 @@ bool gemm_twell_sm90_available(int tile, const char* where) {
 }
 
 bool gemm_twell_sm90_applies(const Sm90Gemm& g) {
-  return g.m > 0 && g.n > 0 && g.k > 0 && g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX &&
-         g.k % 8 == 0 && g.n % 8 == 0 && g.ldx % 8 == 0 && g.ldw % 8 == 0 && aligned16(g.x) && aligned16(g.w);
+  return g.m > 0 && g.n > 0 && g.k > 0 && g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX && g.k % 8 == 0 &&
+         g.n % 8 == 0 && g.ldx % 8 == 0 && g.ldw % 8 == 0 && aligned16(g.x) && aligned16(g.w) &&
+         tma_row_stride_ok(g.ldx, 2) && tma_row_stride_ok(g.ldw, 2);
 }
 
 template <class T>

@@ -31,6 +31,15 @@ bool device_runs_sm90a_code(int device, const char* where);
 // The driver's cuTensorMapEncodeTiled, or null where the driver has none.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
 
+// Whether cuTensorMapEncodeTiled takes a matrix whose rows start `ld` elements of `bytes` bytes
+// apart: its global strides are below 2^40 bytes (the rows and columns of twell's operands are
+// below its 2^32 bound wherever the paths' other limits hold). A path that stages by TMA refuses
+// such an operand in its applies() check, so another kernel takes it instead of the encode
+// failing at launch.
+constexpr bool tma_row_stride_ok(std::int64_t ld, std::int64_t bytes) {
+  return ld >= 0 && ld < (std::int64_t{1} << 40) / bytes;
+}
+
 // A tensor map of a row-major rows x cols matrix of `type` elements whose rows start ld_bytes
 // apart (a multiple of 16; base 16-byte aligned), read in boxes of box_rows x box_cols elements;
 // elements outside the matrix arrive as zeros. Throws twell::Error where the driver refuses it.

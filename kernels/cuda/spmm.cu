@@ -1284,7 +1284,7 @@ SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream
 
 template <Value T>
 void SpmmPlan<T>::check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const {
-  twell::detail::require_live(live_, "twell::cuda::SpmmPlan::run");
+  twell::detail::require_plan_device(device_, "twell::cuda::SpmmPlan::run");
   require(rows == m_ && cols == k_ && layout.tile == layout_.tile && layout.compression == layout_.compression,
           ErrorCode::shape_mismatch, "twell::cuda::SpmmPlan::run", "A is ", detail::shape(rows, cols), " in tiles of ",
           layout.tile, " (C = ", layout.compression, ") but the plan was made for ", detail::shape(m_, k_),
@@ -1293,6 +1293,7 @@ void SpmmPlan<T>::check_a(std::int64_t rows, std::int64_t cols, TwellLayout layo
 
 template <Value T>
 void SpmmPlan<T>::reserve_overflow(std::int64_t rows, std::int64_t b_cols) {
+  twell::detail::require_plan_device(device_, "twell::cuda::SpmmPlan::reserve_overflow");
   const auto need = static_cast<std::size_t>(std::max<std::int64_t>(rows, 0) * std::max<std::int64_t>(b_cols, 0));
   if (need > overflow_.size()) overflow_ = Buffer<float>(need, MemorySpace::device, Uninitialized{});
 }
@@ -1307,6 +1308,7 @@ void* grow_bytes(Buffer<std::uint64_t>& buffer, std::size_t bytes) {
 
 template <Value T>
 void SpmmPlan<T>::reserve_b_cols(std::int64_t b_cols) {
+  twell::detail::require_plan_device(device_, "twell::cuda::SpmmPlan::reserve_b_cols");
   if constexpr (sizeof(T) != 2) return;  // the slice-reuse path takes 16-bit values only
   if (m_ > 0 && k_ > 0) grow_bytes(workspace_, detail::spmm_slices_workspace_bytes(m_, k_, layout_));
   grow_bytes(staged_b_, detail::spmm_slices_staged_b_bytes(k_, std::max<std::int64_t>(b_cols, 0)));

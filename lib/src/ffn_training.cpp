@@ -150,6 +150,7 @@ template <Value T>
 struct GatedFfnTraining<T>::Impl {
   std::int64_t m = 0, k = 0, n = 0;
   MemorySpace space = MemorySpace::host;
+  int device = 0;  // where the plans and the held activations live (device memory)
   ActivationSpec act{};
   TwellLayout layout{};
   KernelOptions options{};
@@ -269,6 +270,7 @@ struct GatedFfnTraining<T>::Impl {
             shape(wu.rows, wu.cols));
     require(x.space == space, ErrorCode::space_mismatch, where, "the object holds ", to_string(space),
             " memory but x is in ", to_string(x.space), " memory");
+    if (on_device()) twell::detail::require_plan_device(device, where);
   }
 };
 
@@ -306,6 +308,7 @@ GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, 
   if (space == MemorySpace::device) {
 #if TWELL_HAS_CUDA
     require_cuda_device(where);
+    s.device = twell::detail::plan_device(where);
     s.gate_plan.emplace(tokens, hidden, intermediate, act, layout, capacity, OverflowPolicy::hybrid, options.stream);
     s.spmm_plan.emplace(tokens, intermediate, layout, options.stream, options.spmm_algorithm);
     if (keeps_up_down<T>(hidden, space)) s.up_down.emplace(tokens, hidden, intermediate, layout, s.options);

@@ -166,15 +166,27 @@ cudaError_t trim(int device, cudaMemPool_t pool) {
 // Test hooks (memory.hpp): pool allocations to fail as if the device were out of memory, and the
 // byte to fill uninitialised Buffers with (negative: none).
 std::atomic<int> failures_to_inject{0};
+std::atomic<int> allocations_before_failure{-1};
 std::atomic<int> uninitialized_fill{-1};
 
-// The first try of a pool allocation, or an injected failure: a request no device can serve, so
-// that the runtime's error state is a real failure's.
+// What an injected failure asks for: a request no device can serve, so that the runtime's error
+// state is a real failure's.
+constexpr std::size_t kUnservable = std::size_t{1} << 50;
+
+// Whether the hook that fails an allocation for good fires on this one (it then disarms).
+bool fails_for_good() {
+  int left = allocations_before_failure.load(std::memory_order_relaxed);
+  while (left >= 0)
+    if (allocations_before_failure.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) return left == 0;
+  return false;
+}
+
+// The first try of a pool allocation, or an injected failure.
 cudaError_t try_allocate(void** p, std::size_t bytes, cudaMemPool_t pool, cudaStream_t stream) {
   int pending = failures_to_inject.load(std::memory_order_relaxed);
   while (pending > 0)
     if (failures_to_inject.compare_exchange_weak(pending, pending - 1, std::memory_order_relaxed))
-      return cudaMallocFromPoolAsync(p, std::size_t{1} << 50, pool, stream);
+      return cudaMallocFromPoolAsync(p, kUnservable, pool, stream);
   return cudaMallocFromPoolAsync(p, bytes, pool, stream);
 }
 
@@ -192,12 +204,13 @@ bool fits_device(std::size_t bytes) {
 // From the current device's pool `entry`.
 void* allocate_in(const DevicePool& entry, std::size_t bytes, cudaStream_t stream, const char* where) {
   void* p = nullptr;
-  cudaError_t status = try_allocate(&p, bytes, entry.pool, stream);
+  const std::size_t asked = fails_for_good() ? kUnservable : bytes;
+  cudaError_t status = try_allocate(&p, asked, entry.pool, stream);
   if (status == cudaErrorMemoryAllocation && fits_device(bytes)) {
     // Clears the failure too, so that a retry that succeeds leaves no error for the next launch
     // check to report.
     trim_current_pool(where);
-    status = cudaMallocFromPoolAsync(&p, bytes, entry.pool, stream);
+    status = cudaMallocFromPoolAsync(&p, asked, entry.pool, stream);
   }
   check_memory_call(status, where, "cudaMallocFromPoolAsync");
   return p;
@@ -211,6 +224,20 @@ DevicePool current_pool(const char* where) {
 }  // namespace
 
 void fail_next_pool_allocations(int count) { failures_to_inject.store(count, std::memory_order_relaxed); }
+
+void fail_pool_allocation_after(int succeeding) {
+  allocations_before_failure.store(succeeding < 0 ? -1 : succeeding, std::memory_order_relaxed);
+}
+
+bool pool_allocation_failure_armed() noexcept {
+  return allocations_before_failure.load(std::memory_order_relaxed) >= 0;
+}
+
+int plan_device(const char* where) {
+  int device = 0;
+  check_memory_call(cudaGetDevice(&device), where, "cudaGetDevice");
+  return device;
+}
 
 void set_uninitialized_device_fill(int byte) { uninitialized_fill.store(byte, std::memory_order_relaxed); }
 

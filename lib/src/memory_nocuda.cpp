@@ -36,6 +36,10 @@ std::uint64_t device_allocation_count() noexcept { return 0; }
 std::uint64_t kept_device_bytes() { return 0; }
 
 void fail_next_pool_allocations(int) {}
+void fail_pool_allocation_after(int) {}
+bool pool_allocation_failure_armed() noexcept { return false; }
+
+int plan_device(const char*) { return 0; }
 
 void set_uninitialized_device_fill(int) {}
 

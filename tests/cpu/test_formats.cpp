@@ -25,6 +25,7 @@ using namespace twell;
 namespace {
 
 using testing::code_of;
+using testing::message_of;
 
 // Every finite half value, in increasing order of value, for a nearest-value oracle.
 std::vector<std::pair<double, std::uint16_t>> finite_halves() {
@@ -223,21 +224,32 @@ TEST_CASE("a MemorySpace outside its enum is invalid_argument wherever it picks 
   CHECK(find_violation(TwellView<const float>(tw_bogus)) == "TwELL: memory space 2 is neither host nor device");
 }
 
-// The plans' guard against running after a move (their buffers are gone): a move carries the
-// value and leaves the source reset; assigning into a moved-from object makes it live again.
+// The plans' guard against running after a move (their buffers are gone) or on another device: a
+// move carries the device and leaves the source reset; assigning into a moved-from object makes
+// it live again.
 TEST_CASE("ResetOnMove carries its value to a move's destination and resets the source") {
-  using twell::detail::LiveFlag;
-  LiveFlag a = true;
-  LiveFlag b = std::move(a);
-  CHECK(b);
-  CHECK_FALSE(a);  // NOLINT(bugprone-use-after-move): the point of the type
-  CHECK(code_of([&] { twell::detail::require_live(a, "test"); }) == ErrorCode::invalid_argument);
+  using twell::detail::PlanDevice;
+  PlanDevice a = 3;
+  PlanDevice b = std::move(a);
+  CHECK(b == 3);
+  CHECK(a == -1);  // NOLINT(bugprone-use-after-move): the point of the type
+  const std::string moved = message_of([&] { twell::detail::require_plan_device(a, "test"); });
+  CHECK(moved.find("moved from") != std::string::npos);
+  CHECK(code_of([&] { twell::detail::require_plan_device(a, "test"); }) == ErrorCode::invalid_argument);
   a = std::move(b);
-  CHECK(a);
-  CHECK_FALSE(b);  // NOLINT(bugprone-use-after-move)
-  LiveFlag& same = a;
+  CHECK(a == 3);
+  CHECK(b == -1);  // NOLINT(bugprone-use-after-move)
+  PlanDevice& same = a;
   a = std::move(same);  // self-move keeps the value
-  CHECK(a);
+  CHECK(a == 3);
+  // A device that cannot be the current one: space_mismatch, or no_device on a machine without
+  // a usable device (the gpu suite checks the mismatch for real).
+  const ErrorCode other = code_of([] { twell::detail::require_plan_device(1 << 20, "test"); });
+  CHECK((other == ErrorCode::space_mismatch || other == ErrorCode::no_device));
+  if (other == ErrorCode::space_mismatch)
+    CHECK(message_of([] {
+            twell::detail::require_plan_device(1 << 20, "test");
+          }).find("the plan was made on device 1048576") != std::string::npos);
   enum class State { idle, taken };
   twell::detail::ResetOnMove<State, State::taken> s = State::idle;
   const auto t = std::move(s);

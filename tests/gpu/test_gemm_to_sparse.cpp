@@ -245,6 +245,9 @@ const char* name_of(cuda::FusedMainloop mainloop) { return mainloop == cuda::Fus
 template <class T>
 HybridMatrix<T> gpu_gemm_to_sparse(DenseView<const T> x, DenseView<const T> w, ActivationSpec act, TwellLayout layout,
                                    const ConvertOptions& conv, cuda::FusedMainloop mainloop, std::string* path) {
+  // The plans allocate their TwELL without zero fill (the epilogue writes every slot): with new
+  // device buffers poisoned, a slot it missed shows, in this process's later plans too.
+  twell::detail::set_uninitialized_device_fill(0xff);
   if (mainloop == cuda::FusedMainloop::best) {
     KernelReport kr;
     KernelOptions ko;
@@ -759,6 +762,90 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows complet
       CHECK(m.find("moved out") != std::string::npos);
     }
     // NOLINTEND(bugprone-use-after-move)
+  }
+}
+
+// An x whose rows lie 2^40 bytes apart (one row, so nothing past it is read) cannot be described
+// to TMA: the best mainloop then runs the portable kernel (the wgmma one's applies() refuses it)
+// instead of failing its encode at launch, with the bits of the portable kernel on a compact x.
+TEST_CASE("GemmToSparsePlan takes an x whose rows are too far apart for a tensor map") {
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto c = random_case<bf16>(1, 64, 256, seed);
+  const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+  DenseView<const bf16> far = xd.view();
+  far.ld = std::int64_t{1} << 39;
+  const TwellLayout layout{128, 8};
+  ConvertOptions conv;
+  conv.overflow = OverflowPolicy::hybrid;
+  const HybridMatrix<bf16> expect =
+      gpu_gemm_to_sparse<bf16>(xd.view(), wd.view(), {}, layout, conv, cuda::FusedMainloop::portable, nullptr)
+          .to(MemorySpace::host);
+  cuda::GemmToSparsePlan<bf16> plan(1, 64, 256, {}, layout);
+  plan.run(far, wd.view());
+  (void)plan.sync_overflow_count();
+  CAPTURE(plan.path());
+  CHECK(plan.path().rfind("fused_mma_sync_tile128", 0) == 0);
+  check_bitwise_equal(to_host(plan.result()), expect);
+  plan.run(xd.view(), wd.view());  // the same plan on a compact x: its best mainloop
+  (void)plan.sync_overflow_count();
+  CHECK(plan.path().rfind(fused_prefix(cuda::FusedMainloop::best), 0) == 0);
+}
+
+TEST_CASE("GemmToSparsePlan: an allocation that fails while the block grows leaves the plan as it was") {
+  // Capacity 1 on token-skewed rows, so that sync_overflow_count grows the block, its map, the
+  // spill pool and (on Hopper) the gathered rows. Each of its allocations fails in turn, for good
+  // (a full device); the plan must then give the exact result when counted again, and serve a
+  // later run with what it holds. Under compute-sanitizer memcheck, a buffer left smaller than
+  // the plan thinks shows as an out-of-bounds access.
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const auto c = workload_case<bf16>({1024, 512, 1408, 0.05, workload::Distribution::token_skewed}, seed);
+  const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+  const TwellLayout layout{256, 16};
+  ConvertOptions conv;
+  conv.overflow = OverflowPolicy::hybrid;
+  const HybridMatrix<bf16> expect =
+      cuda::gemm_to_sparse<bf16>(xd.view(), wd.view(), {}, layout, conv).to(MemorySpace::host);
+  REQUIRE(expect.overflow_rows() > 8);
+  struct Disarm {
+    ~Disarm() { twell::detail::fail_pool_allocation_after(-1); }
+  } const disarm;
+  for (const cuda::FusedMainloop mainloop : kMainloops) {
+    CAPTURE(name_of(mainloop));
+    int failed = 0;
+    for (int succeeding = 0;; ++succeeding) {
+      CAPTURE(succeeding);
+      cuda::GemmToSparsePlan<bf16> plan(1024, 512, 1408, {}, layout, 1, OverflowPolicy::hybrid, {}, mainloop);
+      plan.run(xd.view(), wd.view());
+      twell::detail::fail_pool_allocation_after(succeeding);
+      std::optional<ErrorCode> code;
+      try {
+        (void)plan.sync_overflow_count();
+      } catch (const Error& e) {
+        code = e.code();
+      }
+      const bool fired = !twell::detail::pool_allocation_failure_armed();
+      twell::detail::fail_pool_allocation_after(-1);
+      CHECK(cudaGetLastError() == cudaSuccess);
+      if (!fired) {  // the growth made fewer allocations than `succeeding`: every one was reached
+        CHECK_FALSE(code.has_value());
+        break;
+      }
+      ++failed;
+      REQUIRE(code == ErrorCode::out_of_memory);
+      CHECK(plan.overflow_capacity() == 1);
+      CHECK(testing::code_of([&] { (void)plan.result(); }) == ErrorCode::invalid_argument);
+      const cuda::OverflowCount retried = plan.sync_overflow_count();
+      CHECK(retried.rows == expect.overflow_rows());
+      CHECK(retried.second_pass);
+      check_bitwise_equal(to_host(plan.result()), expect);
+      poison(plan);
+      plan.run(xd.view(), wd.view());
+      CHECK_FALSE(plan.sync_overflow_count().second_pass);
+      check_bitwise_equal(to_host(plan.result()), expect);
+    }
+    CHECK(failed >= 4);  // block, map, spill values and segments, at least
   }
 }
 

@@ -643,3 +643,37 @@ TEST_CASE("cuda spmm with B as wide as the tile-streaming kernel's 65535 column 
     CHECK(std::string(e.what()).find("B of at most 8388480 columns") != std::string::npos);
   }
 }
+
+// A B whose rows lie 2^40 bytes apart (one row, so nothing past its first row is read) cannot be
+// described to TMA, by which an sm_90a build stages the tile-streaming kernel's B: forced, that
+// kernel is refused with unsupported (not a failed encode at launch); automatic, another kernel
+// takes it, exactly (one entry a sum).
+TEST_CASE("cuda spmm with B's rows too far apart for a tensor map") {
+  constexpr std::int64_t kM = 4, kN = 64;
+  constexpr std::int64_t kFar = std::int64_t{1} << 39;
+  const std::uint64_t seed = testing::fresh_seed();
+  CAPTURE(seed);
+  const TwellMatrix<bf16> a_host = ref::dense_to_twell<bf16>(
+      testing::random_sparse_dense<bf16>(kM, 1, {.density = 0.5}, seed).view(), TwellLayout{16, 1});
+  const auto b_host = testing::random_dense<bf16>(1, kN, 1.0f, seed + 1);
+  DenseMatrix<bf16> want = nan_dense<bf16>(kM, kN);
+  ref::spmm<bf16>(Op::none, a_host.view(), b_host.view(), want.view(), 1.0f, 0.0f);
+  const auto a = a_host.to(kDevice);
+  const DenseMatrix<bf16> b = b_host.to(kDevice);
+  DenseView<const bf16> far = b.view();
+  far.ld = kFar;
+  DenseMatrix<bf16> c = nan_dense<bf16>(kM, kN).to(kDevice);
+  KernelOptions forced;
+  forced.spmm_algorithm = SpmmAlgorithm::tile_stream;
+  dev::spmm<bf16>(Op::none, a.view(), b.view(), c.view(), 1.0f, 0.0f, forced);  // the kernel takes rows 128 bytes apart
+  CHECK(testing::code_of([&] { dev::spmm<bf16>(Op::none, a.view(), far, c.view(), 1.0f, 0.0f, forced); }) ==
+        ErrorCode::unsupported);
+  KernelReport report;
+  KernelOptions automatic;
+  automatic.report = &report;
+  dev::spmm<bf16>(Op::none, a.view(), far, c.view(), 1.0f, 0.0f, automatic);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CAPTURE(report.path);
+  CHECK(report.path.find("tile_stream") == std::string::npos);
+  CHECK(testing::bitwise_equal<bf16>(c.to(kHost).view(), want.view()));
+}

@@ -73,10 +73,14 @@ std::uint64_t device_allocation_count() noexcept;
 std::uint64_t kept_device_bytes();
 // Test hooks, process-wide (for single-threaded tests; no effect without the cuda backend):
 // the next `count` pool allocations fail once each as if the device were out of memory, so that
-// their trim-and-retry runs; and, while `byte` is 0-255, every uninitialised device Buffer is
-// filled with it when made, so that an output word a kernel forgets to write shows (negative:
-// off, the default).
+// their trim-and-retry runs; after `succeeding` more pool allocations, the next one fails for good
+// (its retry too), as on a full device, so that a test can reach every allocation of a call in
+// turn (negative: off, the default; armed until it fires); and, while `byte` is 0-255, every
+// uninitialised device Buffer is filled with it when made, so that an output word a kernel
+// forgets to write shows (negative: off, the default).
 void fail_next_pool_allocations(int count);
+void fail_pool_allocation_after(int succeeding);
+bool pool_allocation_failure_armed() noexcept;
 void set_uninitialized_device_fill(int byte);
 
 // Bytes of n elements of `size` bytes each; throws invalid_argument when they exceed the address
@@ -110,11 +114,20 @@ class ResetOnMove {
   V v_;
 };
 
-// True in an object built by its constructor, false in the source of a move.
-using LiveFlag = ResetOnMove<bool, false>;
-
-inline void require_live(bool live, const char* where) {
-  require(live, ErrorCode::invalid_argument, where, "this object was moved from; use the one it was moved into");
+// The device a plan was made on, or -1 in the source of a move: the plans' guard against a run
+// after a move (their buffers are gone) and against a run with another device current (their
+// storage, stream and handles live on this one: a kernel launched on another device that reads
+// them faults without peer access, and a fault ends the CUDA context).
+using PlanDevice = ResetOnMove<int, -1>;
+// The current device, for a plan made now (0 in a build without the cuda backend).
+int plan_device(const char* where);
+// Throws invalid_argument for a moved-from plan, space_mismatch when a device other than
+// `device` is current.
+inline void require_plan_device(int device, const char* where) {
+  require(device >= 0, ErrorCode::invalid_argument, where, "this object was moved from; use the one it was moved into");
+  const int current = plan_device(where);
+  require(current == device, ErrorCode::space_mismatch, where, "the plan was made on device ", device, " but device ",
+          current, " is current; call cudaSetDevice(", device, ") before using it");
 }
 // rows x cols elements of a shape, both non-negative; throws invalid_argument naming `where` when
 // the count exceeds a 64-bit index.

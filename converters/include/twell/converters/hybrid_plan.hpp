@@ -67,7 +67,7 @@ class DenseToHybridPlan {
   Buffer<T> overflow_;                    // capacity x cols values
   std::int64_t capacity_ = 0;
   std::int64_t growths_ = 0;
-  twell::detail::LiveFlag live_ = true;
+  twell::detail::PlanDevice device_ = twell::detail::plan_device("twell::cuda::DenseToHybridPlan");
 };
 
 }  // namespace twell::cuda

@@ -101,7 +101,7 @@ class FfnPlanBase {
   ActivationSpec act_{};
   Stream stream_{};
   const char* where_ = "";
-  twell::detail::LiveFlag live_ = true;
+  twell::detail::PlanDevice device_ = twell::detail::plan_device(where_);
   GemmToSparsePlan<T> gate_;
   DenseMatrix<T> wu_t_;  // N x K, gated only
   detail::UpDownBuffers<T> buffers_;
@@ -201,7 +201,7 @@ class GatedUpDownPlan {
   std::int64_t m_ = 0, k_ = 0, n_ = 0;
   TwellLayout layout_{};
   Stream stream_{};
-  twell::detail::LiveFlag live_ = true;
+  twell::detail::PlanDevice device_ = twell::detail::plan_device("twell::cuda::GatedUpDownPlan");
   DenseMatrix<T> wu_t_;  // N x K
   DenseMatrix<T> wg_t_;  // N x K, the backward's
   // The wu of the latest run() or queue_ahead(), whose transpose wu_t_ holds; null before the

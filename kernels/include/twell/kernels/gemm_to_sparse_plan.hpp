@@ -103,7 +103,11 @@ class GemmToSparsePlan {
   // whose row_to_overflow is at or past the view's rows is complete only after
   // sync_overflow_count(), so such a consumer must treat it itself. On the generic path this
   // equals result() (R rows, all final). Valid from run() until the next run(), take_result(),
-  // or a sync_overflow_count() that grows the block (R past its rows; then use result()).
+  // or a sync_overflow_count() that grows the block (R past its rows; then use result()). Under
+  // the error policy an overflowed tile is told only by sync_overflow_count(), which throws: until
+  // then its row maps to no block row (-1) and a consumer reads its first `capacity` entries, so
+  // what was queued on this view is to be discarded when the count throws. Under drop, the view
+  // is the final result.
   HybridView<const T> queued_result() const {
     require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument,
             "twell::cuda::GemmToSparsePlan::queued_result",
@@ -182,6 +186,7 @@ class GemmToSparsePlan {
   OverflowCount count_{};
   std::string path_;
   twell::detail::ResetOnMove<State, State::taken> state_ = State::idle;  // a moved-from plan reads as taken
+  int device_ = twell::detail::plan_device("twell::cuda::GemmToSparsePlan");  // a spent plan is told by state_
 };
 
 }  // namespace twell::cuda

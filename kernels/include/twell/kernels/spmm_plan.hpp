@@ -156,7 +156,7 @@ class SpmmPlan {
   std::array<Buffer<std::uint64_t>, kMaxTransposedBatch> transposed_workspace_;
   std::array<Buffer<std::uint64_t>, kMaxTransposedBatch> transposed_staged_b_;
   std::string path_;
-  twell::detail::LiveFlag live_ = true;
+  twell::detail::PlanDevice device_ = twell::detail::plan_device("twell::cuda::SpmmPlan");
   std::unique_ptr<detail::SpmmSideLane, detail::SpmmSideLaneDeleter> side_;  // last: destroyed first
 };
 
