@@ -544,14 +544,6 @@ __global__ void invert_overflow_map_kernel(const std::int32_t* row_to_overflow, 
   if (i < m && row_to_overflow[i] >= 0) overflow_to_row[row_to_overflow[i]] = static_cast<std::int32_t>(i);
 }
 
-// Shared memory a block may opt into on the current device (99 KB on sm_86/89, more on sm_80/90).
-int smem_optin(const char* where) {
-  int device = 0, bytes = 0;
-  ::twell::detail::check_cuda(cudaGetDevice(&device), where);
-  ::twell::detail::check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
-  return bytes;
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 template <class T>
@@ -654,8 +646,11 @@ bool fused_shape_ok(std::int64_t k, std::int64_t n, TwellLayout layout, const ch
   } else {
     if (layout.tile != 128 && layout.tile != 256) return false;
     if (k % 8 != 0 || n % 8 != 0) return false;
-    const int need = layout.tile == 128 ? smem_bytes<128>() : smem_bytes<256>();
-    return need <= smem_optin(where);
+    // The device's opt-in limit less the kernel's static shared memory (99 KB on sm_86/89, more
+    // on sm_80/90).
+    return layout.tile == 128
+               ? smem_bytes<128>() <= ::twell::detail::dynamic_shared_limit(gemm_twell_kernel<T, 128>, where)
+               : smem_bytes<256>() <= ::twell::detail::dynamic_shared_limit(gemm_twell_kernel<T, 256>, where);
   }
 }
 
@@ -668,8 +663,9 @@ std::string gemm_activate_dense(DenseView<const T> x, const std::int32_t* rows, 
                                 ActivationSpec act, DenseView<T> out, cudaStream_t stream) {
   constexpr const char* kWhere = "twell::cuda::gemm_to_sparse (dense GEMM)";
   if (m == 0 || w.cols == 0) return "empty";
-  if (tensor_core_ok<T>(x, w) && smem_bytes<128>() <= smem_optin(kWhere)) {
-    if constexpr (ValueTraits<T>::packs_in_slot) {
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    if (tensor_core_ok<T>(x, w) &&
+        smem_bytes<128>() <= ::twell::detail::dynamic_shared_limit(gemm_dense_kernel<T, 128>, kWhere)) {
       launch_dense<T>(make_args<T>(x, rows, m, w, act), out.data, out.ld, stream, kWhere);
       return "mma_sync_dense";
     }
@@ -966,31 +962,36 @@ HybridMatrix<T> GemmToSparsePlan<T>::take_result() && {
   require(state_ == State::synced, ErrorCode::invalid_argument, kWhere,
           state_ == State::taken ? kSpentPlan : "the result is valid from sync_overflow_count() until the next run()");
   twell::detail::require_plan_device(device_, kWhere);
+  if (!ran_fused_) {
+    state_ = State::taken;
+    return std::move(generic_);
+  }
+  // A block larger than R is copied into an exact one first: an allocation that fails there
+  // leaves the plan and its result as they were.
+  const std::int64_t r = count_.rows;
+  DenseMatrix<T> block;
+  Buffer<std::int32_t> map;
+  if (overflow_.rows() == r) {
+    block = std::move(overflow_);
+    map = std::move(overflow_to_row_);
+  } else {
+    const auto stream = static_cast<cudaStream_t>(stream_.handle);
+    block = DenseMatrix<T>(r, n_, MemorySpace::device);
+    map = Buffer<std::int32_t>(static_cast<std::size_t>(r), MemorySpace::device);
+    if (r > 0) {
+      ::twell::detail::check_cuda(
+          cudaMemcpyAsync(block.view().data, overflow_.view().data, static_cast<std::size_t>(r * n_) * sizeof(T),
+                          cudaMemcpyDeviceToDevice, stream),
+          kWhere);
+      ::twell::detail::check_cuda(
+          cudaMemcpyAsync(map.data(), overflow_to_row_.data(), map.bytes(), cudaMemcpyDeviceToDevice, stream), kWhere);
+      ::twell::detail::check_cuda(cudaStreamSynchronize(stream), kWhere);
+    }
+  }
   state_ = State::taken;
-  if (!ran_fused_) return std::move(generic_);
   HybridMatrix<T> out;
   out.twell() = std::move(twell_);
   out.row_to_overflow() = std::move(row_to_overflow_);
-  const std::int64_t r = count_.rows;
-  if (overflow_.rows() == r) {
-    out.overflow() = std::move(overflow_);
-    out.overflow_to_row() = std::move(overflow_to_row_);
-    return out;
-  }
-  // A block larger than R: copy its first R rows into an exact one.
-  const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  DenseMatrix<T> block(r, n_, MemorySpace::device);
-  Buffer<std::int32_t> map(static_cast<std::size_t>(r), MemorySpace::device);
-  if (r > 0) {
-    ::twell::detail::check_cuda(cudaMemcpyAsync(block.view().data, overflow_.view().data,
-                                                static_cast<std::size_t>(r * n_) * sizeof(T), cudaMemcpyDeviceToDevice,
-                                                stream),
-                                kWhere);
-    ::twell::detail::check_cuda(cudaMemcpyAsync(map.data(), overflow_to_row_.data(), map.bytes(),
-                                                cudaMemcpyDeviceToDevice, stream),
-                                kWhere);
-    ::twell::detail::check_cuda(cudaStreamSynchronize(stream), kWhere);
-  }
   out.overflow() = std::move(block);
   out.overflow_to_row() = std::move(map);
   return out;

@@ -30,8 +30,9 @@ template <class T>
 bool gemm_twell_sm90_available(int tile, const char* where);
 
 // Whether one run's operands fit the kernel's preconditions (given gemm_twell_sm90_available):
-// M, N, K > 0, K and N multiples of 8, leading dimensions multiples of 8 and 16-byte aligned
-// base pointers (TMA's 16-byte global strides and addresses).
+// M, N, K > 0, K and N multiples of 8, leading dimensions multiples of 8 and below 2^39, and
+// 16-byte aligned base pointers (TMA's global strides: multiples of 16 bytes, below 2^40 bytes;
+// its 16-byte aligned addresses). The portable kernel takes what this refuses.
 bool gemm_twell_sm90_applies(const Sm90Gemm& g);
 
 // Queues the fused kernel on `stream`: every (row, tile) slot group of o.packed is written, rows

@@ -99,6 +99,7 @@ class SideStream {
 struct detail::SpmmSideLane {
   explicit SpmmSideLane(cudaStream_t plan_stream) {
     constexpr const char* where = "twell::cuda::SpmmPlan (side streams)";
+    check_cuda(cudaGetDevice(&device), where);
     try {
       check_cuda(side.create(plan_stream), where);
       for (SideStream& lane : products) check_cuda(lane.create(plan_stream), where);
@@ -134,12 +135,19 @@ struct detail::SpmmSideLane {
   std::array<SideStream, detail::kMaxStreamBatch - 1> products;
 
  private:
-  // cublasDestroy waits for the device.
+  // cublasDestroy waits for the device. It wants the handle's device current, and a plan may be
+  // destroyed with another one current (plans made one per device, then destroyed together).
   void release() noexcept {
-    if (blas != nullptr) cublasDestroy(blas);
+    if (blas == nullptr) return;
+    int current = device;
+    const bool switched =
+        cudaGetDevice(&current) == cudaSuccess && current != device && cudaSetDevice(device) == cudaSuccess;
+    cublasDestroy(blas);
+    if (switched) cudaSetDevice(current);
     blas = nullptr;
   }
 
+  int device = 0;  // the plan's
   SideStream side;
   cublasHandle_t blas = nullptr;
 };
@@ -747,7 +755,9 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
       require(detail::spmm_stream_applies(a, b, c), ErrorCode::unsupported, kWhere,
               "the tile_stream algorithm takes 16-bit values, A of at most 2^31 - 1 rows, columns and slot words a "
               "row, tiles of at most 256 columns with 8 or more slots (a multiple of 4), 16-byte aligned operands with "
-              "B's columns and leading dimensions in 8s, B of at most ",
+              "B's columns and leading dimensions in 8s (B's below 2^39, its rows less than 2^40 bytes apart, as TMA "
+              "takes them), "
+              "B of at most ",
               detail::spmm_stream_max_b_cols(), " columns, and ", "a device with ", detail::spmm_stream_shared_bytes(),
               " bytes of shared memory per block; A is ", detail::shape(a.rows, a.cols), " in tiles of ", a.layout.tile,
               " with ", a.layout.slots(), " slots");
@@ -1283,12 +1293,12 @@ SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream
 }
 
 template <Value T>
-void SpmmPlan<T>::check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const {
-  twell::detail::require_plan_device(device_, "twell::cuda::SpmmPlan::run");
+void SpmmPlan<T>::check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout, const char* where) const {
+  twell::detail::require_plan_device(device_, where);
   require(rows == m_ && cols == k_ && layout.tile == layout_.tile && layout.compression == layout_.compression,
-          ErrorCode::shape_mismatch, "twell::cuda::SpmmPlan::run", "A is ", detail::shape(rows, cols), " in tiles of ",
-          layout.tile, " (C = ", layout.compression, ") but the plan was made for ", detail::shape(m_, k_),
-          " in tiles of ", layout_.tile, " (C = ", layout_.compression, ")");
+          ErrorCode::shape_mismatch, where, "A is ", detail::shape(rows, cols), " in tiles of ", layout.tile,
+          " (C = ", layout.compression, ") but the plan was made for ", detail::shape(m_, k_), " in tiles of ",
+          layout_.tile, " (C = ", layout_.compression, ")");
 }
 
 template <Value T>
@@ -1317,7 +1327,7 @@ void SpmmPlan<T>::reserve_b_cols(std::int64_t b_cols) {
 template <Value T>
 void SpmmPlan<T>::run(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
   check_spmm(Op::none, a, a.rows, a.cols, b, c);
-  check_a(a.rows, a.cols, a.layout);
+  check_a(a.rows, a.cols, a.layout, "twell::cuda::SpmmPlan::run");
   const SpmmAlgorithm path = choose_twell_path(a, b, c, algorithm_);
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
@@ -1328,7 +1338,7 @@ void SpmmPlan<T>::run(TwellView<const T> a, DenseView<const T> b, DenseView<T> c
 template <Value T>
 void SpmmPlan<T>::run(HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta) {
   check_spmm(Op::none, a, a.rows(), a.cols(), b, c);
-  check_a(a.rows(), a.cols(), a.twell.layout);
+  check_a(a.rows(), a.cols(), a.twell.layout, "twell::cuda::SpmmPlan::run");
   reserve_overflow(a.overflow.rows, b.cols);
   const SpmmAlgorithm path = choose_hybrid_path(a, b, c, algorithm_);
   if (path == SpmmAlgorithm::slice_reuse) reserve_b_cols(b.cols);
@@ -1343,7 +1353,7 @@ template <class View>
 void SpmmPlan<T>::run_transposed(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha,
                                  float beta) {
   const HybridView<const T> hybrid = as_hybrid(a);
-  check_a(hybrid.rows(), hybrid.cols(), hybrid.twell.layout);
+  check_a(hybrid.rows(), hybrid.cols(), hybrid.twell.layout, "twell::cuda::SpmmPlan::run");
   if (!transposed_layout<T>(layout_, m_, k_)) {  // the CSR route, as spmm()
     KernelReport report;
     cuda::spmm<T>(Op::transpose, a, b, c, alpha, beta, KernelOptions{stream_, &report, false, algorithm_});
@@ -1403,7 +1413,7 @@ void SpmmPlan<T>::run_transposed(std::span<const HybridView<const T>> a, std::sp
           " B and ", c.size(), " C");
   for (std::size_t i = 0; i < n; ++i) {
     check_spmm(Op::transpose, a[i], a[i].rows(), a[i].cols(), b[i], c[i]);
-    check_a(a[i].rows(), a[i].cols(), a[i].twell.layout);
+    check_a(a[i].rows(), a[i].cols(), a[i].twell.layout, where);
     require(b[i].cols == b[0].cols, ErrorCode::shape_mismatch, where, "B ", i, " has ", b[i].cols,
             " columns but B 0 has ", b[0].cols, "; the products of one call share B's column count");
     for (std::size_t j = 0; j < n; ++j)

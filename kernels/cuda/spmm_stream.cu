@@ -547,7 +547,7 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
     if (a.rows <= 0 || a.cols <= 0 || b.cols <= 0) return false;
     if (a.rows > INT_MAX || a.cols > INT_MAX || a.layout.packed_width(a.cols) > INT_MAX) return false;
     if (b.cols > spmm_stream_max_b_cols()) return false;  // the other kernels take more
-    if (!tma_row_stride_ok(b.ld, 2)) return false;        // an sm_90a build stages B by TMA
+    if (!tma_row_stride_ok(b.ld, 2)) return false;        // on every build: see spmm_stream.cuh
     const int slots = a.layout.slots();
     if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
     if (!vector_operands(b, c)) return false;

@@ -16,9 +16,11 @@ namespace twell::cuda::detail {
 // Whether spmm_twell_stream takes these operands: 16-bit T, a non-empty product, A of at most
 // INT_MAX rows, columns and slot words a row, tiles of at most 256 columns whose slot groups hold
 // at least 8 slots and start 16-byte aligned (S a multiple of 4, the packed array 16-byte
-// aligned), B and C 16-byte aligned with leading dimensions and B's columns multiples of 8, B of
-// at most spmm_stream_max_b_cols() columns (the grid's slices), and a device with the shared
-// memory for the kernel's three stages.
+// aligned), B and C 16-byte aligned with leading dimensions and B's columns multiples of 8, B's
+// leading dimension below 2^39 (an sm_90a build stages B by TMA, whose strides stay below 2^40
+// bytes; refused on every build and device alike, so that a forced kernel's answer does not
+// depend on them), B of at most spmm_stream_max_b_cols() columns (the grid's slices), and a
+// device with the shared memory for the kernel's three stages.
 template <class T>
 bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T> c);
 

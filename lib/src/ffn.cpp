@@ -107,9 +107,15 @@ struct FfnState {
   KernelOptions options{};
   std::string path;
   std::vector<DenseMatrix<T>> owned;  // the in x out copies of OutIn weights (empty for InOut)
+  int device = 0;                     // with device weights: the device current when the layer was made
 #if TWELL_HAS_CUDA
   std::optional<Plan> plan;
 #endif
+
+  // A layer on device weights runs on their device only (its plan and copies live there too).
+  void require_own_device(const char* where) const {
+    if (wu.space == MemorySpace::device) twell::detail::require_plan_device(device, where);
+  }
 
   void assign(std::int64_t n, DenseView<const T> g, DenseView<const T> u, DenseView<const T> d, ActivationSpec a,
               TwellLayout l, const KernelOptions& o) {
@@ -198,6 +204,7 @@ void set_up(State& s, const char* where, std::int64_t tokens, DenseView<const T>
   twell::detail::check_activation(act, where);
   ffn_detail::check_overflow_capacity(overflow_capacity, where);
   s.assign(tokens, wg, wu, wd, act, layout, options);
+  if (wu.space == MemorySpace::device) s.device = twell::detail::plan_device(where);
 #if TWELL_HAS_CUDA
   // Past the fused kernels' K the layer composes the public operations on the device instead
   // (correct, but it allocates per call and writes the hidden state out; path "composed:cuda").
@@ -269,6 +276,7 @@ void GatedFfn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* st
   Impl& s = *impl_;
   check_gated(where, x, s.wg, s.wu, s.wd, y);
   check_tokens(where, s.tokens, x);
+  s.require_own_device(where);
   if (s.forward_on_plan(x, y, stats)) return;
   composed_gated<T>(x, s.wg, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
   s.path = composed_path(x.space);
@@ -303,6 +311,7 @@ void Ffn<T>::forward(In<DenseView<const T>> x, DenseView<T> y, FfnStats* stats) 
   Impl& s = *impl_;
   check_plain(where, x, s.wu, s.wd, y);
   check_tokens(where, s.tokens, x);
+  s.require_own_device(where);
   if (s.forward_on_plan(x, y, stats)) return;
   composed_plain<T>(x, s.wu, s.wd, s.act, s.layout, y, s.options, stats);
   s.path = composed_path(x.space);

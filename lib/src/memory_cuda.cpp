@@ -181,9 +181,10 @@ bool fails_for_good() {
   return false;
 }
 
-// The first try of a pool allocation, or an injected failure.
+// The first try of a pool allocation, or an injected failure (not spent on a request that fails
+// anyway).
 cudaError_t try_allocate(void** p, std::size_t bytes, cudaMemPool_t pool, cudaStream_t stream) {
-  int pending = failures_to_inject.load(std::memory_order_relaxed);
+  int pending = bytes == kUnservable ? 0 : failures_to_inject.load(std::memory_order_relaxed);
   while (pending > 0)
     if (failures_to_inject.compare_exchange_weak(pending, pending - 1, std::memory_order_relaxed))
       return cudaMallocFromPoolAsync(p, kUnservable, pool, stream);

@@ -249,7 +249,7 @@ TEST_CASE("ResetOnMove carries its value to a move's destination and resets the 
   if (other == ErrorCode::space_mismatch)
     CHECK(message_of([] {
             twell::detail::require_plan_device(1 << 20, "test");
-          }).find("the plan was made on device 1048576") != std::string::npos);
+          }).find("made on device 1048576, but device") != std::string::npos);
   enum class State { idle, taken };
   twell::detail::ResetOnMove<State, State::taken> s = State::idle;
   const auto t = std::move(s);

@@ -768,6 +768,26 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows complet
 // An x whose rows lie 2^40 bytes apart (one row, so nothing past it is read) cannot be described
 // to TMA: the best mainloop then runs the portable kernel (the wgmma one's applies() refuses it)
 // instead of failing its encode at launch, with the bits of the portable kernel on a compact x.
+namespace {
+// Token-skewed rows (1024 x 512 times 512 x 1408) in TwELL(256, 16), whose 15 slots a (row,
+// tile) many rows overflow: x and w on the device, the free function's result on the host.
+struct SkewedGate {
+  DenseMatrix<bf16> x, w;
+  TwellLayout layout{256, 16};
+  HybridMatrix<bf16> expect;
+};
+
+SkewedGate skewed_gate(std::uint64_t seed) {
+  const auto c = workload_case<bf16>({1024, 512, 1408, 0.05, workload::Distribution::token_skewed}, seed);
+  SkewedGate g{c.x.to(MemorySpace::device), c.w.to(MemorySpace::device)};
+  ConvertOptions conv;
+  conv.overflow = OverflowPolicy::hybrid;
+  g.expect = cuda::gemm_to_sparse<bf16>(g.x.view(), g.w.view(), {}, g.layout, conv).to(MemorySpace::host);
+  REQUIRE(g.expect.overflow_rows() > 8);  // the workload must produce many overflow rows
+  return g;
+}
+}  // namespace
+
 TEST_CASE("GemmToSparsePlan takes an x whose rows are too far apart for a tensor map") {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
@@ -797,17 +817,13 @@ TEST_CASE("GemmToSparsePlan: an allocation that fails while the block grows leav
   // spill pool and (on Hopper) the gathered rows. Each of its allocations fails in turn, for good
   // (a full device); the plan must then give the exact result when counted again, and serve a
   // later run with what it holds. Under compute-sanitizer memcheck, a buffer left smaller than
-  // the plan thinks shows as an out-of-bounds access.
+  // the plan thinks shows as an out-of-bounds access. take_result() of a block larger than R
+  // allocates an exact one: each of its allocations fails in turn too, leaving the result.
+  twell::detail::set_uninitialized_device_fill(0xff);
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const auto c = workload_case<bf16>({1024, 512, 1408, 0.05, workload::Distribution::token_skewed}, seed);
-  const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
-  const TwellLayout layout{256, 16};
-  ConvertOptions conv;
-  conv.overflow = OverflowPolicy::hybrid;
-  const HybridMatrix<bf16> expect =
-      cuda::gemm_to_sparse<bf16>(xd.view(), wd.view(), {}, layout, conv).to(MemorySpace::host);
-  REQUIRE(expect.overflow_rows() > 8);
+  const SkewedGate g = skewed_gate(seed);
+  const auto& [xd, wd, layout, expect] = g;
   struct Disarm {
     ~Disarm() { twell::detail::fail_pool_allocation_after(-1); }
   } const disarm;
@@ -818,6 +834,7 @@ TEST_CASE("GemmToSparsePlan: an allocation that fails while the block grows leav
       CAPTURE(succeeding);
       cuda::GemmToSparsePlan<bf16> plan(1024, 512, 1408, {}, layout, 1, OverflowPolicy::hybrid, {}, mainloop);
       plan.run(xd.view(), wd.view());
+      const std::string path = plan.path();
       twell::detail::fail_pool_allocation_after(succeeding);
       std::optional<ErrorCode> code;
       try {
@@ -835,6 +852,7 @@ TEST_CASE("GemmToSparsePlan: an allocation that fails while the block grows leav
       ++failed;
       REQUIRE(code == ErrorCode::out_of_memory);
       CHECK(plan.overflow_capacity() == 1);
+      CHECK(plan.path() == path);
       CHECK(testing::code_of([&] { (void)plan.result(); }) == ErrorCode::invalid_argument);
       const cuda::OverflowCount retried = plan.sync_overflow_count();
       CHECK(retried.rows == expect.overflow_rows());
@@ -846,6 +864,34 @@ TEST_CASE("GemmToSparsePlan: an allocation that fails while the block grows leav
       check_bitwise_equal(to_host(plan.result()), expect);
     }
     CHECK(failed >= 4);  // block, map, spill values and segments, at least
+
+    int take_failed = 0;
+    for (int succeeding = 0;; ++succeeding) {
+      CAPTURE(succeeding);
+      cuda::GemmToSparsePlan<bf16> plan(1024, 512, 1408, {}, layout, 1024, OverflowPolicy::hybrid, {}, mainloop);
+      plan.run(xd.view(), wd.view());
+      REQUIRE(plan.sync_overflow_count().rows < plan.overflow_capacity());
+      twell::detail::fail_pool_allocation_after(succeeding);
+      std::optional<HybridMatrix<bf16>> taken;
+      std::optional<ErrorCode> code;
+      try {
+        taken.emplace(std::move(plan).take_result());
+      } catch (const Error& e) {
+        code = e.code();
+      }
+      const bool fired = !twell::detail::pool_allocation_failure_armed();
+      twell::detail::fail_pool_allocation_after(-1);
+      if (!fired) {
+        REQUIRE(taken.has_value());
+        check_bitwise_equal(taken->to(MemorySpace::host), expect);
+        break;
+      }
+      ++take_failed;
+      REQUIRE(code == ErrorCode::out_of_memory);
+      check_bitwise_equal(to_host(plan.result()), expect);  // NOLINT(bugprone-use-after-move): refused, kept
+      check_bitwise_equal(std::move(plan).take_result().to(MemorySpace::host), expect);
+    }
+    CHECK(take_failed == 2);  // the exact block and its map
   }
 }
 
@@ -855,14 +901,8 @@ TEST_CASE("GemmToSparsePlan's sync_overflow_count(meanwhile): called once, its w
   // must come out as without it.
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
-  const auto c = workload_case<bf16>({1024, 512, 1408, 0.05, workload::Distribution::token_skewed}, seed);
-  const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
-  const TwellLayout layout{256, 16};
-  ConvertOptions conv;
-  conv.overflow = OverflowPolicy::hybrid;
-  const HybridMatrix<bf16> expect =
-      cuda::gemm_to_sparse<bf16>(xd.view(), wd.view(), {}, layout, conv).to(MemorySpace::host);
-  REQUIRE(expect.overflow_rows() > 8);
+  const SkewedGate g = skewed_gate(seed);
+  const auto& [xd, wd, layout, expect] = g;
   cuda::GemmToSparsePlan<bf16> plan(1024, 512, 1408, {}, layout, 1, OverflowPolicy::hybrid);
   Buffer<std::int32_t> side(4096, MemorySpace::device);
   int calls = 0;

@@ -41,7 +41,7 @@ TEST_CASE("cuda plans refuse every call while another device is current, and run
   const BackOnDeviceZero restore;
   testing::cuda_ok(cudaSetDevice(0));
   const std::string other_device = testing::message_of([] { twell::detail::require_plan_device(1, "test"); });
-  CHECK(other_device.find("the plan was made on device 1 but device 0 is current") != std::string::npos);
+  CHECK(other_device.find("made on device 1, but device 0 is current") != std::string::npos);
   CHECK(testing::code_of([] { twell::detail::require_plan_device(1, "test"); }) == ErrorCode::space_mismatch);
 
   const std::uint64_t seed = testing::fresh_seed();
@@ -61,7 +61,20 @@ TEST_CASE("cuda plans refuse every call while another device is current, and run
   cuda::GemmToSparsePlan<bf16> gate(m, k, n, {}, layout);
   cuda::DenseToHybridPlan<bf16> convert(m, n, layout);
   cuda::GatedFfnPlan<bf16> ffn(m, wg.view(), wu.view(), wd.view(), {}, layout);
+  cuda::FfnPlan<bf16> plain(m, wu.view(), wd.view(), {}, layout);
+  GatedFfn<bf16> layer(m, OutIn<bf16>{wd.view()}, OutIn<bf16>{wd.view()}, OutIn<bf16>{wu.view()}, {}, layout);
   GatedFfnTraining<bf16> training(m, k, n, kDevice, {}, layout);
+  // GatedUpDownPlan's own operands: a gate result that no other call here changes, and u and h
+  // of its overflow rows.
+  cuda::GemmToSparsePlan<bf16> held_gate(m, k, n, {}, layout);
+  held_gate.run(x.view(), wg.view());
+  const std::int64_t gate_rows = held_gate.sync_overflow_count().rows;
+  HybridMatrix<bf16> u(m, n, layout, gate_rows, kDevice), h(m, n, layout, gate_rows, kDevice);
+  cuda::GatedUpDownPlan<bf16> up_down(m, k, n, layout);
+  REQUIRE(cuda::GatedUpDownPlan<bf16>::applies(k));
+  const HybridView<const bf16> a_span[] = {a.view()};
+  const DenseView<const bf16> dy_span[] = {dy.view()};
+  const DenseView<bf16> dwd_span[] = {dwd.view()};
   // Each call once on the plan's device first: it must be a call that works there.
   gate.run(x.view(), wg.view());
   (void)gate.sync_overflow_count();
@@ -69,12 +82,18 @@ TEST_CASE("cuda plans refuse every call while another device is current, and run
   const std::vector<std::pair<const char*, std::function<void()>>> calls = {
       {"SpmmPlan::run", [&] { spmm.run(a.view(), wd.view(), y.view()); }},
       {"SpmmPlan::run (op T)", [&] { spmm.run(Op::transpose, a.view(), dy.view(), dwd.view()); }},
+      {"SpmmPlan::run_transposed", [&] { spmm.run_transposed(a_span, dy_span, dwd_span); }},
       {"SpmmPlan::reserve_overflow", [&] { spmm.reserve_overflow(m, k); }},
       {"SpmmPlan::reserve_b_cols", [&] { spmm.reserve_b_cols(k); }},
       {"GemmToSparsePlan::sync_overflow_count", [&] { (void)gate.sync_overflow_count(); }},
       {"GemmToSparsePlan::run", [&] { gate.run(x.view(), wg.view()); }},
       {"DenseToHybridPlan::run", [&] { (void)convert.run(activations.view()); }},
       {"GatedFfnPlan::forward", [&] { ffn.forward(x.view(), y.view()); }},
+      {"FfnPlan::forward", [&] { plain.forward(x.view(), y.view()); }},
+      {"GatedFfn::forward (OutIn weights)", [&] { layer.forward(x.view(), y.view()); }},
+      {"GatedUpDownPlan::queue_ahead", [&] { up_down.queue_ahead(held_gate.result(), wu.view(), u.view(), h.view()); }},
+      {"GatedUpDownPlan::run",
+       [&] { up_down.run(x.view(), held_gate.result(), wu.view(), wd.view(), u.view(), h.view(), y.view()); }},
       {"GatedFfnTraining::backward",
        [&] {
          (void)training.backward(x.view(), wg.view(), wu.view(), wd.view(), dy.view(), 1e-3f,
@@ -98,9 +117,10 @@ TEST_CASE("cuda plans refuse every call while another device is current, and run
   for (const auto& [name, call] : calls) {
     CAPTURE(name);
     const std::string message = testing::message_of(call);
-    CHECK(message.find("the plan was made on device 0 but device 1 is current") != std::string::npos);
+    CHECK(message.find("made on device 0, but device 1 is current") != std::string::npos);
     CHECK(testing::code_of(call) == ErrorCode::space_mismatch);
   }
+  CHECK(testing::code_of([&] { (void)std::move(held_gate).take_result(); }) == ErrorCode::space_mismatch);
   testing::cuda_ok(cudaDeviceSynchronize());  // nothing was queued on device 1
   testing::cuda_ok(cudaGetLastError());
   testing::cuda_ok(cudaSetDevice(0));
@@ -108,5 +128,7 @@ TEST_CASE("cuda plans refuse every call while another device is current, and run
     CAPTURE(name);
     call();
   }
+  const HybridMatrix<bf16> taken = std::move(held_gate).take_result();  // NOLINT(bugprone-use-after-move): refused
+  CHECK(taken.overflow_rows() == gate_rows);
   testing::cuda_ok(cudaDeviceSynchronize());
 }

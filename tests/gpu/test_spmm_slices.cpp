@@ -646,10 +646,10 @@ TEST_CASE("cuda spmm with B as wide as the tile-streaming kernel's 65535 column 
 
 // A B whose rows lie 2^40 bytes apart (one row, so nothing past its first row is read) cannot be
 // described to TMA, by which an sm_90a build stages the tile-streaming kernel's B: forced, that
-// kernel is refused with unsupported (not a failed encode at launch); automatic, another kernel
-// takes it, exactly (one entry a sum).
+// kernel is refused with unsupported (not a failed encode at launch); automatic, which takes that
+// kernel for these 1024 rows of a compact B, takes another, exactly (one entry a sum).
 TEST_CASE("cuda spmm with B's rows too far apart for a tensor map") {
-  constexpr std::int64_t kM = 4, kN = 64;
+  constexpr std::int64_t kM = 1024, kN = 64;
   constexpr std::int64_t kFar = std::int64_t{1} << 39;
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
@@ -671,6 +671,9 @@ TEST_CASE("cuda spmm with B's rows too far apart for a tensor map") {
   KernelReport report;
   KernelOptions automatic;
   automatic.report = &report;
+  dev::spmm<bf16>(Op::none, a.view(), b.view(), c.view(), 1.0f, 0.0f, automatic);
+  CHECK(report.path == "cuda/spmm/twell/tile_stream");
+  c = nan_dense<bf16>(kM, kN).to(kDevice);
   dev::spmm<bf16>(Op::none, a.view(), far, c.view(), 1.0f, 0.0f, automatic);
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CAPTURE(report.path);

@@ -126,8 +126,8 @@ int plan_device(const char* where);
 inline void require_plan_device(int device, const char* where) {
   require(device >= 0, ErrorCode::invalid_argument, where, "this object was moved from; use the one it was moved into");
   const int current = plan_device(where);
-  require(current == device, ErrorCode::space_mismatch, where, "the plan was made on device ", device, " but device ",
-          current, " is current; call cudaSetDevice(", device, ") before using it");
+  require(current == device, ErrorCode::space_mismatch, where, "made on device ", device, ", but device ", current,
+          " is current; call cudaSetDevice(", device, ") before using it");
 }
 // rows x cols elements of a shape, both non-negative; throws invalid_argument naming `where` when
 // the count exceeds a 64-bit index.

@@ -134,7 +134,7 @@ class SpmmPlan {
   SpmmAlgorithm algorithm() const { return algorithm_; }
 
  private:
-  void check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout) const;
+  void check_a(std::int64_t rows, std::int64_t cols, TwellLayout layout, const char* where) const;
   // op transpose: through A^T on the plan's buffers where spmm() transposes A, else as spmm().
   template <class View>
   void run_transposed(View a, const char* format, DenseView<const T> b, DenseView<T> c, float alpha, float beta);
