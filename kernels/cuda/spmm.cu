@@ -140,8 +140,12 @@ struct detail::SpmmSideLane {
   void release() noexcept {
     if (blas == nullptr) return;
     int current = device;
-    const bool switched =
-        cudaGetDevice(&current) == cudaSuccess && current != device && cudaSetDevice(device) == cudaSuccess;
+    bool switched = false;
+    if (cudaGetDevice(&current) == cudaSuccess && current != device) {
+      switched = cudaSetDevice(device) == cudaSuccess;
+      // A failed switch leaves the handle destroyed where it is, as before, and no error behind.
+      if (!switched) cudaGetLastError();
+    }
     cublasDestroy(blas);
     if (switched) cudaSetDevice(current);
     blas = nullptr;
@@ -756,8 +760,7 @@ SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, Dens
               "the tile_stream algorithm takes 16-bit values, A of at most 2^31 - 1 rows, columns and slot words a "
               "row, tiles of at most 256 columns with 8 or more slots (a multiple of 4), 16-byte aligned operands with "
               "B's columns and leading dimensions in 8s (B's below 2^39, its rows less than 2^40 bytes apart, as TMA "
-              "takes them), "
-              "B of at most ",
+              "takes them), B of at most ",
               detail::spmm_stream_max_b_cols(), " columns, and ", "a device with ", detail::spmm_stream_shared_bytes(),
               " bytes of shared memory per block; A is ", detail::shape(a.rows, a.cols), " in tiles of ", a.layout.tile,
               " with ", a.layout.slots(), " slots");

@@ -765,16 +765,13 @@ TEST_CASE_TEMPLATE("GemmToSparsePlan with capacity 1: many overflow rows complet
   }
 }
 
-// An x whose rows lie 2^40 bytes apart (one row, so nothing past it is read) cannot be described
-// to TMA: the best mainloop then runs the portable kernel (the wgmma one's applies() refuses it)
-// instead of failing its encode at launch, with the bits of the portable kernel on a compact x.
 namespace {
 // Token-skewed rows (1024 x 512 times 512 x 1408) in TwELL(256, 16), whose 15 slots a (row,
 // tile) many rows overflow: x and w on the device, the free function's result on the host.
 struct SkewedGate {
   DenseMatrix<bf16> x, w;
   TwellLayout layout{256, 16};
-  HybridMatrix<bf16> expect;
+  HybridMatrix<bf16> expect{};
 };
 
 SkewedGate skewed_gate(std::uint64_t seed) {
@@ -788,6 +785,9 @@ SkewedGate skewed_gate(std::uint64_t seed) {
 }
 }  // namespace
 
+// An x whose rows lie 2^40 bytes apart (one row, so nothing past it is read) cannot be described
+// to TMA: the best mainloop then runs the portable kernel (the wgmma one's applies() refuses it)
+// instead of failing its encode at launch, with the bits of the portable kernel on a compact x.
 TEST_CASE("GemmToSparsePlan takes an x whose rows are too far apart for a tensor map") {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);

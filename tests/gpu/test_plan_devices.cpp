@@ -75,31 +75,34 @@ TEST_CASE("cuda plans refuse every call while another device is current, and run
   const HybridView<const bf16> a_span[] = {a.view()};
   const DenseView<const bf16> dy_span[] = {dy.view()};
   const DenseView<bf16> dwd_span[] = {dwd.view()};
-  // Each call once on the plan's device first: it must be a call that works there.
+  // Each call once on the plan's device first: it must be a call that works there. Each is named
+  // by the function that must refuse it elsewhere, as its message starts.
   gate.run(x.view(), wg.view());
   (void)gate.sync_overflow_count();
   training.forward(x.view(), wg.view(), wu.view(), wd.view(), y.view());
   const std::vector<std::pair<const char*, std::function<void()>>> calls = {
-      {"SpmmPlan::run", [&] { spmm.run(a.view(), wd.view(), y.view()); }},
-      {"SpmmPlan::run (op T)", [&] { spmm.run(Op::transpose, a.view(), dy.view(), dwd.view()); }},
-      {"SpmmPlan::run_transposed", [&] { spmm.run_transposed(a_span, dy_span, dwd_span); }},
-      {"SpmmPlan::reserve_overflow", [&] { spmm.reserve_overflow(m, k); }},
-      {"SpmmPlan::reserve_b_cols", [&] { spmm.reserve_b_cols(k); }},
-      {"GemmToSparsePlan::sync_overflow_count", [&] { (void)gate.sync_overflow_count(); }},
-      {"GemmToSparsePlan::run", [&] { gate.run(x.view(), wg.view()); }},
-      {"DenseToHybridPlan::run", [&] { (void)convert.run(activations.view()); }},
-      {"GatedFfnPlan::forward", [&] { ffn.forward(x.view(), y.view()); }},
-      {"FfnPlan::forward", [&] { plain.forward(x.view(), y.view()); }},
-      {"GatedFfn::forward (OutIn weights)", [&] { layer.forward(x.view(), y.view()); }},
-      {"GatedUpDownPlan::queue_ahead", [&] { up_down.queue_ahead(held_gate.result(), wu.view(), u.view(), h.view()); }},
-      {"GatedUpDownPlan::run",
+      {"twell::cuda::SpmmPlan::run", [&] { spmm.run(a.view(), wd.view(), y.view()); }},
+      {"twell::cuda::SpmmPlan::run", [&] { spmm.run(Op::transpose, a.view(), dy.view(), dwd.view()); }},
+      {"twell::cuda::SpmmPlan::run_transposed", [&] { spmm.run_transposed(a_span, dy_span, dwd_span); }},
+      {"twell::cuda::SpmmPlan::reserve_overflow", [&] { spmm.reserve_overflow(m, k); }},
+      {"twell::cuda::SpmmPlan::reserve_b_cols", [&] { spmm.reserve_b_cols(k); }},
+      {"twell::cuda::GemmToSparsePlan::sync_overflow_count", [&] { (void)gate.sync_overflow_count(); }},
+      {"twell::cuda::GemmToSparsePlan::run", [&] { gate.run(x.view(), wg.view()); }},
+      {"twell::cuda::DenseToHybridPlan", [&] { (void)convert.run(activations.view()); }},
+      {"twell::cuda::GatedFfnPlan", [&] { ffn.forward(x.view(), y.view()); }},
+      {"twell::cuda::FfnPlan", [&] { plain.forward(x.view(), y.view()); }},
+      {"twell::GatedFfn::forward", [&] { layer.forward(x.view(), y.view()); }},
+      {"twell::cuda::GatedUpDownPlan::queue_ahead",
+       [&] { up_down.queue_ahead(held_gate.result(), wu.view(), u.view(), h.view()); }},
+      {"twell::cuda::GatedUpDownPlan::run",
        [&] { up_down.run(x.view(), held_gate.result(), wu.view(), wd.view(), u.view(), h.view(), y.view()); }},
-      {"GatedFfnTraining::backward",
+      {"twell::GatedFfnTraining::backward",
        [&] {
          (void)training.backward(x.view(), wg.view(), wu.view(), wd.view(), dy.view(), 1e-3f,
                                  L1Normalization::per_token, {dx.view(), dwg.view(), dwu.view(), dwd.view()});
        }},
-      {"GatedFfnTraining::forward", [&] { training.forward(x.view(), wg.view(), wu.view(), wd.view(), y.view()); }},
+      {"twell::GatedFfnTraining::forward",
+       [&] { training.forward(x.view(), wg.view(), wu.view(), wd.view(), y.view()); }},
   };
   for (const auto& [name, call] : calls) {
     CAPTURE(name);
@@ -117,6 +120,7 @@ TEST_CASE("cuda plans refuse every call while another device is current, and run
   for (const auto& [name, call] : calls) {
     CAPTURE(name);
     const std::string message = testing::message_of(call);
+    CHECK(message.rfind(name, 0) == 0);  // refused by the call itself (the layer before its plan)
     CHECK(message.find("made on device 0, but device 1 is current") != std::string::npos);
     CHECK(testing::code_of(call) == ErrorCode::space_mismatch);
   }

@@ -178,7 +178,9 @@ struct OutIn {
 //     block are still exact (the kernel recomputes their gate rows); a forward() with stats waits
 //     for the device, reports them, and lets the block grow so later calls avoid that slow path.
 //     K (the hidden size) above cuda::kFusedFfnMaxK (8192) is past the fused kernels: such a layer
-//     runs the composed forward below on the device (path "composed:cuda").
+//     runs the composed forward below on the device (path "composed:cuda"). A device layer
+//     belongs to the device current when it was made: forward() with another one current is
+//     space_mismatch (docs/api.md, "Conventions").
 //   - host: the composed forward above (gemm_to_sparse, sddmm, spmm; it allocates per call).
 // stats (optional): per-token nonzero counts, overflow rows and the capacity they met (FfnStats).
 // path() names what the latest forward() ran. Shapes: x and y are M x K; y overlapping x or a

@@ -121,7 +121,8 @@ class GemmToSparsePlan {
     return v;
   }
   // The result as an owning matrix (overflow block trimmed to R rows); valid where result() is,
-  // and leaves the plan empty (run() then throws).
+  // and leaves the plan empty (run() then throws). The trimmed block is allocated first: an
+  // out_of_memory leaves the plan and its result as they were.
   HybridMatrix<T> take_result() &&;
 
   // The rows the latest fused run flagged, on the device, in stream order after run() (64-bit):
