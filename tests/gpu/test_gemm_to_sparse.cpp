@@ -783,6 +783,31 @@ SkewedGate skewed_gate(std::uint64_t seed) {
   REQUIRE(g.expect.overflow_rows() > 8);  // the workload must produce many overflow rows
   return g;
 }
+
+// Runs f with the pool allocation that follows `succeeding` successful ones failing for good:
+// whether f reached that allocation, and the code f threw (none if it returned). The hook is
+// disarmed on return, also when f throws something else.
+struct AllocationFailure {
+  bool fired = false;
+  std::optional<ErrorCode> code;
+};
+
+template <class F>
+AllocationFailure with_allocation_failing_after(int succeeding, F&& f) {
+  struct Disarm {
+    ~Disarm() { twell::detail::fail_pool_allocation_after(-1); }
+  } const disarm;
+  twell::detail::fail_pool_allocation_after(succeeding);
+  AllocationFailure out;
+  try {
+    f();
+  } catch (const Error& e) {
+    out.code = e.code();
+  }
+  out.fired = !twell::detail::pool_allocation_failure_armed();
+  CHECK(cudaGetLastError() == cudaSuccess);  // a failed allocation leaves no error behind
+  return out;
+}
 }  // namespace
 
 // An x whose rows lie 2^40 bytes apart (one row, so nothing past it is read) cannot be described
@@ -824,9 +849,6 @@ TEST_CASE("GemmToSparsePlan: an allocation that fails while the block grows leav
   CAPTURE(seed);
   const SkewedGate g = skewed_gate(seed);
   const auto& [xd, wd, layout, expect] = g;
-  struct Disarm {
-    ~Disarm() { twell::detail::fail_pool_allocation_after(-1); }
-  } const disarm;
   for (const cuda::FusedMainloop mainloop : kMainloops) {
     CAPTURE(name_of(mainloop));
     int failed = 0;
@@ -835,16 +857,7 @@ TEST_CASE("GemmToSparsePlan: an allocation that fails while the block grows leav
       cuda::GemmToSparsePlan<bf16> plan(1024, 512, 1408, {}, layout, 1, OverflowPolicy::hybrid, {}, mainloop);
       plan.run(xd.view(), wd.view());
       const std::string path = plan.path();
-      twell::detail::fail_pool_allocation_after(succeeding);
-      std::optional<ErrorCode> code;
-      try {
-        (void)plan.sync_overflow_count();
-      } catch (const Error& e) {
-        code = e.code();
-      }
-      const bool fired = !twell::detail::pool_allocation_failure_armed();
-      twell::detail::fail_pool_allocation_after(-1);
-      CHECK(cudaGetLastError() == cudaSuccess);
+      const auto [fired, code] = with_allocation_failing_after(succeeding, [&] { (void)plan.sync_overflow_count(); });
       if (!fired) {  // the growth made fewer allocations than `succeeding`: every one was reached
         CHECK_FALSE(code.has_value());
         break;
@@ -871,16 +884,9 @@ TEST_CASE("GemmToSparsePlan: an allocation that fails while the block grows leav
       cuda::GemmToSparsePlan<bf16> plan(1024, 512, 1408, {}, layout, 1024, OverflowPolicy::hybrid, {}, mainloop);
       plan.run(xd.view(), wd.view());
       REQUIRE(plan.sync_overflow_count().rows < plan.overflow_capacity());
-      twell::detail::fail_pool_allocation_after(succeeding);
       std::optional<HybridMatrix<bf16>> taken;
-      std::optional<ErrorCode> code;
-      try {
-        taken.emplace(std::move(plan).take_result());
-      } catch (const Error& e) {
-        code = e.code();
-      }
-      const bool fired = !twell::detail::pool_allocation_failure_armed();
-      twell::detail::fail_pool_allocation_after(-1);
+      const auto [fired, code] =
+          with_allocation_failing_after(succeeding, [&] { taken.emplace(std::move(plan).take_result()); });
       if (!fired) {
         REQUIRE(taken.has_value());
         check_bitwise_equal(taken->to(MemorySpace::host), expect);
