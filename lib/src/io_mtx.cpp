@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include <twell/config.hpp>
 #include <twell/instantiate.hpp>
@@ -32,6 +34,8 @@ bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 class Lines {
  public:
   explicit Lines(std::string_view text) : text_(text) {}
+  // Resumes a walk at a place an earlier one reported (pos() and number() there).
+  Lines(std::string_view text, std::size_t pos, std::int64_t number) : text_(text), pos_(pos), number_(number) {}
 
   // The next line without its '\n' (and a trailing '\r'); false at the end of the input.
   bool next(std::string_view& line) {
@@ -45,6 +49,7 @@ class Lines {
     return true;
   }
   std::size_t remaining() const { return text_.size() - pos_; }
+  std::size_t pos() const { return pos_; }
   std::int64_t number() const { return number_; }
   std::size_t start() const { return start_; }
 
@@ -129,12 +134,45 @@ bool parse_real(std::string_view token, double& out) {
   return ec == std::errc();
 }
 
+// One matrix element as read (a mirrored one too). Its line is found again only for a duplicate
+// (fail_duplicate), so reading holds 16 bytes an element, not a line number besides.
 template <Value T>
 struct Entry {
+  std::int64_t row;
   std::int32_t col;
-  std::uint32_t line;  // for duplicate messages (saturated)
   T value;
 };
+
+// Reports a duplicate of element (row, col), 1-based: walks the entry lines again from `entries`
+// (where the first walk stood after the size line) for the first two that name it, as written or,
+// in a symmetric file, mirrored. Every entry line was checked by the first walk.
+[[noreturn]] void fail_duplicate(std::string_view text, const Lines& entries, bool mirrored, std::int64_t row,
+                                 std::int64_t col) {
+  Lines lines(text, entries.pos(), entries.number());
+  std::string_view line;
+  std::int64_t found_line[2] = {};
+  std::size_t found_byte[2] = {};
+  std::int64_t written[2] = {row, col};
+  int found = 0;
+  while (found < 2 && lines.next(line)) {
+    if (is_blank_line(line) || line.front() == '%') continue;
+    Tokens t(line);
+    std::string_view s;
+    std::int64_t r = 0;
+    std::int64_t c = 0;
+    if (!t.next(s) || !parse_int(s, r) || !t.next(s) || !parse_int(s, c)) continue;
+    if ((r == row && c == col) || (mirrored && r == col && c == row)) {
+      written[0] = r;
+      written[1] = c;
+      found_line[found] = lines.number();
+      found_byte[found] = lines.start();
+      ++found;
+    }
+  }
+  fail(ErrorCode::malformed, kWhere, "duplicate entry (", written[0], ", ", written[1], ") on line ", found_line[0],
+       " (byte ", found_byte[0], ") and line ", found_line[1], " (byte ", found_byte[1],
+       "); Matrix Market readers that sum duplicates disagree on it, twell refuses");
+}
 
 template <Value T>
 CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options, MtxReport* report) {
@@ -228,23 +266,23 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     lines.fail_here(ErrorCode::io, 0, "declares ", entries, " entries but only ", lines.remaining(),
                     " bytes follow (truncated?)");
   }
-  // Three arrays of rows + 1 int64 (row_ptr and the bucket sort's start and fill below).
-  if (!io_detail::fits_implicit(static_cast<std::uint64_t>(rows) + 1, 3 * sizeof(std::int64_t), bytes.size(),
+  // Two arrays of rows + 1 int64: row_ptr, and the second row_ptr when explicit zeros are dropped.
+  if (!io_detail::fits_implicit(static_cast<std::uint64_t>(rows) + 1, 2 * sizeof(std::int64_t), bytes.size(),
                                 options)) {
     lines.fail_here(ErrorCode::out_of_memory, 0, rows,
-                    " rows need 3 x (rows + 1) x 8 bytes of row offsets, more than the ", bytes.size(),
+                    " rows need 2 x (rows + 1) x 8 bytes of row offsets, more than the ", bytes.size(),
                     "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
   }
 
   if (symmetry != Symmetry::general && rows != cols) {
     lines.fail_here(ErrorCode::malformed, 0, "a ", tok[4], " matrix must be square, not ", rows, " x ", cols);
   }
-  std::vector<std::int64_t> entry_row;
+  const Lines first_entry = lines;
   std::vector<Entry<T>> entry;
   std::int64_t rounded_to_zero = 0;
-  const std::size_t capacity = static_cast<std::size_t>(entries) * (symmetry == Symmetry::general ? 1 : 2);
-  entry_row.reserve(capacity);
-  entry.reserve(capacity);
+  // A symmetric file's diagonal is not mirrored: the pages of the capacity it leaves unused are
+  // never touched.
+  entry.reserve(static_cast<std::size_t>(entries) * (symmetry == Symmetry::general ? 1 : 2));
   std::int64_t got = 0;
   while (got < entries) {
     if (!lines.next(line)) {
@@ -281,8 +319,6 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     const auto value_byte = lines.start() + t.at();
     if (t.next(s)) lines.fail_here(ErrorCode::malformed, t.at(), "unexpected '", s, "' after the entry");
     ++got;
-    const auto line_no =
-        static_cast<std::uint32_t>(std::min<std::int64_t>(lines.number(), std::numeric_limits<std::uint32_t>::max()));
     if (symmetry != Symmetry::general && (c > r || (symmetry == Symmetry::skew && c == r))) {
       lines.fail_here(ErrorCode::malformed, 0, "entry (", r, ", ", c, ") is not in the ",
                       symmetry == Symmetry::skew ? "strictly " : "", "lower triangle of a ", tok[4], " matrix");
@@ -294,12 +330,10 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     };
     bool to_zero = false;
     const T value = narrow<T>(v, kWhere, element, to_zero);
-    entry_row.push_back(r - 1);
-    entry.push_back(Entry<T>{static_cast<std::int32_t>(c - 1), line_no, value});
+    entry.push_back(Entry<T>{r - 1, static_cast<std::int32_t>(c - 1), value});
     rounded_to_zero += to_zero ? 1 : 0;
     if (symmetry != Symmetry::general && r != c) {
-      entry_row.push_back(c - 1);
-      entry.push_back(Entry<T>{static_cast<std::int32_t>(r - 1), line_no,
+      entry.push_back(Entry<T>{c - 1, static_cast<std::int32_t>(r - 1),
                                symmetry == Symmetry::skew ? from_float<T>(-to_float(value)) : value});
       rounded_to_zero += to_zero ? 1 : 0;
     }
@@ -309,58 +343,64 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     lines.fail_here(ErrorCode::malformed, 0, "data after the ", entries, " declared entries");
   }
 
-  // Bucket by row, then sort each row by column: duplicates become neighbours.
-  std::vector<std::int64_t> start(static_cast<std::size_t>(rows) + 1, 0);
-  for (std::int64_t r : entry_row) ++start[static_cast<std::size_t>(r) + 1];
-  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) start[r + 1] += start[r];
-  std::vector<Entry<T>> sorted(entry.size());
-  {
-    std::vector<std::int64_t> fill(start.begin(), start.end() - 1);
-    for (std::size_t k = 0; k < entry.size(); ++k) {
-      sorted[static_cast<std::size_t>(fill[static_cast<std::size_t>(entry_row[k])]++)] = entry[k];
-    }
-  }
-  entry.clear();
-  entry.shrink_to_fit();
-  std::int64_t zeros = 0;
-  std::int64_t kept = 0;
-  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
-    const auto b = sorted.begin() + start[r];
-    const auto e = sorted.begin() + start[r + 1];
-    std::sort(b, e, [](const Entry<T>& x, const Entry<T>& y) {
-      return x.col < y.col || (x.col == y.col && x.line < y.line);
-    });
-    for (auto it = b; it != e; ++it) {
-      if (it + 1 != e && (it + 1)->col == it->col) {
-        fail(ErrorCode::malformed, kWhere, "duplicate entry (", r + 1, ", ", it->col + 1, ") on lines ", it->line,
-             " and ", (it + 1)->line, "; Matrix Market readers that sum duplicates disagree on it, twell refuses");
-      }
-      if (is_stored(it->value)) ++kept; else ++zeros;
-    }
-  }
-
-  CsrMatrix<T> m(rows, cols, kept);
+  // A counting sort by row straight into the CSR arrays (explicit zeros included, so that a zero
+  // duplicating a value is still found), then each row by column: duplicates become neighbours.
+  CsrMatrix<T> m(rows, cols, static_cast<std::int64_t>(entry.size()));
   auto row_ptr = m.row_ptr().host_span();
   auto col_idx = m.col_idx().host_span();
   auto values = m.values().host_span();
-  std::size_t out = 0;
-  for (std::size_t r = 0; r < static_cast<std::size_t>(rows); ++r) {
-    for (auto k = start[r]; k < start[r + 1]; ++k) {
-      const Entry<T>& x = sorted[static_cast<std::size_t>(k)];
-      if (!is_stored(x.value)) continue;
-      col_idx[out] = x.col;
-      values[out] = x.value;
-      ++out;
-    }
-    row_ptr[r + 1] = static_cast<std::int64_t>(out);
+  const auto rows_z = static_cast<std::size_t>(rows);
+  for (const Entry<T>& e : entry) ++row_ptr[static_cast<std::size_t>(e.row) + 1];
+  for (std::size_t r = 0; r < rows_z; ++r) row_ptr[r + 1] += row_ptr[r];
+  // row_ptr[r] is row r's fill cursor; once filled it holds row r + 1's start, shifted back below.
+  for (const Entry<T>& e : entry) {
+    const auto k = static_cast<std::size_t>(row_ptr[static_cast<std::size_t>(e.row)]++);
+    col_idx[k] = e.col;
+    values[k] = e.value;
   }
+  std::vector<Entry<T>>().swap(entry);
+  for (std::size_t r = rows_z; r > 0; --r) row_ptr[r] = row_ptr[r - 1];
+  if (rows_z > 0) row_ptr[0] = 0;
+
+  // Each row sorted, checked for duplicates and compacted in place: explicit zeros are dropped.
+  std::vector<std::pair<std::int32_t, T>> row_entries;
+  std::size_t kept = 0;
+  std::size_t b = 0;
+  for (std::size_t r = 0; r < rows_z; ++r) {
+    const auto e = static_cast<std::size_t>(row_ptr[r + 1]);
+    // Files written in row-major order (twell's, scipy's) skip the sort.
+    if (!std::is_sorted(col_idx.begin() + b, col_idx.begin() + e)) {
+      row_entries.clear();
+      for (auto k = b; k < e; ++k) row_entries.emplace_back(col_idx[k], values[k]);
+      std::sort(row_entries.begin(), row_entries.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+      for (auto k = b; k < e; ++k) std::tie(col_idx[k], values[k]) = row_entries[k - b];
+    }
+    for (auto k = b; k < e; ++k) {
+      if (k + 1 < e && col_idx[k + 1] == col_idx[k]) {
+        fail_duplicate(text, first_entry, symmetry != Symmetry::general, static_cast<std::int64_t>(r) + 1,
+                       static_cast<std::int64_t>(col_idx[k]) + 1);
+      }
+      if (!is_stored(values[k])) continue;
+      col_idx[kept] = col_idx[k];
+      values[kept] = values[k];
+      ++kept;
+    }
+    row_ptr[r + 1] = static_cast<std::int64_t>(kept);
+    b = e;
+  }
+  const auto zeros = static_cast<std::int64_t>(b - kept);
   if (report != nullptr) {
     report->field = field == Field::real ? "real" : field == Field::integer ? "integer" : "pattern";
     report->entries = entries;
     report->explicit_zeros = zeros - rounded_to_zero;
     report->rounded_to_zero = rounded_to_zero;
   }
-  return m;
+  if (zeros == 0) return m;
+  CsrMatrix<T> nonzero(rows, cols, static_cast<std::int64_t>(kept));
+  std::copy(row_ptr.begin(), row_ptr.end(), nonzero.row_ptr().data());
+  std::copy_n(col_idx.begin(), kept, nonzero.col_idx().data());
+  std::copy_n(values.begin(), kept, nonzero.values().data());
+  return nonzero;
 }
 
 }  // namespace

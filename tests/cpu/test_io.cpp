@@ -247,6 +247,36 @@ TEST_CASE("Matrix Market reader: fields, order, explicit zeros, duplicates and b
   CHECK(bad("%%MatrixMarket matrix coordinate complex general\n1 1 0\n") == ErrorCode::unsupported);
 }
 
+TEST_CASE("Matrix Market reader: a duplicate names both of its lines and where they start") {
+  const auto message = [](const std::string& text) {
+    try {
+      read_mtx(bytes_of(text));
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::malformed);
+      return std::string(e.what());
+    }
+    FAIL_CHECK("a file with a duplicate was read");
+    return std::string();
+  };
+  // Out of column order, a comment between, a zero duplicating a value (zeros are dropped only
+  // after the check), the second line without its newline.
+  const std::string general =
+      "%%MatrixMarket matrix coordinate real general\n3 3 4\n2 2 1\n% note\n1 3 5\n3 1 2\n2 2 0";
+  const std::string got = message(general);
+  CHECK(got.find(detail::concat("duplicate entry (2, 2) on line 3 (byte ", general.find("2 2 1"), ") and line 7 (byte ",
+                                general.rfind("2 2 0"), ")")) != std::string::npos);
+  // In a symmetric file the first clash is between mirrored copies (row 1); the message names the
+  // entry as written.
+  const std::string symmetric = "%%MatrixMarket matrix coordinate real symmetric\n3 3 3\n3 1 1\n2 2 1\n3 1 4\n";
+  CHECK(message(symmetric).find(detail::concat("duplicate entry (3, 1) on line 3 (byte ", symmetric.find("3 1 1"),
+                                               ") and line 5 (byte ", symmetric.rfind("3 1 4"), ")")) !=
+        std::string::npos);
+  // (1, 2) and (2, 1) are distinct elements of a general file.
+  CHECK(std::get<CsrMatrix<float>>(read_mtx(bytes_of("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 2 1\n2 1 "
+                                                     "1\n")))
+            .nnz() == 2);
+}
+
 TEST_CASE("Matrix Market reader: a value beyond the value type is an error, one that rounds to zero is counted") {
   const std::string head = "%%MatrixMarket matrix coordinate real general\n";
   const auto read_as = [](DType dtype, const std::string& text, MtxReport* report = nullptr) {
@@ -461,8 +491,8 @@ TEST_CASE("Matrix Market reader: decimals beyond fp64 are read alike under every
   MESSAGE("no comma-decimal locale (de_DE, fr_FR) is installed: the reader was checked under the C locale only");
 }
 
-TEST_CASE("Matrix Market reader: the row budget counts each of the three per-row int64 arrays it keeps") {
-  // row_ptr and the bucket sort's start and fill offsets: (rows + 1) x 8 bytes each, 24 a row.
+TEST_CASE("Matrix Market reader: the row budget counts each of the two per-row int64 arrays it keeps") {
+  // row_ptr, and a second one when explicit zeros are dropped: (rows + 1) x 8 bytes each, 16 a row.
   // The budget used to be charged for row_ptr alone.
   const std::string head = "%%MatrixMarket matrix coordinate real general\n";
   const auto read = [&](std::int64_t n, std::uint64_t budget) {
@@ -470,9 +500,10 @@ TEST_CASE("Matrix Market reader: the row budget counts each of the three per-row
     o.max_implicit_bytes = budget;
     return read_mtx(bytes_of(head + std::to_string(n) + " 0 0\n"), o);
   };
-  // A 55-byte input: 8190 rows pass the old cap (8191 x 8 <= 55 + 65536), 2700 the new one (2701 x 24).
+  // A 55-byte input: 8190 rows pass the old cap (8191 x 8 <= 55 + 65536), 4098 the new one (4099 x 16).
   CHECK(code_of([&] { read(8190, 65536); }) == ErrorCode::out_of_memory);
-  CHECK(rows(read(2700, 65536)) == 2700);
+  CHECK(code_of([&] { read(4099, 65536); }) == ErrorCode::out_of_memory);
+  CHECK(rows(read(4098, 65536)) == 4098);
   // Just under the old cap of the default budget (2^27 x 8 bytes = 1 GiB): refused, not 3 GiB taken.
   CHECK(code_of([&] { read((std::int64_t{1} << 27) - 1, ReadOptions{}.max_implicit_bytes); }) ==
         ErrorCode::out_of_memory);
