@@ -87,14 +87,6 @@ using twell::detail::check_device_operand;
 using twell::detail::report_path;
 using twell::detail::shape;
 
-// Bytes of shared memory a block of the current device may opt in to.
-inline int shared_memory_per_block(const char* where) {
-  int device = 0, bytes = 0;
-  check_cuda(cudaGetDevice(&device), where);
-  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
-  return bytes;
-}
-
 // Streaming multiprocessors of the current device.
 inline int multiprocessor_count(const char* where) {
   int device = 0, sms = 0;

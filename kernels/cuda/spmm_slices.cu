@@ -98,15 +98,6 @@ __host__ __device__ constexpr std::uint32_t lane_bits(int k, int lanes, int len)
 // columns).
 constexpr std::int64_t padded_k(std::int64_t k_cols) { return (k_cols + 2) / 2 * 2; }
 
-// Static shared memory of the product kernel: cross-warp partials, lane and warp state, schedule,
-// the held pieces of C, and the two slice mbarriers (sm_90 passes; counted for every pass).
-template <int kKc>
-constexpr int product_static_bytes() {
-  constexpr int kSlots = static_cast<int>(sizeof(float)) * 2 * 2 * kCtaWarps * kKc + 8 * kLanes + 8 * kCtaWarps;
-  constexpr int kHeld = kLanes * 2 * kKc;
-  return kSlots + 16 + kHeld + static_cast<int>(2 * sizeof(std::uint64_t));
-}
-
 // The shared address of an entry's B row: buf + column * row_bytes, written so that it compiles
 // to one mask and one shift-add (LEA); in C++ the compiler turns it into a shift, a mask and an add.
 template <int kRowBytes>
@@ -893,13 +884,14 @@ __global__ void __launch_bounds__(kLanes, 1)
   combine((last - sched[0]) & 1, last % slices);
 }
 
-// Columns of one staged slice: 8 when two slices of 8 fit the device's shared memory, else 4, else
-// 0 (the path does not apply).
+// Columns of one staged slice: 8 when two slices of 8 fit beside the product kernel's static shared
+// memory, else 4, else 0 (the path does not apply).
+template <class T>
 int slice_columns(std::int64_t k_cols) {
-  const int limit = shared_memory_per_block("twell::cuda::spmm (shared memory per block)");
+  constexpr const char* kLimitWhere = "twell::cuda::spmm (shared memory per block)";
   const std::int64_t k_pad = padded_k(k_cols);
-  if (2 * k_pad * 16 + product_static_bytes<8>() <= limit) return 8;
-  if (2 * k_pad * 8 + product_static_bytes<4>() <= limit) return 4;
+  if (2 * k_pad * 16 <= ::twell::detail::dynamic_shared_limit(slices_kernel<T, 8>, kLimitWhere)) return 8;
+  if (2 * k_pad * 8 <= ::twell::detail::dynamic_shared_limit(slices_kernel<T, 4>, kLimitWhere)) return 4;
   return 0;
 }
 
@@ -963,7 +955,7 @@ bool spmm_slices_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
     const std::int64_t tiles = a.layout.tiles(a.cols);
     if (a.layout.tile > 256 || tiles > kMaxTiles || a.layout.capacity() * tiles > kMaxRowEntries) return false;
     if (!aligned16(b.data) || !aligned16(c.data) || b.ld % 8 != 0 || c.ld % 8 != 0) return false;
-    const int kc = slice_columns(a.cols);
+    const int kc = slice_columns<T>(a.cols);
     if (kc == 0 || b.cols % kc != 0) return false;
     const Geometry geo = geometry(a.rows, a.cols, a.layout);
     return (geo.groups_max + geo.huge_max) * (b.cols / kc) <= INT_MAX;  // work items are counted in int
@@ -987,7 +979,7 @@ void spmm_twell_slices(TwellView<const T> a, const std::int32_t* shadow, DenseVi
   require(workspace != nullptr && aligned16(workspace) && staged_b != nullptr && aligned16(staged_b),
           ErrorCode::invalid_argument, kWhere, "the slice-reuse TwELL kernel needs 16-byte aligned workspaces");
   if constexpr (sizeof(T) == 2) {
-    if (slice_columns(a.cols) == 8) {
+    if (slice_columns<T>(a.cols) == 8) {
       launch<T, 8>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream, before_product, b_staged);
     } else {
       launch<T, 4>(a, shadow, b, c, alpha, beta, workspace, staged_b, stream, before_product, b_staged);

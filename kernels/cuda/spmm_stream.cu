@@ -551,7 +551,9 @@ bool spmm_stream_applies(TwellView<const T> a, DenseView<const T> b, DenseView<T
     const int slots = a.layout.slots();
     if (a.layout.tile > kMaxTile || slots < kHeadSlots || slots % 4 != 0 || !aligned16(a.packed)) return false;
     if (!vector_operands(b, c)) return false;
-    return kSmemBytes <= shared_memory_per_block("twell::cuda::spmm (shared memory per block)");
+    // The four kernels share one body and its dynamic shared memory only.
+    return kSmemBytes <= ::twell::detail::dynamic_shared_limit(stream_pair_kernel<T, true>,
+                                                               "twell::cuda::spmm (shared memory per block)");
   }
 }
 
