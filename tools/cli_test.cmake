@@ -195,7 +195,7 @@ endif()
 
 # validate: a file past a reader's memory limit cannot be checked; it is not called invalid.
 set(tall_mtx "${CMAKE_CURRENT_BINARY_DIR}/cli_test_tall.mtx")
-file(WRITE "${tall_mtx}" "%%MatrixMarket matrix coordinate real general\n50000000 1000 1\n1 1 1\n")
+file(WRITE "${tall_mtx}" "%%MatrixMarket matrix coordinate real general\n200000000 1000 1\n1 1 1\n")
 expect(1 "cli_test_tall.mtx: cannot check (out_of_memory):" validate "${tall_mtx}")
 expect(1 "cli_test_small.mtx: invalid (io)" validate "${CMAKE_CURRENT_BINARY_DIR}/missing/cli_test_small.mtx")
 file(REMOVE "${tall_mtx}")

@@ -143,12 +143,13 @@ struct Entry {
   T value;
 };
 
-// Reports a duplicate of element (row, col), 1-based: walks the entry lines again from `entries`
-// (where the first walk stood after the size line) for the first two that name it, as written or,
-// in a symmetric file, mirrored. Every entry line was checked by the first walk.
-[[noreturn]] void fail_duplicate(std::string_view text, const Lines& entries, bool mirrored, std::int64_t row,
+// Reports a duplicate of element (row, col), 1-based: walks the entry lines again from
+// `first_entry` (where the first walk stood after the size line) for the first two that name it,
+// as written or, in a symmetric file, mirrored. Every entry line was checked by the first walk,
+// which found the two.
+[[noreturn]] void fail_duplicate(std::string_view text, const Lines& first_entry, bool mirrored, std::int64_t row,
                                  std::int64_t col) {
-  Lines lines(text, entries.pos(), entries.number());
+  Lines lines(text, first_entry.pos(), first_entry.number());
   std::string_view line;
   std::int64_t found_line[2] = {};
   std::size_t found_byte[2] = {};
@@ -266,12 +267,10 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     lines.fail_here(ErrorCode::io, 0, "declares ", entries, " entries but only ", lines.remaining(),
                     " bytes follow (truncated?)");
   }
-  // Two arrays of rows + 1 int64: row_ptr, and the second row_ptr when explicit zeros are dropped.
-  if (!io_detail::fits_implicit(static_cast<std::uint64_t>(rows) + 1, 2 * sizeof(std::int64_t), bytes.size(),
-                                options)) {
-    lines.fail_here(ErrorCode::out_of_memory, 0, rows,
-                    " rows need 2 x (rows + 1) x 8 bytes of row offsets, more than the ", bytes.size(),
-                    "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
+  // One array of rows + 1 int64: the result's row_ptr, which the sort below fills in place.
+  if (!io_detail::fits_implicit(static_cast<std::uint64_t>(rows) + 1, sizeof(std::int64_t), bytes.size(), options)) {
+    lines.fail_here(ErrorCode::out_of_memory, 0, rows, " rows need (rows + 1) x 8 bytes of row offsets, more than the ",
+                    bytes.size(), "-byte input plus ReadOptions::max_implicit_bytes = ", options.max_implicit_bytes);
   }
 
   if (symmetry != Symmetry::general && rows != cols) {
@@ -345,18 +344,18 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
 
   // A counting sort by row straight into the CSR arrays (explicit zeros included, so that a zero
   // duplicating a value is still found), then each row by column: duplicates become neighbours.
-  CsrMatrix<T> m(rows, cols, static_cast<std::int64_t>(entry.size()));
+  CsrMatrix<T> m(rows, cols, static_cast<std::int64_t>(entry.size()));  // row_ptr zeroed: the counts start at 0
   auto row_ptr = m.row_ptr().host_span();
   auto col_idx = m.col_idx().host_span();
   auto values = m.values().host_span();
   const auto rows_z = static_cast<std::size_t>(rows);
-  for (const Entry<T>& e : entry) ++row_ptr[static_cast<std::size_t>(e.row) + 1];
+  for (const Entry<T>& x : entry) ++row_ptr[static_cast<std::size_t>(x.row) + 1];
   for (std::size_t r = 0; r < rows_z; ++r) row_ptr[r + 1] += row_ptr[r];
   // row_ptr[r] is row r's fill cursor; once filled it holds row r + 1's start, shifted back below.
-  for (const Entry<T>& e : entry) {
-    const auto k = static_cast<std::size_t>(row_ptr[static_cast<std::size_t>(e.row)]++);
-    col_idx[k] = e.col;
-    values[k] = e.value;
+  for (const Entry<T>& x : entry) {
+    const auto k = static_cast<std::size_t>(row_ptr[static_cast<std::size_t>(x.row)]++);
+    col_idx[k] = x.col;
+    values[k] = x.value;
   }
   std::vector<Entry<T>>().swap(entry);
   for (std::size_t r = rows_z; r > 0; --r) row_ptr[r] = row_ptr[r - 1];
@@ -367,16 +366,17 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   std::size_t kept = 0;
   std::size_t b = 0;
   for (std::size_t r = 0; r < rows_z; ++r) {
-    const auto e = static_cast<std::size_t>(row_ptr[r + 1]);
-    // Files written in row-major order (twell's, scipy's) skip the sort.
-    if (!std::is_sorted(col_idx.begin() + b, col_idx.begin() + e)) {
+    const auto end = static_cast<std::size_t>(row_ptr[r + 1]);
+    // The counting sort keeps the file's order within a row, so files sorted by row (twell's,
+    // scipy's) or by column (SuiteSparse's, a symmetric file's mirrored triangle) skip this sort.
+    if (!std::is_sorted(col_idx.begin() + b, col_idx.begin() + end)) {
       row_entries.clear();
-      for (auto k = b; k < e; ++k) row_entries.emplace_back(col_idx[k], values[k]);
+      for (auto k = b; k < end; ++k) row_entries.emplace_back(col_idx[k], values[k]);
       std::sort(row_entries.begin(), row_entries.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-      for (auto k = b; k < e; ++k) std::tie(col_idx[k], values[k]) = row_entries[k - b];
+      for (auto k = b; k < end; ++k) std::tie(col_idx[k], values[k]) = row_entries[k - b];
     }
-    for (auto k = b; k < e; ++k) {
-      if (k + 1 < e && col_idx[k + 1] == col_idx[k]) {
+    for (auto k = b; k < end; ++k) {
+      if (k + 1 < end && col_idx[k + 1] == col_idx[k]) {
         fail_duplicate(text, first_entry, symmetry != Symmetry::general, static_cast<std::int64_t>(r) + 1,
                        static_cast<std::int64_t>(col_idx[k]) + 1);
       }
@@ -386,7 +386,7 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
       ++kept;
     }
     row_ptr[r + 1] = static_cast<std::int64_t>(kept);
-    b = e;
+    b = end;
   }
   const auto zeros = static_cast<std::int64_t>(b - kept);
   if (report != nullptr) {
@@ -396,11 +396,14 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     report->rounded_to_zero = rounded_to_zero;
   }
   if (zeros == 0) return m;
-  CsrMatrix<T> nonzero(rows, cols, static_cast<std::int64_t>(kept));
-  std::copy(row_ptr.begin(), row_ptr.end(), nonzero.row_ptr().data());
-  std::copy_n(col_idx.begin(), kept, nonzero.col_idx().data());
-  std::copy_n(values.begin(), kept, nonzero.values().data());
-  return nonzero;
+  // Trimmed to the kept elements; row_ptr is already theirs.
+  Buffer<std::int32_t> kept_cols(kept, MemorySpace::host, Uninitialized{});
+  Buffer<T> kept_values(kept, MemorySpace::host, Uninitialized{});
+  std::copy_n(col_idx.begin(), kept, kept_cols.data());
+  std::copy_n(values.begin(), kept, kept_values.data());
+  m.col_idx() = std::move(kept_cols);
+  m.values() = std::move(kept_values);
+  return m;
 }
 
 }  // namespace
@@ -427,16 +430,20 @@ std::vector<std::byte> encode_mtx(CsrView<const T> m) {
                                     " from ", to_string(dtype_of<T>), " values\n", m.rows, " ", m.cols, " ", m.nnz, "\n");
   io_detail::append_text(out, head);
   out.reserve(out.size() + static_cast<std::size_t>(m.nnz) * 24);
-  char buf[96];
+  // Each number gets a field of its own with room for the separator after it: an int64 or the
+  // shortest fp64 takes at most 24 characters, and a bound per field lets the compiler see that
+  // no separator lands past the buffer (GCC 13 warned with one bound for the whole line).
+  constexpr std::ptrdiff_t kField = 32;
+  char buf[3 * (kField + 1)];
   for (std::int64_t r = 0; r < m.rows; ++r) {
     for (std::int64_t k = m.row_ptr[r]; k < m.row_ptr[r + 1]; ++k) {
       char* p = buf;
-      p = std::to_chars(p, buf + sizeof buf, r + 1).ptr;
+      p = std::to_chars(p, p + kField, r + 1).ptr;
       *p++ = ' ';
-      p = std::to_chars(p, buf + sizeof buf, static_cast<std::int64_t>(m.col_idx[k]) + 1).ptr;
+      p = std::to_chars(p, p + kField, static_cast<std::int64_t>(m.col_idx[k]) + 1).ptr;
       *p++ = ' ';
       // Shortest decimal of the fp64 that equals the value: exact, and readable by any parser.
-      p = std::to_chars(p, buf + sizeof buf, exact_double(to_float(m.values[k]))).ptr;
+      p = std::to_chars(p, p + kField, exact_double(to_float(m.values[k]))).ptr;
       *p++ = '\n';
       io_detail::append_bytes(out, buf, static_cast<std::size_t>(p - buf));
     }

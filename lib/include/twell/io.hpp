@@ -32,8 +32,8 @@ struct ReadOptions {
   // Matrix Market only (the text carries no value type): the value type of the CSR returned.
   DType dtype = DType::fp32;
   // Memory a file may make the reader allocate beyond what its own bytes account for: a
-  // Matrix Market header can declare a billion rows in a 30-byte file, and its reader keeps 24
-  // bytes a row (row_ptr and two per-row offset arrays). Past the input's size plus this limit the
+  // Matrix Market header can declare a billion rows in a 30-byte file, and its reader keeps 8
+  // bytes a row (the result's row_ptr). Past the input's size plus this limit the
   // reader fails (ErrorCode::out_of_memory: a limit of the reader, not a fault of the file) instead
   // of allocating. A matrix whose rows take no bytes (N = 0 in .npy or .twell) is charged 8 bytes
   // a row against the same sum.
