@@ -14,6 +14,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <twell/convert.hpp>
@@ -439,6 +440,68 @@ TEST_CASE_TEMPLATE("FFN plan reuse across forward calls with different x", T, bf
   plain.forward(x2.view(), p2.view());
   CHECK(error_of(p1, c.ref_plain) < tolerance<T>());
   CHECK(error_of(p2, c.reference_plain(x2h.view(), relu)) < tolerance<T>());
+}
+
+// Decode loops replay their layers as CUDA graphs. A plan's forward without stats queues its work
+// on the plan's stream alone (no allocation, no host wait), so once a first forward has run outside
+// capture (kernel attributes set, modules loaded) it can be captured, in the strictest capture
+// mode, and each replay computes from what x holds at that time: the direct call's bits.
+TEST_CASE_TEMPLATE("FFN plans: a forward captured into a CUDA graph replays the direct call's bits", T, bf16, fp16) {
+  const ActivationSpec relu{Activation::relu, 0.0f};
+  const testing::NonBlockingStream stream;
+  const KernelOptions options{Stream{stream.get()}};
+  // Token-skewed rows overflow: with a block of 4 rows most of them are recomputed in the kernel.
+  // The paper's shape takes the Hopper gate where it runs.
+  for (const Shape& s : {Shape{300, 520, 1000}, Shape{testing::sweep_size(512, 64), 2048, 5632}}) {
+    for (const std::int64_t capacity : {std::int64_t{4}, cuda::GatedFfnPlan<T>::kDefaultCapacity}) {
+      const std::uint64_t seed = testing::fresh_seed();
+      CAPTURE(seed);
+      CAPTURE(s.m);
+      CAPTURE(capacity);
+      const Case<T> c(workload_inputs<T>({s.m, s.k, s.n, 0.02, Distribution::token_skewed}, seed), relu, false);
+      const DenseMatrix<T> x2 =
+          workload_inputs<T>({s.m, s.k, s.n, 0.005, Distribution::uniform}, seed + 1).x.to(MemorySpace::device);
+      cuda::GatedFfnPlan<T> gated(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, TwellLayout{256, 16}, capacity,
+                                  options);
+      cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), relu, TwellLayout{256, 16}, capacity, options);
+
+      // The direct calls, which also ready the plans for capture.
+      std::vector<DenseMatrix<T>> want_gated, want_plain;
+      for (const DenseMatrix<T>* x : {&c.x, &x2}) {
+        auto yg = poisoned<T>(c.m(), c.k()), yp = poisoned<T>(c.m(), c.k());
+        gated.forward(x->view(), yg.view());
+        plain.forward(x->view(), yp.view());
+        testing::cuda_ok(cudaStreamSynchronize(stream.get()));
+        want_gated.push_back(yg.to(MemorySpace::host));
+        want_plain.push_back(yp.to(MemorySpace::host));
+      }
+      CAPTURE(gated.path());
+      REQUIRE(!gated.path().starts_with("gate:generic"));  // the generic gate waits: not capturable
+
+      DenseMatrix<T> x_in(c.m(), c.k(), MemorySpace::device);
+      auto yg = poisoned<T>(c.m(), c.k()), yp = poisoned<T>(c.m(), c.k());
+      cudaGraph_t graph = nullptr;
+      testing::cuda_ok(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+      gated.forward(std::as_const(x_in).view(), yg.view());
+      plain.forward(std::as_const(x_in).view(), yp.view());
+      testing::cuda_ok(cudaStreamEndCapture(stream.get(), &graph));
+      cudaGraphExec_t exec = nullptr;
+      testing::cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+      for (const int replay : {1, 0, 1}) {
+        CAPTURE(replay);
+        const DenseMatrix<T>& x = replay == 0 ? c.x : x2;
+        testing::cuda_ok(cudaMemcpy(x_in.values().data(), x.values().data(), x.values().bytes(), cudaMemcpyDefault));
+        testing::poison_device(yg.values());
+        testing::poison_device(yp.values());
+        testing::cuda_ok(cudaGraphLaunch(exec, stream.get()));
+        testing::cuda_ok(cudaStreamSynchronize(stream.get()));
+        CHECK(testing::bitwise_equal<T>(yg.to(MemorySpace::host).view(), want_gated[replay].view()));
+        CHECK(testing::bitwise_equal<T>(yp.to(MemorySpace::host).view(), want_plain[replay].view()));
+      }
+      testing::cuda_ok(cudaGraphExecDestroy(exec));
+      testing::cuda_ok(cudaGraphDestroy(graph));
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("one-shot cuda forms and the lib layers GatedFfn / Ffn on the device", T, bf16, fp16) {
