@@ -267,6 +267,94 @@ TEST_CASE("SpmmPlan's overflow rows beside the kernel: the plan's stream waits f
   testing::cuda_ok(cudaStreamDestroy(stream));
 }
 
+namespace {
+// Copies src's bytes over dst's, which has its size: a captured graph's operands change between
+// replays in place.
+template <class U>
+void overwrite(Buffer<U>& dst, const Buffer<U>& src) {
+  REQUIRE(dst.bytes() == src.bytes());
+  if (src.bytes() > 0) testing::cuda_ok(cudaMemcpy(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault));
+}
+template <class T>
+void overwrite(HybridMatrix<T>& dst, const HybridMatrix<T>& src) {
+  overwrite(dst.twell().packed(), src.twell().packed());
+  overwrite(dst.twell().value_plane(), src.twell().value_plane());
+  overwrite(dst.overflow().values(), src.overflow().values());
+  overwrite(dst.row_to_overflow(), src.row_to_overflow());
+  overwrite(dst.overflow_to_row(), src.overflow_to_row());
+}
+}  // namespace
+
+// An SpmmPlan's op-none run queues its work on the plan's stream (and, for a Hybrid's overflow
+// rows, on its side lane, which forks from that stream and joins it again): once a first run
+// outside capture has made the plan's buffers, side stream and cuBLAS handle, a run can be
+// captured in the strictest capture mode, and each replay computes from what A and B hold then
+// (a graph is bound to the operands' shapes, a Hybrid's overflow rows included): the direct
+// runs' bits.
+TEST_CASE("SpmmPlan's op-none runs captured into a CUDA graph replay the direct runs' bits") {
+  const testing::NonBlockingStream stream;
+  constexpr std::int64_t k = 5632, n = 256;
+  struct Setting {
+    std::int64_t m;
+    bool overflow_rows;
+    const char* path;
+  };
+  // The tile-streaming kernel, the slice-reuse kernel with its pre-pass, and a Hybrid whose
+  // overflow rows take the side lane's cuBLAS GEMM beside the pair-balanced kernel.
+  for (const Setting& s :
+       {Setting{1000, false, "cuda/spmm/hybrid/tile_stream"}, Setting{5000, false, "cuda/spmm/hybrid/slice_reuse"},
+        Setting{700, true, "cuda/spmm/hybrid/pair_balanced+cublas_overflow"}}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(s.m);
+    const TwellLayout layout = s.overflow_rows ? kPaper : TwellLayout{256, 16};
+    const testing::SparseDenseOptions so{.density = 0.005, .full_row_share = s.overflow_rows ? 0.1 : 0.0};
+    const DenseMatrix<bf16> d0 = testing::random_sparse_dense<bf16>(s.m, k, so, seed);
+    // The second A: another pattern without overflow rows, the first one's negation with them
+    // (the same structure).
+    DenseMatrix<bf16> d1 = s.overflow_rows ? d0.to(kHost) : testing::random_sparse_dense<bf16>(s.m, k, so, seed + 1);
+    if (s.overflow_rows)
+      for (bf16& v : d1.values().host_span()) v = from_float<bf16>(-to_float(v));
+    const HybridMatrix<bf16> a[2] = {ref::dense_to_hybrid<bf16>(d0.view(), layout).to(kDevice),
+                                     ref::dense_to_hybrid<bf16>(d1.view(), layout).to(kDevice)};
+    REQUIRE(a[0].overflow_rows() == a[1].overflow_rows());
+    CHECK((a[0].overflow_rows() > 0) == s.overflow_rows);
+    const DenseMatrix<bf16> b[2] = {testing::random_dense<bf16>(k, n, 1.0f, seed + 2).to(kDevice),
+                                    testing::random_dense<bf16>(k, n, 1.0f, seed + 3).to(kDevice)};
+
+    dev::SpmmPlan<bf16> plan(s.m, k, layout, Stream{stream.get()});
+    DenseMatrix<bf16> want[2];
+    for (int i = 0; i < 2; ++i) {
+      DenseMatrix<bf16> c = nan_dense<bf16>(s.m, n).to(kDevice);
+      plan.run(a[i].view(), b[i].view(), c.view());
+      testing::cuda_ok(cudaStreamSynchronize(stream.get()));
+      want[i] = c.to(kHost);
+    }
+    CHECK(plan.path() == s.path);
+
+    HybridMatrix<bf16> a_in = a[0].to(kDevice);
+    DenseMatrix<bf16> b_in = b[0].to(kDevice);
+    DenseMatrix<bf16> c_in(s.m, n, kDevice);
+    cudaGraph_t graph = nullptr;
+    testing::cuda_ok(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal));
+    plan.run(std::as_const(a_in).view(), std::as_const(b_in).view(), c_in.view());
+    testing::cuda_ok(cudaStreamEndCapture(stream.get(), &graph));
+    cudaGraphExec_t exec = nullptr;
+    testing::cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+    for (const int replay : {1, 0, 1}) {
+      CAPTURE(replay);
+      overwrite(a_in, a[replay]);
+      overwrite(b_in.values(), b[replay].values());
+      poison_device(c_in.values());
+      testing::cuda_ok(cudaGraphLaunch(exec, stream.get()));
+      testing::cuda_ok(cudaStreamSynchronize(stream.get()));
+      CHECK(testing::bitwise_equal<bf16>(c_in.to(kHost).view(), want[replay].view()));
+    }
+    testing::cuda_ok(cudaGraphExecDestroy(exec));
+    testing::cuda_ok(cudaGraphDestroy(graph));
+  }
+}
+
 // op(A) = A^T where A's columns (the rows of A^T) are far apart in length, as the units of a
 // skewed workload: a few columns almost full (rows of A^T of ~2700 entries, past the row kernel's
 // 128, which a CTA's warps share), most sparse, some empty.
