@@ -490,9 +490,11 @@ TEST_CASE_TEMPLATE("FFN plans: a forward captured into a CUDA graph replays the 
       for (const int replay : {1, 0, 1}) {
         CAPTURE(replay);
         const DenseMatrix<T>& x = replay == 0 ? c.x : x2;
-        testing::cuda_ok(cudaMemcpy(x_in.values().data(), x.values().data(), x.values().bytes(), cudaMemcpyDefault));
-        testing::poison_device(yg.values());
-        testing::poison_device(yp.values());
+        // On the replay's stream: a non-blocking stream does not wait for the legacy one.
+        testing::cuda_ok(cudaMemcpyAsync(x_in.values().data(), x.values().data(), x.values().bytes(), cudaMemcpyDefault,
+                                         stream.get()));
+        testing::poison_device(yg.values(), stream.get());
+        testing::poison_device(yp.values(), stream.get());
         testing::cuda_ok(cudaGraphLaunch(exec, stream.get()));
         testing::cuda_ok(cudaStreamSynchronize(stream.get()));
         CHECK(testing::bitwise_equal<T>(yg.to(MemorySpace::host).view(), want_gated[replay].view()));

@@ -268,20 +268,21 @@ TEST_CASE("SpmmPlan's overflow rows beside the kernel: the plan's stream waits f
 }
 
 namespace {
-// Copies src's bytes over dst's, which has its size: a captured graph's operands change between
-// replays in place.
+// Copies src's bytes over dst's, which has its size, on `stream`: a captured graph's operands
+// change in place between replays on that stream.
 template <class U>
-void overwrite(Buffer<U>& dst, const Buffer<U>& src) {
+void overwrite(Buffer<U>& dst, const Buffer<U>& src, cudaStream_t stream) {
   REQUIRE(dst.bytes() == src.bytes());
-  if (src.bytes() > 0) testing::cuda_ok(cudaMemcpy(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault));
+  if (src.bytes() > 0)
+    testing::cuda_ok(cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDefault, stream));
 }
 template <class T>
-void overwrite(HybridMatrix<T>& dst, const HybridMatrix<T>& src) {
-  overwrite(dst.twell().packed(), src.twell().packed());
-  overwrite(dst.twell().value_plane(), src.twell().value_plane());
-  overwrite(dst.overflow().values(), src.overflow().values());
-  overwrite(dst.row_to_overflow(), src.row_to_overflow());
-  overwrite(dst.overflow_to_row(), src.overflow_to_row());
+void overwrite(HybridMatrix<T>& dst, const HybridMatrix<T>& src, cudaStream_t stream) {
+  overwrite(dst.twell().packed(), src.twell().packed(), stream);
+  overwrite(dst.twell().value_plane(), src.twell().value_plane(), stream);
+  overwrite(dst.overflow().values(), src.overflow().values(), stream);
+  overwrite(dst.row_to_overflow(), src.row_to_overflow(), stream);
+  overwrite(dst.overflow_to_row(), src.overflow_to_row(), stream);
 }
 }  // namespace
 
@@ -343,9 +344,9 @@ TEST_CASE("SpmmPlan's op-none runs captured into a CUDA graph replay the direct 
     testing::cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
     for (const int replay : {1, 0, 1}) {
       CAPTURE(replay);
-      overwrite(a_in, a[replay]);
-      overwrite(b_in.values(), b[replay].values());
-      poison_device(c_in.values());
+      overwrite(a_in, a[replay], stream.get());
+      overwrite(b_in.values(), b[replay].values(), stream.get());
+      poison_device(c_in.values(), stream.get());
       testing::cuda_ok(cudaGraphLaunch(exec, stream.get()));
       testing::cuda_ok(cudaStreamSynchronize(stream.get()));
       CHECK(testing::bitwise_equal<bf16>(c_in.to(kHost).view(), want[replay].view()));
@@ -1195,8 +1196,8 @@ TEST_CASE("kernels launched early keep their order inside a captured CUDA graph"
   testing::cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
   for (int replay = 0; replay < 3; ++replay) {
     CAPTURE(replay);
-    testing::poison_device(t_dev.values());
-    testing::poison_device(back_dev.values());
+    testing::poison_device(t_dev.values(), stream);  // the legacy stream's cudaMemset would race the graph
+    testing::poison_device(back_dev.values(), stream);
     testing::cuda_ok(cudaGraphLaunch(exec, stream));
     testing::cuda_ok(cudaStreamSynchronize(stream));
     CHECK(testing::bitwise_equal<bf16>(copy_to(std::as_const(back_dev).view(), MemorySpace::host).view(), a.view()));

@@ -43,6 +43,12 @@ template <class U>
 void poison_device(Buffer<U>& b) {
   if (b.bytes() > 0) cuda_ok(cudaMemset(b.data(), 0xff, b.bytes()));
 }
+// The same queued on `stream`: a non-blocking stream (a graph replayed on one, too) is not ordered
+// after the legacy stream's cudaMemset, which is asynchronous for device memory.
+template <class U>
+void poison_device(Buffer<U>& b, cudaStream_t stream) {
+  if (b.bytes() > 0) cuda_ok(cudaMemsetAsync(b.data(), 0xff, b.bytes(), stream));
+}
 
 // Whether every byte of a device buffer still holds poison_device's 0xFF: nothing was written.
 template <class U>
