@@ -298,17 +298,23 @@ TEST_CASE("SpmmPlan's op-none runs captured into a CUDA graph replay the direct 
   struct Setting {
     std::int64_t m;
     bool overflow_rows;
+    TwellLayout layout;
     const char* path;
   };
-  // The tile-streaming kernel, the slice-reuse kernel with its pre-pass, and a Hybrid whose
-  // overflow rows take the side lane's cuBLAS GEMM beside the pair-balanced kernel.
-  for (const Setting& s :
-       {Setting{1000, false, "cuda/spmm/hybrid/tile_stream"}, Setting{5000, false, "cuda/spmm/hybrid/slice_reuse"},
-        Setting{700, true, "cuda/spmm/hybrid/pair_balanced+cublas_overflow"}}) {
+  // Each kernel without overflow rows and with them, where the side lane's cuBLAS GEMM runs beside
+  // the kernel (tile-streaming: its dealt form for uneven rows; pair-balanced), or between the
+  // slice-reuse pre-pass and its product.
+  constexpr TwellLayout k16{256, 16};
+  for (const Setting& s : {Setting{1000, false, k16, "cuda/spmm/hybrid/tile_stream"},
+                           Setting{5000, false, k16, "cuda/spmm/hybrid/slice_reuse"},
+                           Setting{700, true, kPaper, "cuda/spmm/hybrid/pair_balanced+cublas_overflow"},
+                           Setting{1000, true, k16, "cuda/spmm/hybrid/tile_stream+cublas_overflow"},
+                           Setting{5000, true, kPaper, "cuda/spmm/hybrid/slice_reuse+cublas_overflow"}}) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
     CAPTURE(s.m);
-    const TwellLayout layout = s.overflow_rows ? kPaper : TwellLayout{256, 16};
+    CAPTURE(s.overflow_rows);
+    const TwellLayout layout = s.layout;
     const testing::SparseDenseOptions so{.density = 0.005, .full_row_share = s.overflow_rows ? 0.1 : 0.0};
     const DenseMatrix<bf16> d0 = testing::random_sparse_dense<bf16>(s.m, k, so, seed);
     // The second A: another pattern without overflow rows, the first one's negation with them
