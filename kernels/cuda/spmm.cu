@@ -744,11 +744,6 @@ constexpr const char* kStreamPath = "tile_stream";
 constexpr std::int64_t kPairMaxRows = 768, kPairMaxRowsDense = 2048, kStreamMaxRows = 4096;
 constexpr int kStreamMaxSlots = 16;
 
-void check_algorithm(SpmmAlgorithm algorithm, const char* where) {
-  require(algorithm <= SpmmAlgorithm::slice_reuse, ErrorCode::invalid_argument, where, "spmm algorithm ",
-          static_cast<int>(algorithm), " is unknown");
-}
-
 template <class T>
 SpmmAlgorithm choose_twell_path(TwellView<const T> a, DenseView<const T> b, DenseView<T> c, SpmmAlgorithm requested) {
   if (a.rows == 0 || a.cols == 0 || b.cols == 0) return SpmmAlgorithm::pair_balanced;  // nothing or C *= beta
@@ -1208,6 +1203,7 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
 template <Value T>
 void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
+  detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // ignored here, refused when invalid
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     csr_transposed(a, b, c, alpha, beta, options);
     detail::report_path(options, "cuda/spmm/csr/via_csr_transpose");
@@ -1220,6 +1216,7 @@ void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, flo
 template <Value T>
 void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
+  detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // ignored here, refused when invalid
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     // Stored zeros stay entries of A^T (0 x Inf is NaN, as in the reference and op = none).
     transposed<T>(
@@ -1239,7 +1236,7 @@ void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, flo
 template <Value T>
 void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  check_algorithm(options.spmm_algorithm, kWhere);  // before any route, the transposed ones included
+  detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // before any route, the transposed ones included
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     if (via_transpose<T>(a, "twell", b, c, alpha, beta, options)) return;
     transposed<T>("twell", [&](const ConvertOptions& o) { return cuda::twell_to_csr(a, o); }, b, c, alpha, beta,
@@ -1254,7 +1251,7 @@ void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, f
 template <Value T>
 void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  check_algorithm(options.spmm_algorithm, kWhere);  // before any route, the transposed ones included
+  detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // before any route, the transposed ones included
   if (check_spmm(op_a, a, a.rows(), a.cols(), b, c)) {
     if (via_transpose<T>(a, "hybrid", b, c, alpha, beta, options)) return;
     transposed<T>("hybrid", [&](const ConvertOptions& o) { return cuda::hybrid_to_csr(a, o); }, b, c, alpha, beta,
@@ -1292,7 +1289,7 @@ SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream
   constexpr const char* where = "twell::cuda::SpmmPlan";
   require(m >= 0 && k >= 0, ErrorCode::invalid_argument, where, "shape ", detail::shape(m, k), " is negative");
   check_layout(layout, where);
-  check_algorithm(algorithm, where);
+  detail::check_spmm_algorithm(algorithm, where);
 }
 
 template <Value T>

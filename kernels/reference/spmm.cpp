@@ -16,6 +16,7 @@ void spmm_impl(Op op_a, View a, DenseView<const T> b, DenseView<T> c, float alph
   detail::check_host_operand(c, where, "C");
   require(op_a == Op::none || op_a == Op::transpose, ErrorCode::invalid_argument, where, "op_a ",
           static_cast<int>(op_a), " is unknown");
+  twell::detail::check_spmm_algorithm(options.spmm_algorithm, where);
   const bool transposed = op_a == Op::transpose;
   const std::int64_t m = transposed ? detail::cols_of(a) : detail::rows_of(a);
   const std::int64_t k = transposed ? detail::rows_of(a) : detail::cols_of(a);

@@ -84,6 +84,7 @@ void sparse_gated_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> w
                               In<DenseView<const T>> wd, ActivationSpec act, TwellLayout layout, DenseView<T> y,
                               const KernelOptions& options) {
   check_gated("twell::sparse_gated_ffn_forward", x, wg, wu, wd, y);
+  ffn_detail::check_settings("twell::sparse_gated_ffn_forward", act, layout);
   composed_gated<T>(x, wg, wu, wd, act, layout, y, options, nullptr);
   if (options.report != nullptr) options.report->path = composed_path(x.space);  // not its last step's
 }
@@ -92,6 +93,7 @@ template <Value T>
 void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<DenseView<const T>> wd,
                         ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options) {
   check_plain("twell::sparse_ffn_forward", x, wu, wd, y);
+  ffn_detail::check_settings("twell::sparse_ffn_forward", act, layout);
   composed_plain<T>(x, wu, wd, act, layout, y, options, nullptr);
   if (options.report != nullptr) options.report->path = composed_path(x.space);
 }
@@ -199,9 +201,8 @@ void set_up(State& s, const char* where, std::int64_t tokens, DenseView<const T>
             DenseView<const T> wd, ActivationSpec act, TwellLayout layout, std::int64_t overflow_capacity,
             const KernelOptions& options) {
   check_layer<T>(where, tokens, wg, wu, wd, kGated);
-  check_layout(layout, where);
   // Checked here whatever the backend, so that a host layer refuses what a device one does.
-  twell::detail::check_activation(act, where);
+  ffn_detail::check_settings(where, act, layout);
   ffn_detail::check_overflow_capacity(overflow_capacity, where);
   s.assign(tokens, wg, wu, wd, act, layout, options);
   if (wu.space == MemorySpace::device) s.device = twell::detail::plan_device(where);
@@ -235,10 +236,14 @@ template <class T>
 std::vector<DenseMatrix<T>> in_out_copies(const char* where,
                                           std::initializer_list<std::pair<const char*, OutIn<T>>> weights,
                                           const KernelOptions& options) {
+  const auto& [first_name, first] = *weights.begin();
   for (const auto& [name, w] : weights) {
     detail::check_dense_geometry(w.w, where, name);
-    require_backend(where, w.w.space);
+    // Spaces before the backend, as for in x out weights: a mix is space_mismatch in every build.
+    require(w.w.space == first.w.space, ErrorCode::space_mismatch, where, first_name, " is in ",
+            to_string(first.w.space), " memory but ", name, " is in ", to_string(w.w.space), " memory");
   }
+  require_backend(where, first.w.space);
   std::vector<DenseMatrix<T>> copies;
   for (const auto& [name, w] : weights) copies.push_back(in_out_copy<T>(w.w, options));
   return copies;

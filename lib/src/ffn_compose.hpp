@@ -67,6 +67,13 @@ inline void check_spaces(const char* where, MemorySpace x,
 // weights (a training forward's x is also kept for the backward), or the backward's input dy.
 enum class Rows { y, dy };
 
+// The activation and the gate's layout, under the FFN call's name (the operations it composes
+// would report them under their own).
+inline void check_settings(const char* where, ActivationSpec act, const TwellLayout& layout) {
+  check_layout(layout, where);
+  detail::check_activation(act, where);
+}
+
 template <class T>
 void check_gated(const char* where, DenseView<const T> x, DenseView<const T> wg, DenseView<const T> wu,
                  DenseView<const T> wd, In<DenseView<const T>> y, Rows rows = Rows::y) {
@@ -126,9 +133,14 @@ void check_saved(const char* where, const GatedFfnActivationViews<T>& saved, std
           "SiLU and GELU need the pre-activation g on the pattern (saved.g), which the training forward keeps for "
           "them; these activations have none");
   const HybridView<const T> parts[] = {saved.a, saved.u, saved.h, saved.g};
-  for (const HybridView<const T>& part : relu ? std::span(parts).first(3) : std::span(parts)) {
+  const char* const names[] = {"a", "u", "h", "g"};
+  for (std::size_t i = 0; i < (relu ? 3u : 4u); ++i) {
+    const HybridView<const T>& part = parts[i];
     require(part.rows() == m && part.cols() == n, ErrorCode::shape_mismatch, where, "the saved activations are ",
             shape(part.rows(), part.cols()), " but x and wu need ", shape(m, n));
+    // A moved-from Hybrid keeps its shape but not its storage.
+    require(part.twell.packed != nullptr || m == 0 || part.twell.packed_width() == 0, ErrorCode::shape_mismatch, where,
+            "the saved ", names[i], " has no storage (moved from?)");
     require(part.space() == space, ErrorCode::space_mismatch, where, "x is in ", to_string(space),
             " memory but the saved activations are in ", to_string(part.space()), " memory");
     require(part.twell.layout == saved.a.twell.layout && part.overflow_rows() == saved.a.overflow_rows(),

@@ -81,6 +81,7 @@ GatedFfnActivations<T> sparse_gated_ffn_training_forward(In<DenseView<const T>> 
                                                          ActivationSpec act, TwellLayout layout, DenseView<T> y,
                                                          const KernelOptions& options) {
   check_gated("twell::sparse_gated_ffn_training_forward", x, wg, wu, wd, y);
+  ffn_detail::check_settings("twell::sparse_gated_ffn_training_forward", act, layout);
   ConvertOptions convert = hybrid_overflow();
   convert.stream = options.stream;
   GatedFfnActivations<T> s;
@@ -291,8 +292,7 @@ GatedFfnTraining<T>::GatedFfnTraining(std::int64_t tokens, std::int64_t hidden, 
   require(tokens >= 0 && hidden >= 0 && intermediate >= 0, ErrorCode::invalid_argument, where, "tokens ", tokens,
           ", hidden ", hidden, " and intermediate ", intermediate, " must not be negative");
   ffn_detail::check_overflow_capacity(overflow_capacity, where);
-  check_layout(layout, where);
-  twell::detail::check_activation(act, where);
+  ffn_detail::check_settings(where, act, layout);
   Impl& s = *impl_;
   s.m = tokens;
   s.k = hidden;

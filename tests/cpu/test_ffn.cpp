@@ -801,6 +801,44 @@ TEST_CASE("FFN bad inputs throw twell::Error with the right code") {
       w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y.view());
   mixed.u = HybridMatrix<float>(s.m, s.n, TwellLayout{16, 4}, 0);
   CHECK(code_of([&] { backward(mixed, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
+
+  // Found by an adversarial probe (2026-12-02): a moved-from saved part keeps its shape but not
+  // its storage, and reached the inner operations (malformed, naming them); the free forwards
+  // named gemm_to_sparse for their own activation and layout; OutIn weights in two memory spaces
+  // were no_device in a build without CUDA, where InOut ones are space_mismatch; an spmm
+  // algorithm outside the enum passed on the host.
+  GatedFfnActivations<float> moved = sparse_gated_ffn_training_forward<float>(
+      w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{}, y.view());
+  const HybridMatrix<float> taken = std::move(moved.h);
+  CHECK(code_of([&] { backward(moved, w.x.view(), 0.1f); }) == ErrorCode::shape_mismatch);
+  CHECK(testing::message_of([&] { backward(moved, w.x.view(), 0.1f); }).find("the saved h has no storage") !=
+        std::string::npos);
+  const ActivationSpec unknown{static_cast<Activation>(7), 0.0f};
+  CHECK(testing::message_of([&] {
+          sparse_gated_ffn_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), unknown, TwellLayout{},
+                                          y.view());
+        }).find("twell::sparse_gated_ffn_forward") != std::string::npos);
+  CHECK(testing::message_of([&] {
+          sparse_ffn_forward<float>(w.x.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{24, 16}, y.view());
+        }).find("twell::sparse_ffn_forward") != std::string::npos);
+  CHECK(testing::message_of([&] {
+          sparse_gated_ffn_training_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), unknown,
+                                                   TwellLayout{}, y.view());
+        }).find("twell::sparse_gated_ffn_training_forward") != std::string::npos);
+  const auto wu_t = testing::random_dense<float>(s.n, s.k, 1.0f, testing::fresh_seed());
+  DenseView<const float> wu_t_dev = wu_t.view();
+  wu_t_dev.space = MemorySpace::device;
+  const auto wg_t = testing::random_dense<float>(s.n, s.k, 1.0f, testing::fresh_seed());
+  const auto wd_t = testing::random_dense<float>(s.k, s.n, 1.0f, testing::fresh_seed());
+  CHECK(code_of([&] {
+          GatedFfn<float>(s.m, OutIn<float>{wg_t.view()}, OutIn<float>{wu_t_dev}, OutIn<float>{wd_t.view()});
+        }) == ErrorCode::space_mismatch);
+  KernelOptions bad_algorithm;
+  bad_algorithm.spmm_algorithm = static_cast<SpmmAlgorithm>(99);
+  CHECK(code_of([&] {
+          sparse_gated_ffn_forward<float>(w.x.view(), w.wg.view(), w.wu.view(), w.wd.view(), relu, TwellLayout{},
+                                          y.view(), bad_algorithm);
+        }) == ErrorCode::invalid_argument);
 }
 
 // Found by a review (2026-12-01): y over an input was accepted by the forwards (a training

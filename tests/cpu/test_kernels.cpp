@@ -709,6 +709,10 @@ TEST_CASE("every bad input throws twell::Error with the right code") {
         ErrorCode::shape_mismatch);
   CHECK(code_of([&] { ref::spmm<T>(static_cast<Op>(7), csr.view(), b.view(), c.view(), 1, 0); }) ==
         ErrorCode::invalid_argument);
+  KernelOptions unknown_algorithm;  // ignored by the reference, refused as on the device
+  unknown_algorithm.spmm_algorithm = static_cast<SpmmAlgorithm>(9);
+  CHECK(code_of([&] { ref::spmm<T>(Op::none, csr.view(), b.view(), c.view(), 1, 0, unknown_algorithm); }) ==
+        ErrorCode::invalid_argument);
   try {
     ref::spmm<T>(Op::none, csr.view(), wrong_b.view(), c.view(), 1, 0);
   } catch (const Error& e) {

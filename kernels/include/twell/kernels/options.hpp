@@ -39,7 +39,8 @@ struct KernelReport {
 };
 
 // The kernel of a cuda spmm with a TwELL or Hybrid A: for op(A) = A, and for op(A) = A^T the
-// product on A^T where the GPU transposes A (other formats and the reference backend ignore it).
+// product on A^T where the GPU transposes A (other formats and the reference backend ignore its
+// value, but refuse one outside the enum as the cuda TwELL and Hybrid paths do).
 // automatic picks by rows, layout and operands (docs/api.md, "spmm paths"); the others force one
 // kernel and raise ErrorCode::unsupported, naming the condition, where it does not take the
 // operands; a value outside the enum is invalid_argument. pair_balanced takes every operand within

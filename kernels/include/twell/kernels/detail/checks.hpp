@@ -37,6 +37,14 @@ inline void check_gemm_convert_options(const ConvertOptions& convert, const char
           " has no effect here: act.threshold decides which values are stored; leave convert.threshold 0");
 }
 
+// KernelOptions::spmm_algorithm: a value of the enum, also where the backend or format ignores it
+// (the reference backend, CSR and ELL operands), so that a call refused on one backend is refused
+// on every one.
+inline void check_spmm_algorithm(SpmmAlgorithm algorithm, const char* where) {
+  require(algorithm <= SpmmAlgorithm::slice_reuse, ErrorCode::invalid_argument, where, "spmm algorithm ",
+          static_cast<int>(algorithm), " is unknown");
+}
+
 inline void check_activation_kind(Activation kind, const char* where) {
   require(kind == Activation::relu || kind == Activation::silu || kind == Activation::gelu,
           ErrorCode::invalid_argument, where, "activation kind ", static_cast<int>(kind), " is unknown");
