@@ -1203,7 +1203,7 @@ bool via_transpose(View a, const char* format, DenseView<const T> b, DenseView<T
 template <Value T>
 void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // ignored here, refused when invalid
+  twell::detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // ignored here, refused when invalid
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     csr_transposed(a, b, c, alpha, beta, options);
     detail::report_path(options, "cuda/spmm/csr/via_csr_transpose");
@@ -1216,7 +1216,7 @@ void spmm(Op op_a, CsrView<const T> a, DenseView<const T> b, DenseView<T> c, flo
 template <Value T>
 void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // ignored here, refused when invalid
+  twell::detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // ignored here, refused when invalid
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     // Stored zeros stay entries of A^T (0 x Inf is NaN, as in the reference and op = none).
     transposed<T>(
@@ -1236,7 +1236,8 @@ void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, flo
 template <Value T>
 void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // before any route, the transposed ones included
+  twell::detail::check_spmm_algorithm(options.spmm_algorithm,
+                                      kWhere);  // before any route, the transposed ones included
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     if (via_transpose<T>(a, "twell", b, c, alpha, beta, options)) return;
     transposed<T>("twell", [&](const ConvertOptions& o) { return cuda::twell_to_csr(a, o); }, b, c, alpha, beta,
@@ -1251,7 +1252,8 @@ void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, f
 template <Value T>
 void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);  // before any route, the transposed ones included
+  twell::detail::check_spmm_algorithm(options.spmm_algorithm,
+                                      kWhere);  // before any route, the transposed ones included
   if (check_spmm(op_a, a, a.rows(), a.cols(), b, c)) {
     if (via_transpose<T>(a, "hybrid", b, c, alpha, beta, options)) return;
     transposed<T>("hybrid", [&](const ConvertOptions& o) { return cuda::hybrid_to_csr(a, o); }, b, c, alpha, beta,
@@ -1289,7 +1291,7 @@ SpmmPlan<T>::SpmmPlan(std::int64_t m, std::int64_t k, TwellLayout layout, Stream
   constexpr const char* where = "twell::cuda::SpmmPlan";
   require(m >= 0 && k >= 0, ErrorCode::invalid_argument, where, "shape ", detail::shape(m, k), " is negative");
   check_layout(layout, where);
-  detail::check_spmm_algorithm(algorithm, where);
+  twell::detail::check_spmm_algorithm(algorithm, where);
 }
 
 template <Value T>
