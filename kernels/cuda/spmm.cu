@@ -1236,8 +1236,8 @@ void spmm(Op op_a, EllView<const T> a, DenseView<const T> b, DenseView<T> c, flo
 template <Value T>
 void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  twell::detail::check_spmm_algorithm(options.spmm_algorithm,
-                                      kWhere);  // before any route, the transposed ones included
+  // Before any route, the transposed ones included.
+  twell::detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);
   if (check_spmm(op_a, a, a.rows, a.cols, b, c)) {
     if (via_transpose<T>(a, "twell", b, c, alpha, beta, options)) return;
     transposed<T>("twell", [&](const ConvertOptions& o) { return cuda::twell_to_csr(a, o); }, b, c, alpha, beta,
@@ -1252,8 +1252,8 @@ void spmm(Op op_a, TwellView<const T> a, DenseView<const T> b, DenseView<T> c, f
 template <Value T>
 void spmm(Op op_a, HybridView<const T> a, DenseView<const T> b, DenseView<T> c, float alpha, float beta,
           const KernelOptions& options) {
-  twell::detail::check_spmm_algorithm(options.spmm_algorithm,
-                                      kWhere);  // before any route, the transposed ones included
+  // Before any route, the transposed ones included.
+  twell::detail::check_spmm_algorithm(options.spmm_algorithm, kWhere);
   if (check_spmm(op_a, a, a.rows(), a.cols(), b, c)) {
     if (via_transpose<T>(a, "hybrid", b, c, alpha, beta, options)) return;
     transposed<T>("hybrid", [&](const ConvertOptions& o) { return cuda::hybrid_to_csr(a, o); }, b, c, alpha, beta,

@@ -34,8 +34,6 @@ bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 class Lines {
  public:
   explicit Lines(std::string_view text) : text_(text) {}
-  // Resumes a walk at a place an earlier one reported (pos() and number() there).
-  Lines(std::string_view text, std::size_t pos, std::int64_t number) : text_(text), pos_(pos), number_(number) {}
 
   // The next line without its '\n' (and a trailing '\r'); false at the end of the input.
   bool next(std::string_view& line) {
@@ -49,7 +47,6 @@ class Lines {
     return true;
   }
   std::size_t remaining() const { return text_.size() - pos_; }
-  std::size_t pos() const { return pos_; }
   std::int64_t number() const { return number_; }
   std::size_t start() const { return start_; }
 
@@ -143,13 +140,11 @@ struct Entry {
   T value;
 };
 
-// Reports a duplicate of element (row, col), 1-based: walks the entry lines again from
-// `first_entry` (where the first walk stood after the size line) for the first two that name it,
+// Reports a duplicate of element (row, col), 1-based: walks the entry lines again from `lines` (a
+// copy of the first walk as it stood after the size line) for the first two that name it,
 // as written or, in a symmetric file, mirrored. Every entry line was checked by the first walk,
 // which found the two.
-[[noreturn]] void fail_duplicate(std::string_view text, const Lines& first_entry, bool mirrored, std::int64_t row,
-                                 std::int64_t col) {
-  Lines lines(text, first_entry.pos(), first_entry.number());
+[[noreturn]] void fail_duplicate(Lines lines, bool mirrored, std::int64_t row, std::int64_t col) {
   std::string_view line;
   std::int64_t found_line[2] = {};
   std::size_t found_byte[2] = {};
@@ -377,7 +372,7 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     }
     for (auto k = b; k < end; ++k) {
       if (k + 1 < end && col_idx[k + 1] == col_idx[k]) {
-        fail_duplicate(text, first_entry, symmetry != Symmetry::general, static_cast<std::int64_t>(r) + 1,
+        fail_duplicate(first_entry, symmetry != Symmetry::general, static_cast<std::int64_t>(r) + 1,
                        static_cast<std::int64_t>(col_idx[k]) + 1);
       }
       if (!is_stored(values[k])) continue;
