@@ -510,11 +510,7 @@ constexpr int kBatchRows = 8;    // Wd rows per batch of the down projection (8 
 // sums of y are added in part order, so the result does not depend on which CTA ran which part.
 // Such rows are fewer than the resident CTAs (each holds more than 1 / resident of the entries),
 // so a split capacity of min(M, resident CTAs) always holds them (UpDownSizes: of either pass).
-// The floor of 64 entries only acts where the share is smaller (under ~25k entries in the batch
-// on 396 resident CTAs): there a token-skewed row of a few hundred entries would otherwise run as
-// one chain (M = 64: 78 against 105 us, M = 2048: 225 against 250 us, against a floor of 256;
-// a floor of 16 split ordinary rows too and lost 3x at M = 256; docs/gemm_to_sparse.md).
-constexpr std::int32_t kSplitEntries = 64;
+constexpr std::int32_t kSplitEntries = 256;
 constexpr std::int64_t kPartColumns = 1024;
 static_assert(kPartColumns <= kListCap, "a part's entries fit one list");
 // block_state: filled by count_and_order_kernel (its last CTA resets the counters for the next
