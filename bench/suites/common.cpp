@@ -33,7 +33,7 @@ std::int64_t tokens_large(const Config& config) {
 std::int64_t tokens_small(const Config& config) {
   return config.tokens_small > 0 ? config.tokens_small : config.quick ? 512 : 4096;
 }
-std::int64_t tokens_decode() { return 256; }
+std::vector<std::int64_t> decode_batches() { return {1, 64, 256, 512}; }
 
 bool in_scope(const Config& config, const std::string& shape, std::int64_t m, double density,
               workload::Distribution dist) {

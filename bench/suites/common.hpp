@@ -30,8 +30,9 @@ const std::vector<workload::Distribution>& distributions(bool quick);
 // shrinks to smoke-test sizes.
 std::int64_t tokens_large(const Config& config);
 std::int64_t tokens_small(const Config& config);
-// A decode step's batch, one token of each of 256 sequences (the FFN suite only; not in --quick).
-std::int64_t tokens_decode();
+// Decode steps' batches, one token of each of 1, 64, 256 or 512 sequences (the FFN suite only;
+// not in --quick or --contract).
+std::vector<std::int64_t> decode_batches();
 
 // Whether a point (checked before its inputs are generated) belongs to this run: every point,
 // or with --contract only the paper shape at the small and large M, 0.5 %, uniform or

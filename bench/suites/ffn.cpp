@@ -54,10 +54,11 @@ std::vector<FfnPoint> ffn_points(const Config& config) {
   out.push_back({workload::paper_shape(), large, 0.005, Distribution::neuron_skewed});
   for (const Distribution d : {Distribution::uniform, Distribution::neuron_skewed, Distribution::token_skewed})
     out.push_back({workload::paper_shape(), small, 0.005, d});
-  // Decode-sized: the GPU's work is a few microseconds a kernel, so the host's own time per call
-  // (launches, the wait for the gate's count) shows; two batch sizes, which the up/down kernel
-  // runs in blocks of 1 and 2 tokens on a 132-SM GPU.
-  for (const std::int64_t m : {detail::tokens_decode(), 2 * detail::tokens_decode()})
+  // Decode-sized: each kernel's work is a few microseconds, so fixed costs (launches, the
+  // preparation's chain, one CTA's chain per token) show; a single sequence and batches the
+  // up/down kernel runs in blocks of 1 token (up to 256) and 2 (512) on a 132-SM GPU
+  // (docs/benchmarks/diagnostics/h200-2026-12-02a-ffn-by-m.md).
+  for (const std::int64_t m : detail::decode_batches())
     if (m != small && m != large)  // --tokens may name them: one case per point
       out.push_back({workload::paper_shape(), m, 0.005, Distribution::uniform});
   for (const Distribution d : {Distribution::uniform, Distribution::token_skewed}) {
