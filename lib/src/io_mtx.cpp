@@ -131,8 +131,9 @@ bool parse_real(std::string_view token, double& out) {
   return ec == std::errc();
 }
 
-// One matrix element as read (a mirrored one too). Its line is found again only for a duplicate
-// (fail_duplicate), so reading holds 16 bytes an element, not a line number besides.
+// One entry line as read (a symmetric file's mirrored element is made from it when the elements
+// are placed). Its line is found again only for a duplicate (fail_duplicate), so reading holds 16
+// bytes a line, not a line number besides.
 template <Value T>
 struct Entry {
   std::int64_t row;
@@ -274,9 +275,9 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
   const Lines first_entry = lines;
   std::vector<Entry<T>> entry;
   std::int64_t rounded_to_zero = 0;
-  // A symmetric file's diagonal is not mirrored: the pages of the capacity it leaves unused are
-  // never touched.
-  entry.reserve(static_cast<std::size_t>(entries) * (symmetry == Symmetry::general ? 1 : 2));
+  entry.reserve(static_cast<std::size_t>(entries));
+  const bool symmetric = symmetry != Symmetry::general;
+  std::int64_t mirrored = 0;  // off-diagonal lines of a symmetric file: an element each besides
   std::int64_t got = 0;
   while (got < entries) {
     if (!lines.next(line)) {
@@ -325,12 +326,9 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     bool to_zero = false;
     const T value = narrow<T>(v, kWhere, element, to_zero);
     entry.push_back(Entry<T>{r - 1, static_cast<std::int32_t>(c - 1), value});
-    rounded_to_zero += to_zero ? 1 : 0;
-    if (symmetry != Symmetry::general && r != c) {
-      entry.push_back(Entry<T>{c - 1, static_cast<std::int32_t>(r - 1),
-                               symmetry == Symmetry::skew ? from_float<T>(-to_float(value)) : value});
-      rounded_to_zero += to_zero ? 1 : 0;
-    }
+    const bool mirror = symmetric && r != c;
+    mirrored += mirror ? 1 : 0;
+    rounded_to_zero += to_zero ? (mirror ? 2 : 1) : 0;
   }
   while (lines.next(line)) {
     if (is_blank_line(line) || line.front() == '%') continue;
@@ -339,18 +337,28 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
 
   // A counting sort by row straight into the CSR arrays (explicit zeros included, so that a zero
   // duplicating a value is still found), then each row by column: duplicates become neighbours.
-  CsrMatrix<T> m(rows, cols, static_cast<std::int64_t>(entry.size()));  // row_ptr zeroed: the counts start at 0
+  // A symmetric file's off-diagonal line places its mirrored element right after its own, as the
+  // file would have listed it.
+  CsrMatrix<T> m(rows, cols, static_cast<std::int64_t>(entry.size()) + mirrored);  // row_ptr zeroed
   auto row_ptr = m.row_ptr().host_span();
   auto col_idx = m.col_idx().host_span();
   auto values = m.values().host_span();
   const auto rows_z = static_cast<std::size_t>(rows);
-  for (const Entry<T>& x : entry) ++row_ptr[static_cast<std::size_t>(x.row) + 1];
+  const auto mirror_of = [&](const Entry<T>& x) { return symmetric && x.row != x.col; };
+  for (const Entry<T>& x : entry) {
+    ++row_ptr[static_cast<std::size_t>(x.row) + 1];
+    if (mirror_of(x)) ++row_ptr[static_cast<std::size_t>(x.col) + 1];
+  }
   for (std::size_t r = 0; r < rows_z; ++r) row_ptr[r + 1] += row_ptr[r];
   // row_ptr[r] is row r's fill cursor; once filled it holds row r + 1's start, shifted back below.
+  const auto place = [&](std::int64_t row, std::int64_t col, T value) {
+    const auto k = static_cast<std::size_t>(row_ptr[static_cast<std::size_t>(row)]++);
+    col_idx[k] = static_cast<std::int32_t>(col);
+    values[k] = value;
+  };
   for (const Entry<T>& x : entry) {
-    const auto k = static_cast<std::size_t>(row_ptr[static_cast<std::size_t>(x.row)]++);
-    col_idx[k] = x.col;
-    values[k] = x.value;
+    place(x.row, x.col, x.value);
+    if (mirror_of(x)) place(x.col, x.row, symmetry == Symmetry::skew ? from_float<T>(-to_float(x.value)) : x.value);
   }
   std::vector<Entry<T>>().swap(entry);
   for (std::size_t r = rows_z; r > 0; --r) row_ptr[r] = row_ptr[r - 1];
@@ -372,7 +380,7 @@ CsrMatrix<T> parse(std::span<const std::byte> bytes, const ReadOptions& options,
     }
     for (auto k = b; k < end; ++k) {
       if (k + 1 < end && col_idx[k + 1] == col_idx[k]) {
-        fail_duplicate(first_entry, symmetry != Symmetry::general, static_cast<std::int64_t>(r) + 1,
+        fail_duplicate(first_entry, symmetric, static_cast<std::int64_t>(r) + 1,
                        static_cast<std::int64_t>(col_idx[k]) + 1);
       }
       if (!is_stored(values[k])) continue;

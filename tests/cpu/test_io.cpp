@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <clocale>
 #include <cmath>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -245,6 +247,47 @@ TEST_CASE("Matrix Market reader: fields, order, explicit zeros, duplicates and b
   }
   CHECK(bad("%%MatrixMarket matrix array real general\n1 1\n1\n") == ErrorCode::unsupported);
   CHECK(bad("%%MatrixMarket matrix coordinate complex general\n1 1 0\n") == ErrorCode::unsupported);
+}
+
+TEST_CASE("Matrix Market reader: a symmetric or skew-symmetric file in any line order is its mirrored matrix") {
+  // Lower-triangle lines in a random order (the diagonal too where symmetric), some explicit
+  // zeros: the CSR result is the dense matrix built from the lines, its rows sorted, the zeros
+  // dropped and counted per element (an off-diagonal zero twice).
+  for (const bool skew : {false, true}) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(skew);
+    std::mt19937_64 rng(seed);
+    const int n = 37;
+    std::vector<std::pair<int, int>> cells;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < (skew ? i : i + 1); ++j)
+        if (rng() % 4 == 0) cells.emplace_back(i, j);
+    std::shuffle(cells.begin(), cells.end(), rng);
+    std::vector<float> want(static_cast<std::size_t>(n * n), 0.0f);
+    std::string text = std::string("%%MatrixMarket matrix coordinate real ") + (skew ? "skew-symmetric" : "symmetric") +
+                       "\n" + std::to_string(n) + " " + std::to_string(n) + " " + std::to_string(cells.size()) + "\n";
+    std::int64_t zeros = 0;
+    for (const auto& [i, j] : cells) {
+      const int v = static_cast<int>(rng() % 7) - 3;  // zeros among them
+      text += std::to_string(i + 1) + " " + std::to_string(j + 1) + " " + std::to_string(v) + "\n";
+      want[static_cast<std::size_t>(i * n + j)] = static_cast<float>(v);
+      want[static_cast<std::size_t>(j * n + i)] = static_cast<float>(skew ? -v : v);
+      zeros += v == 0 ? (i == j ? 1 : 2) : 0;
+    }
+    MtxReport report;
+    const auto got = std::get<CsrMatrix<float>>(read_mtx(bytes_of(text), {}, &report));
+    CHECK(report.explicit_zeros == zeros);
+    REQUIRE(got.rows() == n);
+    std::vector<float> dense(want.size(), 0.0f);
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t k = got.row_ptr().data()[r]; k < got.row_ptr().data()[r + 1]; ++k) {
+        CHECK(got.values().data()[k] != 0.0f);
+        if (k > got.row_ptr().data()[r]) CHECK(got.col_idx().data()[k - 1] < got.col_idx().data()[k]);
+        dense[static_cast<std::size_t>(r * n + got.col_idx().data()[k])] = got.values().data()[k];
+      }
+    CHECK(dense == want);
+  }
 }
 
 TEST_CASE("Matrix Market reader: a duplicate names both of its lines and where they start") {
