@@ -251,8 +251,9 @@ TEST_CASE("Matrix Market reader: fields, order, explicit zeros, duplicates and b
 
 TEST_CASE("Matrix Market reader: a symmetric or skew-symmetric file in any line order is its mirrored matrix") {
   // Lower-triangle lines in a random order (the diagonal too where symmetric), some explicit
-  // zeros: the CSR result is the dense matrix built from the lines, its rows sorted, the zeros
-  // dropped and counted per element (an off-diagonal zero twice).
+  // zeros and some values that round to zero in fp32: the CSR result is the dense matrix built
+  // from the lines, its rows sorted, the zeros dropped and both kinds counted per element (an
+  // off-diagonal one twice).
   for (const bool skew : {false, true}) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
@@ -267,17 +268,23 @@ TEST_CASE("Matrix Market reader: a symmetric or skew-symmetric file in any line 
     std::vector<float> want(static_cast<std::size_t>(n * n), 0.0f);
     std::string text = std::string("%%MatrixMarket matrix coordinate real ") + (skew ? "skew-symmetric" : "symmetric") +
                        "\n" + std::to_string(n) + " " + std::to_string(n) + " " + std::to_string(cells.size()) + "\n";
-    std::int64_t zeros = 0;
+    std::int64_t zeros = 0, rounded = 0;
     for (const auto& [i, j] : cells) {
-      const int v = static_cast<int>(rng() % 7) - 3;  // zeros among them
-      text += std::to_string(i + 1) + " " + std::to_string(j + 1) + " " + std::to_string(v) + "\n";
-      want[static_cast<std::size_t>(i * n + j)] = static_cast<float>(v);
-      want[static_cast<std::size_t>(j * n + i)] = static_cast<float>(skew ? -v : v);
-      zeros += v == 0 ? (i == j ? 1 : 2) : 0;
+      const int v = static_cast<int>(rng() % 8) - 3;  // 4: a value that rounds to zero
+      const bool tiny = v == 4;
+      text += std::to_string(i + 1) + " " + std::to_string(j + 1) + " " + (tiny ? "1e-50" : std::to_string(v)) + "\n";
+      const float value = tiny ? 0.0f : static_cast<float>(v);
+      want[static_cast<std::size_t>(i * n + j)] = value;
+      want[static_cast<std::size_t>(j * n + i)] = skew ? -value : value;
+      const std::int64_t elements = i == j ? 1 : 2;
+      zeros += v == 0 ? elements : 0;
+      rounded += tiny ? elements : 0;
     }
     MtxReport report;
     const auto got = std::get<CsrMatrix<float>>(read_mtx(bytes_of(text), {}, &report));
+    CHECK(report.entries == static_cast<std::int64_t>(cells.size()));
     CHECK(report.explicit_zeros == zeros);
+    CHECK(report.rounded_to_zero == rounded);
     REQUIRE(got.rows() == n);
     std::vector<float> dense(want.size(), 0.0f);
     for (std::int64_t r = 0; r < n; ++r)
