@@ -57,10 +57,13 @@ std::vector<FfnPoint> ffn_points(const Config& config) {
   // Decode-sized: each kernel's work is a few microseconds, so fixed costs (launches, the
   // preparation's chain, one CTA's chain per token) show; a single sequence and batches the
   // up/down kernel runs in blocks of 1 token (up to 256) and 2 (512) on a 132-SM GPU
-  // (docs/benchmarks/diagnostics/h200-2026-12-02a-ffn-by-m.md).
-  for (const std::int64_t m : detail::decode_batches())
-    if (m != small && m != large)  // --tokens may name them: one case per point
-      out.push_back({workload::paper_shape(), m, 0.005, Distribution::uniform});
+  // (docs/benchmarks/diagnostics/h200-2026-12-02a-ffn-by-m.md). At 64 tokens also token-skewed:
+  // a small batch's heavy tokens, each one CTA's chain unless split (h200-2026-12-02b).
+  for (const std::int64_t m : detail::decode_batches()) {
+    if (m == small || m == large) continue;  // --tokens may name them: one case per point
+    out.push_back({workload::paper_shape(), m, 0.005, Distribution::uniform});
+    if (m == 64) out.push_back({workload::paper_shape(), m, 0.005, Distribution::token_skewed});
+  }
   for (const Distribution d : {Distribution::uniform, Distribution::token_skewed}) {
     out.push_back({workload::small_shape(), large, 0.005, d});
     out.push_back({workload::llama7b_shape(), large, 0.005, d});
