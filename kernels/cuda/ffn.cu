@@ -503,14 +503,23 @@ std::int32_t block_tokens_for(std::int64_t m, std::int64_t resident) {
 constexpr int kListCap = 1024;   // gate entries per round of the block kernel
 constexpr int kBatchRows = 8;    // Wd rows per batch of the down projection (8 x kChunks loads of 16 bytes)
 
-// Split rows: a token with more gate entries than a resident CTA's share of all entries (and
-// more than kSplitEntries) is not run by its block's CTA, whose one chain of Wu and Wd rows
-// would set the kernel's length, but cut into parts of part_tiles whole tiles, at most
-// kPartColumns columns, which the block kernel's helper CTAs claim in order; the parts' partial
-// sums of y are added in part order, so the result does not depend on which CTA ran which part.
+// Split rows: a token whose one chain of Wu and Wd rows would set the block kernel's length is
+// not run by its block's CTA but cut into parts of part_tiles whole tiles, at most kPartColumns
+// columns, which the block kernel's helper CTAs claim in order; the parts' partial sums of y are
+// added in part order, so the result does not depend on which CTA ran which part. A row is split
+// when its entries exceed all of: kSplitEntries (below, its parts' turns cost more than its
+// chain), a resident CTA's share of all entries (a batch of many waves, where the chains of the
+// other CTAs hide it) and kSplitOverMean times the batch's mean row, at most kSplitAlways (a
+// batch of fewer blocks than CTAs, whose length is its longest chain: a sparse batch's ordinary
+// rows stay whole, since splitting all of them queues every part behind its turn (a floor of 16
+// alone: 3x slower at M = 256 and 0.5 %); but a row over kSplitAlways is always worth its
+// parts: M = 64 at 20 % ran 2.8x slower with its ~1100-entry rows whole;
+// docs/benchmarks/diagnostics/h200-2026-12-02c-ffn-split-rule.md).
 // Such rows are fewer than the resident CTAs (each holds more than 1 / resident of the entries),
 // so a split capacity of min(M, resident CTAs) always holds them (UpDownSizes: of either pass).
-constexpr std::int32_t kSplitEntries = 256;
+constexpr std::int32_t kSplitEntries = 64;
+constexpr unsigned long long kSplitOverMean = 2;
+constexpr unsigned long long kSplitAlways = 256;
 constexpr std::int64_t kPartColumns = 1024;
 static_assert(kPartColumns <= kListCap, "a part's entries fit one list");
 // block_state: filled by count_and_order_kernel (its last CTA resets the counters for the next
@@ -523,8 +532,9 @@ enum : int {
   kStateCandidates = 4,  // rows over kSplitEntries (split_candidates)
   kStateDone = 5,        // CTAs of count_and_order_kernel done
   kStateEntries = 6,     // entries of every counted row, 64 bits
-  kStateClasses = 8,     // token blocks per weight class (kWeightClasses words)
-  kStateSplitRows = 40   // then the listed rows
+  kStateCounted = 8,     // counted rows (the routed ones are left out of the mean row)
+  kStateClasses = 9,     // token blocks per weight class (kWeightClasses words)
+  kStateSplitRows = 41   // then the listed rows
 };
 // Token blocks are ordered by weight class, heaviest first: half octaves of the block's entries
 // (class 2h - 1 for [2^h, 1.5 x 2^h), 2h for [1.5 x 2^h, 2^(h+1)), up to class 30 from 49152
@@ -1114,18 +1124,18 @@ __global__ void __launch_bounds__(kThreads, kChunks == 1 ? 3 : 2) ffn_block_kern
 //     (rows the block kernel routes to ffn_token are left to it: it writes their counts);
 //   - each token block's weight class (weight_class of its entries; a block with a routed row
 //     in the last class) and the blocks per class;
-//   - when rows are split: the entry total, the longest row and the candidates (rows over
-//     kSplitEntries).
-// The last CTA to finish then sets the threshold, max(kSplitEntries, entries / resident CTAs),
-// lists the candidates over it for the helpers (none when the longest row is under it, or when
-// they would not fit split_capacity), writes the block order and resets the counters for the
-// next call. The order is heaviest class first: a CTA's time follows its entries, the heavy
-// blocks take the first CTAs, which the hardware starts first in practice, and the light ones
-// fill in around them; a heavy block that started in the last wave would set the kernel's
-// length (token-skewed data). A block's rank within its class is taken by its counting CTA (one
-// atomic per class the CTA holds), so the last CTA only places each block at its class's start
-// plus its rank; ranks follow the CTAs' order of arrival, which varies between calls: it changes
-// the speed, never the result.
+//   - when rows are split: the entry total, the counted rows, the longest row and the candidates
+//     (rows over kSplitEntries).
+// The last CTA to finish then sets the threshold, max(kSplitEntries, entries / resident CTAs,
+// min(kSplitOverMean x entries / counted rows, kSplitAlways)), lists the candidates over it for the
+// helpers (none when the longest row is under it, or when they would not fit split_capacity),
+// writes the block order and resets the counters for the next call. The order is heaviest class
+// first: a CTA's time follows its entries, the heavy blocks take the first CTAs, which the hardware
+// starts first in practice, and the light ones fill in around them; a heavy block that started in
+// the last wave would set the kernel's length (token-skewed data). A block's rank within its class
+// is taken by its counting CTA (one atomic per class the CTA holds), so the last CTA only places
+// each block at its class's start plus its rank; ranks follow the CTAs' order of arrival, which
+// varies between calls: it changes the speed, never the result.
 constexpr int kCountRowsPerWarp = 4;
 constexpr int kCountRows = kThreads / 32 * kCountRowsPerWarp;  // rows of a CTA: whole token blocks
 static_assert(kCountRows % kMaxBlockTokens == 0, "a CTA counts whole token blocks");
@@ -1136,7 +1146,7 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a, std::int32_t* order) {
   ::twell::detail::wait_for_prior_grids();
   constexpr int kWarps = kThreads / 32;
-  __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps];
+  __shared__ std::int32_t warp_entries[kWarps], warp_longest[kWarps], warp_rows[kWarps];
   __shared__ std::int32_t row_weight[kCountRows];  // the row's entries, -1 for a routed row
   __shared__ bool last;
   __shared__ std::int32_t threshold, listed, candidates;
@@ -1183,6 +1193,7 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   if (lane == 0) {
     warp_entries[warp] = entries;
     warp_longest[warp] = longest;
+    warp_rows[warp] = __popc(counted);
   }
   __syncthreads();
   const int bt = a.block_tokens;
@@ -1216,13 +1227,15 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   if (threadIdx.x == 0) {
     if (split) {
       unsigned long long sum = 0;
-      std::int32_t most = 0;
+      std::int32_t most = 0, rows = 0;
       for (int w = 0; w < kWarps; ++w) {
         sum += static_cast<unsigned long long>(warp_entries[w]);
         most = max(most, warp_longest[w]);
+        rows += warp_rows[w];
       }
       atomicAdd(reinterpret_cast<unsigned long long*>(state + kStateEntries), sum);
       atomicMax(state + kStateLongest, most);
+      atomicAdd(state + kStateCounted, rows);
     }
     __threadfence();  // this CTA's candidates and sums before its ticket
     last = atomicAdd(state + kStateDone, 1) == static_cast<std::int32_t>(gridDim.x) - 1;
@@ -1247,14 +1260,18 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
     threshold = INT32_MAX;
     candidates = 0;
     if (split) {
-      // The other CTAs' sums are in L2 before their tickets: three loads issued together, one
-      // round trip, where read-back atomics would make three in a row.
+      // The other CTAs' sums are in L2 before their tickets: four loads issued together, one
+      // round trip, where read-back atomics would make four in a row.
       const unsigned long long total = __ldcg(reinterpret_cast<const unsigned long long*>(state + kStateEntries));
       const std::int32_t most = __ldcg(state + kStateLongest);
       const std::int32_t found = __ldcg(state + kStateCandidates);
+      const std::int32_t rows = __ldcg(state + kStateCounted);
       const unsigned long long share = total / static_cast<unsigned long long>(a.resident);
-      const auto bound = static_cast<std::int32_t>(
-          max(static_cast<unsigned long long>(kSplitEntries), min(share, static_cast<unsigned long long>(INT32_MAX))));
+      const unsigned long long over_mean =
+          rows > 0 ? min(kSplitOverMean * total / static_cast<unsigned long long>(rows), kSplitAlways) : 0ull;
+      const auto bound =
+          static_cast<std::int32_t>(max(static_cast<unsigned long long>(kSplitEntries),
+                                        min(max(share, over_mean), static_cast<unsigned long long>(INT32_MAX))));
       if (most > bound) {  // else nothing to split
         threshold = bound;
         candidates = found;
@@ -1292,6 +1309,7 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   state[kStateLongest] = 0;
   state[kStateCandidates] = 0;
   state[kStateDone] = 0;
+  state[kStateCounted] = 0;
   *reinterpret_cast<unsigned long long*>(state + kStateEntries) = 0;
 }
 

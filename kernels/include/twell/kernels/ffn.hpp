@@ -26,8 +26,8 @@ struct FfnStats {
   // densely inside the FFN kernel (exact, but slow); the plan's block has now grown to hold them.
   std::int64_t fallback_rows = 0;
   // Tokens whose up/down work the GPU's block kernel split into parts run by several CTAs (more
-  // than 256 gate entries and more than a resident CTA's share of the batch's entries;
-  // docs/gemm_to_sparse.md, "Heavy tokens"); 0 elsewhere.
+  // than 64 gate entries, more than a resident CTA's share of the batch's entries and more than
+  // twice the batch's mean or 256; docs/gemm_to_sparse.md, "Heavy tokens"); 0 elsewhere.
   std::int64_t split_rows = 0;
 };
 

@@ -39,7 +39,7 @@ struct UpDownBuffers {
   Buffer<std::int32_t> block_state;  // counters, the split threshold and the split rows
   // Rows split at once: min(M, CTAs the device runs at once); 0 turns splitting off.
   std::int64_t split_capacity = 0;
-  Buffer<std::int32_t> split_candidates;  // 2 M: (row, entries) of the rows over 256 entries
+  Buffer<std::int32_t> split_candidates;  // 2 M: (row, entries) of the rows over 64 entries
   Buffer<std::int32_t> split_turn;        // split_capacity
   Buffer<float> split_sum;                // split_capacity x K, fp32 partial sums of y
 };
