@@ -22,7 +22,7 @@ TWELL_VARIANTS = {
     "sddmm": ["twell"],
     "convert": ["dense->hybrid", "dense->hybrid_plan", "dense->twell", "dense->twell_into",
                 "dense->twell_into_async"],
-    "gemm_to_sparse": ["twell", "twell_run_and_count", "twell_allocating", "twell_portable"],
+    "gemm_to_sparse": ["twell", "twell_run_and_count", "twell_allocating", "twell_portable", "twell_decode_split"],
     "ffn": ["fused", "unfused", "fused_plain"],
     "training": ["twell", "twell_plan", "twell_backward", "twell_plan_backward"],
 }

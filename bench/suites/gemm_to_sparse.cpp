@@ -8,6 +8,8 @@
 //   twell_allocating    the free function cuda::gemm_to_sparse (allocates its result, syncs)
 //   twell_portable      as twell, on the portable mma.sync mainloop (FusedMainloop::portable):
 //                       what devices before Hopper run, and the compute_80 build everywhere
+//   twell_decode_split  as twell, on FusedMainloop::best_decode_split (the FFN plans' gate): the
+//                       split-K decode kernel where M <= 64 on Hopper, else as twell
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -150,13 +152,13 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
           c.extra["path"] = plan.path();
           c.extra["includes"] = "run() + sync_overflow_count() (one 40-byte device-to-host read, stream sync)";
         });
-      Case tp = base;
-      tp.variant = "twell_portable";
-      if (paper_point)
-        detail::run_case(report, tp, [&](Case& c) {
-          // Its own plan, its block sized by an untimed run as twell's.
+      // As twell on another mainloop: its own plan, its block sized by an untimed run as twell's.
+      const auto time_mainloop = [&](const char* variant, cuda::FusedMainloop mainloop, const char* includes) {
+        Case tm = base;
+        tm.variant = variant;
+        detail::run_case(report, tm, [&](Case& c) {
           cuda::GemmToSparsePlan<T> plan(m, k, n, ActivationSpec{}, layout, cuda::GemmToSparsePlan<T>::kDefaultCapacity,
-                                         OverflowPolicy::hybrid, h.stream(), cuda::FusedMainloop::portable);
+                                         OverflowPolicy::hybrid, h.stream(), mainloop);
           plan.run(x, wg);
           const cuda::OverflowCount count = plan.sync_overflow_count();
           const std::int64_t bytes = output_bytes_of(plan.result());
@@ -164,8 +166,14 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
           describe(c, count, bytes);
           (void)plan.sync_overflow_count();  // the path names the overflow block's making once counted
           c.extra["path"] = plan.path();
-          c.extra["includes"] = "as twell, on the portable mma.sync mainloop";
+          c.extra["includes"] = includes;
         });
+      };
+      if (paper_point) {
+        time_mainloop("twell_portable", cuda::FusedMainloop::portable, "as twell, on the portable mma.sync mainloop");
+        time_mainloop("twell_decode_split", cuda::FusedMainloop::best_decode_split,
+                      "as twell, on the best_decode_split mainloop (the FFN plans' gate): split in K where M <= 64");
+      }
     }
     Case ta = base;
     ta.variant = "twell_allocating";
@@ -212,7 +220,8 @@ void run_gemm_to_sparse(Harness& h, Report& report) {
     detail::not_built(report, lt, "kernels/include/twell/kernels/baselines.hpp is not in this build");
 #endif
   }
-  const std::vector<std::string> twell_variants{"twell", "twell_run_and_count", "twell_allocating", "twell_portable"};
+  const std::vector<std::string> twell_variants{"twell", "twell_run_and_count", "twell_allocating", "twell_portable",
+                                                "twell_decode_split"};
   detail::link_baselines(report, "gemm_to_sparse", twell_variants, {"cublas_gemm", "cublaslt_relu"});
   // The contract states this one as a time ratio (twell / cuBLAS, target <= 1.05).
   for (Case& c : report.cases)

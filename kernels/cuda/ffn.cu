@@ -1568,8 +1568,10 @@ GemmToSparsePlan<T> checked_gate(std::int64_t m, bool gated, DenseView<const T> 
             " x ", w_gate.cols, " but wu is ", wu.rows, " x ", wu.cols);
   }
   check_layout(layout, where);
-  return GemmToSparsePlan<T>(m, w_gate.rows, w_gate.cols, act, layout, capacity, OverflowPolicy::hybrid,
-                             options.stream);
+  // The split-K decode gate where it applies (M <= 64 on Hopper): its last bits differ from
+  // gemm_to_sparse's, as the FFN's y already may between batches (docs/api.md).
+  return GemmToSparsePlan<T>(m, w_gate.rows, w_gate.cols, act, layout, capacity, OverflowPolicy::hybrid, options.stream,
+                             FusedMainloop::best_decode_split);
 }
 
 }  // namespace

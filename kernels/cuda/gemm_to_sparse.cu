@@ -692,15 +692,25 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
   check_overflow_policy(policy, kWhere);
   require(overflow_capacity >= 0 || overflow_capacity == kDefaultCapacity, ErrorCode::invalid_argument, kWhere,
           "overflow_capacity ", overflow_capacity, " must be >= 0 (or kDefaultCapacity)");
-  require(mainloop == FusedMainloop::best || mainloop == FusedMainloop::portable, ErrorCode::invalid_argument, kWhere,
-          "fused mainloop ", static_cast<int>(mainloop), " is unknown");
+  require(mainloop == FusedMainloop::best || mainloop == FusedMainloop::portable ||
+              mainloop == FusedMainloop::best_decode_split,
+          ErrorCode::invalid_argument, kWhere, "fused mainloop ", static_cast<int>(mainloop), " is unknown");
   fused_ = fused_shape_ok<T>(k, n, layout, kWhere);
   if (!fused_) return;  // the generic path allocates its result per run
-  hopper_ = mainloop == FusedMainloop::best && detail::gemm_twell_sm90_available<T>(layout.tile, kWhere);
+  hopper_ = mainloop != FusedMainloop::portable && detail::gemm_twell_sm90_available<T>(layout.tile, kWhere);
   const std::int64_t capacity =
       policy != OverflowPolicy::hybrid
           ? 0
           : std::min(m, overflow_capacity == kDefaultCapacity ? default_capacity(m) : overflow_capacity);
+  // Decided here, once, so that a plan's bits do not change between runs (but for operands a run
+  // passes that the wgmma kernel cannot take, not 16-byte aligned or with leading dimensions not
+  // multiples of 8: that run falls back to the unsplit portable kernel). Under hybrid only with a
+  // block of every row: the spill pool then holds every spilled segment, so the block is filled
+  // from this kernel's own values, never by the unsplit recompute or second pass (whose other
+  // sums would disagree with the TwELL slots' in the last bits).
+  split_ = hopper_ && mainloop == FusedMainloop::best_decode_split &&
+           (policy != OverflowPolicy::hybrid || capacity >= m) &&
+           detail::gemm_twell_sm90_split_applies<T>(m, k, n, layout.tile, kWhere);
   twell_ = TwellMatrix<T>(m, n, layout, MemorySpace::device, Uninitialized{});  // the epilogue writes every slot
   overflow_ = DenseMatrix<T>(capacity, n, MemorySpace::device);
   // -1 everywhere, as the ranking kernel's fast path (no flagged row) leaves the map: then a first
@@ -790,9 +800,9 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
       o.spill_count = status + kSpillAcc;
       o.spill_capacity = static_cast<std::int64_t>(spill_where_.size() / 2);
     }
-    int cta_rows = 0;
+    detail::Sm90Tiling tiling;
     if (wgmma) {
-      cta_rows = detail::launch_gemm_twell_sm90<T>(h, o, stream, where);
+      tiling = detail::launch_gemm_twell_sm90<T>(h, o, split_, stream, where);
     } else if (m_ > 0 && n_ > 0) {
       if (layout_.tile == 128) {
         launch_twell<T, 128>(g, o, stream, where);
@@ -804,7 +814,8 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
                                    overflow_.rows(), o.spill_capacity, row_to_overflow_.data(), overflow_to_row_.data(),
                                    status);
     path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") +
-            (layout_.tile == 128 ? "128" : "256") + (cta_rows == 64 ? "_rows64" : "");
+            (layout_.tile == 128 ? "128" : "256") + (tiling.rows == 64 ? "_rows64" : "") +
+            (tiling.k_parts > 1 ? "_ksplit" + std::to_string(tiling.k_parts) : "");
     if (route && overflow_.rows() > 0 && n_ > 0) {
       // The overflow rows' dense values, for the whole block; the kernels read the device-side
       // counts and do nothing past them. The block is filled from the TwELL slots and the
@@ -835,14 +846,18 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
       const auto blocks = std::min(kOverflowMaxBlocks, (work + kOverflowThreads - 1) / kOverflowThreads);
       ::twell::detail::launch_kernel(where, overflow_rows_kernel, static_cast<unsigned>(blocks), kOverflowThreads, 0,
                                      stream, f);
-      if (wgmma) {  // the gathered copy is plan-owned, aligned, ld = K: it meets what h met
+      // A pool of a segment for every (row, tile) of M holds every spill, so the ranking kernel
+      // always fills and the recompute would find no row: not queued (a launch, ~1.5 us of a
+      // decode step, where the default block holds all M <= 64 rows).
+      const bool always_filled = o.spill_capacity >= m_ * layout_.tiles(n_);
+      if (!always_filled && wgmma) {  // the gathered copy is plan-owned, aligned, ld = K: it meets what h met
         detail::Sm90Gemm hr = h;
         hr.x = gathered_x_.view().data;
         hr.ldx = gathered_x_.view().ld;
         hr.m = overflow_.rows();
         detail::launch_gemm_dense_sm90<T>(hr, {overflow_.view().data, overflow_.view().ld, recompute}, layout_.tile,
                                           stream, where);
-      } else {
+      } else if (!always_filled) {
         GemmArgs r = make_args<T>(x, overflow_to_row_.data(), overflow_.rows(), w, act_);
         r.m_limit = recompute;
         launch_dense<T>(r, overflow_.view().data, n_, stream, where);

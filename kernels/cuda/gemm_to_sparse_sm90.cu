@@ -37,6 +37,10 @@ constexpr int kThreadsOf = 128 * (1 + BM / 64);
 // CTAs per cluster: the two CTAs of a cluster compute the same TwELL tile of two adjacent row
 // blocks and each loads half of every stage's W boxes into both by TMA multicast.
 constexpr int kCluster = 2;
+// CTAs per cluster of the split-K decode kernel (gemm_twell_sm90_split_kernel): each sums one of
+// kSplit contiguous K ranges of the same TwELL tile. Part of that kernel's bits: the ranges, and
+// so the fp32 sums, depend on it.
+constexpr int kSplit = 4;
 
 // Output tile pairs of an M x N product in CTA tiles of bm x bn: one per cluster-sized group of
 // row blocks and TwELL tile (the persistent loop's range, and the most clusters a launch can use).
@@ -107,6 +111,17 @@ __device__ __forceinline__ std::uint32_t cluster_rank() {
   std::uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
   return r;
+}
+
+// The generic address of this CTA's shared `p` in cluster CTA `cta`: ordinary loads through it
+// read that CTA's shared memory. Ordinary loads, not ld.shared::cluster in asm volatile, so that
+// the compiler may interleave them with the arithmetic within its register budget (volatile
+// loads stay in program order, and ptxas held all of them in registers at once: a spill).
+template <class U>
+__device__ __forceinline__ const U* map_shared_rank(const U* p, std::uint32_t cta) {
+  std::uint64_t remote;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(remote) : "l"(reinterpret_cast<std::uint64_t>(p)), "r"(cta));
+  return reinterpret_cast<const U*>(remote);
 }
 
 // wgmma shared-memory matrix descriptor: start address, leading and stride byte offsets (all
@@ -187,6 +202,22 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], std::uint64_t des
 #undef TWELL_WGMMA_REGS_128
 #undef TWELL_WGMMA_REGS_64
 
+// One stage's four k16 wgmmas into `acc`, committed as one group: A at shared address `a` (K-major,
+// 64 rows), B at `b` (MN-major, BN / 64 boxes). `step` is the stage's K step within the sum:
+// step 0 starts it (D = A B), so no zero fill of acc is read.
+template <class T, int BN>
+__device__ __forceinline__ void wgmma_stage(float (&acc)[BN / 2], std::uint32_t a, std::uint32_t b,
+                                            std::uint32_t step) {
+  fence_accumulators(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBK / 16; ++kk)
+    wgmma_tile<T, BN>(acc, smem_desc(a + kk * 32, 16, 1024), smem_desc(b + kk * 2048, Sm90Tile<BN>::kBBoxBytes, 1024),
+                      (step | kk) != 0 ? 1u : 0u);
+  wgmma_commit();
+  fence_accumulators(acc);
+}
+
 // Four 8 x 8 matrices of 16-bit pairs from the fragment layout (thread t holds row t / 4,
 // columns 2 (t % 4) and +1 of each) into shared memory; lanes 8j .. 8j+7 give the row addresses
 // of matrix j.
@@ -227,6 +258,19 @@ __device__ __forceinline__ void stage_warp_rows(const float (&acc)[BN / 2], std:
     if (g.kind == Activation::relu) stage_half<T, BN, true>(acc, h, my_row, g, nan);
     if (__any_sync(0xffffffffu, nan) || g.kind != Activation::relu) stage_half<T, BN, false>(acc, h, my_row, g, nan);
   }
+}
+
+// Staged rows first .. first+count-1 of the tile whose row 0 is matrix row m0 packed into their
+// TwELL slot groups of `tile` by one packer warp (pack_twell_rows_by_lane).
+template <int BN>
+__device__ __forceinline__ void pack_staged_rows(const std::uint16_t* staged, int first, int count, std::int64_t m0,
+                                                 std::int64_t tile, int tile_cols, const Sm90Gemm& g, const TwellOut& o,
+                                                 int lane, unsigned long long& stored, unsigned long long& excess) {
+  constexpr int kLd = Sm90Tile<BN>::kLd;
+  const TwellRows geo = twell_rows(o, g.n);
+  std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
+  pack_twell_rows_by_lane<BN>(staged + first * kLd, kLd, count, groups, geo.width, m0 + first, g.m, tile, tile_cols,
+                              geo, o, lane, stored, excess);
 }
 
 // This CTA's output tiles: cluster c of the grid's C takes tile pairs c, c + C, ...; pair p is
@@ -365,10 +409,7 @@ __global__ void __launch_bounds__(kThreadsOf<BM>, 1)
               *reinterpret_cast<uint4*>(out + (m0 + r) * d.ldo + c) =
                   *reinterpret_cast<const uint4*>(staged + r * P::kLd + c);
         } else {
-          const TwellRows geo = twell_rows(o, g.n);
-          std::uint32_t* groups = o.packed + o.layout.slot_offset(m0, tile, g.n) + first * geo.width;
-          pack_twell_rows_by_lane<BN>(staged + first * P::kLd, P::kLd, count, groups, geo.width, m0 + first, g.m, tile,
-                                      tile_cols, geo, o, lane, stored, excess);
+          pack_staged_rows<BN>(staged, first, count, m0, tile, tile_cols, g, o, lane, stored, excess);
         }
         mbar_arrive(staged_empty);  // this thread's reads of the staged tile are done
       }
@@ -395,14 +436,7 @@ __global__ void __launch_bounds__(kThreadsOf<BM>, 1)
         mbar_wait(&full[s], (it / P::kStages) & 1u);
         const std::uint32_t a = shared_address(smem + s * P::kStageBytes) + c * (64 * 128);
         const std::uint32_t b = shared_address(smem + s * P::kStageBytes + P::kABytes);
-        fence_accumulators(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk)
-          wgmma_tile<T, BN>(acc, smem_desc(a + kk * 32, 16, 1024), smem_desc(b + kk * 2048, P::kBBoxBytes, 1024),
-                            (kt | kk) != 0 ? 1u : 0u);
-        wgmma_commit();
-        fence_accumulators(acc);
+        wgmma_stage<T, BN>(acc, a, b, static_cast<std::uint32_t>(kt));
         if (kt > 0) {
           wgmma_wait<1>();  // the previous stage's group has retired: its buffers are free
           release((it - 1) % P::kStages);
@@ -417,6 +451,153 @@ __global__ void __launch_bounds__(kThreadsOf<BM>, 1)
     }
   }
   cluster_sync();  // the peer may still multicast into this CTA's stages or arrive on its barriers
+#endif
+}
+
+// The decode variant of the kernel above (FusedMainloop::best_decode_split, M <= 64): a cluster
+// of kSplit CTAs per TwELL tile, one 64-row block, each CTA the tile's fp32 partial sum over one
+// of kSplit contiguous K ranges (K steps ktiles * r / kSplit .. ktiles * (r + 1) / kSplit for
+// cluster rank r), so that twice the SMs of the 64-row kernel stream W, each for a quarter of
+// the K steps. No persistent walk (the host takes it only where all clusters fit at once), no
+// multicast: every CTA loads its own X box and W boxes into its own ring (Sm90Tile<BN, 64>).
+// After the mainloop the peers (ranks 1 .. kSplit-1) write the partial rows below M into their
+// own ring, now free; after a cluster barrier the leader (rank 0) adds them to its accumulators
+// in rank order over distributed shared memory, ((P0 + P1) + P2) + P3 for every output; after a
+// second one (the leader has read the peers, which may then exit) the leader runs the epilogue
+// of the kernel above. Each output's value is thus a function of its row of X, its column of W
+// and (K, kSplit) only: not of M, the other rows, the placement or the scheduling. It differs
+// from the unsplit sum in the last bits. Preconditions: those of the kernel above, M <= 64, and
+// ktiles >= 2 kSplit (so that every CTA has K steps to overlap and a nonempty range).
+template <class T, int BN>
+__global__ void __launch_bounds__(kThreadsOf<64>, 1)
+    gemm_twell_sm90_split_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                                 Sm90Gemm g, TwellOut o) {
+  ::twell::detail::wait_for_prior_grids();
+#if TWELL_SM90A_DEVICE
+  using P = Sm90Tile<BN, 64>;
+  constexpr int kConsumerWarps = 4;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024u - (shared_address(smem_raw) & 1023u)) & 1023u);
+  auto* full = reinterpret_cast<std::uint64_t*>(smem + P::kBarrierOffset);
+  std::uint64_t* empty = full + P::kStages;
+  std::uint64_t* staged_full = empty + P::kStages;
+  auto* staged = reinterpret_cast<std::uint16_t*>(smem + P::kStages * P::kStageBytes);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const std::int64_t tile = blockIdx.x / kSplit;
+  const std::uint32_t rank = cluster_rank();
+  const int ktiles = static_cast<int>((g.k + kBK - 1) / kBK);
+  const int kb = ktiles * static_cast<int>(rank) / kSplit;
+  const int ke = ktiles * static_cast<int>(rank + 1) / kSplit;
+
+  if (tid == 0) {
+    for (int s = 0; s < P::kStages; ++s) {
+      mbar_init(&full[s], 1);                // the producer's arrive, plus the TMA bytes
+      mbar_init(&empty[s], kConsumerWarps);  // lane 0 of this CTA's consumer warps
+    }
+    mbar_init(staged_full, kConsumerWarps * 32);
+    mbar_init_fence();
+  }
+  // Only this CTA touches its barriers; the first access from another CTA follows the cluster
+  // barrier after the mainloop, which also tells that every CTA of the cluster has started.
+  __syncthreads();
+
+  // Consumer thread t = tid - 128 of warp q holds fragment rows r0 = 16q + lane / 4 and r0 + 8
+  // (h = 0, 1): d[4c + 2h + e] is row r0 + 8h, column 8c + 2 (lane % 4) + e. A peer's partial goes
+  // to its ring as float2 pairs, thread-major (a warp's lanes touch 256 contiguous bytes), and
+  // only rows below M: the X rows past M arrive as zeros and are never packed.
+  constexpr int kAccumulators = BN / 2;
+  float acc[kAccumulators];
+#pragma unroll
+  for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
+  const int t = tid - 128;
+  const int r0 = 16 * (warp & 3) + (lane >> 2);
+  const bool live0 = warp >= 4 && r0 < g.m, live1 = warp >= 4 && r0 + 8 < g.m;
+  auto* part = reinterpret_cast<float2*>(smem);
+  auto slot = [&](int c, int h) { return (2 * c + h) * 128 + t; };
+
+  if (warp == 0) {
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_x)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(&map_w)) : "memory");
+      const int n0 = static_cast<int>(tile * BN);
+      for (int kt = kb, i = 0; kt < ke; ++kt, ++i) {
+        const std::uint32_t s = static_cast<std::uint32_t>(i) % P::kStages;
+        mbar_wait(&empty[s], ((static_cast<std::uint32_t>(i) / P::kStages) & 1u) ^ 1u);  // fresh: parity 1 passes
+        unsigned char* a = smem + s * P::kStageBytes;
+        unsigned char* b = a + P::kABytes;
+        mbar_expect_tx(&full[s], P::kStageBytes);
+        tma_load_2d(a, &map_x, &full[s], kt * kBK, 0);  // rows past M arrive as zeros
+#pragma unroll
+        for (int j = 0; j < BN / 64; ++j) tma_load_2d(b + j * P::kBBoxBytes, &map_w, &full[s], n0 + 64 * j, kt * kBK);
+      }
+    }
+  } else if (warp >= 4) {
+    // The range's wgmma sequence is the unsplit one restarted from zero at kb; every CTA runs it
+    // (ke > kb), so no wgmma sits in a divergent path.
+    for (int kt = kb, i = 0; kt < ke; ++kt, ++i) {
+      const std::uint32_t s = static_cast<std::uint32_t>(i) % P::kStages;
+      mbar_wait(&full[s], (static_cast<std::uint32_t>(i) / P::kStages) & 1u);
+      const std::uint32_t a = shared_address(smem + s * P::kStageBytes);
+      wgmma_stage<T, BN>(acc, a, a + P::kABytes, static_cast<std::uint32_t>(i));
+      if (i > 0) {
+        wgmma_wait<1>();  // the previous stage's group has retired: its buffers are free
+        if (lane == 0) mbar_arrive(&empty[(static_cast<std::uint32_t>(i) - 1) % P::kStages]);
+      }
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc);
+    if (rank != 0) {
+      // Every load of the range was waited for and every wgmma of the warpgroup has retired once
+      // all four warps pass here: the ring is free for the partial.
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      if (live0) {
+#pragma unroll
+        for (int c = 0; c < BN / 8; ++c) {
+          part[slot(c, 0)] = make_float2(acc[4 * c + 0], acc[4 * c + 1]);
+          if (live1) part[slot(c, 1)] = make_float2(acc[4 * c + 2], acc[4 * c + 3]);
+        }
+      }
+    }
+  }
+  __syncwarp();
+  cluster_sync();  // the peers' partials are visible to the cluster; every CTA has started
+  if (rank == 0 && live0) {
+    const float2* peer[kSplit];
+#pragma unroll
+    for (int p = 1; p < kSplit; ++p) peer[p] = map_shared_rank<float2>(part, static_cast<std::uint32_t>(p));
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (h == 1 && !live1) continue;  // a row past M: never packed
+#pragma unroll
+        for (int p = 1; p < kSplit; ++p) {  // in rank order
+          const float2 v = peer[p][slot(c, h)];
+          acc[4 * c + 2 * h] += v.x;
+          acc[4 * c + 2 * h + 1] += v.y;
+        }
+      }
+  }
+  __syncwarp();    // the reduction's lanes diverge on live0 / live1: reconverge for the aligned barrier
+  cluster_sync();  // the leader has read every peer: their shared memory may go
+  if (rank != 0) return;
+
+  if (warp >= 4) {
+    stage_warp_rows<T, BN>(acc, staged + 16 * (warp & 3) * P::kLd, g, lane);
+    mbar_arrive(staged_full);
+  } else if (warp >= 1) {
+    // Rows 64 p / kPackerWarps ..: 21, 21 and 22.
+    const int p = warp - 1;
+    const int first = 64 * p / kPackerWarps;
+    const int count = 64 * (p + 1) / kPackerWarps - first;
+    unsigned long long stored = 0, excess = 0;
+    mbar_wait(staged_full, 0);
+    pack_staged_rows<BN>(staged, first, count, 0, tile, static_cast<int>(min(std::int64_t{BN}, g.n - tile * BN)), g, o,
+                         lane, stored, excess);
+    flush_lane_totals(o, lane, stored, excess);
+  }
 #endif
 }
 
@@ -444,6 +625,30 @@ bool available(const char* where) {
   return attr.binaryVersion == 90 && device_runs_sm90a_code(device, where) && tensor_map_encoder() != nullptr;
 }
 
+// Sets `config` up for a launch of `kernel` in clusters of `cluster` CTAs of `threads` with
+// `smem` bytes of dynamic shared memory, its grid still to be set, and the early-launch
+// attribute where allowed (the kernels begin with wait_for_prior_grids()). Returns the clusters
+// that fit on the device at once (0: none).
+int cluster_launch_config(const void* kernel, int cluster, int threads, int smem, cudaStream_t stream,
+                          cudaLaunchAttribute (&attributes)[2], cudaLaunchConfig_t& config, const char* where) {
+  ::twell::detail::allow_dynamic_shared(kernel, smem, where);
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 1;
+  config.gridDim = dim3(static_cast<unsigned>(cluster));
+  const int resident = ::twell::detail::resident_clusters(kernel, config, where);
+  if (::twell::detail::early_launch_allowed()) config.numAttrs = 2;
+  return resident;
+}
+
 // A launch of the kernel for T, BN, BM and kDense, its grid still to be set: the launch
 // configuration and the clusters that fit on the device at once.
 template <class T, int BN, int BM, bool kDense>
@@ -461,26 +666,53 @@ struct Sm90Launch {
 template <class T, int BN, int BM, bool kDense>
 Sm90Launch<T, BN, BM, kDense>::Sm90Launch(cudaStream_t stream, const char* where) {
   using P = Sm90Tile<BN, BM>;
-  ::twell::detail::allow_dynamic_shared(kernel, static_cast<std::size_t>(P::kSmem), where);
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = kCluster;
-  attributes[0].val.clusterDim.y = 1;
-  attributes[0].val.clusterDim.z = 1;
-  // As detail::launch_kernel does: the kernel begins with wait_for_prior_grids().
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  config.blockDim = dim3(kThreadsOf<BM>);
-  config.dynamicSmemBytes = P::kSmem;
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = 1;
   // Persistent: the grid (set by launch()) is as many clusters as the device holds at once (66
   // of 2 CTAs on an H100), at most one per tile pair.
-  config.gridDim = dim3(kCluster);
-  resident = ::twell::detail::resident_clusters(kernel, config, where);
+  resident = cluster_launch_config(reinterpret_cast<const void*>(kernel), kCluster, kThreadsOf<BM>, P::kSmem, stream,
+                                   attributes, config, where);
   require(resident > 0, ErrorCode::cuda, where, "no cluster of ", kCluster, " CTAs with ", P::kSmem,
           " bytes of shared memory fits on this device");
-  if (::twell::detail::early_launch_allowed()) config.numAttrs = 2;
+}
+
+// A launch of the split kernel for T and BN, its grid still to be set; `resident` may be 0 (the
+// host then does not split).
+template <class T, int BN>
+struct Sm90SplitLaunch {
+  static constexpr auto kernel = gemm_twell_sm90_split_kernel<T, BN>;
+  cudaLaunchAttribute attributes[2]{};
+  cudaLaunchConfig_t config{};
+  int resident = 0;
+
+  Sm90SplitLaunch(cudaStream_t stream, const char* where)
+      : resident(cluster_launch_config(reinterpret_cast<const void*>(kernel), kSplit, kThreadsOf<64>,
+                                       Sm90Tile<BN, 64>::kSmem, stream, attributes, config, where)) {}
+  Sm90SplitLaunch(const Sm90SplitLaunch&) = delete;  // config.attrs points into the object
+  Sm90SplitLaunch& operator=(const Sm90SplitLaunch&) = delete;
+};
+
+// Whether the split kernel serves M x K x N in TwELL tiles of BN: one 64-row block, two K steps
+// or more per CTA, and every tile's cluster resident at once (there is no persistent walk).
+template <class T, int BN>
+bool split_applies(std::int64_t m, std::int64_t k, std::int64_t n, const char* where) {
+  if (m <= 0 || m > 64 || n <= 0 || (k + kBK - 1) / kBK < 2 * kSplit) return false;
+  // An optional variant: where the device cannot answer the occupancy query (or set the shared
+  // memory), the plan runs unsplit rather than fail to build.
+  try {
+    const Sm90SplitLaunch<T, BN> l(nullptr, where);
+    return (n + BN - 1) / BN <= l.resident;
+  } catch (const Error&) {
+    (void)cudaGetLastError();
+    return false;
+  }
+}
+
+// Queues the split kernel of `l`: one cluster per TwELL tile.
+template <class T, int BN>
+void launch_split(Sm90SplitLaunch<T, BN>& l, const Sm90Gemm& g, const TwellOut& o, const char* where) {
+  const CUtensorMap map_x = tensor_map<T>(g.x, g.m, g.k, g.ldx, 64, where);
+  const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
+  l.config.gridDim = dim3(static_cast<unsigned>((g.n + BN - 1) / BN * kSplit));
+  ::twell::detail::check_cuda(cudaLaunchKernelEx(&l.config, l.kernel, map_x, map_w, g, o), where);
 }
 
 // Queues the kernel of `l`: one cluster per tile pair, at most the resident ones (persistent).
@@ -498,16 +730,22 @@ void launch(Sm90Launch<T, BN, BM, kDense>& l, const Sm90Gemm& g, const TwellOut&
 // (on 132 SMs at the paper's N = 5632: M <= 384 with 256-column tiles, M <= 128 with 128-column
 // ones), else in 128-row ones. Each output's sum over K
 // runs in the same order either way, so the choice changes the speed, never the bits.
+// With `split` (the plan's decision, split_applies) the split kernel runs instead.
 template <class T, int BN>
-int launch_twell(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
+Sm90Tiling launch_twell(const Sm90Gemm& g, const TwellOut& o, bool split, cudaStream_t stream, const char* where) {
+  if (split) {
+    Sm90SplitLaunch<T, BN> l(stream, where);
+    launch_split(l, g, o, where);
+    return {64, kSplit};
+  }
   Sm90Launch<T, BN, 64, false> short_tiles(stream, where);
   if (tile_pairs(g.m, g.n, BN, 64) <= short_tiles.resident) {
     launch(short_tiles, g, o, Sm90Dense{}, where);
-    return 64;
+    return {64, 1};
   }
   Sm90Launch<T, BN, 128, false> tall_tiles(stream, where);
   launch(tall_tiles, g, o, Sm90Dense{}, where);
-  return 128;
+  return {128, 1};
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -532,11 +770,21 @@ bool gemm_twell_sm90_applies(const Sm90Gemm& g) {
 }
 
 template <class T>
-int launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where) {
+bool gemm_twell_sm90_split_applies(std::int64_t m, std::int64_t k, std::int64_t n, int tile, const char* where) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-    return o.layout.tile == 256 ? launch_twell<T, 256>(g, o, stream, where) : launch_twell<T, 128>(g, o, stream, where);
+    return tile == 256 ? split_applies<T, 256>(m, k, n, where) : split_applies<T, 128>(m, k, n, where);
   }
-  return 0;
+  return false;
+}
+
+template <class T>
+Sm90Tiling launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, bool split, cudaStream_t stream,
+                                  const char* where) {
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
+    return o.layout.tile == 256 ? launch_twell<T, 256>(g, o, split, stream, where)
+                                : launch_twell<T, 128>(g, o, split, stream, where);
+  }
+  return {};
 }
 
 template <class T>
@@ -563,9 +811,10 @@ void launch_gemm_dense_sm90(const Sm90Gemm& g, const Sm90Dense& d, int tile, cud
   }
 }
 
-#define TWELL_INSTANTIATE(T)                                                                           \
-  template bool gemm_twell_sm90_available<T>(int, const char*);                                        \
-  template int launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, cudaStream_t, const char*); \
+#define TWELL_INSTANTIATE(T)                                                                                        \
+  template bool gemm_twell_sm90_available<T>(int, const char*);                                                     \
+  template bool gemm_twell_sm90_split_applies<T>(std::int64_t, std::int64_t, std::int64_t, int, const char*);       \
+  template Sm90Tiling launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, bool, cudaStream_t, const char*); \
   template void launch_gemm_dense_sm90<T>(const Sm90Gemm&, const Sm90Dense&, int, cudaStream_t, const char*);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE

@@ -35,13 +35,32 @@ bool gemm_twell_sm90_available(int tile, const char* where);
 // its 16-byte aligned addresses). The portable kernel takes what this refuses.
 bool gemm_twell_sm90_applies(const Sm90Gemm& g);
 
+// Whether the split-K decode kernel (GemmToSparsePlan with FusedMainloop::best_decode_split)
+// serves an M x K x N product in TwELL tiles of `tile` on the current device, given
+// gemm_twell_sm90_available<T>(tile): M <= 64, K > 448 (two K steps of 64 or more for each of
+// the 4 CTAs of a tile's cluster), and all ceil(N / tile) clusters resident at once. The last is
+// cudaOccupancyMaxActiveClusters, cached per device and kernel: a property of the kind of GPU
+// (and its partition, under MPS or green contexts), never of its load. Host-side.
+template <class T>
+bool gemm_twell_sm90_split_applies(std::int64_t m, std::int64_t k, std::int64_t n, int tile, const char* where);
+
+// How launch_gemm_twell_sm90 tiled the product: CTA rows, and the K parts summed per output
+// (1, or 4 for the split kernel).
+struct Sm90Tiling {
+  int rows = 0;
+  int k_parts = 1;
+};
+
 // Queues the fused kernel on `stream`: every (row, tile) slot group of o.packed is written, rows
 // with an overflowed tile flagged in o.row_flags, totals added to o's accumulators, exactly as
-// gemm_twell_kernel does. Returns the CTA tile's rows: 64 where tiles of 128 rows would leave most
-// SMs idle (decode-sized M), else 128; the bits do not depend on it. Preconditions: both checks
-// above; o.layout.tile 128 or 256.
+// gemm_twell_kernel does. CTA tiles of 64 rows where tiles of 128 rows would leave most SMs idle
+// (decode-sized M), else 128; the bits do not depend on that choice. With `split` (only where
+// gemm_twell_sm90_split_applies), the split-K decode kernel instead: 64 rows, each output summed
+// as 4 K parts added in K order, whose bits differ from the unsplit sum's in the last places.
+// Preconditions: gemm_twell_sm90_available and gemm_twell_sm90_applies; o.layout.tile 128 or 256.
 template <class T>
-int launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, cudaStream_t stream, const char* where);
+Sm90Tiling launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, bool split, cudaStream_t stream,
+                                  const char* where);
 
 // The same kernel with a dense output (GemmToSparsePlan's overflow recompute): out(i, j) = the
 // value the TwELL epilogue would store for act(X W)(i, j) (0 where it stores nothing), for rows

@@ -139,15 +139,18 @@ const char* aligned_kernel() {
   return std::is_same_v<T, float> ? "ffn_rows_v8" : "ffn_block_v8";
 }
 
-// Gated and non-gated plans on one case: poisoned outputs, stats, the path taken.
+// Gated and non-gated plans on one case: poisoned outputs, stats, the path taken (with the
+// split-K decode gate where it must run: its default block holds every row).
 template <class T>
 void check_plans(const Case<T>& c, ActivationSpec act, TwellLayout layout, const char* expect_kernel) {
+  const std::optional<bool> split = testing::decode_split_expected(c.m(), c.k(), c.host.wg.cols(), layout.tile);
   cuda::GatedFfnPlan<T> gated(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), act, layout);
   auto y = poisoned<T>(c.m(), c.k());
   FfnStats stats;
   gated.forward(c.x.view(), y.view(), &stats);
   CAPTURE(gated.path());
   CHECK(gated.path().find(expect_kernel) != std::string::npos);
+  if (split) CHECK((gated.path().find("_ksplit4") != std::string::npos) == *split);
   const double err = error_of(y, c.ref_gated);
   CAPTURE(err);
   CHECK(err < tolerance<T>());
@@ -158,6 +161,7 @@ void check_plans(const Case<T>& c, ActivationSpec act, TwellLayout layout, const
   plain.forward(c.x.view(), yp.view());
   CAPTURE(plain.path());
   CHECK(plain.path().find(expect_kernel) != std::string::npos);
+  if (split) CHECK((plain.path().find("_ksplit4") != std::string::npos) == *split);
   const double err_plain = error_of(yp, c.ref_plain);
   CAPTURE(err_plain);
   CHECK(err_plain < tolerance<T>());
@@ -182,8 +186,9 @@ struct TrainingSetting {
 }  // namespace
 
 TEST_CASE_TEMPLATE("FFN plans match the dense reference: tiny to paper shapes, 0.3 % to 50 %, ReLU", T, bf16, fp16) {
-  constexpr Shape kShapes[] = {{1, 64, 136},    {7, 520, 1000}, {300, 2048, 5632},
-                               {300, 64, 1000}, {7, 2048, 136}, {300, 520, 136}};
+  // {1, 2048, 5632}: the decode gate at the paper's shape, split in K on an H100 or H200.
+  constexpr Shape kShapes[] = {{1, 64, 136},   {7, 520, 1000},  {300, 2048, 5632}, {300, 64, 1000},
+                               {7, 2048, 136}, {300, 520, 136}, {1, 2048, 5632}};
   struct Pattern {
     double density;
     Distribution d;

@@ -983,3 +983,185 @@ TEST_CASE("GemmToSparsePlan: error policy, misuse and bad input") {
   moved_to.run(xd.view(), wd.view());
   CHECK(code_of([&] { (void)moved_to.sync_overflow_count(); }) == ErrorCode::overflow);
 }
+
+namespace {
+
+// A plan's result on x after a first run on other data and two runs on x into poisoned outputs,
+// which must agree bitwise; `path` is the latest run's.
+template <class T>
+HybridMatrix<T> run_poisoned_twice(cuda::GemmToSparsePlan<T>& plan, DenseView<const T> x, DenseView<const T> w,
+                                   DenseView<const T> x_other, std::string& path) {
+  plan.run(x_other, w);
+  (void)plan.sync_overflow_count();
+  HybridMatrix<T> first;
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    poison(plan);
+    plan.run(x, w);
+    (void)plan.sync_overflow_count();
+    path = plan.path();
+    HybridMatrix<T> got = to_host(plan.result());
+    if (round == 0) {
+      first = std::move(got);
+    } else {
+      check_bitwise_equal(got, first);  // a missing cluster barrier would show as a race here
+    }
+  }
+  return first;
+}
+
+// Row i of a (its TwELL slot words and, if it overflowed, its dense block row) equals row j of b,
+// bit for bit.
+template <class T>
+void check_row_bits(const HybridMatrix<T>& a, std::int64_t i, const HybridMatrix<T>& b, std::int64_t j) {
+  CAPTURE(i);
+  CAPTURE(j);
+  const TwellLayout& l = a.layout();
+  const std::int64_t n = a.cols();
+  const auto pa = a.twell().packed().host_span(), pb = b.twell().packed().host_span();
+  std::int64_t diff = 0;
+  for (std::int64_t t = 0; t < l.tiles(n); ++t)
+    for (std::int64_t s = 0; s < l.slots(); ++s)
+      diff += pa[static_cast<std::size_t>(l.slot_offset(i, t, n) + s)] !=
+              pb[static_cast<std::size_t>(l.slot_offset(j, t, n) + s)];
+  CHECK(diff == 0);
+  const std::int32_t oa = a.row_to_overflow().host_span()[static_cast<std::size_t>(i)];
+  const std::int32_t ob = b.row_to_overflow().host_span()[static_cast<std::size_t>(j)];
+  REQUIRE((oa >= 0) == (ob >= 0));
+  if (oa >= 0)
+    CHECK(std::memcmp(a.overflow().view().data + oa * n, b.overflow().view().data + ob * n,
+                      static_cast<std::size_t>(n) * sizeof(T)) == 0);
+}
+
+}  // namespace
+
+// FusedMainloop::best_decode_split at decode-sized M and K > 448: on an H100/H200 the split-K
+// kernel (4 CTAs a TwELL tile, K summed in 4 ranges added in K order). Its values may differ from
+// the unsplit kernel's in the last bits, so it is held to the reference and to best with the
+// tolerance of the mainloop comparison; to itself bitwise (poisoned repeats, and a row's bits
+// whatever M <= 64 it is computed in); and where it must not split (a hybrid block of fewer than
+// M rows), to best bitwise.
+TEST_CASE_TEMPLATE("GemmToSparsePlan with best_decode_split: the split-K decode kernel at M <= 64, K > 448", T, bf16,
+                   fp16) {
+  struct Shape {
+    std::int64_t m, k, n;
+    std::int32_t tile;
+  };
+  struct Policy {
+    OverflowPolicy policy;
+    std::int32_t compression;  // 8: most rows overflow (the block filled from spills); 1: none does
+    std::int64_t capacity;
+  };
+  const auto cap = cuda::GemmToSparsePlan<T>::kDefaultCapacity;  // M rows at M <= 64: the split's rule holds
+  // M = 13 and 45: a warp whose lanes differ on their second fragment row (rows r0 + 8 below M or
+  // not); K = 4096 at tile 128: 16 K steps a CTA, the 8-stage ring wrapped twice.
+  for (const Shape s : testing::sweep({Shape{1, 2048, 5632, 256}, Shape{13, 520, 1000, 256}, Shape{45, 4096, 520, 128},
+                                       Shape{64, 2048, 1408, 256}})) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(s.m);
+    CAPTURE(s.k);
+    CAPTURE(s.n);
+    CAPTURE(s.tile);
+    const auto c = random_case<T>(s.m, s.k, s.n, seed);
+    const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+    const auto other = testing::random_dense<T>(s.m, s.k, 1.0f, seed + 2).to(MemorySpace::device);
+    const MatrixF xf = to_eigen<T>(c.x.view()), wf = to_eigen<T>(c.w.view());
+    const MatrixF prod = xf * wf, abs_prod = xf.cwiseAbs() * wf.cwiseAbs();
+    const std::optional<bool> split = testing::decode_split_expected(s.m, s.k, s.n, s.tile);
+    for (const ActivationSpec act : {kActs[0], kActs[2]}) {
+      CAPTURE(static_cast<int>(act.kind));
+      for (const Policy p : {Policy{OverflowPolicy::hybrid, 8, cap}, Policy{OverflowPolicy::drop, 8, cap},
+                             Policy{OverflowPolicy::error, 1, cap}, Policy{OverflowPolicy::hybrid, 8, 1}}) {
+        if (p.capacity == 1 && s.m == 1) continue;  // a block of 1 row holds M = 1: it splits
+        const TwellLayout layout{s.tile, p.compression};
+        const bool may_split = p.policy != OverflowPolicy::hybrid || p.capacity != 1;
+        CAPTURE(static_cast<int>(p.policy));
+        CAPTURE(p.capacity);
+        ConvertOptions conv;
+        conv.overflow = p.policy;
+        const HybridMatrix<T> ref = reference::gemm_to_sparse<T>(c.x.view(), c.w.view(), act, layout, conv);
+        cuda::GemmToSparsePlan<T> best(s.m, s.k, s.n, act, layout, p.capacity, p.policy, {}, cuda::FusedMainloop::best);
+        cuda::GemmToSparsePlan<T> plan(s.m, s.k, s.n, act, layout, p.capacity, p.policy, {},
+                                       cuda::FusedMainloop::best_decode_split);
+        std::string best_path, path;
+        const HybridMatrix<T> want = run_poisoned_twice<T>(best, xd.view(), wd.view(), other.view(), best_path);
+        const HybridMatrix<T> got = run_poisoned_twice<T>(plan, xd.view(), wd.view(), other.view(), path);
+        CAPTURE(best_path);
+        CAPTURE(path);
+        CHECK(best_path.find("_ksplit") == std::string::npos);
+        const bool split_ran = path.find("_ksplit4") != std::string::npos;
+        if (!may_split) CHECK_FALSE(split_ran);
+        if (may_split && split) CHECK(split_ran == *split);
+        // Every block row came from the gate's own spills.
+        if (split_ran && got.overflow_rows() > 0) CHECK(path.find("+overflow:spilled") != std::string::npos);
+        if (!split_ran) {
+          check_bitwise_equal(got, want);
+          continue;
+        }
+        const MatrixF dense = decode_checked(got);  // shadow counts exact: the block matches the slots
+        const Outcome o = compare<T>(decode_checked(ref), dense, prod, abs_prod, act);
+        CAPTURE(o.stored);
+        CAPTURE(o.ambiguous);
+        CHECK(o.wrong == 0);
+        CHECK(o.ambiguous <= 2 + o.stored / 1000);
+        const Outcome vs_best = compare<T>(decode_checked(want), dense, prod, abs_prod, act);
+        CAPTURE(vs_best.ambiguous);
+        CHECK(vs_best.wrong == 0);
+        CHECK(vs_best.ambiguous <= 2 + vs_best.stored / 1000);
+
+        // The first and last rows alone (M = 1, also split): the same bits as inside M rows.
+        if (s.m == 1) continue;
+        for (const std::int64_t i : {std::int64_t{0}, s.m - 1}) {
+          const DenseView<const T> row{xd.view().data + i * xd.view().ld, 1, s.k, xd.view().ld, MemorySpace::device};
+          const DenseView<const T> row_other{other.view().data, 1, s.k, other.view().ld, MemorySpace::device};
+          cuda::GemmToSparsePlan<T> one(1, s.k, s.n, act, layout, p.capacity, p.policy, {},
+                                        cuda::FusedMainloop::best_decode_split);
+          std::string one_path;
+          const HybridMatrix<T> alone = run_poisoned_twice<T>(one, row, wd.view(), row_other, one_path);
+          CAPTURE(one_path);
+          REQUIRE(one_path.find("_ksplit4") != std::string::npos);
+          check_row_bits(got, i, alone, 0);
+        }
+      }
+    }
+  }
+}
+
+// The split's bits contract: K steps in 4 contiguous ranges (here 512 each) added in rank order.
+// One row whose four range sums are exact, 2^24, 1, 1 and -2^24, adds to 0 only in that order
+// (2^24 + 1 rounds to 2^24, twice): column 0 stores nothing, where the reverse order, or P0 and
+// P3 first, would store 2. Column 1 (1 in ranges 1 and 2) must store 2 exactly.
+TEST_CASE_TEMPLATE("best_decode_split adds its K ranges in K order", T, bf16, fp16) {
+  constexpr std::int64_t k = 2048, n = 256;
+  auto c = random_case<T>(1, k, n, testing::fresh_seed());
+  auto xv = c.x.view();
+  auto wv = c.w.view();
+  for (std::int64_t i = 0; i < k; ++i) {
+    xv.at(0, i) = from_float<T>(0.0f);
+    for (std::int64_t j = 0; j < n; ++j) wv.at(i, j) = from_float<T>(0.0f);
+  }
+  const auto put = [&](std::int64_t at, float x, float w0, float w1) {
+    xv.at(0, at) = from_float<T>(x);
+    wv.at(at, 0) = from_float<T>(w0);
+    wv.at(at, 1) = from_float<T>(w1);
+  };
+  put(511, 4096.0f, 4096.0f, 0.0f);    // range 0 (its last k): 2^24
+  put(512, 1.0f, 1.0f, 1.0f);          // range 1: 1
+  put(1024, 1.0f, 1.0f, 1.0f);         // range 2: 1
+  put(1536, 4096.0f, -4096.0f, 0.0f);  // range 3: -2^24
+  const auto xd = c.x.to(MemorySpace::device), wd = c.w.to(MemorySpace::device);
+  cuda::GemmToSparsePlan<T> plan(1, k, n, kActs[0], TwellLayout{256, 8}, cuda::GemmToSparsePlan<T>::kDefaultCapacity,
+                                 OverflowPolicy::drop, {}, cuda::FusedMainloop::best_decode_split);
+  plan.run(xd.view(), wd.view());  // a first run, so that the result exists to be poisoned
+  (void)plan.sync_overflow_count();
+  poison(plan);
+  plan.run(xd.view(), wd.view());
+  (void)plan.sync_overflow_count();
+  const std::string path = plan.path();
+  CAPTURE(path);
+  if (testing::decode_split_expected(1, k, n, 256).value_or(false)) REQUIRE(path.find("_ksplit4") != std::string::npos);
+  const MatrixF got = decode_checked(to_host(plan.result()));
+  CHECK(got(0, 0) == 0.0f);
+  CHECK(got(0, 1) == 2.0f);
+}

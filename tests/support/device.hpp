@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -36,6 +38,28 @@ inline int device_multiprocessors() {
   cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
 }
+
+#if defined(TWELL_TEST_BUILT_SM90A)
+// Whether a GemmToSparsePlan on FusedMainloop::best_decode_split (the FFN plans' gate) whose
+// policy and capacity allow the split must take the split-K decode kernel (path suffix
+// "_ksplit4"): a compute capability 9.0 device, a build with sm_90a code, M <= 64, K > 448, and
+// ceil(N / tile) clusters of 4 CTAs resident at once. The last is the device's answer
+// (cudaOccupancyMaxActiveClusters); clusters do not span GPCs, so it is taken as sure up to SMs / 8
+// clusters, and up to the paper shape's 22 (N 5632, tile 256) on the 132 SMs of an H100 SXM or
+// H200 (about 32 expected there; not yet measured). Between that and SMs / 4: nothing (empty).
+inline std::optional<bool> decode_split_expected(std::int64_t m, std::int64_t k, std::int64_t n, std::int32_t tile) {
+  int device = 0;
+  cudaDeviceProp p{};
+  cuda_ok(cudaGetDevice(&device));
+  cuda_ok(cudaGetDeviceProperties(&p, device));
+  if (TWELL_TEST_BUILT_SM90A != 1 || p.major != 9 || p.minor != 0) return false;
+  if (m < 1 || m > 64 || (k + 63) / 64 < 8) return false;
+  const std::int64_t tiles = (n + tile - 1) / tile;
+  if (tiles <= p.multiProcessorCount / 8 || (p.multiProcessorCount == 132 && tiles <= 22)) return true;
+  if (tiles > p.multiProcessorCount / 4) return false;
+  return std::nullopt;
+}
+#endif
 
 // Every byte of a device buffer set to 0xFF: NaN in every value type and an out-of-range index, so
 // that an element a kernel leaves unwritten, or reads before writing, shows in the comparison.

@@ -33,8 +33,19 @@ struct OverflowCount {
 // tiles are 64 rows, at decode-sized M; the bits are the same); everything else the fused kernel
 // takes runs the portable mma.sync one ("fused_mma_sync_tile256" / "..._tile128"). Both share
 // the epilogue and write the same bits. portable: always the mma.sync kernel (so that tests
-// cover both on Hopper).
-enum class FusedMainloop : std::uint8_t { best, portable };
+// cover both on Hopper). best_decode_split (opt-in; the FFN inference plans take it): as best,
+// and where M <= 64, K > 448, the tile's clusters of 4 CTAs fit the device at once, and every
+// dense overflow row comes from the gate itself (drop or error, or a hybrid block of at least M
+// rows), the wgmma kernel sums each TwELL tile's K in 4 contiguous ranges (K steps of 64,
+// ceil(K / 64) r / 4 .. ceil(K / 64) (r + 1) / 4) on a cluster of 4 CTAs and adds them in K
+// order, ((P0 + P1) + P2) + P3 (path suffix "_ksplit4"). Its values then differ from best's in
+// the last bits, and so may whether a value near the threshold is stored; for a given row they
+// do not depend on the other rows, on M within [1, 64] or on scheduling. The choice is made
+// once, by the constructor, from the shape, the policy, the capacity and the kind of GPU; a run
+// whose operands the wgmma kernel cannot take (alignment, leading dimensions) runs unsplit on the
+// portable kernel, as under best. The portable mainloop never splits (docs/gemm_to_sparse.md,
+// "Split-K decode variant").
+enum class FusedMainloop : std::uint8_t { best, portable, best_decode_split };
 
 // Y = act(X W) as a Hybrid of `layout`, X: M x K, W: K x N, all device-resident.
 //
@@ -167,6 +178,7 @@ class GemmToSparsePlan {
   Stream stream_{};
   bool fused_ = false;
   bool hopper_ = false;  // the wgmma kernel serves this plan's shape on this device
+  bool split_ = false;   // ... as the split-K decode kernel (best_decode_split): decided once
 
   TwellMatrix<T> twell_;
   DenseMatrix<T> overflow_;               // capacity x N
