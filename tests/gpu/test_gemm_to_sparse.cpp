@@ -322,14 +322,16 @@ Outcome run_case(const Case<T>& c, ActivationSpec act, TwellLayout layout, Overf
 const ActivationSpec kActs[] = {{Activation::relu, 0.0f}, {Activation::relu, 0.5f}, {Activation::silu, 0.3f},
                                 {Activation::gelu, 0.3f}, {Activation::silu, 0.0f}};
 
+// An M x K x N product in TwELL tiles of `tile` columns.
+struct Shape {
+  std::int64_t m, k, n;
+  std::int32_t tile;
+};
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("gemm_to_sparse fused path, random dense inputs (about 50 % dense), every activation", T, bf16,
                    fp16) {
-  struct Shape {
-    std::int64_t m, k, n;
-    std::int32_t tile;
-  };
   // Ragged M, N and K (K = 40, 136, 264, 1000 are not multiples of the 64-deep K step).
   for (const Shape s : testing::sweep({Shape{77, 96, 328, 256}, Shape{130, 40, 256, 128}, Shape{1, 8, 8, 256},
                                        Shape{300, 264, 520, 128}, Shape{77, 136, 264, 256}, Shape{300, 1000, 520, 256}})) {
@@ -615,10 +617,6 @@ bool check_plan(DenseView<const T> x, DenseView<const T> w, DenseView<const T> x
 
 TEST_CASE_TEMPLATE("GemmToSparsePlan equals gemm_to_sparse bitwise: random dense inputs, poisoned outputs", T, bf16,
                    fp16) {
-  struct Shape {
-    std::int64_t m, k, n;
-    std::int32_t tile;
-  };
   for (const Shape s : {Shape{77, 96, 328, 256}, Shape{130, 40, 256, 128}, Shape{1, 8, 8, 256},
                         Shape{300, 264, 520, 128}, Shape{600, 64, 512, 256}}) {
     const std::uint64_t seed = testing::fresh_seed();
@@ -1043,10 +1041,6 @@ void check_row_bits(const HybridMatrix<T>& a, std::int64_t i, const HybridMatrix
 // M rows), to best bitwise.
 TEST_CASE_TEMPLATE("GemmToSparsePlan with best_decode_split: the split-K decode kernel at M <= 64, K > 448", T, bf16,
                    fp16) {
-  struct Shape {
-    std::int64_t m, k, n;
-    std::int32_t tile;
-  };
   struct Policy {
     OverflowPolicy policy;
     std::int32_t compression;  // 8: most rows overflow (the block filled from spills); 1: none does
