@@ -853,11 +853,11 @@ void check_kept(const HybridMatrix<T>& got_dev, const HybridMatrix<T>& a_dev, co
 // the block kernel's rounds (uniform), its split rows (heavy TwELL rows and dense rows at 5 %
 // token-skewed, every token at 10 %: the sizes of "block kernel: heavy tokens split ...", which an
 // inference plan's stats confirm below; the paper shape at 0.5 % token-skewed splits its rows over
-// 64 entries too) and
-// overflow-block rows (token-skewed), tokens routed to the per-token body (N = 1004: an overflow
-// block not readable 16 bytes at a time; K = 60: not 8-aligned, so every token), many overflow
-// rows (4 slots per tile), SiLU and GELU gates (whose backward multiplies by act'(g)), the block
-// kernel's wide form (K = 4096) and, past it, the per-token kernel with 16-byte loads (K = 8192).
+// 64 entries too) and overflow-block rows (token-skewed), tokens routed to the per-token body
+// (N = 1004: an overflow block not readable 16 bytes at a time; K = 60: not 8-aligned, so every
+// token), many overflow rows (4 slots per tile), SiLU and GELU gates (whose backward multiplies by
+// act'(g)), the block kernel's wide form (K = 4096) and, past it, the per-token kernel with
+// 16-byte loads (K = 8192).
 struct UpDownSetting {
   Shape s;
   double density;

@@ -46,7 +46,7 @@ inline int device_multiprocessors() {
 // ceil(N / tile) clusters of 4 CTAs resident at once. The last is the device's answer
 // (cudaOccupancyMaxActiveClusters); clusters do not span GPCs, so it is taken as sure up to SMs / 8
 // clusters, and up to the paper shape's 22 (N 5632, tile 256) on the 132 SMs of an H100 SXM or
-// H200 (about 32 expected there; not yet measured). Between that and SMs / 4: nothing (empty).
+// H200 (an H200 held them, 2026-12-02). Between that and SMs / 4: nothing (empty).
 inline std::optional<bool> decode_split_expected(std::int64_t m, std::int64_t k, std::int64_t n, std::int32_t tile) {
   int device = 0;
   cudaDeviceProp p{};
