@@ -103,6 +103,10 @@ struct FfnArgs {
   std::int32_t helpers = 0;     // the block kernel's first CTAs, which run the parts
   std::int64_t resident = 0;    // CTAs of the block kernel the GPU runs at once
   std::int32_t block_tokens = 0;  // tokens per block of the block kernel (block_tokens_for)
+  // The decode path (ffn_decode_up_kernel, ffn_decode_down_kernel), else null: each token's
+  // entries in column order, M x N, row stride n: their columns and h.
+  std::int32_t* decode_col = nullptr;
+  float* decode_h = nullptr;
   // Training (16-bit T, gated, a complete gate: no row past block_rows), else empty: the Hybrids
   // read or written at the gate's entries (EntryParts).
   EntryParts entry_parts{};
@@ -1313,6 +1317,229 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   *reinterpret_cast<unsigned long long*>(state + kStateEntries) = 0;
 }
 
+// The decode path (docs/gemm_to_sparse.md, "Decode path"): at M <= kDecodeMaxTokens a token's
+// entries are too few to keep one CTA's memory busy, so the block kernel's chain of dependent
+// loads per token (list, up product 8 units at a time, 8 Wd rows in flight per thread) sets the
+// time. Two kernels spread each token's weight rows over many SMs instead, every load of a phase
+// issued before the first is used:
+//   ffn_decode_up_kernel, kDecodeUpParts CTAs per token: each lists the token's entries in column
+//   order (all of a chunk's candidate words loaded at once, then a block scan), and its warps take
+//   every (kDecodeUpParts x 8)-th entry: u = x . Wu^T(j, :) by one warp (decode_dot), h = gate * u
+//   (entry_coefficient), stored with the column at the entry's index in the token's list; CTA 0
+//   writes the token's entry count into row_nnz;
+//   ffn_decode_down_kernel, a CTA per (token, 256 output columns): warp w adds h_e Wd(j_e, its
+//   columns) over the w-th of 8 contiguous ranges of the token's list (down_entries), and the CTA
+//   adds the 8 partial rows in warp order.
+// No count_and_order_kernel, no split rows: nothing waits on another CTA's turn.
+constexpr std::int64_t kDecodeMaxTokens = 64;
+constexpr int kDecodeUpParts = 4;
+constexpr int kDecodePerThread = 4;  // consecutive candidates a thread loads per chunk
+constexpr int kDecodeChunk = kThreads * kDecodePerThread;
+constexpr int kDecodeSlice = 32 * 8;  // output columns of a down CTA: a warp's lanes x 8
+static_assert(kDecodeSlice == kThreads, "thread t of a down CTA adds column t of the warps' rows");
+constexpr int kDotLoads = 8;  // 16-byte Wu^T loads in flight per lane in decode_dot
+
+// x . w over K by a warp, x staged as fp32 (16-byte aligned rows, K a multiple of 8): lane l takes
+// the 8 values at 8 l + 256 i for i = 0, 1, ... and sums them in that order (ffn_token's order
+// with V = 8), then the warp adds the lanes by xor shuffles; kDotLoads loads in flight per lane
+// (one round trip for K <= 2048).
+template <class T>
+__device__ __forceinline__ float decode_dot(const float* xs, const T* w, std::int64_t k, int lane) {
+  float s = 0.0f;
+  for (std::int64_t k0 = std::int64_t{lane} * 8; k0 < k; k0 += 256 * kDotLoads) {
+    uint4 wv[kDotLoads];
+#pragma unroll
+    for (int b = 0; b < kDotLoads; ++b) {
+      const std::int64_t kk = k0 + 256 * b;
+      wv[b] = kk < k ? __ldg(reinterpret_cast<const uint4*>(w + kk)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int b = 0; b < kDotLoads; ++b) {
+      const std::int64_t kk = k0 + 256 * b;
+      if (kk >= k) break;
+      const std::uint32_t words[4] = {wv[b].x, wv[b].y, wv[b].z, wv[b].w};
+      // x as two 16-byte reads (one float at a time, lanes 32 bytes apart, meet 8-way bank
+      // conflicts); the same values in the same order.
+      const float4 xa = reinterpret_cast<const float4*>(xs + kk)[0], xb = reinterpret_cast<const float4*>(xs + kk)[1];
+      const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        s = fmaf(xf[i], bits_to_float<T>(static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2)))), s);
+    }
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+  return s;
+}
+
+// The exclusive prefix of c over the CTA's threads in thread order, and the CTA's total; called by
+// every thread (one barrier; warp_total is rewritten by the next call only after another barrier).
+__device__ __forceinline__ int block_exclusive_sum(int c, int lane, int warp, int* warp_total, int& total) {
+  const int inc = detail::warp_inclusive_sum(c, lane);
+  if (lane == 31) warp_total[warp] = inc;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) {
+    before += w < warp ? warp_total[w] : 0;
+    total += warp_total[w];
+  }
+  return before + inc - c;
+}
+
+// The up product of the decode path; grid (kDecodeUpParts, M), dynamic shared memory K floats
+// (x) + kDecodeChunk entries. The host takes this path only where every overflow row sits in the
+// gate's block (no row to recompute) and the operands allow 16-byte loads. A chunk's candidates
+// are the TwELL row's slot words or, for an overflow row, the dense row's values; thread t loads
+// candidates 4t .. 4t + 3 of the chunk (and their tiles' count words) together, then the block
+// scan places the stored ones in column order.
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) ffn_decode_up_kernel(FfnArgs a) {
+  ::twell::detail::wait_for_prior_grids();
+  extern __shared__ __align__(16) float decode_smem[];
+  float* xs = decode_smem;  // K floats (gated)
+  auto* l_col = reinterpret_cast<std::int32_t*>(decode_smem + a.k);
+  float* l_gate = reinterpret_cast<float*>(l_col + kDecodeChunk);
+  __shared__ int warp_total[kThreads / 32];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const std::int64_t row = blockIdx.y;
+  const int owner = static_cast<int>(blockIdx.x) * (kThreads / 32) + warp;
+  const int owners = static_cast<int>(gridDim.x) * (kThreads / 32);
+  const std::int32_t orow = a.row_to_overflow[row];
+  const std::int64_t slots = a.layout.slots(), pw = a.layout.packed_width(a.n);
+  const std::int64_t candidates = orow >= 0 ? a.n : pw;
+  const std::uint32_t* pr = a.packed + row * pw;
+  const T* dense = orow >= 0 ? static_cast<const T*>(a.overflow) + std::int64_t{orow} * a.ld_overflow : nullptr;
+
+  // x's loads first, so that they and the first chunk's share one round trip (K <= kFusedFfnMaxK:
+  // at most 4 vectors of 8 per thread).
+  constexpr int kXLoads = static_cast<int>(kFusedFfnMaxK / (8 * kThreads));
+  const auto* x4 = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + row * a.ldx);
+  const std::int64_t x_vecs = a.gated ? a.k / 8 : 0;
+  uint4 xv[kXLoads];
+#pragma unroll
+  for (int j = 0; j < kXLoads; ++j) {
+    const std::int64_t v = tid + std::int64_t{j} * kThreads;
+    xv[j] = v < x_vecs ? x4[v] : make_uint4(0, 0, 0, 0);
+  }
+
+  std::int64_t listed = 0;  // entries of the chunks before
+  for (std::int64_t c0 = 0; c0 < candidates; c0 += kDecodeChunk) {
+    const std::int64_t v0 = c0 + std::int64_t{tid} * kDecodePerThread;
+    std::uint32_t word[kDecodePerThread], count[kDecodePerThread];
+    T g[kDecodePerThread];
+#pragma unroll
+    for (int i = 0; i < kDecodePerThread; ++i) {
+      const std::int64_t v = v0 + i;
+      word[i] = count[i] = 0;
+      g[i] = T{};
+      if (v >= candidates) continue;
+      if (orow >= 0) {
+        g[i] = dense[v];
+      } else {
+        word[i] = pr[v];
+        count[i] = pr[v - v % slots];
+      }
+    }
+    if (c0 == 0) {
+#pragma unroll
+      for (int j = 0; j < kXLoads; ++j) {
+        const std::int64_t v = tid + std::int64_t{j} * kThreads;
+        if (v >= x_vecs) continue;
+        float f[8];
+        const std::uint32_t words[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = bits_to_float<T>(static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2))));
+        reinterpret_cast<float4*>(xs + 8 * v)[0] = make_float4(f[0], f[1], f[2], f[3]);
+        reinterpret_cast<float4*>(xs + 8 * v)[1] = make_float4(f[4], f[5], f[6], f[7]);
+      }
+    }
+    bool here[kDecodePerThread];
+    std::int32_t col[kDecodePerThread];
+    float val[kDecodePerThread];
+    int c = 0;
+#pragma unroll
+    for (int i = 0; i < kDecodePerThread; ++i) {
+      const std::int64_t v = v0 + i;
+      here[i] = false;
+      col[i] = 0;
+      val[i] = 0.0f;
+      if (v >= candidates) continue;
+      if (orow >= 0) {
+        here[i] = is_stored(g[i]);
+        col[i] = static_cast<std::int32_t>(v);
+        val[i] = dev_float(g[i]);
+      } else {
+        const std::int64_t t = v / slots, p = v % slots;
+        here[i] = p != 0 && p <= count[i];
+        col[i] = static_cast<std::int32_t>(a.layout.tile_begin(t) + TwellLayout::slot_column(word[i]));
+        val[i] = bits_to_float<T>(TwellLayout::slot_value_bits(word[i]));
+      }
+      c += here[i] ? 1 : 0;
+    }
+    int total = 0;
+    int at = block_exclusive_sum(c, lane, warp, warp_total, total);
+#pragma unroll
+    for (int i = 0; i < kDecodePerThread; ++i) {
+      if (!here[i]) continue;
+      l_col[at] = col[i];
+      l_gate[at] = val[i];
+      ++at;
+    }
+    __syncthreads();
+
+    // Entry e of the token (listed + e here) belongs to warp owner (listed + e) % owners.
+    const std::int64_t skip = ((owner - listed) % owners + owners) % owners;
+    std::int32_t* out_col = a.decode_col + row * a.n + listed;
+    float* out_h = a.decode_h + row * a.n + listed;
+    for (std::int64_t e = skip; e < total; e += owners) {
+      const std::int32_t j = l_col[e];
+      float h = l_gate[e];
+      if (a.gated)
+        h = entry_coefficient<T, Pass::forward>(
+            a, row, kNowhere, h,
+            decode_dot<T>(xs, static_cast<const T*>(a.wu_t) + std::int64_t{j} * a.ldwu_t, a.k, lane));
+      if (lane == 0) {
+        out_col[e] = j;
+        out_h[e] = h;
+      }
+    }
+    listed += total;
+    __syncthreads();  // the next chunk rewrites the list and warp_total
+  }
+  if (blockIdx.x == 0 && tid == 0) a.row_nnz[row] = static_cast<std::int32_t>(listed);
+}
+
+// The down projection of the decode path; grid (ceil(K / 256), M). Warp w adds, for the CTA's 256
+// columns (8 a lane), h_e Wd(j_e, :) over entries [E w / 8, E (w + 1) / 8) of the token's E in
+// list order (column order), in fp32 from 0; thread t then writes column t of y as
+// ((P_0 + P_1) + ...) + P_7, rounded to T once. The order depends on E alone.
+template <class T>
+__global__ void __launch_bounds__(kThreads) ffn_decode_down_kernel(FfnArgs a) {
+  ::twell::detail::wait_for_prior_grids();
+  constexpr int kWarps = kThreads / 32;
+  __shared__ __align__(16) float partial[kWarps][kDecodeSlice];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const std::int64_t row = blockIdx.y, s0 = std::int64_t{blockIdx.x} * kDecodeSlice;
+  const std::int64_t entries = a.row_nnz[row];
+  float acc[1][8];
+  zero(acc);
+  // With one chunk, thread ct of down_entries owns columns 8 ct .. 8 ct + 7.
+  down_entries<T, 1, Pass::forward>(
+      a, a.decode_col + row * a.n, a.decode_h + row * a.n, static_cast<int>(entries * warp / kWarps),
+      static_cast<int>(entries * (warp + 1) / kWarps), static_cast<int>(s0 / 8) + lane, 32, acc);
+  auto* mine = reinterpret_cast<float4*>(&partial[warp][lane * 8]);
+  mine[0] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+  mine[1] = make_float4(acc[0][4], acc[0][5], acc[0][6], acc[0][7]);
+  __syncthreads();
+  if (s0 + tid >= a.k) return;
+  float sum[1] = {partial[0][tid]};
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) sum[0] += partial[w][tid];
+  store_vec<T, 1>(static_cast<T*>(a.y) + row * a.ldy + s0 + tid, sum);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 using twell::detail::check_device_operand;
@@ -1384,7 +1611,8 @@ bool block_kernel_fits(std::int64_t k, BlockKernelFit& fit, const char* where) {
 }
 
 // The up/down kernel's memory as sparse_rows takes it: a plan's UpDownBuffers (memory_of) or one
-// call's stream-ordered scratch (UpDownScratch). block_state null: the block kernel does not run.
+// call's stream-ordered scratch (UpDownScratch). block_state null: the block kernel does not run;
+// decode_col null: the decode path does not.
 struct UpDownMemory {
   std::int32_t* row_nnz = nullptr;
   std::int32_t* block_order = nullptr;
@@ -1394,6 +1622,8 @@ struct UpDownMemory {
   std::int32_t* split_turn = nullptr;
   float* split_sum = nullptr;
   std::int64_t split_capacity = 0;
+  std::int32_t* decode_col = nullptr;
+  float* decode_h = nullptr;
 };
 
 // What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order one and
@@ -1431,7 +1661,9 @@ UpDownMemory memory_of(detail::UpDownBuffers<T>& b) {
           reinterpret_cast<int2*>(b.split_candidates.data()),
           b.split_turn.data(),
           b.split_sum.data(),
-          b.split_capacity};
+          b.split_capacity,
+          b.decode_col.size() > 0 ? b.decode_col.data() : nullptr,
+          b.decode_h.size() > 0 ? b.decode_h.data() : nullptr};
 }
 
 // UpDownBuffers for one call, stream-ordered scratch from twell's pool (no device-wide wait,
@@ -1518,6 +1750,23 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
                    (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t))) &&
                    (kPass == Pass::forward || (parts.ldwd2 % 8 == 0 && aligned16(parts.wd2)));
   const std::string pass = kPass == Pass::forward ? "" : "_backward";
+  if constexpr (ValueTraits<T>::packs_in_slot && kPass == Pass::forward) {
+    // The decode path: where the plan holds its lists (M <= kDecodeMaxTokens), for inference (no
+    // u and h kept), and where the gate's block holds every overflow row (none to recompute).
+    if (vec && buffers.decode_col != nullptr && parts.u.packed == nullptr && a.block_rows >= x.rows) {
+      a.decode_col = buffers.decode_col;
+      a.decode_h = buffers.decode_h;
+      const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + kDecodeChunk * 8;
+      ::twell::detail::launch_kernel(where, ffn_decode_up_kernel<T>,
+                                     dim3(kDecodeUpParts, static_cast<unsigned>(x.rows)), kThreads, smem, stream, a);
+      if (x.cols > 0)
+        ::twell::detail::launch_kernel(
+            where, ffn_decode_down_kernel<T>,
+            dim3(static_cast<unsigned>((x.cols + kDecodeSlice - 1) / kDecodeSlice), static_cast<unsigned>(x.rows)),
+            kThreads, 0, stream, a);
+      return "ffn_decode_v8";
+    }
+  }
   if constexpr (ValueTraits<T>::packs_in_slot) {
     BlockKernelFit fit;
     if (vec && buffers.block_state != nullptr && block_kernel_fits<T, kPass>(x.cols, fit, where)) {
@@ -1578,7 +1827,7 @@ GemmToSparsePlan<T> checked_gate(std::int64_t m, bool gated, DenseView<const T> 
 
 template <Value T>
 detail::UpDownBuffers<T>::UpDownBuffers(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout,
-                                        const char* where)
+                                        bool decode, const char* where)
     : split_capacity(0) {
   const UpDownSizes z = UpDownSizes::of<T>(m, k, n, layout, where);
   row_nnz = Buffer<std::int32_t>(z.row_nnz, MemorySpace::device);
@@ -1589,6 +1838,9 @@ detail::UpDownBuffers<T>::UpDownBuffers(std::int64_t m, std::int64_t k, std::int
   split_candidates = Buffer<std::int32_t>(z.candidates, MemorySpace::device, Uninitialized{});
   split_turn = Buffer<std::int32_t>(z.capacity, MemorySpace::device);
   split_sum = Buffer<float>(z.sum, MemorySpace::device, Uninitialized{});
+  if (!decode || !ValueTraits<T>::packs_in_slot || m > kDecodeMaxTokens) return;
+  decode_col = Buffer<std::int32_t>(static_cast<std::size_t>(m * n), MemorySpace::device, Uninitialized{});
+  decode_h = Buffer<float>(static_cast<std::size_t>(m * n), MemorySpace::device, Uninitialized{});
 }
 
 template <Value T>
@@ -1605,7 +1857,7 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
       stream_(options.stream),
       where_(where),
       gate_(checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, overflow_capacity, options, where)),
-      buffers_(m, k_, n_, gate_.layout(), where) {
+      buffers_(m, k_, n_, gate_.layout(), true, where) {
   if (!gated_) return;
   wu_t_ = DenseMatrix<T>(wu.cols, wu.rows, MemorySpace::device);
   cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});
@@ -1707,7 +1959,7 @@ GatedUpDownPlan<T>::GatedUpDownPlan(std::int64_t m, std::int64_t k, std::int64_t
       stream_(options.stream),
       wu_t_(n, k, MemorySpace::device),
       wg_t_(n, k, MemorySpace::device),
-      buffers_(m, k, n, layout, "twell::cuda::GatedUpDownPlan") {}
+      buffers_(m, k, n, layout, false, "twell::cuda::GatedUpDownPlan") {}
 
 namespace {
 // A Hybrid operand of a training run, named for the messages; `written`: the run writes its values.

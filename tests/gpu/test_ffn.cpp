@@ -132,11 +132,13 @@ void check_stats(const FfnStats& s, const workload::FfnInputs<T>& in, Activation
   CHECK(static_cast<double>(diff) <= 2.0 + 1e-3 * static_cast<double>(total));
 }
 
-// The up/down kernel of aligned operands: the block kernel for 16-bit types (K <= 4096), the
-// per-token kernel's vector form for fp32.
+// The up/down kernel of aligned operands in a plan of M tokens with the default gate block: for
+// 16-bit types the decode path at M <= 64 (the block holds every row), else the block kernel
+// (K <= 4096); the per-token kernel's vector form for fp32.
 template <class T>
-const char* aligned_kernel() {
-  return std::is_same_v<T, float> ? "ffn_rows_v8" : "ffn_block_v8";
+const char* aligned_kernel(std::int64_t m) {
+  if (std::is_same_v<T, float>) return "ffn_rows_v8";
+  return m <= 64 ? "ffn_decode_v8" : "ffn_block_v8";
 }
 
 // Gated and non-gated plans on one case: poisoned outputs, stats, the path taken (with the
@@ -205,7 +207,7 @@ TEST_CASE_TEMPLATE("FFN plans match the dense reference: tiny to paper shapes, 0
       CAPTURE(p.density);
       const ActivationSpec relu{Activation::relu, 0.0f};
       const Case<T> c(workload_inputs<T>({s.m, s.k, s.n, p.density, p.d}, seed), relu);
-      check_plans<T>(c, relu, TwellLayout{}, aligned_kernel<T>());
+      check_plans<T>(c, relu, TwellLayout{}, aligned_kernel<T>(c.m()));
     }
 }
 
@@ -221,7 +223,7 @@ TEST_CASE_TEMPLATE("FFN plans: thresholded SiLU and GELU, tile-128 layouts, 16-b
       CAPTURE(s.n);
       CAPTURE(static_cast<int>(act.kind));
       const Case<T> c(workload_inputs<T>({s.m, s.k, s.n, 0.02, Distribution::token_skewed}, seed), act);
-      check_plans<T>(c, act, TwellLayout{128, 4}, aligned_kernel<T>());
+      check_plans<T>(c, act, TwellLayout{128, 4}, aligned_kernel<T>(c.m()));
     }
 }
 
@@ -248,7 +250,7 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
   // kernel several ballots of rows, with overflow rows (TwELL(256, 32): 7 entries per tile) spread
   // over them. Every block size, the last block partial: 2001 tokens take 8-token blocks (1 wave
   // of them against 2 of 4-token ones), 1201 take 4, 601 and 501 (wide) take 2, a wave of
-  // 1-token blocks the smaller cases.
+  // 1-token blocks the smaller cases (over 64 tokens: smaller batches take the decode path).
   const Setting settings[] = {
       {{2001, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_v8", 8},
       {{2001, 3000, 520, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_wide_v8", 8},
@@ -257,10 +259,10 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
       {{601, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{256, 32}, "ffn_block_v8", 2},
       {{501, 3000, 520, 0.02, Distribution::neuron_skewed}, TwellLayout{}, "ffn_block_wide_v8", 2},
       {{300, 520, 1000, 0.3, Distribution::uniform}, TwellLayout{256, 1}, "ffn_block_v8", 1},
-      {{40, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block_v8", 1},
+      {{80, 2048, 5632, 0.3, Distribution::token_skewed}, TwellLayout{256, 1}, "ffn_block_v8", 1},
       {{100, 256, 1000, 0.2, Distribution::neuron_skewed}, TwellLayout{256, 2}, "ffn_block_v8", 1},
-      {{40, 3000, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_wide_v8", 1},
-      {{37, 4096, 520, 0.01, Distribution::uniform}, TwellLayout{128, 8}, "ffn_block_wide_v8", 1}};
+      {{80, 3000, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_wide_v8", 1},
+      {{77, 4096, 520, 0.01, Distribution::uniform}, TwellLayout{128, 8}, "ffn_block_wide_v8", 1}};
   for (const Setting& st : testing::sweep(settings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
@@ -290,13 +292,14 @@ TEST_CASE_TEMPLATE("block kernel: heavy tokens split across CTAs, light ones not
   // 256) and at 10 % uniform (every token: rows near the mean, all over 256), the wide form with
   // tile 128 (8 tiles per part) at 30 % neuron-skewed (every token) and at 5 % token-skewed (twice
   // the mean decides). At the last one every row has ~560 entries and the share is several times
-  // that on any GPU: nothing is split.
+  // that on any GPU: nothing is split. Every batch has more than 64 tokens (smaller ones take the
+  // decode path, which splits nothing).
   constexpr std::int64_t kSplitFloor = 64, kSplitOverMean = 2, kSplitAlways = 256;
   const Setting settings[] = {
-      {{testing::sweep_size(96, 64), 2048, 5632, 0.005, Distribution::token_skewed}, TwellLayout{}, true},
+      {{testing::sweep_size(96, 72), 2048, 5632, 0.005, Distribution::token_skewed}, TwellLayout{}, true},
       {{testing::sweep_size(300, 120), 2048, 5632, 0.05, Distribution::token_skewed}, TwellLayout{}, true},
       {{100, 520, 5632, 0.1, Distribution::uniform}, TwellLayout{}, true},
-      {{37, 3000, 2104, 0.3, Distribution::neuron_skewed}, TwellLayout{128, 4}, true},
+      {{77, 3000, 2104, 0.3, Distribution::neuron_skewed}, TwellLayout{128, 4}, true},
       {{96, 3000, 2104, 0.05, Distribution::token_skewed}, TwellLayout{128, 4}, true},
       {{testing::sweep_size(3000, 1000), 64, 5632, 0.1, Distribution::uniform}, TwellLayout{}, false}};
   // Every setting, also under a reduced sweep (the sizes shrink there instead).
@@ -361,13 +364,92 @@ TEST_CASE_TEMPLATE("block kernel: heavy tokens split across CTAs, light ones not
   }
 }
 
+// The decode path (16-bit, aligned, M <= 64 and a gate block of M rows: the default): two kernels
+// that spread each token's entries over many CTAs (docs/gemm_to_sparse.md, "Decode path"). Each
+// setting must take it in the gated and the plain plan, with poisoned outputs: the dense
+// reference within the suite's bound, stats (no split row, no fallback; overflow rows where the
+// setting has them: dense rows of the gate's block), the same bits on a second call, and, where
+// both gates take the K-split decode gate (its rows do not depend on M), a token alone (M = 1) with
+// its bits in the batch. A block of fewer than M rows (rows past it would be recomputed) keeps the
+// block kernel. Settings: the paper shape at M = 1 and 64 (token-skewed: rows the block kernel
+// would split), ragged tiny ones, K past one load batch of the up product and past the block
+// kernel (5000: a ragged last 256-column slice), dense rows longer than a listing chunk (2104
+// columns), thresholded SiLU and GELU and a thresholded ReLU, tiles of 256 and 128.
+TEST_CASE_TEMPLATE("decode path: small batches, exact, repeatable, a token's bits independent of the batch", T, bf16,
+                   fp16) {
+  struct Setting {
+    WorkloadSetting w;
+    ActivationSpec act;
+    TwellLayout layout;
+    bool overflow;  // the gate must have overflow rows
+  };
+  const Setting settings[] = {
+      {{1, 2048, 5632, 0.005, Distribution::uniform}, {Activation::relu, 0.0f}, TwellLayout{}, false},
+      {{64, 2048, 5632, 0.005, Distribution::token_skewed}, {Activation::relu, 0.0f}, TwellLayout{}, false},
+      {{5, 520, 1000, 0.05, Distribution::token_skewed}, {Activation::silu, 0.05f}, TwellLayout{256, 32}, true},
+      {{13, 64, 136, 0.1, Distribution::uniform}, {Activation::relu, 0.1f}, TwellLayout{}, false},
+      {{2, 5000, 520, 0.02, Distribution::uniform}, {Activation::relu, 0.0f}, TwellLayout{}, false},
+      {{37, 520, 2104, 0.3, Distribution::neuron_skewed}, {Activation::gelu, 0.05f}, TwellLayout{128, 4}, true}};
+  for (const Setting& st : testing::sweep(settings)) {
+    const std::uint64_t seed = testing::fresh_seed();
+    CAPTURE(seed);
+    CAPTURE(st.w.m);
+    CAPTURE(st.w.k);
+    CAPTURE(st.w.n);
+    CAPTURE(static_cast<int>(st.act.kind));
+    const Case<T> c(workload_inputs<T>(st.w, seed), st.act);
+    const std::int64_t m = c.m(), k = c.k();
+    const bool alone = testing::decode_split_expected(m, k, st.w.n, st.layout.tile).value_or(false);
+    const DenseView<const T> last_x{c.x.view().data + (m - 1) * c.x.view().ld, 1, k, c.x.view().ld,
+                                    MemorySpace::device};
+    const auto run = [&](auto& plan, auto& plan_alone, const DenseMatrix<T>& ref) {
+      auto y = poisoned<T>(m, k), again = poisoned<T>(m, k), y1 = poisoned<T>(1, k);
+      FfnStats stats;
+      plan.forward(c.x.view(), y.view(), &stats);
+      CAPTURE(plan.path());
+      CHECK(plan.path().find("+ffn_decode_v8") != std::string::npos);
+      const DenseMatrix<T> yh = y.to(MemorySpace::host);
+      CHECK(error_of(y, ref) < tolerance<T>());
+      // Row by row too: one entry lost from a heavy token hides in the whole batch's norm. A
+      // typical row's norm as the floor, so that a row whose terms cancel does not fail.
+      CHECK(testing::worst_row_error<T>(yh, ref, testing::rms_row_norm<T>(ref)) < tolerance<T>());
+      check_stats(stats, c.host, st.act);
+      CHECK(stats.split_rows == 0);
+      CHECK(stats.fallback_rows == 0);
+      if (st.overflow) REQUIRE(stats.overflow_rows > 0);
+      plan.forward(c.x.view(), again.view());
+      CHECK(testing::bitwise_equal<T>(yh.view(), again.to(MemorySpace::host).view()));
+      if (!alone) return;
+      plan_alone.forward(last_x, y1.view());
+      CHECK(plan_alone.path().find("+ffn_decode_v8") != std::string::npos);
+      const DenseView<const T> last_y{yh.view().data + (m - 1) * yh.view().ld, 1, k, yh.view().ld, MemorySpace::host};
+      CHECK(testing::bitwise_equal<T>(y1.to(MemorySpace::host).view(), last_y));
+    };
+    cuda::GatedFfnPlan<T> gated(m, c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout);
+    cuda::GatedFfnPlan<T> gated_alone(1, c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout);
+    run(gated, gated_alone, c.ref_gated);
+    cuda::FfnPlan<T> plain(m, c.wg.view(), c.wd.view(), st.act, st.layout);
+    cuda::FfnPlan<T> plain_alone(1, c.wg.view(), c.wd.view(), st.act, st.layout);
+    run(plain, plain_alone, c.ref_plain);
+
+    if (m == 1) continue;
+    cuda::GatedFfnPlan<T> small_block(m, c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout, m - 1);
+    auto y = poisoned<T>(m, k);
+    small_block.forward(c.x.view(), y.view());
+    CAPTURE(small_block.path());
+    // Past the block kernel's K (4096) the per-token kernel runs instead.
+    CHECK(small_block.path().find(k > 4096 ? "+ffn_rows_v8" : "+ffn_block") != std::string::npos);
+    CHECK(error_of(y, c.ref_gated) < tolerance<T>());
+  }
+}
+
 TEST_CASE_TEMPLATE("FFN plans: generic gate paths (fp32, ragged N, K not a multiple of 8)", T, bf16, fp16, float) {
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   const ActivationSpec relu{Activation::relu, 0.0f};
   // K = 96, N = 300: aligned K (vector kernel), ragged N (the gate takes the generic path).
   const Case<T> a(workload_inputs<T>({77, 96, 300, 0.05, Distribution::token_skewed}, seed), relu);
-  check_plans<T>(a, relu, TwellLayout{}, aligned_kernel<T>());
+  check_plans<T>(a, relu, TwellLayout{}, aligned_kernel<T>(a.m()));
   // K = 99: no 16-byte rows, the scalar kernel.
   const Case<T> b(workload_inputs<T>({33, 99, 256, 0.1, Distribution::uniform}, seed + 1), relu);
   check_plans<T>(b, relu, TwellLayout{}, "ffn_rows_v1");
@@ -469,9 +551,20 @@ TEST_CASE_TEMPLATE("FFN plans: a forward captured into a CUDA graph replays the 
   const KernelOptions options{Stream{stream.get()}};
   // Token-skewed rows overflow (27-37 rows of 300 at the first shape, over 60 of 512 at the
   // paper's): with a block of 4 rows most of them are recomputed in the kernel. The paper's shape
-  // takes the Hopper gate where it runs.
-  for (const Shape& s : {Shape{300, 520, 1000}, Shape{testing::sweep_size(512, 64), 2048, 5632}}) {
-    for (const std::int64_t capacity : {std::int64_t{4}, cuda::GatedFfnPlan<T>::kDefaultCapacity}) {
+  // takes the Hopper gate where it runs. 13 tokens with the default block (13 rows) take the decode
+  // path (two kernels, no count kernel).
+  struct GraphSetting {
+    Shape s;
+    bool decode;
+  };
+  for (const GraphSetting& st :
+       {GraphSetting{{300, 520, 1000}, false}, GraphSetting{{testing::sweep_size(512, 64), 2048, 5632}, false},
+        GraphSetting{{13, 2048, 5632}, true}}) {
+    const Shape& s = st.s;
+    const std::vector<std::int64_t> capacities =
+        st.decode ? std::vector<std::int64_t>{cuda::GatedFfnPlan<T>::kDefaultCapacity}
+                  : std::vector<std::int64_t>{4, cuda::GatedFfnPlan<T>::kDefaultCapacity};
+    for (const std::int64_t capacity : capacities) {
       const std::uint64_t seed = testing::fresh_seed();
       CAPTURE(seed);
       CAPTURE(s.m);
@@ -495,6 +588,10 @@ TEST_CASE_TEMPLATE("FFN plans: a forward captured into a CUDA graph replays the 
       }
       CAPTURE(gated.path());
       REQUIRE(!gated.path().starts_with("gate:generic"));  // the generic gate waits: not capturable
+      if (st.decode) {
+        CHECK(gated.path().find("ffn_decode_v8") != std::string::npos);
+        CHECK(plain.path().find("ffn_decode_v8") != std::string::npos);
+      }
       if (capacity == 4) {  // the token-skewed input overflows the block: the kernel recomputes rows
         cuda::GatedFfnPlan<T> probe(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, TwellLayout{256, 16}, capacity,
                                     options);
@@ -543,7 +640,7 @@ TEST_CASE_TEMPLATE("one-shot cuda forms and the lib layers GatedFfn / Ffn on the
   options.report = &report;
   auto y = poisoned<T>(c.m(), c.k());
   cuda::gated_ffn_forward<T>(c.x.view(), c.wg.view(), c.wu.view(), c.wd.view(), relu, y.view(), options);
-  CHECK(report.path.find(aligned_kernel<T>()) != std::string::npos);
+  CHECK(report.path.find(aligned_kernel<T>(c.m())) != std::string::npos);
   CHECK(error_of(y, c.ref_gated) < tolerance<T>());
   auto yp = poisoned<T>(c.m(), c.k());
   cuda::ffn_forward<T>(c.x.view(), c.wg.view(), c.wd.view(), relu, yp.view(), options);
@@ -555,7 +652,7 @@ TEST_CASE_TEMPLATE("one-shot cuda forms and the lib layers GatedFfn / Ffn on the
     FfnStats stats;
     layer.forward(c.x.view(), yl.view(), &stats);
     CAPTURE(layer.path());
-    CHECK(layer.path().find(aligned_kernel<T>()) != std::string::npos);
+    CHECK(layer.path().find(aligned_kernel<T>(c.m())) != std::string::npos);
     CHECK(error_of(yl, c.ref_gated) < tolerance<T>());
     check_stats(stats, c.host, relu);
   }

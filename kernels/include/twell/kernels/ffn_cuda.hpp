@@ -29,10 +29,12 @@ inline constexpr std::int64_t kFusedFfnMaxK = 8192;
 namespace detail {
 // The up/down kernel's device memory for M tokens, allocated once by the plan that runs it: the
 // per-token gate counts, the order of the token blocks, and, where the block kernel takes K, its
-// state and split-row buffers (docs/gemm_to_sparse.md, "Heavy tokens").
+// state and split-row buffers (docs/gemm_to_sparse.md, "Heavy tokens"); with `decode` (the
+// inference plans) and 16-bit T at M <= 64, the decode path's entry lists ("Decode path").
 template <Value T>
 struct UpDownBuffers {
-  UpDownBuffers(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout, const char* where);
+  UpDownBuffers(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout, bool decode,
+                const char* where);
   Buffer<std::int32_t> row_nnz;      // M
   Buffer<std::int32_t> block_order;  // the token blocks, heaviest weight class first
   Buffer<std::int32_t> block_class;  // 2 words per token block: its weight class and rank in it
@@ -42,6 +44,8 @@ struct UpDownBuffers {
   Buffer<std::int32_t> split_candidates;  // 2 M: (row, entries) of the rows over 64 entries
   Buffer<std::int32_t> split_turn;        // split_capacity
   Buffer<float> split_sum;                // split_capacity x K, fp32 partial sums of y
+  Buffer<std::int32_t> decode_col;        // M x N (decode path): each token's entries' columns
+  Buffer<float> decode_h;                 // M x N (decode path): their h = gate * u
 };
 }  // namespace detail
 
@@ -83,8 +87,9 @@ class FfnPlanBase {
   const TwellLayout& layout() const { return gate_.layout(); }
   // Rows of the gate's preallocated overflow block (grows after a forward() with stats found more).
   std::int64_t overflow_capacity() const { return gate_.overflow_capacity(); }
-  // "gate:<gemm_to_sparse path>+<up/down kernel>" of the latest forward() (ffn_block_v8_t<b>,
-  // ffn_block_wide_v8_t<b> with b tokens per block, ffn_rows_v8 or ffn_rows_v1; docs/gemm_to_sparse.md).
+  // "gate:<gemm_to_sparse path>+<up/down kernel>" of the latest forward() (ffn_decode_v8 at M <= 64
+  // where the gate's block holds M rows, ffn_block_v8_t<b>, ffn_block_wide_v8_t<b> with b tokens
+  // per block, ffn_rows_v8 or ffn_rows_v1; docs/gemm_to_sparse.md).
   const std::string& path() const { return path_; }
   Stream stream() const { return stream_; }
 
