@@ -5,7 +5,7 @@
 #   scripts/gpu-check.sh [OUTDIR] [--sanitize] [--suites a,b] [--quick] [--contract] [--arch80 | --skip-build-80 | --only-80]
 #                        [--skip-tests] [--skip-bench] [--reps N] [--cases RE] [--tokens S,L] [--tests RE]
 #                        [--test-cases F]
-#                        [--profile CASE]
+#                        [--profile CASE [--profile-metrics LIST]]
 #
 #   OUTDIR          where results go (default build/gpu-check); at most 7 files, none in subfolders:
 #                   gpu-check.log (everything), gpu-tests.log, bench.json, bench-summary.md,
@@ -62,7 +62,12 @@
 #                   --warmup 1 --reps 1 --cases '^CASE$'` (CASE's special characters escaped; plus
 #                   --contract / --quick / --tokens when given): only that case runs, with the cases it needs
 #                   (bench/suites/common.hpp, run_case): profile.csv (ncu's CSV) and profile.md
-#                   (each launch's kernel, grid and time, and their sum)
+#                   (each launch's kernel, grid and time, and their sum); the gpu tests do not
+#                   run (a second call, or one after, reuses the build)
+#   --profile-metrics LIST   with --profile: more Nsight Compute metrics, comma-separated, one
+#                   column each in profile.md, e.g. dram__bytes_read.sum,lts__t_bytes.sum,
+#                   sm__throughput.avg.pct_of_peak_sustained_elapsed (ncu --query-metrics lists
+#                   them; each adds replays of every kernel, so the caches differ between them)
 #
 # Environment: TWELL_SOURCE_COMMIT names the commit in the benchmarks' JSON where the tree has no
 # .git (git's HEAD otherwise); TWELL_GPU_CHECK_TEST_JOBS (default 4) gpu test suites run at once;
@@ -99,6 +104,7 @@ tests_re=""
 test_cases=""
 cases_re=""
 profile_case=""
+profile_metrics=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=1 ;;
@@ -123,6 +129,7 @@ while [ $# -gt 0 ]; do
     --sanitize-from) sanitize_from="${2:?--sanitize-from needs a case number}"; shift ;;
     --sanitize-parts) sanitize_parts="${2:?--sanitize-parts needs a count}"; shift ;;
     --profile) profile_case="${2:?--profile needs a case name}"; shift ;;
+    --profile-metrics) profile_metrics="${2:?--profile-metrics needs a list}"; shift ;;
     -h|--help) sed -n '2,/^[^#]/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu-check: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) if [ -z "$out" ]; then out="$1"; else echo "gpu-check: two output folders: $out and $1" >&2; exit 2; fi ;;
@@ -137,6 +144,11 @@ if ! [[ "$sanitize_parts" =~ ^[1-9][0-9]?$ ]]; then
   echo "gpu-check: --sanitize-parts needs a count from 1 to 99, not '$sanitize_parts'" >&2
   exit 2
 fi
+if [ -n "$profile_metrics" ] && [ -z "$profile_case" ]; then
+  echo "gpu-check: --profile-metrics needs --profile CASE" >&2
+  exit 2
+fi
+[ -n "$profile_case" ] && run_tests=0  # a profile call is for the profile: the tests run in another
 [ -n "$out" ] || out="$root/build/gpu-check"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -446,7 +458,7 @@ if [ "$built" = 1 ] && [ "$sanitize" = 0 ] && [ -n "$profile_case" ]; then
   [ -n "$tokens" ] && args+=(--tokens "$tokens")
   # Clocks left alone (never change the GPU's settings); caches as the previous kernel left them.
   ncu --clock-control none --cache-control none --nvtx --nvtx-include "$profile_case/" \
-    --metrics gpu__time_duration.sum --csv "$build/tools/twell" "${args[@]}" >"$out/profile.csv" 2>>"$log"
+    --metrics "gpu__time_duration.sum${profile_metrics:+,$profile_metrics}" --csv "$build/tools/twell" "${args[@]}" >"$out/profile.csv" 2>>"$log"
   rc=$?
   rm -f "$scratch_json"
   # The range holds the warm-up run and the timed one.
