@@ -59,7 +59,7 @@
 #                   named by its NVTX range "SUITE OP VARIANT SHAPE M DISTRIBUTION DENSITY", e.g.
 #                   "training gated_ffn_training_step twell_plan paper 16384 uniform 0.005"
 #                   (docs/benchmarks/README.md, "Profiling one case"), in `twell bench --suite SUITE
-#                   --warmup 1 --reps 1 --cases '^CASE$'` (CASE's special characters escaped; plus
+#                   --warmup 1 --reps 1 --no-energy --cases '^CASE$'` (CASE's special characters escaped; plus
 #                   --contract / --quick / --tokens when given): only that case runs, with the cases it needs
 #                   (bench/suites/common.hpp, run_case): profile.csv (ncu's CSV) and profile.md
 #                   (each launch's kernel, grid and time, and their sum); the gpu tests do not
@@ -452,7 +452,7 @@ if [ "$built" = 1 ] && [ "$sanitize" = 0 ] && [ -n "$profile_case" ]; then
   scratch_json="$(mktemp)"
   # Only the profiled case runs: its name as a literal pattern.
   literal=$(printf '%s' "$profile_case" | sed 's/[][\\.*^$+?(){}|]/\\&/g')
-  args=(bench --suite "${profile_case%% *}" --warmup 1 --reps 1 --cases "^$literal\$" --out "$scratch_json")
+  args=(bench --suite "${profile_case%% *}" --warmup 1 --reps 1 --no-energy --cases "^$literal\$" --out "$scratch_json")
   [ "$quick" = 1 ] && args+=(--quick)
   [ "$contract" = 1 ] && args+=(--contract)
   [ -n "$tokens" ] && args+=(--tokens "$tokens")

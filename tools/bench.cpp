@@ -50,6 +50,9 @@ const Spec kBenchSpec{"bench",
                         "a CUPTI trace of the selected cases' timed runs (kernels, copies, memsets, API calls) into "
                         "the CSV FILE, for scripts/timeline_summary.py: a diagnostic of the time between kernels "
                         "(tracing slows the host a little)"},
+                       {"no-energy", "",
+                        "no energy per token for the FFN cases (their loop of runs after the timed ones): for a "
+                        "profiler that should see the timed runs alone"},
                        {"reps", "N", "timed runs per case (default 50, the fewest for a result; 10 with --quick)"},
                        {"warmup", "N", "untimed runs before each case (default 5; 2 with --quick)"},
                        {"seed", "S", "workload seed (default 1)"}}};
@@ -85,6 +88,7 @@ std::optional<BenchRequest> parse_bench(std::span<const std::string> argv) {
     throw UsageError("--cases: " + std::string(e.what()));
   }
   config.timeline = args.get("timeline", "");
+  config.energy = !args.flag("no-energy");
 #if TWELL_HAS_CUDA
   if (!config.timeline.empty() && !bench::timeline::available())
     throw UsageError("--timeline: this build of twell bench has no CUPTI");

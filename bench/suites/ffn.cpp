@@ -77,6 +77,10 @@ constexpr double kEnergyDensity = 0.005;
 // Joules per token of op, into the case's extra (or the reason it is missing).
 void add_energy(Harness& h, Case& c, const std::function<void()>& op) {
   if (c.density_target != kEnergyDensity) return;
+  if (!h.config().energy) {
+    c.extra["joules_per_token"] = "not measured (--no-energy)";
+    return;
+  }
   const std::optional<double> j = h.joules_per_run(op, h.config().quick ? 0.1 : kEnergySeconds);
   if (j)
     c.extra["joules_per_token"] = *j / static_cast<double>(c.m);

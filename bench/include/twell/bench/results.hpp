@@ -42,6 +42,9 @@ struct Config {
   // A CUPTI trace of each selected case's timed runs into this CSV (bench/include/twell/bench/
   // timeline.hpp); empty: none.
   std::string timeline;
+  // Whether the FFN cases measure their energy per token (a loop of runs for 0.5 s after the
+  // timed ones); off (--no-energy) where a profiler or tracer should see the timed runs alone.
+  bool energy = true;
 };
 
 // Median and spread of the timed runs of one case, in milliseconds.
