@@ -148,7 +148,7 @@ if [ -n "$profile_metrics" ] && [ -z "$profile_case" ]; then
   echo "gpu-check: --profile-metrics needs --profile CASE" >&2
   exit 2
 fi
-[ -n "$profile_case" ] && run_tests=0  # a profile call is for the profile: the tests run in another
+if [ -n "$profile_case" ]; then run_tests=0; fi  # a profile call is for the profile: tests in another
 [ -n "$out" ] || out="$root/build/gpu-check"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
