@@ -20,7 +20,7 @@ TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "mse
 def launches(path):
     """(kernel, grid, µs, {metric: "value unit"}) per launch ID, in launch order."""
     header = None
-    order, found = [], {}
+    found = {}  # launch ID -> its record, in first-seen (launch) order
     with open(path, newline="") as f:
         for row in csv.reader(f):
             if row and row[0] == "ID":
@@ -29,15 +29,12 @@ def launches(path):
                 rec = dict(zip(header, row))
                 launch = found.setdefault(rec["ID"], {"kernel": rec["Kernel Name"], "grid": rec.get("Grid Size", ""),
                                                       "us": None, "other": {}})
-                if len(found) > len(order):
-                    order.append(rec["ID"])
                 name, value, unit = rec.get("Metric Name"), rec["Metric Value"], rec.get("Metric Unit", "")
                 if name == TIME:
                     launch["us"] = float(value.replace(",", "")) * TO_US[unit]
                 else:
                     launch["other"][name] = f"{value} {unit}".strip()
-    for launch_id in order:
-        launch = found[launch_id]
+    for launch in found.values():
         if launch["us"] is not None:
             yield launch["kernel"], launch["grid"], launch["us"], launch["other"]
 

@@ -138,17 +138,22 @@ __device__ __forceinline__ float dev_float(T v) {
   }
 }
 
+// Eight 16-bit values of T packed in 16 bytes as floats, the first in the low half of raw.x.
+template <class T>
+__device__ __forceinline__ void unpack8(const uint4 raw, float (&out)[8]) {
+  const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = bits_to_float<T>(static_cast<std::uint16_t>(words[i] & 0xffffu));
+    out[2 * i + 1] = bits_to_float<T>(static_cast<std::uint16_t>(words[i] >> 16));
+  }
+}
+
 // V consecutive values of T from p as floats (V == 8 reads 16 or 32 bytes, p suitably aligned).
 template <class T, int V>
 __device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
   if constexpr (V == 8 && ValueTraits<T>::packs_in_slot) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const std::uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      out[2 * i] = bits_to_float<T>(static_cast<std::uint16_t>(words[i] & 0xffffu));
-      out[2 * i + 1] = bits_to_float<T>(static_cast<std::uint16_t>(words[i] >> 16));
-    }
+    unpack8<T>(*reinterpret_cast<const uint4*>(p), out);
   } else if constexpr (V == 8) {
     const float4 a = reinterpret_cast<const float4*>(p)[0];
     const float4 b = reinterpret_cast<const float4*>(p)[1];
@@ -1357,14 +1362,14 @@ __device__ __forceinline__ float decode_dot(const float* xs, const T* w, std::in
     for (int b = 0; b < kDotLoads; ++b) {
       const std::int64_t kk = k0 + 256 * b;
       if (kk >= k) break;
-      const std::uint32_t words[4] = {wv[b].x, wv[b].y, wv[b].z, wv[b].w};
+      float wf[8];
+      unpack8<T>(wv[b], wf);
       // x as two 16-byte reads (one float at a time, lanes 32 bytes apart, meet 8-way bank
       // conflicts); the same values in the same order.
       const float4 xa = reinterpret_cast<const float4*>(xs + kk)[0], xb = reinterpret_cast<const float4*>(xs + kk)[1];
       const float xf[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        s = fmaf(xf[i], bits_to_float<T>(static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2)))), s);
+      for (int i = 0; i < 8; ++i) s = fmaf(xf[i], wf[i], s);
     }
   }
 #pragma unroll
@@ -1448,9 +1453,7 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_decode_up_kernel(FfnArgs a) {
         const std::int64_t v = tid + std::int64_t{j} * kThreads;
         if (v >= x_vecs) continue;
         float f[8];
-        const std::uint32_t words[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = bits_to_float<T>(static_cast<std::uint16_t>(words[i / 2] >> (16 * (i % 2))));
+        unpack8<T>(xv[j], f);
         reinterpret_cast<float4*>(xs + 8 * v)[0] = make_float4(f[0], f[1], f[2], f[3]);
         reinterpret_cast<float4*>(xs + 8 * v)[1] = make_float4(f[4], f[5], f[6], f[7]);
       }
