@@ -223,9 +223,10 @@ void run_ffn(Harness& h, Report& report) {
     gate_only.variant = "fused_gate_only";
 #if TWELL_BENCH_CUDA_GEMM_TO_SPARSE
     detail::run_case(report, gate_only, [&](Case& c) {
-      // The fused variant's gate, mainloop included, so that fused - fused_gate_only stays the
-      // up/down kernel's share.
-      cuda::GemmToSparsePlan<T> plan(m, k, n, ActivationSpec{}, layout, cuda::GemmToSparsePlan<T>::kDefaultCapacity,
+      // The fused variant's gate, mainloop and block capacity included, so that fused -
+      // fused_gate_only stays the up/down kernel's share.
+      cuda::GemmToSparsePlan<T> plan(m, k, n, ActivationSpec{}, layout,
+                                     cuda::GatedFfnPlan<T>::gate_capacity(m, cuda::GatedFfnPlan<T>::kDefaultCapacity),
                                      OverflowPolicy::hybrid, h.stream(), cuda::FusedMainloop::best_decode_split);
       plan.run(x, wg);
       plan.sync_overflow_count();

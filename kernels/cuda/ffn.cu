@@ -1322,11 +1322,12 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
   *reinterpret_cast<unsigned long long*>(state + kStateEntries) = 0;
 }
 
-// The decode path (docs/gemm_to_sparse.md, "Decode path"): at M <= kDecodeMaxTokens a token's
-// entries are too few to keep one CTA's memory busy, so the block kernel's chain of dependent
-// loads per token (list, up product 8 units at a time, 8 Wd rows in flight per thread) sets the
-// time. Two kernels spread each token's weight rows over many SMs instead, every load of a phase
-// issued before the first is used:
+// The decode path (docs/gemm_to_sparse.md, "Decode path"): at small M a token's entries are too
+// few to keep one CTA's memory busy, so the block kernel's chain of dependent loads per token
+// (list, up product 8 units at a time, 8 Wd rows in flight per thread) sets the time, and up to
+// kDecodeMaxTokens tokens rarely share a unit, so the block kernel's reuse buys little. Two
+// kernels spread each token's weight rows over many SMs instead, every load of a phase issued
+// before the first is used:
 //   ffn_decode_up_kernel, kDecodeUpParts CTAs per token: each lists the token's entries in column
 //   order (all of a chunk's candidate words loaded at once, then a block scan), and its warps take
 //   every (kDecodeUpParts x 8)-th entry: u = x . Wu^T(j, :) by one warp (decode_dot), h = gate * u
@@ -1336,7 +1337,7 @@ __global__ void __launch_bounds__(kThreads, 4) count_and_order_kernel(FfnArgs a,
 //   columns) over the w-th of 8 contiguous ranges of the token's list (down_entries), and the CTA
 //   adds the 8 partial rows in warp order.
 // No count_and_order_kernel, no split rows: nothing waits on another CTA's turn.
-constexpr std::int64_t kDecodeMaxTokens = 64;
+constexpr std::int64_t kDecodeMaxTokens = 256;
 constexpr int kDecodeUpParts = 4;
 constexpr int kDecodePerThread = 4;  // consecutive candidates a thread loads per chunk
 constexpr int kDecodeChunk = kThreads * kDecodePerThread;
@@ -1826,6 +1827,16 @@ GemmToSparsePlan<T> checked_gate(std::int64_t m, bool gated, DenseView<const T> 
                              FusedMainloop::best_decode_split);
 }
 
+// Whether an inference plan takes the decode path: 16-bit T, M <= kDecodeMaxTokens and the default
+// overflow capacity, which is then M rows so that no row can be past the gate's block (the path
+// never recomputes a gate row). An explicit capacity keeps the block kernel; so does a gate on its
+// generic path (the plan then allocates no lists).
+template <class T>
+bool decode_plan(std::int64_t m, std::int64_t overflow_capacity) {
+  return ValueTraits<T>::packs_in_slot && m <= kDecodeMaxTokens &&
+         overflow_capacity == FfnPlanBase<T>::kDefaultCapacity;
+}
+
 }  // namespace
 
 template <Value T>
@@ -1841,7 +1852,7 @@ detail::UpDownBuffers<T>::UpDownBuffers(std::int64_t m, std::int64_t k, std::int
   split_candidates = Buffer<std::int32_t>(z.candidates, MemorySpace::device, Uninitialized{});
   split_turn = Buffer<std::int32_t>(z.capacity, MemorySpace::device);
   split_sum = Buffer<float>(z.sum, MemorySpace::device, Uninitialized{});
-  if (!decode || !ValueTraits<T>::packs_in_slot || m > kDecodeMaxTokens) return;
+  if (!decode) return;
   decode_col = Buffer<std::int32_t>(static_cast<std::size_t>(m * n), MemorySpace::device, Uninitialized{});
   decode_h = Buffer<float>(static_cast<std::size_t>(m * n), MemorySpace::device, Uninitialized{});
 }
@@ -1859,11 +1870,17 @@ FfnPlanBase<T>::FfnPlanBase(std::int64_t m, bool gated, DenseView<const T> w_gat
       act_(act),
       stream_(options.stream),
       where_(where),
-      gate_(checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, overflow_capacity, options, where)),
-      buffers_(m, k_, n_, gate_.layout(), true, where) {
+      gate_(
+          checked_gate<T>(m, gated, w_gate, wu, wd, act, layout, gate_capacity(m, overflow_capacity), options, where)),
+      buffers_(m, k_, n_, gate_.layout(), decode_plan<T>(m, overflow_capacity) && gate_.fused(), where) {
   if (!gated_) return;
   wu_t_ = DenseMatrix<T>(wu.cols, wu.rows, MemorySpace::device);
   cuda::transpose<T>(wu, wu_t_.view(), KernelOptions{stream_});
+}
+
+template <Value T>
+std::int64_t FfnPlanBase<T>::gate_capacity(std::int64_t m, std::int64_t overflow_capacity) {
+  return decode_plan<T>(m, overflow_capacity) ? m : overflow_capacity;
 }
 
 template <Value T>

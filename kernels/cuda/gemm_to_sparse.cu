@@ -848,7 +848,8 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
                                      stream, f);
       // A pool of a segment for every (row, tile) of M holds every spill, so the ranking kernel
       // always fills and the recompute would find no row: not queued (a launch, ~1.5 us of a
-      // decode step, where the default block holds all M <= 64 rows).
+      // decode step, where the block holds all M rows: the default at M <= 64, the FFN decode
+      // path's gate up to 256).
       const bool always_filled = o.spill_capacity >= m_ * layout_.tiles(n_);
       if (!always_filled && wgmma) {  // the gathered copy is plan-owned, aligned, ld = K: it meets what h met
         detail::Sm90Gemm hr = h;

@@ -132,21 +132,29 @@ void check_stats(const FfnStats& s, const workload::FfnInputs<T>& in, Activation
   CHECK(static_cast<double>(diff) <= 2.0 + 1e-3 * static_cast<double>(total));
 }
 
+// Batches of up to this many tokens take the decode path in a 16-bit plan built with the default
+// overflow capacity (which is then M rows); an explicit capacity keeps the block kernel.
+constexpr std::int64_t kDecodeMaxTokens = 256;
+// An explicit gate block of 64 rows (gemm_to_sparse's default at up to 4096 tokens): the block
+// kernel's tests pass it so that their batches of 256 tokens or fewer do not take the decode path.
+constexpr std::int64_t kBlockKernelCapacity = 64;
+
 // The up/down kernel of aligned operands in a plan of M tokens with the default gate block: for
-// 16-bit types the decode path at M <= 64 (the block holds every row), else the block kernel
-// (K <= 4096); the per-token kernel's vector form for fp32.
+// 16-bit types the decode path at M <= kDecodeMaxTokens, else the block kernel (K <= 4096); the
+// per-token kernel's vector form for fp32.
 template <class T>
 const char* aligned_kernel(std::int64_t m) {
   if (std::is_same_v<T, float>) return "ffn_rows_v8";
-  return m <= 64 ? "ffn_decode_v8" : "ffn_block_v8";
+  return m <= kDecodeMaxTokens ? "ffn_decode_v8" : "ffn_block_v8";
 }
 
 // Gated and non-gated plans on one case: poisoned outputs, stats, the path taken (with the
 // split-K decode gate where it must run: its default block holds every row).
 template <class T>
-void check_plans(const Case<T>& c, ActivationSpec act, TwellLayout layout, const char* expect_kernel) {
+void check_plans(const Case<T>& c, ActivationSpec act, TwellLayout layout, const char* expect_kernel,
+                 std::int64_t capacity = kDefaultFfnCapacity) {
   const std::optional<bool> split = testing::decode_split_expected(c.m(), c.k(), c.host.wg.cols(), layout.tile);
-  cuda::GatedFfnPlan<T> gated(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), act, layout);
+  cuda::GatedFfnPlan<T> gated(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), act, layout, capacity);
   auto y = poisoned<T>(c.m(), c.k());
   FfnStats stats;
   gated.forward(c.x.view(), y.view(), &stats);
@@ -158,7 +166,7 @@ void check_plans(const Case<T>& c, ActivationSpec act, TwellLayout layout, const
   CHECK(err < tolerance<T>());
   check_stats(stats, c.host, act);
 
-  cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), act, layout);
+  cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), act, layout, capacity);
   auto yp = poisoned<T>(c.m(), c.k());
   plain.forward(c.x.view(), yp.view());
   CAPTURE(plain.path());
@@ -250,7 +258,8 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
   // kernel several ballots of rows, with overflow rows (TwELL(256, 32): 7 entries per tile) spread
   // over them. Every block size, the last block partial: 2001 tokens take 8-token blocks (1 wave
   // of them against 2 of 4-token ones), 1201 take 4, 601 and 501 (wide) take 2, a wave of
-  // 1-token blocks the smaller cases (over 64 tokens: smaller batches take the decode path).
+  // 1-token blocks the smaller cases. An explicit block of 64 rows keeps batches of 256 tokens or
+  // fewer off the decode path.
   const Setting settings[] = {
       {{2001, 2048, 1000, 0.05, Distribution::token_skewed}, TwellLayout{}, "ffn_block_v8", 8},
       {{2001, 3000, 520, 0.02, Distribution::uniform}, TwellLayout{}, "ffn_block_wide_v8", 8},
@@ -270,7 +279,7 @@ TEST_CASE_TEMPLATE("block kernel: several rounds per block, long rows routed, sh
     CAPTURE(st.w.k);
     CAPTURE(st.w.density);
     const Case<T> c(workload_inputs<T>(st.w, seed), relu);
-    check_plans<T>(c, relu, st.layout, block_path_on_132_sms(st.kernel, st.tokens).c_str());
+    check_plans<T>(c, relu, st.layout, block_path_on_132_sms(st.kernel, st.tokens).c_str(), kBlockKernelCapacity);
   }
 }
 
@@ -292,8 +301,10 @@ TEST_CASE_TEMPLATE("block kernel: heavy tokens split across CTAs, light ones not
   // 256) and at 10 % uniform (every token: rows near the mean, all over 256), the wide form with
   // tile 128 (8 tiles per part) at 30 % neuron-skewed (every token) and at 5 % token-skewed (twice
   // the mean decides). At the last one every row has ~560 entries and the share is several times
-  // that on any GPU: nothing is split. Every batch has more than 64 tokens (smaller ones take the
-  // decode path, which splits nothing).
+  // that on any GPU: nothing is split. The plans have an explicit block of 64 rows, so that they
+  // keep the block kernel (with the default capacity batches of up to 256 tokens take the decode
+  // path, which splits nothing; the choice is the constructor's, so a block grown by the first
+  // call does not change it).
   constexpr std::int64_t kSplitFloor = 64, kSplitOverMean = 2, kSplitAlways = 256;
   const Setting settings[] = {
       {{testing::sweep_size(96, 72), 2048, 5632, 0.005, Distribution::token_skewed}, TwellLayout{}, true},
@@ -319,7 +330,7 @@ TEST_CASE_TEMPLATE("block kernel: heavy tokens split across CTAs, light ones not
     CAPTURE(heavy);
     if (st.split) REQUIRE(heavy > 0);
 
-    cuda::GatedFfnPlan<T> plan(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, st.layout);
+    cuda::GatedFfnPlan<T> plan(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), relu, st.layout, kBlockKernelCapacity);
     // The first call sizes the overflow block (rows past it go to the per-token body, unsplit).
     auto y = poisoned<T>(c.m(), c.k()), again = poisoned<T>(c.m(), c.k());
     FfnStats sizing, stats;
@@ -353,7 +364,7 @@ TEST_CASE_TEMPLATE("block kernel: heavy tokens split across CTAs, light ones not
     const auto ha = again.to(MemorySpace::host);
     CHECK(testing::bitwise_equal<T>(yh.view(), ha.view()));
 
-    cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), relu, st.layout);
+    cuda::FfnPlan<T> plain(c.m(), c.wg.view(), c.wd.view(), relu, st.layout, kBlockKernelCapacity);
     auto yp = poisoned<T>(c.m(), c.k());
     FfnStats ps;
     plain.forward(c.x.view(), yp.view(), &ps);
@@ -364,17 +375,18 @@ TEST_CASE_TEMPLATE("block kernel: heavy tokens split across CTAs, light ones not
   }
 }
 
-// The decode path (16-bit, aligned, M <= 64 and a gate block of M rows: the default): two kernels
+// The decode path (16-bit, aligned, M <= 256, a plan with the default capacity): two kernels
 // that spread each token's entries over many CTAs (docs/gemm_to_sparse.md, "Decode path"). Each
 // setting must take it in the gated and the plain plan, with poisoned outputs: the dense
 // reference within the suite's bound, stats (no split row, no fallback; overflow rows where the
 // setting has them: dense rows of the gate's block), the same bits on a second call, and, where
 // both gates take the K-split decode gate (its rows do not depend on M), a token alone (M = 1) with
-// its bits in the batch. A block of fewer than M rows (rows past it would be recomputed) keeps the
-// block kernel. Settings: the paper shape at M = 1 and 64 (token-skewed: rows the block kernel
-// would split), ragged tiny ones, K past one load batch of the up product and past the block
-// kernel (5000: a ragged last 256-column slice), dense rows longer than a listing chunk (2104
-// columns), thresholded SiLU and GELU and a thresholded ReLU, tiles of 256 and 128.
+// its bits in the batch. A plan given an explicit capacity, even of M rows, keeps the block
+// kernel. Settings: the paper shape at M = 1, 64, 200 and 256 (token-skewed: rows the block
+// kernel would split; past 64 the gate is not K-split), ragged tiny ones, K past one load batch
+// of the up product and past the block kernel (5000: a ragged last 256-column slice), dense rows
+// longer than a listing chunk (2104 columns), thresholded SiLU and GELU and a thresholded ReLU,
+// tiles of 256 and 128.
 TEST_CASE_TEMPLATE("decode path: small batches, exact, repeatable, a token's bits independent of the batch", T, bf16,
                    fp16) {
   struct Setting {
@@ -386,6 +398,11 @@ TEST_CASE_TEMPLATE("decode path: small batches, exact, repeatable, a token's bit
   const Setting settings[] = {
       {{1, 2048, 5632, 0.005, Distribution::uniform}, {Activation::relu, 0.0f}, TwellLayout{}, false},
       {{64, 2048, 5632, 0.005, Distribution::token_skewed}, {Activation::relu, 0.0f}, TwellLayout{}, false},
+      {{200, 2048, 5632, 0.02, Distribution::token_skewed}, {Activation::relu, 0.0f}, TwellLayout{}, false},
+      {{testing::sweep_size(kDecodeMaxTokens, 96), 2048, 5632, 0.005, Distribution::uniform},
+       {Activation::relu, 0.0f},
+       TwellLayout{},
+       false},
       {{5, 520, 1000, 0.05, Distribution::token_skewed}, {Activation::silu, 0.05f}, TwellLayout{256, 32}, true},
       {{13, 64, 136, 0.1, Distribution::uniform}, {Activation::relu, 0.1f}, TwellLayout{}, false},
       {{2, 5000, 520, 0.02, Distribution::uniform}, {Activation::relu, 0.0f}, TwellLayout{}, false},
@@ -432,13 +449,12 @@ TEST_CASE_TEMPLATE("decode path: small batches, exact, repeatable, a token's bit
     cuda::FfnPlan<T> plain_alone(1, c.wg.view(), c.wd.view(), st.act, st.layout);
     run(plain, plain_alone, c.ref_plain);
 
-    if (m == 1) continue;
-    cuda::GatedFfnPlan<T> small_block(m, c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout, m - 1);
+    cuda::GatedFfnPlan<T> explicit_block(m, c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout, m);
     auto y = poisoned<T>(m, k);
-    small_block.forward(c.x.view(), y.view());
-    CAPTURE(small_block.path());
+    explicit_block.forward(c.x.view(), y.view());
+    CAPTURE(explicit_block.path());
     // Past the block kernel's K (4096) the per-token kernel runs instead.
-    CHECK(small_block.path().find(k > 4096 ? "+ffn_rows_v8" : "+ffn_block") != std::string::npos);
+    CHECK(explicit_block.path().find(k > 4096 ? "+ffn_rows_v8" : "+ffn_block") != std::string::npos);
     CHECK(error_of(y, c.ref_gated) < tolerance<T>());
   }
 }
@@ -447,9 +463,10 @@ TEST_CASE_TEMPLATE("FFN plans: generic gate paths (fp32, ragged N, K not a multi
   const std::uint64_t seed = testing::fresh_seed();
   CAPTURE(seed);
   const ActivationSpec relu{Activation::relu, 0.0f};
-  // K = 96, N = 300: aligned K (vector kernel), ragged N (the gate takes the generic path).
+  // K = 96, N = 300: aligned K (vector kernel), ragged N (the gate takes the generic path, so a
+  // 16-bit plan has no decode lists and takes the block kernel).
   const Case<T> a(workload_inputs<T>({77, 96, 300, 0.05, Distribution::token_skewed}, seed), relu);
-  check_plans<T>(a, relu, TwellLayout{}, aligned_kernel<T>(a.m()));
+  check_plans<T>(a, relu, TwellLayout{}, std::is_same_v<T, float> ? "ffn_rows_v8" : "ffn_block_v8");
   // K = 99: no 16-byte rows, the scalar kernel.
   const Case<T> b(workload_inputs<T>({33, 99, 256, 0.1, Distribution::uniform}, seed + 1), relu);
   check_plans<T>(b, relu, TwellLayout{}, "ffn_rows_v1");
@@ -1041,8 +1058,9 @@ TEST_CASE_TEMPLATE("GatedUpDownPlan keeps u and h as sddmm and multiply_on_patte
         part->row_to_overflow() = a.row_to_overflow().copy_to(MemorySpace::device);
         part->overflow_to_row() = a.overflow_to_row().copy_to(MemorySpace::device);
       }
-    if (st.split) {  // the kernel splits the heavy rows of this gate (an inference plan's stats)
-      cuda::GatedFfnPlan<T> inference(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout);
+    if (st.split) {  // the block kernel splits the heavy rows of this gate (an inference plan's stats)
+      cuda::GatedFfnPlan<T> inference(c.m(), c.wg.view(), c.wu.view(), c.wd.view(), st.act, st.layout,
+                                      kBlockKernelCapacity);
       FfnStats sizing, stats;
       DenseMatrix<T> scratch_y = poisoned<T>(c.m(), c.k());
       inference.forward(c.x.view(), scratch_y.view(), &sizing);  // sizes its overflow block

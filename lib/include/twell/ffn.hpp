@@ -31,7 +31,8 @@ void sparse_ffn_forward(In<DenseView<const T>> x, In<DenseView<const T>> wu, In<
                         ActivationSpec act, TwellLayout layout, DenseView<T> y, const KernelOptions& options = {});
 
 // The overflow capacity of the objects below that ask for one.
-inline constexpr std::int64_t kDefaultFfnCapacity = -1;  // max(64, M / 64) overflow rows
+// min(M, max(64, M / 64)) overflow rows; M rows for 16-bit device layers of M <= 256 (the decode path)
+inline constexpr std::int64_t kDefaultFfnCapacity = -1;
 
 // ---- training ------------------------------------------------------------------------------
 // What the training forward keeps for the backward, on the gate's pattern P only: a = act(x wg)
@@ -171,7 +172,8 @@ struct OutIn {
 // space), activation, gate layout and token count M, for repeated forward passes. Construction
 // allocates; forward(x, y) then runs on the weights' backend:
 //   - device: twell::cuda::GatedFfnPlan / FfnPlan (<twell/kernels/ffn_cuda.hpp>): the gate through
-//     a GemmToSparsePlan whose overflow block holds `overflow_capacity` rows (default min(M, max(64, M/64))),
+//     a GemmToSparsePlan whose overflow block holds `overflow_capacity` rows (default min(M, max(64, M/64)),
+//     M rows for 16-bit weights at M <= 256, where the up/down projections take the decode path),
 //     then the fused up/down kernel; nothing allocated and no host wait where the gate takes its
 //     fused path (path() does not start with "gate:generic"). The gated plan copies Wu^T once at
 //     construction: after wu changes, build a new layer (wg and wd are read at each call). Overflow rows past the

@@ -29,8 +29,9 @@ inline constexpr std::int64_t kFusedFfnMaxK = 8192;
 namespace detail {
 // The up/down kernel's device memory for M tokens, allocated once by the plan that runs it: the
 // per-token gate counts, the order of the token blocks, and, where the block kernel takes K, its
-// state and split-row buffers (docs/gemm_to_sparse.md, "Heavy tokens"); with `decode` (the
-// inference plans) and 16-bit T at M <= 64, the decode path's entry lists ("Decode path").
+// state and split-row buffers (docs/gemm_to_sparse.md, "Heavy tokens"); with `decode` (an
+// inference plan of 16-bit T, M <= 256 and the default capacity), the decode path's entry lists
+// ("Decode path").
 template <Value T>
 struct UpDownBuffers {
   UpDownBuffers(std::int64_t m, std::int64_t k, std::int64_t n, const TwellLayout& layout, bool decode,
@@ -58,19 +59,25 @@ struct UpDownBuffers {
 // forward(x, y) queues, on the plan's stream, the gate GEMM (TwELL epilogue, ranking of overflow
 // rows, dense recompute of the overflow rows that fit the block) and the up/down kernel, and
 // returns: no allocation, no host wait (on the fused gate path; where the gate plan runs its
-// generic path, path() "gate:generic...", each call allocates and waits). The kernel reads the gate's row_to_overflow on the
-// device: TwELL rows from their slots, overflow rows inside the block from their dense rows, and
-// overflow rows past the block's capacity (unknown to the host) by recomputing the gate row
-// densely itself (act(x Wg) in fp32, the same threshold and rounding), so y is exact whatever the
-// overflow count. With stats, forward() then waits for the device: it reads the overflow count
-// (the gate plan grows its block when the count exceeded it, so later calls stay on the fast
-// path) and the per-token counts. x must stay unchanged until the queued work has run.
-// Deterministic: same inputs and the same gate block capacity, same bits (a forward with stats may
-// grow the block: rows past the old block then take another kernel's summation order).
+// generic path, path() "gate:generic...", each call allocates and waits). The kernel reads the
+// gate's row_to_overflow on the device: TwELL rows from their slots, overflow rows inside the
+// block from their dense rows, and overflow rows past the block's capacity (unknown to the host)
+// by recomputing the gate row densely itself (act(x Wg) in fp32, the same threshold and rounding),
+// so y is exact whatever the overflow count. With stats, forward() then waits for the device: it
+// reads the overflow count (the gate plan grows its block when the count exceeded it, so later
+// calls stay on the fast path) and the per-token counts. x must stay unchanged until the queued
+// work has run. Deterministic: same inputs, the same constructor arguments and the same gate block
+// capacity, same bits (a forward with stats may grow the block: rows past the old block then take
+// another kernel's summation order; at M <= 256 a plan built with the default capacity and one
+// given M rows take different up/down kernels: gate_capacity()).
 template <Value T>
 class FfnPlanBase {
  public:
   static constexpr std::int64_t kDefaultCapacity = GemmToSparsePlan<T>::kDefaultCapacity;
+  // The overflow capacity a plan of M tokens built with `overflow_capacity` gives its gate: M rows
+  // where the up/down projections take the decode path (16-bit T, M <= 256, the default capacity;
+  // docs/gemm_to_sparse.md, "Decode path"), else `overflow_capacity` itself.
+  static std::int64_t gate_capacity(std::int64_t m, std::int64_t overflow_capacity);
 
   FfnPlanBase(const FfnPlanBase&) = delete;
   FfnPlanBase& operator=(const FfnPlanBase&) = delete;
@@ -87,8 +94,8 @@ class FfnPlanBase {
   const TwellLayout& layout() const { return gate_.layout(); }
   // Rows of the gate's preallocated overflow block (grows after a forward() with stats found more).
   std::int64_t overflow_capacity() const { return gate_.overflow_capacity(); }
-  // "gate:<gemm_to_sparse path>+<up/down kernel>" of the latest forward() (ffn_decode_v8 at M <= 64
-  // where the gate's block holds M rows, ffn_block_v8_t<b>, ffn_block_wide_v8_t<b> with b tokens
+  // "gate:<gemm_to_sparse path>+<up/down kernel>" of the latest forward() (ffn_decode_v8 at M <= 256
+  // in a plan built with the default capacity, ffn_block_v8_t<b>, ffn_block_wide_v8_t<b> with b tokens
   // per block, ffn_rows_v8 or ffn_rows_v1; docs/gemm_to_sparse.md).
   const std::string& path() const { return path_; }
   Stream stream() const { return stream_; }
