@@ -107,6 +107,11 @@ struct FfnArgs {
   // entries in column order, M x N, row stride n: their columns and h.
   std::int32_t* decode_col = nullptr;
   float* decode_h = nullptr;
+  // The decode path on a gate run by GemmToSparsePlan::run_own_rows: row i's dense values are
+  // block row i, whatever row_to_overflow says, and its tile counts tell whether the TwELL row
+  // lost entries (then the block row is listed); row_over[i] = 1 then, else 0.
+  bool own_rows = false;
+  std::int32_t* row_over = nullptr;
   // Training (16-bit T, gated, a complete gate: no row past block_rows), else empty: the Hybrids
   // read or written at the gate's entries (EntryParts).
   EntryParts entry_parts{};
@@ -1394,6 +1399,16 @@ __device__ __forceinline__ int block_exclusive_sum(int c, int lane, int warp, in
   return before + inc - c;
 }
 
+// Row `row` (called by every thread of the CTA: one barrier) where one of its TwELL tile counts
+// passes S - 1, else -1.
+__device__ __forceinline__ std::int32_t own_row_if_overflowed(const TwellLayout& layout, const std::uint32_t* pr,
+                                                              std::int64_t pw, std::int64_t row) {
+  const std::int64_t slots = layout.slots();
+  bool over = false;
+  for (std::int64_t t = threadIdx.x; t * slots < pw; t += blockDim.x) over |= layout.overflows(pr[t * slots]);
+  return __syncthreads_or(over) ? static_cast<std::int32_t>(row) : -1;
+}
+
 // The up product of the decode path; grid (kDecodeUpParts, M), dynamic shared memory K floats
 // (x) + kDecodeChunk entries. The host takes this path only where every overflow row sits in the
 // gate's block (no row to recompute) and the operands allow 16-byte loads. A chunk's candidates
@@ -1412,14 +1427,11 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_decode_up_kernel(FfnArgs a) {
   const std::int64_t row = blockIdx.y;
   const int owner = static_cast<int>(blockIdx.x) * (kThreads / 32) + warp;
   const int owners = static_cast<int>(gridDim.x) * (kThreads / 32);
-  const std::int32_t orow = a.row_to_overflow[row];
   const std::int64_t slots = a.layout.slots(), pw = a.layout.packed_width(a.n);
-  const std::int64_t candidates = orow >= 0 ? a.n : pw;
   const std::uint32_t* pr = a.packed + row * pw;
-  const T* dense = orow >= 0 ? static_cast<const T*>(a.overflow) + std::int64_t{orow} * a.ld_overflow : nullptr;
 
-  // x's loads first, so that they and the first chunk's share one round trip (K <= kFusedFfnMaxK:
-  // at most 4 vectors of 8 per thread).
+  // x's loads first, so that they and the first chunk's (or the tile counts') share one round
+  // trip (K <= kFusedFfnMaxK: at most 4 vectors of 8 per thread).
   constexpr int kXLoads = static_cast<int>(kFusedFfnMaxK / (8 * kThreads));
   const auto* x4 = reinterpret_cast<const uint4*>(static_cast<const T*>(a.x) + row * a.ldx);
   const std::int64_t x_vecs = a.gated ? a.k / 8 : 0;
@@ -1429,6 +1441,14 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_decode_up_kernel(FfnArgs a) {
     const std::int64_t v = tid + std::int64_t{j} * kThreads;
     xv[j] = v < x_vecs ? x4[v] : make_uint4(0, 0, 0, 0);
   }
+
+  // The row's source, fixed before the chunk loop (a value the loop changed slowed heavy rows'
+  // loops by 14 %, h200-2026-12-02h): the overflow map's block row, or with the gate's own rows
+  // block row `row` where a tile count passes its S - 1 slots (the packers' test: the TwELL row
+  // lost entries).
+  const std::int32_t orow = a.own_rows ? own_row_if_overflowed(a.layout, pr, pw, row) : a.row_to_overflow[row];
+  const std::int64_t candidates = orow >= 0 ? a.n : pw;
+  const T* dense = orow >= 0 ? static_cast<const T*>(a.overflow) + std::int64_t{orow} * a.ld_overflow : nullptr;
 
   std::int64_t listed = 0;  // entries of the chunks before
   for (std::int64_t c0 = 0; c0 < candidates; c0 += kDecodeChunk) {
@@ -1512,7 +1532,10 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_decode_up_kernel(FfnArgs a) {
     listed += total;
     __syncthreads();  // the next chunk rewrites the list and warp_total
   }
-  if (blockIdx.x == 0 && tid == 0) a.row_nnz[row] = static_cast<std::int32_t>(listed);
+  if (blockIdx.x == 0 && tid == 0) {
+    a.row_nnz[row] = static_cast<std::int32_t>(listed);
+    if (a.row_over != nullptr) a.row_over[row] = orow >= 0 ? 1 : 0;
+  }
 }
 
 // The down projection of the decode path; grid (ceil(K / 256), M). Warp w adds, for the CTA's 256
@@ -1628,6 +1651,7 @@ struct UpDownMemory {
   std::int64_t split_capacity = 0;
   std::int32_t* decode_col = nullptr;
   float* decode_h = nullptr;
+  std::int32_t* decode_over = nullptr;
 };
 
 // What the up/down kernel needs for M tokens, K and N: row_nnz M words, block_order one and
@@ -1667,7 +1691,8 @@ UpDownMemory memory_of(detail::UpDownBuffers<T>& b) {
           b.split_sum.data(),
           b.split_capacity,
           b.decode_col.size() > 0 ? b.decode_col.data() : nullptr,
-          b.decode_h.size() > 0 ? b.decode_h.data() : nullptr};
+          b.decode_h.size() > 0 ? b.decode_h.data() : nullptr,
+          b.decode_over.size() > 0 ? b.decode_over.data() : nullptr};
 }
 
 // UpDownBuffers for one call, stream-ordered scratch from twell's pool (no device-wide wait,
@@ -1712,14 +1737,33 @@ PlacedPart placed(HybridView<const T> v) {
   return {const_cast<std::uint32_t*>(v.twell.packed), const_cast<T*>(v.overflow.data), v.overflow.ld};
 }
 
+// Whether the up/down kernels' 16-byte loads serve these operands (the decode path, the block
+// kernel and ffn_rows_kernel's vector form).
+template <class T>
+bool vector_operands(DenseView<const T> x, const T* wu_t, std::int64_t ldwu_t, DenseView<const T> wd, DenseView<T> y) {
+  return x.cols % 8 == 0 && x.ld % 8 == 0 && wd.ld % 8 == 0 && y.ld % 8 == 0 && aligned16(x.data) &&
+         aligned16(wd.data) && aligned16(y.data) && (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t)));
+}
+
+// Whether sparse_rows takes the decode path: the forward pass (no u and h kept) on operands that
+// allow 16-byte loads (`vec`), where the plan holds its lists (M <= kDecodeMaxTokens) and the
+// gate's block holds every overflow row (none to recompute). forward() asks it before the gate
+// runs, so that a gate run with its own rows (stale maps) always reaches the decode path.
+bool takes_decode_path(bool vec, const UpDownMemory& buffers, const EntryParts& parts, std::int64_t block_rows,
+                       std::int64_t rows) {
+  return vec && buffers.decode_col != nullptr && parts.u.packed == nullptr && block_rows >= rows;
+}
+
 // Queues the up/down kernel on the gate g: the block kernel, after count_and_order_kernel has
 // written the counts, the block order and the split rows into `buffers`, or ffn_rows_kernel; wu_t
 // null for the non-gated FFN; `parts` empty unless training (then g must be complete): the
-// forward's kept u and h, or the backward's operands (Pass). Returns the path name.
+// forward's kept u and h, or the backward's operands (Pass); `own_rows`: g comes from the gate's
+// run_own_rows (the decode path must then run). Returns the path name.
 template <class T, Pass kPass>
 std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<const T> w_gate, ActivationSpec act,
                         const T* wu_t, std::int64_t ldwu_t, DenseView<const T> wd, DenseView<T> y,
-                        const UpDownMemory& buffers, const EntryParts& parts, cudaStream_t stream, const char* where) {
+                        const UpDownMemory& buffers, const EntryParts& parts, cudaStream_t stream, const char* where,
+                        bool own_rows = false) {
   if (x.rows == 0) return "empty";
   FfnArgs a;
   a.m = x.rows;
@@ -1749,17 +1793,15 @@ std::string sparse_rows(DenseView<const T> x, HybridView<const T> g, DenseView<c
   a.row_nnz = buffers.row_nnz;
   a.entry_parts = parts;
 
-  const bool vec = x.cols % 8 == 0 && x.ld % 8 == 0 && wd.ld % 8 == 0 && y.ld % 8 == 0 && aligned16(x.data) &&
-                   aligned16(wd.data) && aligned16(y.data) &&
-                   (wu_t == nullptr || (ldwu_t % 8 == 0 && aligned16(wu_t))) &&
+  const bool vec = vector_operands<T>(x, wu_t, ldwu_t, wd, y) &&
                    (kPass == Pass::forward || (parts.ldwd2 % 8 == 0 && aligned16(parts.wd2)));
   const std::string pass = kPass == Pass::forward ? "" : "_backward";
   if constexpr (ValueTraits<T>::packs_in_slot && kPass == Pass::forward) {
-    // The decode path: where the plan holds its lists (M <= kDecodeMaxTokens), for inference (no
-    // u and h kept), and where the gate's block holds every overflow row (none to recompute).
-    if (vec && buffers.decode_col != nullptr && parts.u.packed == nullptr && a.block_rows >= x.rows) {
+    if (takes_decode_path(vec, buffers, parts, a.block_rows, x.rows)) {
       a.decode_col = buffers.decode_col;
       a.decode_h = buffers.decode_h;
+      a.own_rows = own_rows;
+      a.row_over = own_rows ? buffers.decode_over : nullptr;
       const std::size_t smem = static_cast<std::size_t>(x.cols) * sizeof(float) + kDecodeChunk * 8;
       ::twell::detail::launch_kernel(where, ffn_decode_up_kernel<T>,
                                      dim3(kDecodeUpParts, static_cast<unsigned>(x.rows)), kThreads, smem, stream, a);
@@ -1855,6 +1897,7 @@ detail::UpDownBuffers<T>::UpDownBuffers(std::int64_t m, std::int64_t k, std::int
   if (!decode) return;
   decode_col = Buffer<std::int32_t>(static_cast<std::size_t>(m * n), MemorySpace::device, Uninitialized{});
   decode_h = Buffer<float>(static_cast<std::size_t>(m * n), MemorySpace::device, Uninitialized{});
+  decode_over = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device, Uninitialized{});
 }
 
 template <Value T>
@@ -1891,16 +1934,31 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
           " rows");
   twell::detail::check_apart(y, "y", {{"x", x}, {gated_ ? "wg" : "wu", w_gate_}, {"wd", wd_}}, where_);
   const auto stream = static_cast<cudaStream_t>(stream_.handle);
-  gate_.run(x, w_gate_);
-  const HybridView<const T> g = gate_.queued_result();
+  const T* wu_t = gated_ ? wu_t_.values().data() : nullptr;
+  const std::int64_t ldwu_t = gated_ ? wu_t_.ld() : 0;
+  // Where the decode path will run, the split gate stores its rows densely itself, and neither
+  // the ranking nor the fill is queued (docs/gemm_to_sparse.md, "Decode path").
+  bool own_rows = false;
+  if (takes_decode_path(vector_operands<T>(x, wu_t, ldwu_t, wd_, y), memory_of(buffers_), EntryParts{},
+                        gate_.overflow_capacity(), m_)) {
+    own_rows = gate_.run_own_rows(x, w_gate_, where_);
+  } else {
+    gate_.run(x, w_gate_);
+  }
+  const HybridView<const T> g = own_rows ? gate_.own_rows_view() : gate_.queued_result();
   const std::int64_t block_rows = g.overflow.rows;
-  const std::string kernel =
-      sparse_rows<T, Pass::forward>(x, g, w_gate_, act_, gated_ ? wu_t_.values().data() : nullptr,
-                                    gated_ ? wu_t_.ld() : 0, wd_, y, memory_of(buffers_), EntryParts{}, stream, where_);
+  const std::string kernel = sparse_rows<T, Pass::forward>(x, g, w_gate_, act_, wu_t, ldwu_t, wd_, y,
+                                                           memory_of(buffers_), EntryParts{}, stream, where_, own_rows);
   path_ = "gate:" + gate_.path() + "+" + kernel;
   if (stats == nullptr) return;
 
-  const OverflowCount count = gate_.sync_overflow_count();
+  // The overflow rows: the gate's count, or with its own rows the decode kernel's flags.
+  const OverflowCount count = own_rows ? OverflowCount{} : gate_.sync_overflow_count();
+  std::vector<std::int32_t> over(own_rows ? static_cast<std::size_t>(m_) : 0);
+  if (!over.empty())
+    ::twell::detail::check_cuda(cudaMemcpyAsync(over.data(), buffers_.decode_over.data(), buffers_.decode_over.bytes(),
+                                                cudaMemcpyDeviceToHost, stream),
+                                where_);
   FfnStats s;
   s.tokens = m_;
   s.row_nnz.resize(static_cast<std::size_t>(m_));
@@ -1918,10 +1976,10 @@ void FfnPlanBase<T>::forward(DenseView<const T> x, DenseView<T> y, FfnStats* sta
     s.nnz += c;
     s.max_row_nnz = std::max(s.max_row_nnz, c);
   }
-  s.overflow_rows = count.rows;
+  s.overflow_rows = own_rows ? std::count(over.begin(), over.end(), 1) : count.rows;
   s.overflow_capacity = block_rows;
   s.split_rows = split_rows;
-  s.fallback_rows = std::max<std::int64_t>(0, count.rows - block_rows);
+  s.fallback_rows = std::max<std::int64_t>(0, s.overflow_rows - block_rows);
   *stats = std::move(s);
 }
 

@@ -368,7 +368,8 @@ enum StatusWord : int {
   kRecomputeRows = 7,  // rows the overflow recompute covers (R where nothing is filled, else 0)
   kSpilled = 8,        // segments the packers spilled (where the block is filled)
   kSpillAcc = 9,       // the packers' spill counter (TwellOut::spill_count)
-  kStatusWords = 10
+  kOwnRowsSink = 10,   // run_own_rows's totals: added to, never read
+  kStatusWords = 11
 };
 
 // The fused paths' overflow block, after the ranking (grid-stride loops either way).
@@ -573,6 +574,28 @@ GemmArgs make_args(DenseView<const T> x, const std::int32_t* rows, std::int64_t 
   return g;
 }
 
+// The Hopper kernels' arguments for act(x w).
+template <class T>
+detail::Sm90Gemm sm90_args(DenseView<const T> x, DenseView<const T> w, ActivationSpec act) {
+  detail::Sm90Gemm h;
+  h.x = x.data;
+  h.ldx = x.ld;
+  h.w = w.data;
+  h.ldw = w.ld;
+  h.m = x.rows;
+  h.n = w.cols;
+  h.k = x.cols;
+  h.kind = act.kind;
+  h.threshold = act.threshold;
+  return h;
+}
+
+// The fused path's name: mainloop, tile, and the Hopper kernel's tiling where it ran.
+std::string fused_path(bool wgmma, int tile, detail::Sm90Tiling tiling) {
+  return std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") + (tile == 128 ? "128" : "256") +
+         (tiling.rows == 64 ? "_rows64" : "") + (tiling.k_parts > 1 ? "_ksplit" + std::to_string(tiling.k_parts) : "");
+}
+
 dim3 grid_for(std::int64_t m, std::int64_t n, int bm, int bn, const char* where) {
   const std::int64_t gx = (n + bn - 1) / bn, gy = (m + bm - 1) / bm;
   require(gy <= 65535, ErrorCode::unsupported, where, "M = ", m, " needs ", gy, " row blocks; at most 65535");
@@ -710,7 +733,10 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
   // sums would disagree with the TwELL slots' in the last bits).
   split_ = hopper_ && mainloop == FusedMainloop::best_decode_split &&
            (policy != OverflowPolicy::hybrid || capacity >= m) &&
-           detail::gemm_twell_sm90_split_applies<T>(m, k, n, layout.tile, kWhere);
+           detail::gemm_twell_sm90_split_applies<T>(m, k, n, layout.tile, false, kWhere);
+  // Under hybrid, split_ implies a block of all M rows.
+  own_rows_ = split_ && policy == OverflowPolicy::hybrid &&
+              detail::gemm_twell_sm90_split_applies<T>(m, k, n, layout.tile, true, kWhere);
   twell_ = TwellMatrix<T>(m, n, layout, MemorySpace::device, Uninitialized{});  // the epilogue writes every slot
   overflow_ = DenseMatrix<T>(capacity, n, MemorySpace::device);
   // -1 everywhere, as the ranking kernel's fast path (no flagged row) leaves the map: then a first
@@ -720,6 +746,7 @@ GemmToSparsePlan<T>::GemmToSparsePlan(std::int64_t m, std::int64_t k, std::int64
   ::twell::detail::fill_bytes(row_to_overflow_.data(), MemorySpace::device, 0xff, row_to_overflow_.bytes());
   overflow_to_row_ = Buffer<std::int32_t>(static_cast<std::size_t>(capacity), MemorySpace::device);
   flags_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
+  if (own_rows_) own_flags_ = Buffer<std::int32_t>(static_cast<std::size_t>(m), MemorySpace::device);
   status_ = Buffer<std::uint64_t>(kStatusWords, MemorySpace::device);
   if (capacity > 0) size_overflow_buffers(capacity);
 }
@@ -753,12 +780,17 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w) {
 }
 
 template <Value T>
-void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const char* where) {
+void GemmToSparsePlan<T>::check_run(DenseView<const T> x, DenseView<const T> w, const char* where) const {
   require(state_ != State::taken, ErrorCode::invalid_argument, where, kSpentPlan);
   twell::detail::require_plan_device(device_, where);
   check_operands<T>(x, w, act_, where);
   require(x.rows == m_ && x.cols == k_ && w.cols == n_, ErrorCode::shape_mismatch, where, "the plan is for x ", m_,
           " x ", k_, " and w ", k_, " x ", n_, "; got x ", x.rows, " x ", x.cols, " and w ", w.rows, " x ", w.cols);
+}
+
+template <Value T>
+void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const char* where) {
+  check_run(x, w, where);
   state_ = State::idle;  // until the work is queued, there is no result to claim
   x_ = x;
   w_ = w;
@@ -782,16 +814,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     o.excess_total = status + kExcessAcc;
     o.clamp_count = policy_ == OverflowPolicy::drop;
     const bool route = policy_ == OverflowPolicy::hybrid;
-    detail::Sm90Gemm h;
-    h.x = x.data;
-    h.ldx = x.ld;
-    h.w = w.data;
-    h.ldw = w.ld;
-    h.m = m_;
-    h.n = n_;
-    h.k = k_;
-    h.kind = act_.kind;
-    h.threshold = act_.threshold;
+    const detail::Sm90Gemm h = sm90_args<T>(x, w, act_);
     const bool wgmma = hopper_ && detail::gemm_twell_sm90_applies(h);
     const bool spill = route && overflow_.rows() > 0;
     if (spill) {
@@ -802,7 +825,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     }
     detail::Sm90Tiling tiling;
     if (wgmma) {
-      tiling = detail::launch_gemm_twell_sm90<T>(h, o, split_, stream, where);
+      tiling = detail::launch_gemm_twell_sm90<T>(h, o, split_, detail::Sm90Dense{}, stream, where);
     } else if (m_ > 0 && n_ > 0) {
       if (layout_.tile == 128) {
         launch_twell<T, 128>(g, o, stream, where);
@@ -813,9 +836,7 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     ::twell::detail::launch_kernel(where, rank_overflow_rows_kernel, 1, 1024, 0, stream, flags_.data(), m_, route,
                                    overflow_.rows(), o.spill_capacity, row_to_overflow_.data(), overflow_to_row_.data(),
                                    status);
-    path_ = std::string(wgmma ? "fused_wgmma_tma_tile" : "fused_mma_sync_tile") +
-            (layout_.tile == 128 ? "128" : "256") + (tiling.rows == 64 ? "_rows64" : "") +
-            (tiling.k_parts > 1 ? "_ksplit" + std::to_string(tiling.k_parts) : "");
+    path_ = fused_path(wgmma, layout_.tile, tiling);
     if (route && overflow_.rows() > 0 && n_ > 0) {
       // The overflow rows' dense values, for the whole block; the kernels read the device-side
       // counts and do nothing past them. The block is filled from the TwELL slots and the
@@ -869,6 +890,45 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
 }
 
 template <Value T>
+bool GemmToSparsePlan<T>::run_own_rows(DenseView<const T> x, DenseView<const T> w, const char* where) {
+  check_run(x, w, where);
+  if constexpr (ValueTraits<T>::packs_in_slot) {
+    const detail::Sm90Gemm h = sm90_args<T>(x, w, act_);
+    if (own_rows_ && tensor_core_ok<T>(x, w) && detail::gemm_twell_sm90_applies(h)) {
+      state_ = State::idle;
+      x_ = x;
+      w_ = w;
+      count_ = {};
+      ran_fused_ = true;
+      auto* status = reinterpret_cast<unsigned long long*>(status_.data());
+      TwellOut o;
+      o.packed = twell_.packed().data();
+      o.layout = layout_;
+      // Sinks: flags_ and the accumulators keep the ranking kernel's premise (cleared) for the
+      // next run(); nothing spills, since every row is stored densely.
+      o.row_flags = own_flags_.data();
+      o.stored_total = status + kOwnRowsSink;
+      o.excess_total = status + kOwnRowsSink;
+      const detail::Sm90Tiling tiling =
+          detail::launch_gemm_twell_sm90<T>(h, o, true, detail::Sm90Dense{overflow_.view().data, overflow_.view().ld},
+                                            static_cast<cudaStream_t>(stream_.handle), where);
+      path_ = fused_path(true, layout_.tile, tiling) + "_own_rows";
+      state_ = State::own_rows;
+      return true;
+    }
+  }
+  run(x, w, where);
+  return false;
+}
+
+template <Value T>
+HybridView<const T> GemmToSparsePlan<T>::own_rows_view() const {
+  require(state_ == State::own_rows, ErrorCode::invalid_argument, "twell::cuda::GemmToSparsePlan::own_rows_view",
+          "the latest run was not run_own_rows()'s");
+  return plan_view();
+}
+
+template <Value T>
 OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const std::function<void()>& meanwhile) {
   return sync_overflow_count("twell::cuda::GemmToSparsePlan::sync_overflow_count", meanwhile);
 }
@@ -877,7 +937,9 @@ template <Value T>
 OverflowCount GemmToSparsePlan<T>::sync_overflow_count(const char* where, const std::function<void()>& meanwhile,
                                                        bool for_later_runs) {
   require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument, where,
-          state_ == State::taken ? kSpentPlan : "nothing to count: call run() first");
+          state_ == State::taken      ? kSpentPlan
+          : state_ == State::own_rows ? kOwnRowsRun
+                                      : "nothing to count: call run() first");
   twell::detail::require_plan_device(device_, where);
   if (state_ == State::synced || !ran_fused_) {
     if (meanwhile) meanwhile();
@@ -963,12 +1025,8 @@ HybridView<const T> GemmToSparsePlan<T>::result() const {
   require(state_ == State::synced, ErrorCode::invalid_argument, "twell::cuda::GemmToSparsePlan::result",
           state_ == State::taken ? kSpentPlan : "the result is valid from sync_overflow_count() until the next run()");
   if (!ran_fused_) return generic_.view();
-  HybridView<const T> v;
-  v.twell = twell_.view();
-  v.overflow = overflow_.view();
+  HybridView<const T> v = plan_view();
   v.overflow.rows = count_.rows;
-  v.row_to_overflow = row_to_overflow_.data();
-  v.overflow_to_row = overflow_to_row_.data();
   return v;
 }
 
@@ -1015,7 +1073,7 @@ HybridMatrix<T> GemmToSparsePlan<T>::take_result() && {
 
 template <Value T>
 const std::uint64_t* GemmToSparsePlan<T>::device_overflow_count() const {
-  return ran_fused_ && status_.data() != nullptr ? status_.data() + kFlaggedRows : nullptr;
+  return ran_fused_ && state_ != State::own_rows && status_.data() != nullptr ? status_.data() + kFlaggedRows : nullptr;
 }
 
 // The allocating form: a plan with an empty overflow block, so that the block is allocated once

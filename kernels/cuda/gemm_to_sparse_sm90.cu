@@ -454,6 +454,29 @@ __global__ void __launch_bounds__(kThreadsOf<BM>, 1)
 #endif
 }
 
+// Staged rows first .. first + 15 of `tile` (16-bit values, ld Sm90Tile<BN, 64>::kLd), those below
+// M, stored into the dense rows of `own` by one warp in 16-byte chunks: a warp store covers one
+// row of 256 columns or two rows of 128. N % 8 == 0 on this path, so the tile's last column ends
+// a chunk.
+template <int BN>
+__device__ __forceinline__ void store_own_rows(const std::uint16_t* staged, int first, std::int64_t tile,
+                                               const Sm90Gemm& g, const Sm90Dense& own, int lane) {
+  constexpr int kLd = Sm90Tile<BN, 64>::kLd;
+  constexpr int kChunks = BN / 8;
+  constexpr int kRowsPerStore = 32 / kChunks;
+  const int chunk = lane % kChunks;
+  const std::int64_t col = tile * BN + 8 * chunk;
+  if (col >= g.n) return;
+  auto* out = static_cast<std::uint16_t*>(own.out);
+#pragma unroll
+  for (int r = lane / kChunks; r < 16; r += kRowsPerStore) {
+    const std::int64_t row = first + r;
+    if (row >= g.m) break;
+    *reinterpret_cast<uint4*>(out + row * own.ldo + col) =
+        *reinterpret_cast<const uint4*>(staged + r * kLd + 8 * chunk);
+  }
+}
+
 // The decode variant of the kernel above (FusedMainloop::best_decode_split, M <= 64): a cluster
 // of kSplit CTAs per TwELL tile, one 64-row block, each CTA the tile's fp32 partial sum over one
 // of kSplit contiguous K ranges (K steps ktiles * r / kSplit .. ktiles * (r + 1) / kSplit for
@@ -468,10 +491,13 @@ __global__ void __launch_bounds__(kThreadsOf<BM>, 1)
 // and (K, kSplit) only: not of M, the other rows, the placement or the scheduling. It differs
 // from the unsplit sum in the last bits. Preconditions: those of the kernel above, M <= 64, and
 // ktiles >= 2 kSplit (so that every CTA has K steps to overlap and a nonempty range).
-template <class T, int BN>
+// kOwnRows (the FFN decode path's gate, GemmToSparsePlan::run_own_rows): the leader's consumer
+// warps also store their staged rows below M, zeros included, into row i of `own` (M x N), so
+// that a consumer can read any row densely without the ranking and fill kernels.
+template <class T, int BN, bool kOwnRows>
 __global__ void __launch_bounds__(kThreadsOf<64>, 1)
     gemm_twell_sm90_split_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                                 Sm90Gemm g, TwellOut o) {
+                                 Sm90Gemm g, TwellOut o, Sm90Dense own) {
   ::twell::detail::wait_for_prior_grids();
 #if TWELL_SM90A_DEVICE
   using P = Sm90Tile<BN, 64>;
@@ -585,8 +611,13 @@ __global__ void __launch_bounds__(kThreadsOf<64>, 1)
   if (rank != 0) return;
 
   if (warp >= 4) {
-    stage_warp_rows<T, BN>(acc, staged + 16 * (warp & 3) * P::kLd, g, lane);
+    std::uint16_t* my_rows = staged + 16 * (warp & 3) * P::kLd;
+    stage_warp_rows<T, BN>(acc, my_rows, g, lane);
     mbar_arrive(staged_full);
+    if constexpr (kOwnRows) {
+      __syncwarp();  // the warp's stmatrix stores are visible to its lanes
+      store_own_rows<BN>(my_rows, 16 * (warp & 3), tile, g, own, lane);
+    }
   } else if (warp >= 1) {
     // Rows 64 p / kPackerWarps ..: 21, 21 and 22.
     const int p = warp - 1;
@@ -674,11 +705,11 @@ Sm90Launch<T, BN, BM, kDense>::Sm90Launch(cudaStream_t stream, const char* where
           " bytes of shared memory fits on this device");
 }
 
-// A launch of the split kernel for T and BN, its grid still to be set; `resident` may be 0 (the
-// host then does not split).
-template <class T, int BN>
+// A launch of the split kernel for T, BN and kOwnRows, its grid still to be set; `resident` may
+// be 0 (the host then does not split).
+template <class T, int BN, bool kOwnRows>
 struct Sm90SplitLaunch {
-  static constexpr auto kernel = gemm_twell_sm90_split_kernel<T, BN>;
+  static constexpr auto kernel = gemm_twell_sm90_split_kernel<T, BN, kOwnRows>;
   cudaLaunchAttribute attributes[2]{};
   cudaLaunchConfig_t config{};
   int resident = 0;
@@ -692,13 +723,13 @@ struct Sm90SplitLaunch {
 
 // Whether the split kernel serves M x K x N in TwELL tiles of BN: one 64-row block, two K steps
 // or more per CTA, and every tile's cluster resident at once (there is no persistent walk).
-template <class T, int BN>
+template <class T, int BN, bool kOwnRows>
 bool split_applies(std::int64_t m, std::int64_t k, std::int64_t n, const char* where) {
   if (m <= 0 || m > 64 || n <= 0 || (k + kBK - 1) / kBK < 2 * kSplit) return false;
   // An optional variant: where the device cannot answer the occupancy query (or set the shared
   // memory), the plan runs unsplit rather than fail to build.
   try {
-    const Sm90SplitLaunch<T, BN> l(nullptr, where);
+    const Sm90SplitLaunch<T, BN, kOwnRows> l(nullptr, where);
     return (n + BN - 1) / BN <= l.resident;
   } catch (const Error&) {
     (void)cudaGetLastError();
@@ -706,13 +737,14 @@ bool split_applies(std::int64_t m, std::int64_t k, std::int64_t n, const char* w
   }
 }
 
-// Queues the split kernel of `l`: one cluster per TwELL tile.
-template <class T, int BN>
-void launch_split(Sm90SplitLaunch<T, BN>& l, const Sm90Gemm& g, const TwellOut& o, const char* where) {
+// Queues the split kernel for T, BN and kOwnRows: one cluster per TwELL tile.
+template <class T, int BN, bool kOwnRows>
+void launch_split(const Sm90Gemm& g, const TwellOut& o, const Sm90Dense& own, cudaStream_t stream, const char* where) {
+  Sm90SplitLaunch<T, BN, kOwnRows> l(stream, where);
   const CUtensorMap map_x = tensor_map<T>(g.x, g.m, g.k, g.ldx, 64, where);
   const CUtensorMap map_w = tensor_map<T>(g.w, g.k, g.n, g.ldw, kBK, where);
   l.config.gridDim = dim3(static_cast<unsigned>((g.n + BN - 1) / BN * kSplit));
-  ::twell::detail::check_cuda(cudaLaunchKernelEx(&l.config, l.kernel, map_x, map_w, g, o), where);
+  ::twell::detail::check_cuda(cudaLaunchKernelEx(&l.config, l.kernel, map_x, map_w, g, o, own), where);
 }
 
 // Queues the kernel of `l`: one cluster per tile pair, at most the resident ones (persistent).
@@ -730,12 +762,17 @@ void launch(Sm90Launch<T, BN, BM, kDense>& l, const Sm90Gemm& g, const TwellOut&
 // (on 132 SMs at the paper's N = 5632: M <= 384 with 256-column tiles, M <= 128 with 128-column
 // ones), else in 128-row ones. Each output's sum over K
 // runs in the same order either way, so the choice changes the speed, never the bits.
-// With `split` (the plan's decision, split_applies) the split kernel runs instead.
+// With `split` (the plan's decision, split_applies) the split kernel runs instead, storing its
+// rows densely into `own` too where own.out is set.
 template <class T, int BN>
-Sm90Tiling launch_twell(const Sm90Gemm& g, const TwellOut& o, bool split, cudaStream_t stream, const char* where) {
+Sm90Tiling launch_twell(const Sm90Gemm& g, const TwellOut& o, bool split, const Sm90Dense& own, cudaStream_t stream,
+                        const char* where) {
   if (split) {
-    Sm90SplitLaunch<T, BN> l(stream, where);
-    launch_split(l, g, o, where);
+    if (own.out != nullptr) {
+      launch_split<T, BN, true>(g, o, own, stream, where);
+    } else {
+      launch_split<T, BN, false>(g, o, own, stream, where);
+    }
     return {64, kSplit};
   }
   Sm90Launch<T, BN, 64, false> short_tiles(stream, where);
@@ -770,19 +807,22 @@ bool gemm_twell_sm90_applies(const Sm90Gemm& g) {
 }
 
 template <class T>
-bool gemm_twell_sm90_split_applies(std::int64_t m, std::int64_t k, std::int64_t n, int tile, const char* where) {
+bool gemm_twell_sm90_split_applies(std::int64_t m, std::int64_t k, std::int64_t n, int tile, bool own_rows,
+                                   const char* where) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-    return tile == 256 ? split_applies<T, 256>(m, k, n, where) : split_applies<T, 128>(m, k, n, where);
+    if (own_rows)
+      return tile == 256 ? split_applies<T, 256, true>(m, k, n, where) : split_applies<T, 128, true>(m, k, n, where);
+    return tile == 256 ? split_applies<T, 256, false>(m, k, n, where) : split_applies<T, 128, false>(m, k, n, where);
   }
   return false;
 }
 
 template <class T>
-Sm90Tiling launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, bool split, cudaStream_t stream,
-                                  const char* where) {
+Sm90Tiling launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, bool split, const Sm90Dense& own_rows,
+                                  cudaStream_t stream, const char* where) {
   if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-    return o.layout.tile == 256 ? launch_twell<T, 256>(g, o, split, stream, where)
-                                : launch_twell<T, 128>(g, o, split, stream, where);
+    return o.layout.tile == 256 ? launch_twell<T, 256>(g, o, split, own_rows, stream, where)
+                                : launch_twell<T, 128>(g, o, split, own_rows, stream, where);
   }
   return {};
 }
@@ -813,8 +853,9 @@ void launch_gemm_dense_sm90(const Sm90Gemm& g, const Sm90Dense& d, int tile, cud
 
 #define TWELL_INSTANTIATE(T)                                                                                        \
   template bool gemm_twell_sm90_available<T>(int, const char*);                                                     \
-  template bool gemm_twell_sm90_split_applies<T>(std::int64_t, std::int64_t, std::int64_t, int, const char*);       \
-  template Sm90Tiling launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, bool, cudaStream_t, const char*); \
+  template bool gemm_twell_sm90_split_applies<T>(std::int64_t, std::int64_t, std::int64_t, int, bool, const char*); \
+  template Sm90Tiling launch_gemm_twell_sm90<T>(const Sm90Gemm&, const TwellOut&, bool, const Sm90Dense&,           \
+                                                cudaStream_t, const char*);                                         \
   template void launch_gemm_dense_sm90<T>(const Sm90Gemm&, const Sm90Dense&, int, cudaStream_t, const char*);
 TWELL_FOR_EACH_VALUE_TYPE(TWELL_INSTANTIATE)
 #undef TWELL_INSTANTIATE

@@ -40,9 +40,21 @@ bool gemm_twell_sm90_applies(const Sm90Gemm& g);
 // gemm_twell_sm90_available<T>(tile): M <= 64, K > 448 (two K steps of 64 or more for each of
 // the 4 CTAs of a tile's cluster), and all ceil(N / tile) clusters resident at once. The last is
 // cudaOccupancyMaxActiveClusters, cached per device and kernel: a property of the kind of GPU
-// (and its partition, under MPS or green contexts), never of its load. Host-side.
+// (and its partition, under MPS or green contexts), never of its load. `own_rows`: for the
+// variant that also stores its rows densely (launch_gemm_twell_sm90's own_rows). Host-side.
 template <class T>
-bool gemm_twell_sm90_split_applies(std::int64_t m, std::int64_t k, std::int64_t n, int tile, const char* where);
+bool gemm_twell_sm90_split_applies(std::int64_t m, std::int64_t k, std::int64_t n, int tile, bool own_rows,
+                                   const char* where);
+
+// A dense 16-bit output of the kernels below: the overflow recompute's (launch_gemm_dense_sm90:
+// out(i, j) = the value the TwELL epilogue would store for act(X W)(i, j), 0 where it stores
+// nothing, for rows i < min(M, *m_limit); m_limit on the device, read when the kernel starts;
+// null: all M rows), or the split kernel's own rows.
+struct Sm90Dense {
+  void* out = nullptr;  // 16-bit, 16-byte aligned, ldo a multiple of 8
+  std::int64_t ldo = 0;
+  const unsigned long long* m_limit = nullptr;
+};
 
 // How launch_gemm_twell_sm90 tiled the product: CTA rows, and the K parts summed per output
 // (1, or 4 for the split kernel).
@@ -57,21 +69,16 @@ struct Sm90Tiling {
 // (decode-sized M), else 128; the bits do not depend on that choice. With `split` (only where
 // gemm_twell_sm90_split_applies), the split-K decode kernel instead: 64 rows, each output summed
 // as 4 K parts added in K order, whose bits differ from the unsplit sum's in the last places.
-// Preconditions: gemm_twell_sm90_available and gemm_twell_sm90_applies; o.layout.tile 128 or 256.
+// own_rows.out set (only with `split`, where gemm_twell_sm90_split_applies(..., true)): the split
+// kernel also stores every row i < M, as the epilogue stages it (zeros included), into row i of
+// own_rows (M x N; m_limit unused). Preconditions: gemm_twell_sm90_available and
+// gemm_twell_sm90_applies; o.layout.tile 128 or 256.
 template <class T>
-Sm90Tiling launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, bool split, cudaStream_t stream,
-                                  const char* where);
+Sm90Tiling launch_gemm_twell_sm90(const Sm90Gemm& g, const TwellOut& o, bool split, const Sm90Dense& own_rows,
+                                  cudaStream_t stream, const char* where);
 
-// The same kernel with a dense output (GemmToSparsePlan's overflow recompute): out(i, j) = the
-// value the TwELL epilogue would store for act(X W)(i, j) (0 where it stores nothing), for rows
-// i < min(M, *m_limit) (m_limit on the device, read when the kernel starts; null: all M rows).
-struct Sm90Dense {
-  void* out = nullptr;  // 16-bit, 16-byte aligned, ldo a multiple of 8
-  std::int64_t ldo = 0;
-  const unsigned long long* m_limit = nullptr;
-};
-
-// Queues it on `stream`. Preconditions: gemm_twell_sm90_available<T>(tile) and
+// Queues the kernel above with a dense output instead (GemmToSparsePlan's overflow recompute:
+// Sm90Dense) on `stream`. Preconditions: gemm_twell_sm90_available<T>(tile) and
 // gemm_twell_sm90_applies(g); tile 128 or 256, the gate's layout tile: a CTA's output is that
 // wide, or 128 columns when M is small enough that 256-column tiles would leave most SMs idle.
 template <class T>

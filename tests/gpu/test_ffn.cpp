@@ -381,7 +381,10 @@ TEST_CASE_TEMPLATE("block kernel: heavy tokens split across CTAs, light ones not
 // reference within the suite's bound, stats (no split row, no fallback; overflow rows where the
 // setting has them: dense rows of the gate's block), the same bits on a second call, and, where
 // both gates take the K-split decode gate (its rows do not depend on M), a token alone (M = 1) with
-// its bits in the batch. A plan given an explicit capacity, even of M rows, keeps the block
+// its bits in the batch. Where the gate splits, the plan runs it with its own rows (no ranking or
+// fill: the path says "_own_rows"), and the overflow row count must still be the gate's R; a call
+// on a y without 16-byte rows takes the ordinary gate in between, and the next aligned call the
+// first call's bits. A plan given an explicit capacity, even of M rows, keeps the block
 // kernel. Settings: the paper shape at M = 1, 64, 200 and 256 (token-skewed: rows the block
 // kernel would split; past 64 the gate is not K-split), ragged tiny ones, K past one load batch
 // of the up product and past the block kernel (5000: a ragged last 256-column slice), dense rows
@@ -406,7 +409,11 @@ TEST_CASE_TEMPLATE("decode path: small batches, exact, repeatable, a token's bit
       {{5, 520, 1000, 0.05, Distribution::token_skewed}, {Activation::silu, 0.05f}, TwellLayout{256, 32}, true},
       {{13, 64, 136, 0.1, Distribution::uniform}, {Activation::relu, 0.1f}, TwellLayout{}, false},
       {{2, 5000, 520, 0.02, Distribution::uniform}, {Activation::relu, 0.0f}, TwellLayout{}, false},
-      {{37, 520, 2104, 0.3, Distribution::neuron_skewed}, {Activation::gelu, 0.05f}, TwellLayout{128, 4}, true}};
+      {{37, 520, 2104, 0.3, Distribution::neuron_skewed}, {Activation::gelu, 0.05f}, TwellLayout{128, 4}, true},
+      // 22 tiles of 64 slot words a row, 1408 words: at 21 % ~7 % of tiles overflow their 63
+      // slots, so most rows overflow, and ~7 of the 64 (binomial estimate) only in the 6 tiles
+      // past the first listing chunk (1024 words), whose counts the own-rows test must read too.
+      {{64, 2048, 5632, 0.21, Distribution::uniform}, {Activation::relu, 0.0f}, TwellLayout{256, 4}, true}};
   for (const Setting& st : testing::sweep(settings)) {
     const std::uint64_t seed = testing::fresh_seed();
     CAPTURE(seed);
@@ -416,10 +423,28 @@ TEST_CASE_TEMPLATE("decode path: small batches, exact, repeatable, a token's bit
     CAPTURE(static_cast<int>(st.act.kind));
     const Case<T> c(workload_inputs<T>(st.w, seed), st.act);
     const std::int64_t m = c.m(), k = c.k();
-    const bool alone = testing::decode_split_expected(m, k, st.w.n, st.layout.tile).value_or(false);
+    const std::optional<bool> split = testing::decode_split_expected(m, k, st.w.n, st.layout.tile);
+    const bool alone = split.value_or(false);
+    // The plans' gate alone (the same plan: a block of M rows, best_decode_split): its R is the
+    // overflow row count the FFN's stats must give, whether they come from the gate or, with its
+    // own rows, from the decode kernel's test of the tile counts.
+    cuda::GemmToSparsePlan<T> gate(m, k, st.w.n, st.act, st.layout, m, OverflowPolicy::hybrid, Stream{},
+                                   cuda::FusedMainloop::best_decode_split);
+    gate.run(c.x.view(), c.wg.view());
+    const std::int64_t gate_rows = gate.sync_overflow_count().rows;
     const DenseView<const T> last_x{c.x.view().data + (m - 1) * c.x.view().ld, 1, k, c.x.view().ld,
                                     MemorySpace::device};
+    // x's rows reversed (the rows that overflow move), for a call between two on x; its
+    // reference is ref's rows reversed (a token's y depends on its own row alone).
+    const auto reversed = [m](const DenseMatrix<T>& a) {
+      DenseMatrix<T> r(m, a.cols());
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < a.cols(); ++j) r.view().at(i, j) = a.view().at(m - 1 - i, j);
+      return r;
+    };
+    const DenseMatrix<T> xr = reversed(c.host.x).to(MemorySpace::device);
     const auto run = [&](auto& plan, auto& plan_alone, const DenseMatrix<T>& ref) {
+      const DenseMatrix<T> ref_reversed = reversed(ref);
       auto y = poisoned<T>(m, k), again = poisoned<T>(m, k), y1 = poisoned<T>(1, k);
       FfnStats stats;
       plan.forward(c.x.view(), y.view(), &stats);
@@ -434,8 +459,27 @@ TEST_CASE_TEMPLATE("decode path: small batches, exact, repeatable, a token's bit
       CHECK(stats.split_rows == 0);
       CHECK(stats.fallback_rows == 0);
       if (st.overflow) REQUIRE(stats.overflow_rows > 0);
+      CHECK(stats.overflow_rows == gate_rows);
+      // With the split gate the decode path reads the gate's own rows: no ranking, no fill.
+      if (split.has_value()) CHECK((plan.path().find("_own_rows+") != std::string::npos) == *split);
       plan.forward(c.x.view(), again.view());
       CHECK(testing::bitwise_equal<T>(yh.view(), again.to(MemorySpace::host).view()));
+      // The reversed x on a y whose rows do not allow 16-byte stores: the ordinary gate and the
+      // per-token kernel. Then x again, aligned: the first call's bits (each kind of gate run
+      // leaves the other's state as it needs it, whichever rows overflowed last).
+      auto wide = poisoned<T>(m, k + 1);
+      FfnStats odd_stats;
+      plan.forward(xr.view(), DenseView<T>{wide.view().data, m, k, wide.view().ld, MemorySpace::device}, &odd_stats);
+      CHECK(plan.path().find("_own_rows") == std::string::npos);
+      CHECK(odd_stats.overflow_rows == gate_rows);  // the same rows, in another order
+      const DenseMatrix<T> wh = wide.to(MemorySpace::host);
+      DenseMatrix<T> odd(m, k);
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < k; ++j) odd.view().at(i, j) = wh.view().at(i, j);
+      CHECK(testing::worst_row_error<T>(odd, ref_reversed, testing::rms_row_norm<T>(ref_reversed)) < tolerance<T>());
+      auto third = poisoned<T>(m, k);
+      plan.forward(c.x.view(), third.view());
+      CHECK(testing::bitwise_equal<T>(yh.view(), third.to(MemorySpace::host).view()));
       if (!alone) return;
       plan_alone.forward(last_x, y1.view());
       CHECK(plan_alone.path().find("+ffn_decode_v8") != std::string::npos);

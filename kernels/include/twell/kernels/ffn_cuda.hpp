@@ -47,6 +47,7 @@ struct UpDownBuffers {
   Buffer<float> split_sum;                // split_capacity x K, fp32 partial sums of y
   Buffer<std::int32_t> decode_col;        // M x N (decode path): each token's entries' columns
   Buffer<float> decode_h;                 // M x N (decode path): their h = gate * u
+  Buffer<std::int32_t> decode_over;       // M (decode path on the gate's own rows): 1 where a row overflowed
 };
 }  // namespace detail
 

@@ -47,6 +47,9 @@ struct OverflowCount {
 // "Split-K decode variant").
 enum class FusedMainloop : std::uint8_t { best, portable, best_decode_split };
 
+template <Value T>
+class FfnPlanBase;
+
 // Y = act(X W) as a Hybrid of `layout`, X: M x K, W: K x N, all device-resident.
 //
 // Storage, allocated once by the constructor: the TwELL part (M x packed width), an overflow
@@ -122,14 +125,10 @@ class GemmToSparsePlan {
   HybridView<const T> queued_result() const {
     require(state_ == State::queued || state_ == State::synced, ErrorCode::invalid_argument,
             "twell::cuda::GemmToSparsePlan::queued_result",
-            state_ == State::taken ? kSpentPlan : "nothing queued: call run() first");
-    if (!ran_fused_) return generic_.view();
-    HybridView<const T> v;
-    v.twell = twell_.view();
-    v.overflow = overflow_.view();
-    v.row_to_overflow = row_to_overflow_.data();
-    v.overflow_to_row = overflow_to_row_.data();
-    return v;
+            state_ == State::taken      ? kSpentPlan
+            : state_ == State::own_rows ? kOwnRowsRun
+                                        : "nothing queued: call run() first");
+    return ran_fused_ ? plan_view() : generic_.view();
   }
   // The result as an owning matrix (overflow block trimmed to R rows); valid where result() is,
   // and leaves the plan empty (run() then throws). The trimmed block is allocated first: an
@@ -152,10 +151,13 @@ class GemmToSparsePlan {
   Stream stream() const { return stream_; }
 
  private:
-  enum class State : std::uint8_t { idle, queued, synced, taken };
+  // own_rows: the latest run was run_own_rows's; nothing public reads its result.
+  enum class State : std::uint8_t { idle, queued, synced, taken, own_rows };
   // Why a spent plan refuses every call, whichever call it is.
   static constexpr const char* kSpentPlan =
       "the plan's storage was moved out (by take_result() or a move of the plan); build a new plan";
+  static constexpr const char* kOwnRowsRun =
+      "the latest run was the FFN decode path's (run_own_rows), which leaves no result or count here";
 
   // gemm_to_sparse runs a plan, but its caller called gemm_to_sparse: these name `where` in their
   // errors (the public run / sync_overflow_count name themselves).
@@ -163,7 +165,28 @@ class GemmToSparsePlan {
   friend HybridMatrix<U> gemm_to_sparse(DenseView<const U> x, DenseView<const U> w, ActivationSpec act,
                                         TwellLayout layout, const ConvertOptions& convert,
                                         const KernelOptions& options);
+  void check_run(DenseView<const T> x, DenseView<const T> w, const char* where) const;  // run()'s argument checks
   void run(DenseView<const T> x, DenseView<const T> w, const char* where);
+  // The fused path's storage as a Hybrid view.
+  HybridView<const T> plan_view() const {
+    HybridView<const T> v;
+    v.twell = twell_.view();
+    v.overflow = overflow_.view();
+    v.row_to_overflow = row_to_overflow_.data();
+    v.overflow_to_row = overflow_to_row_.data();
+    return v;
+  }
+  // The FFN decode path's gate (FfnPlanBase, never the public API): where this run takes the
+  // split kernel and the block has all M rows, queues that kernel alone, which stores every row
+  // i < M of the result densely into block row i besides writing the TwELL part, and sends its
+  // flags and totals to sinks: no ranking, fill or recompute, so the maps, flags and status keep
+  // what the latest run() left. Read with own_rows_view(): the TwELL part and the block, whose row
+  // i is row i whether or not it overflowed (the consumer tells which from the tile counts);
+  // the public reads throw (device_overflow_count() gives nullptr) until the next run().
+  // Elsewhere runs run() and returns false.
+  friend class FfnPlanBase<T>;
+  bool run_own_rows(DenseView<const T> x, DenseView<const T> w, const char* where);
+  HybridView<const T> own_rows_view() const;
   // for_later_runs false (the free function, which takes the result at once): a grown block gets
   // no spill pool or gathered rows, which only later runs would use.
   OverflowCount sync_overflow_count(const char* where, const std::function<void()>& meanwhile = {},
@@ -179,12 +202,14 @@ class GemmToSparsePlan {
   bool fused_ = false;
   bool hopper_ = false;  // the wgmma kernel serves this plan's shape on this device
   bool split_ = false;   // ... as the split-K decode kernel (best_decode_split): decided once
+  bool own_rows_ = false;  // ... and run_own_rows may take it (a block of M rows, the variant fits)
 
   TwellMatrix<T> twell_;
   DenseMatrix<T> overflow_;               // capacity x N
   Buffer<std::int32_t> row_to_overflow_;  // M
   Buffer<std::int32_t> overflow_to_row_;  // capacity
   Buffer<std::int32_t> flags_;            // M, zero between runs (the ranking kernel clears them)
+  Buffer<std::int32_t> own_flags_;        // M, run_own_rows's flags: written, never read
   Buffer<std::uint64_t> status_;          // accumulators, R, first row + 1, totals, how the block is made
   // The packers' spilled segments (capacity x tiles of `tile` values) with their (row, tile)
   // pairs, and on Hopper the overflow rows of x for a recompute (capacity x K).
