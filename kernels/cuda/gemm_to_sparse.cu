@@ -806,13 +806,12 @@ void GemmToSparsePlan<T>::run(DenseView<const T> x, DenseView<const T> w, const 
     auto* status = reinterpret_cast<unsigned long long*>(status_.data());
     static_assert(sizeof(std::uint64_t) == sizeof(unsigned long long));
     const GemmArgs g = make_args<T>(x, nullptr, m_, w, act_);
-    TwellOut o;
-    o.packed = twell_.packed().data();
-    o.layout = layout_;
-    o.row_flags = flags_.data();
-    o.stored_total = status + kStoredAcc;
-    o.excess_total = status + kExcessAcc;
-    o.clamp_count = policy_ == OverflowPolicy::drop;
+    TwellOut o{.packed = twell_.packed().data(),
+               .layout = layout_,
+               .row_flags = flags_.data(),
+               .stored_total = status + kStoredAcc,
+               .excess_total = status + kExcessAcc,
+               .clamp_count = policy_ == OverflowPolicy::drop};
     const bool route = policy_ == OverflowPolicy::hybrid;
     const detail::Sm90Gemm h = sm90_args<T>(x, w, act_);
     const bool wgmma = hopper_ && detail::gemm_twell_sm90_applies(h);
@@ -901,14 +900,13 @@ bool GemmToSparsePlan<T>::run_own_rows(DenseView<const T> x, DenseView<const T> 
       count_ = {};
       ran_fused_ = true;
       auto* status = reinterpret_cast<unsigned long long*>(status_.data());
-      TwellOut o;
-      o.packed = twell_.packed().data();
-      o.layout = layout_;
       // Sinks: flags_ and the accumulators keep the ranking kernel's premise (cleared) for the
       // next run(); nothing spills, since every row is stored densely.
-      o.row_flags = own_flags_.data();
-      o.stored_total = status + kOwnRowsSink;
-      o.excess_total = status + kOwnRowsSink;
+      const TwellOut o{.packed = twell_.packed().data(),
+                       .layout = layout_,
+                       .row_flags = own_flags_.data(),
+                       .stored_total = status + kOwnRowsSink,
+                       .excess_total = status + kOwnRowsSink};
       const detail::Sm90Tiling tiling =
           detail::launch_gemm_twell_sm90<T>(h, o, true, detail::Sm90Dense{overflow_.view().data, overflow_.view().ld},
                                             static_cast<cudaStream_t>(stream_.handle), where);
