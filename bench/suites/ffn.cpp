@@ -2,9 +2,11 @@
 // (twell::cuda::GatedFfnPlan::forward), composed of unfused twell kernels, and dense (the strongest
 // dense path: cuBLASLt ReLU epilogue, fused product, cuBLAS); the gate alone
 // (GemmToSparsePlan::run, variant fused_gate_only) so that the up/down kernel's share reads as
-// fused - fused_gate_only; and the non-gated FFN y = relu(x Wu) Wd, fused (FfnPlan::forward,
-// variant fused_plain) against dense (cuBLASLt ReLU GEMM + cuBLAS GEMM, variant dense_plain).
-// Also energy per token and the bytes of the hidden state as TwELL/Hybrid against dense.
+// fused - fused_gate_only (less where fused's gate stores its own rows, path "..._own_rows": it
+// skips the ranking and fill that run() queues); and the non-gated FFN y = relu(x Wu) Wd, fused
+// (FfnPlan::forward, variant fused_plain) against dense (cuBLASLt ReLU GEMM + cuBLAS GEMM, variant
+// dense_plain). Also energy per token and the bytes of the hidden state as TwELL/Hybrid against
+// dense.
 #include <cmath>
 #include <optional>
 
@@ -210,7 +212,8 @@ void run_ffn(Harness& h, Report& report) {
       cuda::GatedFfnPlan<T> plan(m, wg, wu, wd, ActivationSpec{}, layout, cuda::GatedFfnPlan<T>::kDefaultCapacity, ko);
       time_plan_forward(h, c, plan, x, y_fused.view(), dense_flops, weight_bytes + io_bytes,
                         "GatedFfnPlan::forward: GemmToSparsePlan::run (gate GEMM + TwELL epilogue, overflow ranking, "
-                        "dense recompute of overflow rows into the preallocated block) and the up/down kernel; no "
+                        "dense recompute of overflow rows into the preallocated block; with path _own_rows the "
+                        "gate kernel alone, storing its rows densely) and the up/down kernel; no "
                         "allocation, no host sync; plan construction (Wu transpose) and one sizing call with stats "
                         "outside the timed region");
     });
@@ -224,7 +227,8 @@ void run_ffn(Harness& h, Report& report) {
 #if TWELL_BENCH_CUDA_GEMM_TO_SPARSE
     detail::run_case(report, gate_only, [&](Case& c) {
       // The fused variant's gate, mainloop and block capacity included, so that fused -
-      // fused_gate_only stays the up/down kernel's share.
+      // fused_gate_only stays the up/down kernel's share (less the ranking and fill where the
+      // fused variant's gate stores its own rows and skips them).
       cuda::GemmToSparsePlan<T> plan(m, k, n, ActivationSpec{}, layout,
                                      cuda::GatedFfnPlan<T>::gate_capacity(m, cuda::GatedFfnPlan<T>::kDefaultCapacity),
                                      OverflowPolicy::hybrid, h.stream(), cuda::FusedMainloop::best_decode_split);
@@ -237,7 +241,7 @@ void run_ffn(Harness& h, Report& report) {
       c.extra["path"] = plan.path();
       c.extra["includes"] =
           "GemmToSparsePlan::run alone (the gate of the fused variant); the up/down kernel's "
-          "time is fused - fused_gate_only";
+          "time is fused - fused_gate_only, or more where fused's path has _own_rows (no ranking or fill)";
     });
 #else
     detail::not_built(report, gate_only, "kernels/cuda/gemm_to_sparse.cu is not in this build");

@@ -1443,7 +1443,7 @@ __global__ void __launch_bounds__(kThreads, 2) ffn_decode_up_kernel(FfnArgs a) {
   }
 
   // The row's source, fixed before the chunk loop (a value the loop changed slowed heavy rows'
-  // loops by 14 %, h200-2026-12-02h): the overflow map's block row, or with the gate's own rows
+  // loops by 10-15 %, h200-2026-12-02h): the overflow map's block row, or with the gate's own rows
   // block row `row` where a tile count passes its S - 1 slots (the packers' test: the TwELL row
   // lost entries).
   const std::int32_t orow = a.own_rows ? own_row_if_overflowed(a.layout, pr, pw, row) : a.row_to_overflow[row];

@@ -58,19 +58,23 @@ struct UpDownBuffers {
 // constructor.
 //
 // forward(x, y) queues, on the plan's stream, the gate GEMM (TwELL epilogue, ranking of overflow
-// rows, dense recompute of the overflow rows that fit the block) and the up/down kernel, and
+// rows, dense recompute of the overflow rows that fit the block; on the decode path with the
+// split gate, the gate kernel alone, storing every row densely into the block: path
+// "..._own_rows", docs/gemm_to_sparse.md "Decode path") and the up/down kernel, and
 // returns: no allocation, no host wait (on the fused gate path; where the gate plan runs its
 // generic path, path() "gate:generic...", each call allocates and waits). The kernel reads the
-// gate's row_to_overflow on the device: TwELL rows from their slots, overflow rows inside the
-// block from their dense rows, and overflow rows past the block's capacity (unknown to the host)
-// by recomputing the gate row densely itself (act(x Wg) in fp32, the same threshold and rounding),
-// so y is exact whatever the overflow count. With stats, forward() then waits for the device: it
-// reads the overflow count (the gate plan grows its block when the count exceeded it, so later
-// calls stay on the fast path) and the per-token counts. x must stay unchanged until the queued
-// work has run. Deterministic: same inputs, the same constructor arguments and the same gate block
-// capacity, same bits (a forward with stats may grow the block: rows past the old block then take
-// another kernel's summation order; at M <= 256 a plan built with the default capacity and one
-// given M rows take different up/down kernels: gate_capacity()).
+// gate's row_to_overflow on the device (with the gate's own rows, each row's tile counts): TwELL
+// rows from their slots, overflow rows inside the block from their dense rows, and overflow rows
+// past the block's capacity (unknown to the host) by recomputing the gate row densely itself
+// (act(x Wg) in fp32, the same threshold and rounding), so y is exact whatever the overflow count.
+// With stats, forward() then waits for the device: it reads the overflow count (with the gate's
+// own rows, from the up kernel's per-row flags; the gate plan grows its block when the count
+// exceeded it, so later calls stay on the fast path) and the per-token counts. x must stay
+// unchanged until the queued work has run. Deterministic: same inputs, the same constructor
+// arguments and the same gate block capacity, same bits (a forward with stats may grow the block:
+// rows past the old block then take another kernel's summation order; at M <= 256 a plan built
+// with the default capacity and one given M rows take different up/down kernels:
+// gate_capacity()).
 template <Value T>
 class FfnPlanBase {
  public:
