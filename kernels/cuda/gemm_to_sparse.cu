@@ -577,17 +577,15 @@ GemmArgs make_args(DenseView<const T> x, const std::int32_t* rows, std::int64_t 
 // The Hopper kernels' arguments for act(x w).
 template <class T>
 detail::Sm90Gemm sm90_args(DenseView<const T> x, DenseView<const T> w, ActivationSpec act) {
-  detail::Sm90Gemm h;
-  h.x = x.data;
-  h.ldx = x.ld;
-  h.w = w.data;
-  h.ldw = w.ld;
-  h.m = x.rows;
-  h.n = w.cols;
-  h.k = x.cols;
-  h.kind = act.kind;
-  h.threshold = act.threshold;
-  return h;
+  return {.x = x.data,
+          .ldx = x.ld,
+          .w = w.data,
+          .ldw = w.ld,
+          .m = x.rows,
+          .n = w.cols,
+          .k = x.cols,
+          .kind = act.kind,
+          .threshold = act.threshold};
 }
 
 // The fused path's name: mainloop, tile, and the Hopper kernel's tiling where it ran.
